@@ -1,0 +1,229 @@
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "zcoll/exchange.hpp"
+
+namespace py = pybind11;
+
+namespace zcoll::bind {
+
+namespace {
+
+wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields, double slice) {
+  if (!(timeout > 0)) throw std::invalid_argument("timeout must be positive");
+  wait_options w;
+  w.timeout_s = timeout;
+  w.spin_iterations = spin;
+  w.yield_iterations = yields;
+  w.sleep_slice_s = slice;
+  return w;
+}
+
+py::object& in_place_sentinel() {
+  static py::object* sentinel = new py::object(py::none());  // leaked: outlives the interpreter
+  return *sentinel;
+}
+
+array_view view_of(const py::array& a) {
+  array_view v;
+  v.data = a.data();
+  v.nbytes = static_cast<std::size_t>(a.nbytes());
+  v.size = static_cast<std::size_t>(a.size());
+  v.ndim = static_cast<int>(a.ndim());
+  v.first_dim = v.ndim ? static_cast<std::size_t>(a.shape(0)) : 0;
+  const py::dtype dt = a.dtype();
+  v.dtype = {static_cast<std::uint32_t>(static_cast<unsigned char>(dt.char_())),
+             static_cast<std::uint32_t>(dt.itemsize())};
+  const char kind = dt.kind();
+  v.has_objects = kind == 'O' || (kind == 'V' && dt.attr("hasobject").cast<bool>());
+  v.c_contiguous = (a.flags() & py::array::c_style) != 0;
+  v.writeable = a.writeable();
+  return v;
+}
+
+// `obj` itself when it is a C-contiguous ndarray, else a C-contiguous copy (null on failure).
+py::array as_c_array(const py::object& obj) {
+  if (py::isinstance<py::array>(obj)) {
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    if (a.flags() & py::array::c_style) return a;
+  }
+  return py::array::ensure(obj, py::array::c_style);
+}
+
+[[noreturn]] void fail_everywhere(node_context& ctx, op_code op, bool type_error,
+                                  const std::string& why) {
+  const std::string name = op == op_code::alltoall ? "alltoall" : "allgather";
+  py::gil_scoped_release release;
+  ctx.fail(op, type_error ? arg_error::type : arg_error::value, "zcoll." + name + ": " + why);
+}
+
+// Converts the Python arguments, then runs the collective (or its collective failure).
+void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
+         const std::string& order) {
+  if (!py::isinstance<py::array>(recv))
+    fail_everywhere(ctx, op, true,
+                    "recvbuf must be a numpy.ndarray, got " +
+                        py::str(py::type::of(recv).attr("__name__")).cast<std::string>());
+  const auto recv_array = py::reinterpret_borrow<py::array>(recv);
+  const array_view recv_view = view_of(recv_array);
+  if (send.is(in_place_sentinel())) {
+    py::gil_scoped_release release;
+    ctx.run(op, nullptr, recv_view, order);
+    return;
+  }
+  if (send.is_none()) fail_everywhere(ctx, op, true, "sendbuf is None (use zcoll.IN_PLACE)");
+  py::array send_array = as_c_array(send);
+  if (!send_array) {
+    PyErr_Clear();
+    fail_everywhere(ctx, op, true, "sendbuf cannot be converted to a NumPy array");
+  }
+  const array_view send_view = view_of(send_array);
+  py::gil_scoped_release release;
+  ctx.run(op, &send_view, recv_view, order);
+}
+
+py::tuple check(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
+                const std::string& order) {
+  auto error = [](bool type_error, const std::string& why) {
+    return py::make_tuple(type_error ? "type" : "value", why, 0, 0);
+  };
+  if (!py::isinstance<py::array>(recv)) return error(true, "recvbuf must be a numpy.ndarray");
+  const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  const bool in_place = send.is(in_place_sentinel());
+  py::object send_array = py::none();
+  if (!in_place) {
+    if (send.is_none()) return error(true, "sendbuf is None (use zcoll.IN_PLACE)");
+    send_array = as_c_array(send);
+    if (!send_array) {
+      PyErr_Clear();
+      return error(true, "sendbuf cannot be converted to a NumPy array");
+    }
+  }
+  const array_view send_view =
+      in_place ? array_view{} : view_of(py::reinterpret_borrow<py::array>(send_array));
+  const local_check c =
+      check_local_args(op, ctx.config().comm_size, in_place ? nullptr : &send_view, recv_view);
+  if (!c.ok()) return error(c.error == arg_error::type, c.message);
+  block_order o{};
+  if (!parse_order(order, ctx.config().size, c.block_bytes, &o))
+    return error(false, "order must be 'auto', 'row', 'column', 'morton' or 'hilbert', got '" +
+                            order + "'");
+  return py::make_tuple(py::none(), "", c.block_bytes, static_cast<int>(o));
+}
+
+}  // namespace
+
+void register_exchange(py::module_& m) {
+  py::class_<node_context, std::shared_ptr<node_context>>(
+      m, "NodeContext", "The node-local engine of one communicator (see exchange.hpp).")
+      .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,
+                       std::vector<int> comm_ranks, std::vector<std::int32_t> pids, int barrier,
+                       double timeout, std::uint32_t spin, std::uint32_t yields, double slice) {
+             context_config c;
+             c.rank = rank;
+             c.size = size;
+             c.comm_size = comm_size;
+             c.comm_ranks = std::move(comm_ranks);
+             c.pids = std::move(pids);
+             c.barrier = static_cast<barrier_kind>(barrier);
+             c.wait = make_wait(timeout, spin, yields, slice);
+             return std::make_shared<node_context>(std::move(control), std::move(c));
+           }),
+           py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
+           py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
+           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"))
+      .def_static("control_bytes", &node_context::control_bytes, py::arg("size"))
+      .def(
+          "allocate",
+          [](node_context& ctx, std::size_t nbytes) {
+            py::gil_scoped_release release;
+            return ctx.allocate(nbytes);
+          },
+          py::arg("nbytes"))
+      .def(
+          "alltoall",
+          [](node_context& ctx, const py::object& send, const py::object& recv,
+             const std::string& order) { run(ctx, op_code::alltoall, send, recv, order); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order") = "auto")
+      .def(
+          "allgather",
+          [](node_context& ctx, const py::object& send, const py::object& recv,
+             const std::string& order) { run(ctx, op_code::allgather, send, recv, order); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order") = "auto")
+      .def(
+          "check",
+          [](node_context& ctx, const std::string& op, const py::object& send,
+             const py::object& recv, const std::string& order) {
+            return check(ctx, op == "alltoall" ? op_code::alltoall : op_code::allgather, send,
+                         recv, order);
+          },
+          py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
+          "(error kind or None, message, block bytes, order code): local checks only, no sync.")
+      .def(
+          "execute",
+          [](node_context& ctx, const std::string& op, const py::object& send, py::array& recv,
+             std::size_t block, int order) {
+            collective_args a;
+            a.op = op == "alltoall" ? op_code::alltoall : op_code::allgather;
+            if (!send.is(in_place_sentinel())) {
+              const auto s = py::reinterpret_borrow<py::array>(send);
+              a.send = s.data();
+              a.send_bytes = static_cast<std::size_t>(s.nbytes());
+            }
+            a.recv = recv.mutable_data();
+            a.recv_bytes = static_cast<std::size_t>(recv.nbytes());
+            a.block_bytes = block;
+            a.dtype = view_of(recv).dtype;
+            a.order = static_cast<block_order>(order);
+            py::gil_scoped_release release;
+            ctx.execute(a);
+          },
+          py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("block_bytes"),
+          py::arg("order"), "Runs a call whose arguments check() accepted (no local checks).")
+      .def(
+          "fail",
+          [](node_context& ctx, int op, bool type_error, const std::string& message) {
+            py::gil_scoped_release release;
+            ctx.fail(static_cast<op_code>(op), type_error ? arg_error::type : arg_error::value,
+                     message);
+          },
+          py::arg("op"), py::arg("type_error"), py::arg("message"))
+      .def(
+          "barrier",
+          [](node_context& ctx) {
+            py::gil_scoped_release release;
+            ctx.barrier();
+          })
+      .def(
+          "set_wait",
+          [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
+             double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },
+          py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"))
+      .def("close", &node_context::close)
+      .def_property_readonly("closed", &node_context::closed)
+      .def_property_readonly("broken", &node_context::broken)
+      .def_property_readonly("calls", &node_context::calls)
+      .def_property_readonly("arena_bytes_in_use", &node_context::arena_bytes_in_use)
+      .def_property_readonly("segment_count", &node_context::segment_count)
+      .def_property_readonly("rank", [](const node_context& c) { return c.config().rank; })
+      .def_property_readonly("size", [](const node_context& c) { return c.config().size; });
+
+  m.def(
+      "_set_in_place", [](py::object sentinel) { in_place_sentinel() = std::move(sentinel); },
+      "Registers the object that means 'in place' as sendbuf (mpi4py's MPI.IN_PLACE).");
+  m.def(
+      "default_order",
+      [](int p, std::size_t block_bytes) { return static_cast<int>(default_order(p, block_bytes)); },
+      py::arg("p"), py::arg("block_bytes"), "Order code used for order='auto'.");
+  py::dict ops;
+  ops["alltoall"] = static_cast<int>(op_code::alltoall);
+  ops["allgather"] = static_cast<int>(op_code::allgather);
+  ops["allocate"] = static_cast<int>(op_code::allocate);
+  ops["barrier"] = static_cast<int>(op_code::barrier);
+  m.attr("OPS") = ops;
+  m.attr("BARRIERS") = py::make_tuple("flat", "central", "dissemination");
+}
+
+}  // namespace zcoll::bind

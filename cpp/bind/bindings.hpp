@@ -1,0 +1,12 @@
+// Registration functions, one per concept; module.cpp only calls them.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace zcoll::bind {
+void register_errors(pybind11::module_& m);
+void register_arena(pybind11::module_& m);
+void register_exchange(pybind11::module_& m);
+void register_schedule(pybind11::module_& m);
+void register_topology(pybind11::module_& m);
+}  // namespace zcoll::bind

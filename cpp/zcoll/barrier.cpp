@@ -1,0 +1,203 @@
+#include "zcoll/barrier.hpp"
+
+#include <linux/futex.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+#include "zcoll/error.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define ZCOLL_CPU_RELAX() _mm_pause()
+#elif defined(__aarch64__)
+#define ZCOLL_CPU_RELAX() asm volatile("yield" ::: "memory")
+#else
+#define ZCOLL_CPU_RELAX() ((void)0)
+#endif
+
+namespace zcoll {
+
+namespace detail {
+
+bool process_is_dead(std::int32_t pid) noexcept {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return true;
+  // A killed rank stays a zombie until its launcher reaps it; kill(pid, 0) still succeeds.
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  std::FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char line[512] = {};
+  const bool got = std::fgets(line, sizeof line, f) != nullptr;
+  std::fclose(f);
+  if (!got) return false;
+  const char* close_paren = std::strrchr(line, ')');
+  return close_paren && close_paren[1] == ' ' && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+}  // namespace detail
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+inline bool reached(std::uint32_t value, std::uint32_t target) noexcept {
+  return static_cast<std::int32_t>(value - target) >= 0;
+}
+
+void futex_wait(std::atomic<std::uint32_t>& word, std::uint32_t expected, double seconds) noexcept {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(seconds);
+  ts.tv_nsec = static_cast<long>((seconds - static_cast<double>(ts.tv_sec)) * 1e9);
+  // Not FUTEX_PRIVATE: the word is shared between processes.
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT, expected, &ts, nullptr,
+            0);
+}
+
+}  // namespace
+
+void wake_all(std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& sleepers) noexcept {
+  if (sleepers.load(std::memory_order_seq_cst) != 0)
+    ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE, INT_MAX, nullptr,
+              nullptr, 0);
+}
+
+node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
+                           std::size_t stride_words, detail::barrier_rank_words* words, int rank,
+                           int size, std::vector<int> comm_ranks, barrier_kind kind,
+                           wait_options options)
+    : shared_(shared),
+      entered_(entered),
+      stride_(stride_words),
+      words_(words),
+      rank_(rank),
+      size_(size),
+      comm_ranks_(std::move(comm_ranks)),
+      kind_(kind),
+      options_(options) {
+  if (kind_ == barrier_kind::dissemination && size_ > (1 << detail::max_dissemination_rounds))
+    kind_ = barrier_kind::flat;
+}
+
+void node_barrier::wait() {
+  const std::uint64_t target = count_ + 1;
+  entered(rank_).store(target, std::memory_order_seq_cst);
+  if (size_ > 1) {
+    switch (kind_) {
+      case barrier_kind::flat: wait_flat(target); break;
+      case barrier_kind::central: wait_central(target); break;
+      case barrier_kind::dissemination: wait_dissemination(target); break;
+    }
+  }
+  count_ = target;
+}
+
+void node_barrier::wait_flat(std::uint64_t target) {
+  if (shared_->sleepers.load(std::memory_order_seq_cst) != 0) {
+    shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+    wake_all(shared_->doorbell, shared_->sleepers);
+  }
+  int next = 0;  // ranks below `next` are known to have arrived
+  auto all_arrived = [&] {
+    for (; next < size_; ++next)
+      if (entered(next).load(std::memory_order_acquire) < target) return false;
+    return true;
+  };
+  wait_until(all_arrived, shared_->doorbell, shared_->sleepers, target);
+}
+
+void node_barrier::wait_central(std::uint64_t target) {
+  const std::uint64_t before = shared_->arrived.fetch_add(1, std::memory_order_acq_rel);
+  const auto gen = static_cast<std::uint32_t>(target);
+  if (before + 1 == target * static_cast<std::uint64_t>(size_)) {
+    shared_->generation.store(gen, std::memory_order_seq_cst);
+    wake_all(shared_->generation, shared_->sleepers);
+    return;
+  }
+  auto& word = shared_->generation;
+  wait_until([&] { return reached(word.load(std::memory_order_acquire), gen); }, word,
+             shared_->sleepers, target);
+}
+
+void node_barrier::wait_dissemination(std::uint64_t target) {
+  const auto gen = static_cast<std::uint32_t>(target);
+  auto& mine = words_[rank_];
+  for (int round = 0, dist = 1; dist < size_; ++round, dist <<= 1) {
+    auto& partner = words_[(rank_ + dist) % size_];
+    partner.round_flag[round].fetch_add(1, std::memory_order_seq_cst);
+    wake_all(partner.round_flag[round], partner.sleepers);
+    auto& flag = mine.round_flag[round];
+    wait_until([&] { return reached(flag.load(std::memory_order_acquire), gen); }, flag,
+               mine.sleepers, target);
+  }
+}
+
+template <class Ready>
+void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
+                              std::atomic<std::uint32_t>& sleepers, std::uint64_t target) {
+  for (std::uint32_t i = 0; i < options_.spin_iterations; ++i) {
+    if (ready()) return;
+    ZCOLL_CPU_RELAX();
+  }
+  for (std::uint32_t i = 0; i < options_.yield_iterations; ++i) {
+    if (ready()) return;
+    ::sched_yield();
+  }
+  const auto deadline =
+      clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                              std::chrono::duration<double>(options_.timeout_s));
+  for (;;) {
+    sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const std::uint32_t seen = word.load(std::memory_order_seq_cst);
+    if (!ready()) futex_wait(word, seen, options_.sleep_slice_s);
+    sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (ready()) return;
+    if (any_laggard_dead(target)) raise_for_laggards(target, false);
+    if (clock_type::now() >= deadline) raise_for_laggards(target, true);
+  }
+}
+
+bool node_barrier::any_laggard_dead(std::uint64_t target) const {
+  for (int r = 0; r < size_; ++r)
+    if (entered(r).load(std::memory_order_acquire) < target &&
+        detail::process_is_dead(words_[r].pid.load(std::memory_order_relaxed)))
+      return true;
+  return false;
+}
+
+void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) const {
+  std::ostringstream dead, missing;
+  int n_dead = 0, n_missing = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (entered(r).load(std::memory_order_acquire) >= target) continue;
+    const auto pid = words_[r].pid.load(std::memory_order_relaxed);
+    const bool is_dead = detail::process_is_dead(pid);
+    auto& out = is_dead ? dead : missing;
+    int& n = is_dead ? n_dead : n_missing;
+    out << (n++ ? ", " : "") << comm_ranks_[static_cast<std::size_t>(r)] << " (pid " << pid << ")";
+  }
+  std::ostringstream msg;
+  msg << "zcoll: rank " << comm_ranks_[static_cast<std::size_t>(rank_)] << ": ";
+  if (n_dead) msg << "peer rank(s) " << dead.str() << " died";
+  if (n_dead && n_missing) msg << "; ";
+  if (n_missing)
+    msg << "peer rank(s) " << missing.str() << " did not arrive"
+        << (timed_out ? " within the timeout" : "");
+  if (!n_dead && !n_missing) msg << "a peer stopped participating";
+  msg << " (waited up to " << options_.timeout_s
+      << " s; set ZCOLL_TIMEOUT or zcoll.set_timeout to change the bound)";
+  throw peer_error(msg.str());
+}
+
+}  // namespace zcoll

@@ -1,0 +1,101 @@
+/*
+ * Node barrier over shared memory.
+ *
+ * Every word lives in the context's control segment, one cache line per writer, and only ever
+ * grows (sequence numbers are never reset), so a late reader can always tell which barrier a
+ * value belongs to. Each rank's `entered` count sits in its hot line next to the descriptor of
+ * the call it makes (see exchange.hpp): with the flat barrier, one cache-line transfer per peer
+ * both synchronises and tells what the peer is calling.
+ *
+ * Waiting is tiered: a short busy poll (skipped when the node is oversubscribed: a spinning rank
+ * would steal the core of the rank it waits for), then sched_yield, then a cross-process futex
+ * sleep in short slices. After each slice the ranks that have not arrived yet are checked: a dead
+ * process is reported at once, a live one when the configured timeout has passed. Arrivals only
+ * pay for futex_wake when somebody sleeps.
+ *
+ * Algorithms (HPDC'13 §3): flat (default; P reads per rank, best for the P <= 64 of one node),
+ * a central counter, and dissemination (log2 P rounds of pairwise flags).
+ */
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "zcoll/options.hpp"
+
+namespace zcoll {
+
+namespace detail {
+
+inline constexpr int cache_line = 64;
+inline constexpr int max_dissemination_rounds = 16;  // P <= 65536
+
+// Shared by all ranks: the central barrier's counter and the futex words.
+struct alignas(cache_line) barrier_shared {
+  std::atomic<std::uint64_t> arrived;     // central: arrivals since the context was created
+  char pad0[cache_line - sizeof(std::uint64_t)];
+  std::atomic<std::uint32_t> generation;  // central: barriers completed (mod 2^32); futex word
+  std::atomic<std::uint32_t> sleepers;    // ranks asleep on `generation` or `doorbell`
+  std::atomic<std::uint32_t> doorbell;    // flat: bumped by an arrival that finds sleepers
+  char pad1[cache_line - 3 * sizeof(std::uint32_t)];
+};
+
+// Rarely written per-rank words: liveness and the dissemination flags.
+struct alignas(cache_line) barrier_rank_words {
+  std::atomic<std::int32_t> pid;  // checked for liveness while waiting
+  std::atomic<std::uint32_t> sleepers;  // dissemination: this rank asleep on a round flag
+  char pad0[cache_line - 2 * sizeof(std::uint32_t)];
+  std::atomic<std::uint32_t> round_flag[max_dissemination_rounds];  // signals received per round
+};
+
+// True when `pid` no longer runs (gone, or a zombie awaiting its parent).
+bool process_is_dead(std::int32_t pid) noexcept;
+
+}  // namespace detail
+
+class node_barrier {
+ public:
+  // entered[i * stride_words] is node rank i's arrival count (in its hot line);
+  // `comm_ranks[i]` is the communicator rank of node rank i, used in error messages.
+  node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
+               std::size_t stride_words, detail::barrier_rank_words* words, int rank, int size,
+               std::vector<int> comm_ranks, barrier_kind kind, wait_options options);
+
+  // Blocks until every node rank has called wait() as often as this one. Everything this rank
+  // wrote before is visible to every rank after. Throws peer_error naming the ranks that are
+  // dead, or missing after options.timeout_s.
+  void wait();
+
+  std::uint64_t completed() const noexcept { return count_; }
+  const wait_options& options() const noexcept { return options_; }
+  void set_options(const wait_options& options) noexcept { options_ = options; }
+
+ private:
+  std::atomic<std::uint64_t>& entered(int r) const noexcept { return entered_[r * stride_]; }
+  void wait_flat(std::uint64_t target);
+  void wait_central(std::uint64_t target);
+  void wait_dissemination(std::uint64_t target);
+  template <class Ready>
+  void wait_until(Ready ready, std::atomic<std::uint32_t>& word,
+                  std::atomic<std::uint32_t>& sleepers, std::uint64_t target);
+  [[noreturn]] void raise_for_laggards(std::uint64_t target, bool timed_out) const;
+  bool any_laggard_dead(std::uint64_t target) const;
+
+  detail::barrier_shared* shared_;
+  std::atomic<std::uint64_t>* entered_;
+  std::size_t stride_;
+  detail::barrier_rank_words* words_;
+  int rank_;
+  int size_;
+  std::vector<int> comm_ranks_;
+  barrier_kind kind_;
+  wait_options options_;
+  std::uint64_t count_ = 0;
+};
+
+// Wakes every futex sleeper on `word` (a no-op when nobody sleeps).
+void wake_all(std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& sleepers) noexcept;
+
+}  // namespace zcoll

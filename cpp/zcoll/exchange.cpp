@@ -1,0 +1,514 @@
+#include "zcoll/exchange.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+#include "zcoll/copy.hpp"
+#include "zcoll/error.hpp"
+
+namespace zcoll {
+
+namespace {
+
+constexpr std::size_t first_partition_bytes = std::size_t{1} << 20;
+constexpr std::size_t max_growth_partition_bytes = std::size_t{64} << 20;
+
+const char* op_name(op_code op) noexcept {
+  switch (op) {
+    case op_code::error: return "an invalid call";
+    case op_code::allocate: return "an arena allocation";
+    case op_code::alltoall: return "alltoall";
+    case op_code::allgather: return "allgather";
+    case op_code::barrier: return "barrier";
+    default: return "nothing";
+  }
+}
+
+const char* order_name(std::uint32_t order) noexcept {
+  static const char* names[] = {"row", "column", "morton", "hilbert"};
+  return order < block_order_count ? names[order] : "?";
+}
+
+template <std::size_t N>
+void set_text(char (&dst)[N], const std::string& text) noexcept {
+  const std::size_t n = std::min(text.size(), N - 1);
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+std::string dtype_text(const dtype_id& d) {
+  std::ostringstream out;
+  out << "'" << static_cast<char>(d.kind) << "' (" << d.itemsize << " bytes)";
+  return out.str();
+}
+
+constexpr std::size_t header_bytes = round_up(sizeof(detail::control_header), detail::cache_line);
+
+std::uint64_t next_segment_id() noexcept {
+  static std::atomic<std::uint32_t> counter{0};
+  return (static_cast<std::uint64_t>(::getpid()) << 32) | (counter.fetch_add(1) + 1);
+}
+
+}  // namespace
+
+std::size_t node_context::control_bytes(int size) noexcept {
+  const auto n = static_cast<std::size_t>(size);
+  return round_up(header_bytes + n * (sizeof(detail::rank_line) +
+                                      sizeof(detail::barrier_rank_words) + sizeof(detail::rank_slot)),
+                  page_size());
+}
+
+node_context::node_context(std::shared_ptr<shm_segment> control, context_config config)
+    : control_(std::move(control)),
+      config_(std::move(config)),
+      allocator_(std::make_shared<detail::partition_allocator>()),
+      next_partition_bytes_(first_partition_bytes) {
+  const auto n = static_cast<std::size_t>(config_.size);
+  if (config_.size < 1 || config_.rank < 0 || config_.rank >= config_.size ||
+      config_.comm_ranks.size() != n || config_.pids.size() != n ||
+      config_.comm_size < config_.size)
+    throw std::invalid_argument("zcoll: inconsistent node context configuration");
+  if (!control_ || control_->size() < control_bytes(config_.size))
+    throw std::invalid_argument("zcoll: control segment too small for the node size");
+  std::byte* base = control_->data();
+  header_ = reinterpret_cast<detail::control_header*>(base);
+  base += header_bytes;
+  lines_ = reinterpret_cast<detail::rank_line*>(base);
+  base += n * sizeof(detail::rank_line);
+  barrier_words_ = reinterpret_cast<detail::barrier_rank_words*>(base);
+  base += n * sizeof(detail::barrier_rank_words);
+  slots_ = reinterpret_cast<detail::rank_slot*>(base);
+  barrier_words_[config_.rank].pid.store(config_.pids[static_cast<std::size_t>(config_.rank)],
+                                         std::memory_order_release);
+  sorted_pids_ = config_.pids;
+  std::sort(sorted_pids_.begin(), sorted_pids_.end());
+  static_assert(sizeof(detail::rank_line) % sizeof(std::atomic<std::uint64_t>) == 0);
+  barrier_ = std::make_unique<node_barrier>(
+      &header_->barrier, &lines_[0].entered,
+      sizeof(detail::rank_line) / sizeof(std::atomic<std::uint64_t>), barrier_words_,
+      config_.rank, config_.size, config_.comm_ranks, config_.barrier, config_.wait);
+}
+
+node_context::~node_context() { close(); }
+
+void node_context::close() noexcept {
+  if (closed_) return;
+  closed_ = true;
+  for (auto& seg : owned_) seg->owner_alive.store(false, std::memory_order_relaxed);
+  owned_.clear();
+  segments_.clear();
+  staging_.reset();
+  allocator_.reset();
+  barrier_.reset();
+  schedules_.clear();
+  header_ = nullptr;
+  lines_ = nullptr;
+  barrier_words_ = nullptr;
+  slots_ = nullptr;
+  control_.reset();
+}
+
+std::string node_context::rank_name(int node_rank) const {
+  return "rank " + std::to_string(config_.comm_ranks[static_cast<std::size_t>(node_rank)]);
+}
+
+void node_context::check_usable() const {
+  if (closed_)
+    throw usage_error("zcoll: this communicator's zcoll context is closed (was it freed?)");
+  if (broken())
+    throw peer_error("zcoll: this communicator's zcoll context is unusable after an earlier "
+                     "failure: " +
+                     broken_reason_);
+}
+
+void node_context::sync() {
+  try {
+    barrier_->wait();
+  } catch (const peer_error& e) {
+    broken_reason_ = e.what();
+    throw;
+  }
+}
+
+detail::rank_line& node_context::next_descriptor(op_code op) {
+  check_usable();
+  ++calls_;
+  auto& line = lines_[config_.rank];
+  line.op = op;
+  line.order = 0;
+  line.flag = 0;
+  line.error = arg_error::none;
+  line.dtype = {};
+  line.block_bytes = 0;
+  line.send = {};
+  line.recv = {};
+  return line;
+}
+
+node_context::descriptors node_context::publish_and_sync() {
+  sync();
+  return lines_;
+}
+
+void node_context::raise_after_sync(std::exception_ptr verdict) {
+  sync();
+  std::rethrow_exception(verdict);
+}
+
+void node_context::check_agreement(descriptors all, op_code op) {
+  for (int j = 0; j < config_.size; ++j) {
+    if (all[j].op != op_code::error) continue;
+    const std::string text = "[" + rank_name(j) + "] " + slots_[j].message;
+    if (all[j].error == arg_error::type)
+      raise_after_sync(std::make_exception_ptr(type_mismatch(text)));
+    raise_after_sync(std::make_exception_ptr(usage_error(text)));
+  }
+  for (int j = 1; j < config_.size; ++j)
+    if (all[j].op != all[0].op)
+      raise_after_sync(std::make_exception_ptr(usage_error(
+          std::string("zcoll: ranks called different operations at once: ") + rank_name(0) +
+          " called " + op_name(all[0].op) + ", " + rank_name(j) + " called " +
+          op_name(all[j].op))));
+  if (all[0].op != op)
+    raise_after_sync(std::make_exception_ptr(usage_error(
+        std::string("zcoll: expected ") + op_name(op) + ", peers called " + op_name(all[0].op))));
+}
+
+void node_context::check_arguments(descriptors all) {
+  const auto& ref = all[0];
+  const std::string what = std::string("zcoll.") + op_name(ref.op) + ": ";
+  for (int j = 1; j < config_.size; ++j) {
+    const auto& d = all[j];
+    const std::string pair = rank_name(0) + " and " + rank_name(j);
+    if (d.flag != ref.flag)
+      raise_after_sync(std::make_exception_ptr(usage_error(
+          what + "IN_PLACE must be used by all ranks or none (" + pair + " differ)")));
+    if (!(d.dtype == ref.dtype))
+      raise_after_sync(std::make_exception_ptr(type_mismatch(
+          what + "dtypes differ between ranks: " + rank_name(0) + " has " +
+          dtype_text(ref.dtype) + ", " + rank_name(j) + " has " + dtype_text(d.dtype))));
+    if (d.block_bytes != ref.block_bytes)
+      raise_after_sync(std::make_exception_ptr(usage_error(
+          what + "block sizes differ between ranks: " + rank_name(0) + " has " +
+          std::to_string(ref.block_bytes) + " bytes per block, " + rank_name(j) + " has " +
+          std::to_string(d.block_bytes))));
+    if (d.order != ref.order)
+      raise_after_sync(std::make_exception_ptr(usage_error(
+          what + "order differs between ranks: " + rank_name(0) + " uses '" +
+          order_name(ref.order) + "', " + rank_name(j) + " uses '" + order_name(d.order) + "'")));
+  }
+}
+
+const node_context::known_segment& node_context::remember(std::shared_ptr<data_segment> seg) {
+  const bool shared = seg->mapped_by_all(sorted_pids_);
+  segments_.push_back({std::move(seg), shared});
+  return segments_.back();
+}
+
+buffer_ref node_context::locate(const void* p, std::size_t bytes) {
+  const auto* q = static_cast<const std::byte*>(p);
+  for (const auto& known : segments_) {
+    const std::byte* base = known.seg->shm->data();
+    const std::size_t size = known.seg->shm->size();
+    if (q < base || q > base + size || bytes > static_cast<std::size_t>(base + size - q))
+      continue;
+    if (!known.shared_by_all || !known.seg->owner_alive.load(std::memory_order_relaxed)) return {};
+    return {known.seg->id, static_cast<std::uint64_t>(q - base)};
+  }
+  std::size_t offset = 0;
+  auto seg = detail::segment_registry::instance().find(p, bytes, &offset);
+  if (!seg) return {};
+  const auto& known = remember(std::move(seg));
+  return known.shared_by_all ? buffer_ref{known.seg->id, offset} : buffer_ref{};
+}
+
+std::byte* node_context::resolve(const buffer_ref& ref) {
+  for (const auto& known : segments_)
+    if (known.seg->id == ref.segment) return known.seg->shm->data() + ref.offset;
+  auto seg = detail::segment_registry::instance().find(ref.segment);
+  if (!seg) {
+    broken_reason_ = "a peer published a buffer in a shared segment this rank has not mapped "
+                     "(was the communicator that allocated it freed on some ranks only?)";
+    throw peer_error("zcoll: " + broken_reason_);
+  }
+  return remember(std::move(seg)).seg->shm->data() + ref.offset;
+}
+
+std::shared_ptr<data_segment> node_context::create_segment(std::size_t partition_bytes) {
+  const auto p = static_cast<std::size_t>(config_.size);
+  const bool leader = config_.rank == 0;
+  std::shared_ptr<shm_segment> shm;
+  if (leader) {
+    try {
+      shm = shm_segment::create(p * partition_bytes);
+      set_text(header_->segment_name, shm->name());
+      header_->segment_id = next_segment_id();
+      header_->segment_partition = partition_bytes;
+      header_->segment_status = 0;
+    } catch (const std::exception& e) {
+      header_->segment_status = 1;
+      set_text(header_->segment_message, e.what());
+    }
+  }
+  sync();
+  if (header_->segment_status != 0)
+    throw std::runtime_error("[" + rank_name(0) + "] " + header_->segment_message);
+  const std::uint64_t id = header_->segment_id;
+  auto& mine = slots_[config_.rank];
+  mine.status = 0;
+  try {
+    if (!leader) shm = shm_segment::attach(header_->segment_name, p * partition_bytes);
+    shm->reserve(static_cast<std::size_t>(config_.rank) * partition_bytes, partition_bytes);
+  } catch (const std::exception& e) {
+    mine.status = 1;
+    set_text(mine.status_message, e.what());
+  }
+  sync();
+  if (leader) shm->unlink();
+  for (int j = 0; j < config_.size; ++j)
+    if (slots_[j].status != 0)
+      throw std::runtime_error("[" + rank_name(j) + "] " + slots_[j].status_message);
+  auto seg = std::make_shared<data_segment>();
+  seg->shm = std::move(shm);
+  seg->id = id;
+  seg->partition_bytes = partition_bytes;
+  seg->member_pids = sorted_pids_;
+  detail::segment_registry::instance().add(seg);
+  remember(seg);
+  owned_.push_back(seg);
+  return seg;
+}
+
+std::shared_ptr<arena_block> node_context::allocate(std::size_t bytes) {
+  auto& d = next_descriptor(op_code::allocate);
+  d.block_bytes = bytes;
+  d.flag = allocator_->fits(bytes) ? 1 : 0;
+  const auto all = publish_and_sync();
+  check_agreement(all, op_code::allocate);
+  std::size_t need = 0;
+  bool grow = false;
+  for (int j = 0; j < config_.size; ++j)
+    if (!all[j].flag) grow = true, need = std::max<std::size_t>(need, all[j].block_bytes);
+  sync();  // everybody has read the requests
+  if (grow) {
+    const std::size_t partition = std::max(
+        round_up(need + detail::partition_allocator::alignment, page_size()), next_partition_bytes_);
+    next_partition_bytes_ = std::min(2 * next_partition_bytes_, max_growth_partition_bytes);
+    allocator_->add_partition(create_segment(partition), config_.rank);
+  }
+  auto got = allocator_->allocate(bytes);
+  if (!got) throw std::runtime_error("zcoll: arena allocation failed after growing the arena");
+  return std::make_shared<arena_block>(std::move(got->first), allocator_, got->second, bytes);
+}
+
+void node_context::ensure_staging(std::size_t bytes) {
+  if (staging_ && staging_->partition_bytes >= bytes) return;
+  const std::size_t old = staging_ ? staging_->partition_bytes : 0;
+  std::erase_if(segments_, [&](const known_segment& k) { return k.seg == staging_; });
+  std::erase(owned_, staging_);
+  staging_.reset();
+  staging_ = create_segment(
+      std::max(round_up(std::max<std::size_t>(bytes, 1), page_size()), 2 * old));
+}
+
+void node_context::fail(op_code op, arg_error kind, const std::string& message) {
+  auto& d = next_descriptor(op_code::error);
+  d.error = kind == arg_error::none ? arg_error::value : kind;
+  set_text(slots_[config_.rank].message, message);
+  check_agreement(publish_and_sync(), op);
+  throw std::logic_error("zcoll: unreachable: an error was published but not raised");
+}
+
+void node_context::barrier() {
+  next_descriptor(op_code::barrier);
+  check_agreement(publish_and_sync(), op_code::barrier);
+  sync();  // everybody has read the op codes
+}
+
+const schedule& node_context::schedule_for(op_code op, bool in_place, block_order order) {
+  const std::uint32_t kind = !in_place ? 0 : (op == op_code::alltoall ? 1 : 2);
+  const std::uint32_t key = kind * block_order_count + static_cast<std::uint32_t>(order);
+  auto it = schedules_.find(key);
+  if (it != schedules_.end()) return it->second;
+  schedule s = kind == 0   ? full_schedule(config_.size, order)
+               : kind == 1 ? swap_schedule(config_.size, order)
+                           : offdiagonal_schedule(config_.size, order);
+  return schedules_.emplace(key, std::move(s)).first->second;
+}
+
+void node_context::run_schedule(const schedule& sched, op_code op, bool in_place,
+                                std::size_t block, const std::vector<std::byte*>& send,
+                                const std::vector<std::byte*>& recv) {
+  const auto& cr = config_.comm_ranks;
+  const std::size_t first = sched.starts[static_cast<std::size_t>(config_.rank)];
+  const std::size_t last = sched.starts[static_cast<std::size_t>(config_.rank) + 1];
+  for (std::size_t k = first; k < last; ++k) {
+    const auto d = static_cast<std::size_t>(sched.blocks[k].dst);
+    const auto s = static_cast<std::size_t>(sched.blocks[k].src);
+    std::byte* into = recv[d] + static_cast<std::size_t>(cr[s]) * block;
+    if (op == op_code::alltoall) {
+      if (in_place)
+        swap_bytes(into, recv[s] + static_cast<std::size_t>(cr[d]) * block, block);
+      else
+        copy_bytes(into, send[s] + static_cast<std::size_t>(cr[d]) * block, block);
+    } else {
+      copy_bytes(into, in_place ? recv[s] + static_cast<std::size_t>(cr[s]) * block : send[s],
+                 block);
+    }
+  }
+}
+
+void node_context::execute(const collective_args& args) {
+  if (args.op != op_code::alltoall && args.op != op_code::allgather)
+    throw std::invalid_argument("zcoll: execute() runs alltoall or allgather");
+  auto& d = next_descriptor(args.op);
+  const bool in_place = args.send == nullptr;
+  d.order = static_cast<std::uint8_t>(args.order);
+  d.block_bytes = args.block_bytes;
+  d.dtype = args.dtype;
+  d.flag = in_place ? 1 : 0;
+  if (!in_place) d.send = locate(args.send, args.send_bytes);
+  d.recv = locate(args.recv, args.recv_bytes);
+  const auto all = publish_and_sync();
+  check_agreement(all, args.op);
+  check_arguments(all);
+  const std::size_t block = args.block_bytes;
+  if (block == 0) {
+    sync();  // nothing to move; the lines stay untouched until everybody has read them
+    return;
+  }
+  const auto p = static_cast<std::size_t>(config_.size);
+  bool staged = false;
+  for (std::size_t j = 0; j < p; ++j)
+    staged |= (!in_place && all[j].send.segment == 0) || all[j].recv.segment == 0;
+  std::vector<std::byte*> send(p, nullptr), recv(p, nullptr);
+  const std::size_t send_part = in_place ? 0 : round_up(args.send_bytes, 64);
+  if (staged) stage_in(args, in_place, send_part);
+  for (std::size_t j = 0; j < p; ++j) {
+    std::byte* stage = staged ? staging_->partition(static_cast<int>(j)) : nullptr;
+    if (!in_place) send[j] = all[j].send.segment ? resolve(all[j].send) : stage;
+    recv[j] = all[j].recv.segment ? resolve(all[j].recv) : stage + send_part;
+  }
+  const bool my_recv_staged = d.recv.segment == 0;
+  run_schedule(schedule_for(args.op, in_place, args.order), args.op, in_place, block, send, recv);
+  sync();
+  if (staged && my_recv_staged)
+    copy_bytes(args.recv, staging_->partition(config_.rank) + send_part, args.recv_bytes);
+}
+
+void node_context::stage_in(const collective_args& args, bool in_place, std::size_t send_part) {
+  const auto& d = lines_[config_.rank];
+  ensure_staging(send_part + args.recv_bytes);
+  std::byte* mine = staging_->partition(config_.rank);
+  if (!in_place && d.send.segment == 0) copy_bytes(mine, args.send, args.send_bytes);
+  if (in_place && d.recv.segment == 0) {
+    if (args.op == op_code::alltoall) {
+      copy_bytes(mine, args.recv, args.recv_bytes);
+    } else {  // in-place allgather: only this rank's own block is input
+      const std::size_t own =
+          static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(config_.rank)]) *
+          args.block_bytes;
+      copy_bytes(mine + own, static_cast<const std::byte*>(args.recv) + own, args.block_bytes);
+    }
+  }
+  sync();  // staged data is visible
+}
+
+namespace {
+
+std::string elements_text(std::size_t n) { return std::to_string(n) + (n == 1 ? " element" : " elements"); }
+
+// Elements per block when `a` is cut into `p` blocks along its first axis (or a 1-D split).
+std::string split_error(const array_view& a, int p, const char* name) {
+  const auto np = static_cast<std::size_t>(p);
+  if (a.ndim == 0) return std::string(name) + " must have at least one dimension";
+  if (a.ndim == 1 && a.first_dim % np != 0)
+    return std::string(name) + " has " + elements_text(a.first_dim) +
+           ", which is not divisible by comm.size=" + std::to_string(p);
+  if (a.ndim > 1 && a.first_dim != np)
+    return std::string(name) + ".shape[0] must equal comm.size=" + std::to_string(p) + ", got " +
+           std::to_string(a.first_dim);
+  return {};
+}
+
+std::string dtype_short(const dtype_id& d) {
+  return std::string(1, static_cast<char>(d.kind)) + std::to_string(d.itemsize);
+}
+
+bool overlap(const array_view& a, const array_view& b) noexcept {
+  const auto* pa = static_cast<const std::byte*>(a.data);
+  const auto* pb = static_cast<const std::byte*>(b.data);
+  return a.nbytes && b.nbytes && pa < pb + b.nbytes && pb < pa + a.nbytes;
+}
+
+local_check type_error(std::string m) { return {arg_error::type, std::move(m), 0}; }
+local_check value_error(std::string m) { return {arg_error::value, std::move(m), 0}; }
+
+}  // namespace
+
+local_check check_local_args(op_code op, int comm_size, const array_view* send,
+                             const array_view& recv) {
+  const auto p = static_cast<std::size_t>(comm_size);
+  if (recv.has_objects || (send && send->has_objects))
+    return type_error("arrays of Python objects cannot be exchanged through shared memory");
+  if (!recv.c_contiguous) return value_error("recvbuf must be C-contiguous");
+  if (!recv.writeable) return value_error("recvbuf is read-only");
+  if (auto e = split_error(recv, comm_size, "recvbuf"); !e.empty()) return value_error(e);
+  if (!send) return {arg_error::none, {}, recv.nbytes / p};
+  if (!(send->dtype == recv.dtype))
+    return type_error("recvbuf dtype (" + dtype_short(recv.dtype) +
+                      ") differs from sendbuf dtype (" + dtype_short(send->dtype) + ")");
+  const std::size_t want = op == op_code::alltoall ? send->size : p * send->size;
+  if (recv.size != want)
+    return value_error("recvbuf has " + elements_text(recv.size) + ", expected " +
+                       elements_text(want));
+  if (op == op_code::alltoall)
+    if (auto e = split_error(*send, comm_size, "sendbuf"); !e.empty()) return value_error(e);
+  if (overlap(*send, recv))
+    return value_error("sendbuf and recvbuf overlap; pass zcoll.IN_PLACE as sendbuf instead");
+  return {arg_error::none, {}, op == op_code::alltoall ? send->nbytes / p : send->nbytes};
+}
+
+bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order) {
+  static constexpr std::string_view names[] = {"row", "column", "morton", "hilbert"};
+  if (name == "auto") {
+    *order = default_order(p, block_bytes);
+    return true;
+  }
+  for (int i = 0; i < block_order_count; ++i)
+    if (name == names[i]) {
+      *order = static_cast<block_order>(i);
+      return true;
+    }
+  return false;
+}
+
+void node_context::run(op_code op, const array_view* send, const array_view& recv,
+                       std::string_view order) {
+  local_check check = check_local_args(op, config_.comm_size, send, recv);
+  collective_args args;
+  if (check.ok() && !parse_order(order, config_.size, check.block_bytes, &args.order))
+    check = value_error("order must be 'auto', 'row', 'column', 'morton' or 'hilbert', got '" +
+                        std::string(order) + "'");
+  if (!check.ok()) fail(op, check.error, std::string("zcoll.") + op_name(op) + ": " + check.message);
+  args.op = op;
+  args.send = send ? send->data : nullptr;
+  args.send_bytes = send ? send->nbytes : 0;
+  args.recv = const_cast<void*>(recv.data);
+  args.recv_bytes = recv.nbytes;
+  args.block_bytes = check.block_bytes;
+  args.dtype = recv.dtype;
+  execute(args);
+}
+
+block_order default_order(int p, std::size_t block_bytes) noexcept {
+  (void)block_bytes;
+  return p <= 2 ? block_order::row : block_order::morton;
+}
+
+}  // namespace zcoll

@@ -1,0 +1,234 @@
+/*
+ * Exchange: one node's part of a collective, executed as an ordered list of block copies
+ * between two barriers, on a per-communicator node context.
+ *
+ * Protocol of one call (no MPI anywhere):
+ *   1. each rank writes a descriptor of its call (operation, sizes, dtype, where its buffers are
+ *      as (segment id, offset), or an argument error it found locally) into its slot of the
+ *      control segment; slots are double-buffered by call parity, so a fast rank's next call
+ *      never overwrites what a slow rank is still reading;
+ *   2. barrier;
+ *   3. every rank reads every descriptor and checks they agree. All ranks see the same data, so
+ *      they all reach the same verdict: either every rank raises the same error (nothing was
+ *      copied, nothing corrupted) or every rank goes on;
+ *   4. private (non-arena) buffers are staged through a per-rank staging partition (one extra
+ *      copy on each side and one extra barrier: documented cost);
+ *   5. rank i copies segment i of the schedule (see schedule.hpp);
+ *   6. barrier; receive buffers that were staged are copied out.
+ * Blocks are addressed by communicator rank, so the same code runs the node-local part of a
+ * communicator that spans several nodes (Python moves the rest with MPI point-to-point).
+ *
+ * Collective allocation uses the same descriptor round: ranks whose partitions are full make
+ * the node add a segment (leader creates, all map and reserve their partition, leader unlinks).
+ * After a peer failure the context is broken for good and every later call says so.
+ */
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zcoll/arena.hpp"
+#include "zcoll/barrier.hpp"
+#include "zcoll/options.hpp"
+#include "zcoll/schedule.hpp"
+
+namespace zcoll {
+
+enum class op_code : std::uint8_t {
+  none = 0,
+  error = 1,      // a rank found its own arguments invalid
+  allocate = 2,   // collective arena allocation
+  alltoall = 3,   // block j of rank i's send buffer -> block i of rank j's receive buffer
+  allgather = 4,  // rank i's send buffer -> block i of every receive buffer
+  barrier = 5,
+};
+
+// Kind of a locally detected argument error; maps to a Python exception type.
+enum class arg_error : std::uint8_t { none = 0, value = 1, type = 2 };
+
+// The element type as NumPy describes it; only equality matters to the core.
+struct dtype_id {
+  std::uint32_t kind = 0;  // dtype.char
+  std::uint32_t itemsize = 0;  // bytes
+  friend bool operator==(const dtype_id&, const dtype_id&) = default;
+};
+
+// One rank's arguments to one collective.
+struct collective_args {
+  op_code op = op_code::alltoall;
+  const void* send = nullptr;  // nullptr: in place (the receive buffer holds the data)
+  std::size_t send_bytes = 0;
+  void* recv = nullptr;
+  std::size_t recv_bytes = 0;
+  std::size_t block_bytes = 0;  // bytes per rank-to-rank block
+  dtype_id dtype;
+  block_order order = block_order::morton;
+};
+
+// A NumPy array as the binding sees it (no Python types in the core).
+struct array_view {
+  const void* data = nullptr;
+  std::size_t nbytes = 0;
+  std::size_t size = 0;       // elements
+  int ndim = 0;
+  std::size_t first_dim = 0;  // shape[0]; 0 when ndim == 0
+  dtype_id dtype;
+  bool c_contiguous = true;
+  bool writeable = true;
+  bool has_objects = false;
+};
+
+// Outcome of the local (this rank only) argument checks of one collective call.
+struct local_check {
+  arg_error error = arg_error::none;
+  std::string message;          // why, when error != none
+  std::size_t block_bytes = 0;  // bytes per block, when the arguments are fine
+  bool ok() const noexcept { return error == arg_error::none; }
+};
+
+// Checks one rank's buffers for `op` on a communicator of `comm_size` ranks; `send` is nullptr
+// for an in-place call. Checks that need the other ranks happen inside the collective.
+local_check check_local_args(op_code op, int comm_size, const array_view* send,
+                             const array_view& recv);
+
+// Parses "auto" | "row" | "column" | "morton" | "hilbert"; "auto" -> default_order(p, block).
+bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order);
+
+// How the context was set up: which node ranks, which communicator ranks, how to wait.
+struct context_config {
+  int rank = 0;                        // this process among the node's ranks
+  int size = 1;                        // ranks of the communicator on this node
+  int comm_size = 1;                   // ranks of the whole communicator (blocks per buffer)
+  std::vector<int> comm_ranks;         // communicator rank of each node rank
+  std::vector<std::int32_t> pids;      // pid of each node rank
+  barrier_kind barrier = barrier_kind::central;
+  wait_options wait;
+};
+
+namespace detail {
+
+inline constexpr std::size_t message_bytes = 240;
+
+// The one cache line a rank publishes per step: its barrier arrival count and the descriptor
+// of the call it is making. Fields are written before `entered` is released and read by peers
+// after they acquire it; a rank rewrites them only after a barrier that follows every read.
+struct alignas(cache_line) rank_line {
+  std::atomic<std::uint64_t> entered;  // barrier arrivals (see barrier.hpp)
+  op_code op;                          // 1 byte each below: enum values are small
+  std::uint8_t order;
+  std::uint8_t flag;   // collectives: in place; allocate: request fits the rank's partitions
+  arg_error error;
+  dtype_id dtype;
+  std::uint64_t block_bytes;  // collectives: bytes per block; allocate: bytes requested
+  buffer_ref send, recv;
+};
+static_assert(sizeof(rank_line) == cache_line, "the descriptor must fit one cache line");
+
+// Cold per-rank data: error text, segment-creation status.
+struct alignas(cache_line) rank_slot {
+  char message[message_bytes];  // why this rank's arguments are invalid
+  std::int32_t status;          // segment creation: 0 or failed
+  char status_message[message_bytes];
+};
+
+struct alignas(cache_line) control_header {
+  barrier_shared barrier;
+  // Announcement of a new segment, written by the leader between two barriers.
+  char segment_name[128];
+  std::uint64_t segment_id;
+  std::uint64_t segment_partition;
+  std::int32_t segment_status;
+  char segment_message[message_bytes];
+};
+
+}  // namespace detail
+
+class node_context {
+ public:
+  // Bytes of the control segment for `size` node ranks (created and shared by the caller).
+  static std::size_t control_bytes(int size) noexcept;
+
+  node_context(std::shared_ptr<shm_segment> control, context_config config);
+  ~node_context();
+  node_context(const node_context&) = delete;
+  node_context& operator=(const node_context&) = delete;
+
+  // Collective: every node rank allocates `bytes` (may differ per rank) in the arena.
+  std::shared_ptr<arena_block> allocate(std::size_t bytes);
+  // Collective: runs alltoall or allgather as described in args.
+  void execute(const collective_args& args);
+  // Collective: checks one rank's arguments, raises on every rank if any rank's are wrong,
+  // else executes. The entry point of the Python API on a single-node communicator.
+  void run(op_code op, const array_view* send, const array_view& recv, std::string_view order);
+  // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
+  [[noreturn]] void fail(op_code op, arg_error kind, const std::string& message);
+  // Collective: a node barrier.
+  void barrier();
+  // Local: unmaps everything this context owns; later calls raise. Arrays stay valid.
+  void close() noexcept;
+
+  bool closed() const noexcept { return closed_; }
+  bool broken() const noexcept { return !broken_reason_.empty(); }
+  const context_config& config() const noexcept { return config_; }
+  void set_wait_options(const wait_options& w) noexcept { barrier_->set_options(w); }
+  std::size_t arena_bytes_in_use() const { return allocator_->bytes_in_use(); }
+  std::size_t segment_count() const noexcept { return segments_.size(); }
+  std::uint64_t calls() const noexcept { return calls_; }
+  // The schedule this context uses for `op` (in place or not) and `order`.
+  const schedule& schedule_for(op_code op, bool in_place, block_order order);
+
+ private:
+  struct known_segment {
+    std::shared_ptr<data_segment> seg;
+    bool shared_by_all;  // every rank of this context has it mapped (so peers can resolve it)
+  };
+  using descriptors = const detail::rank_line*;  // indexed by node rank
+
+  void check_usable() const;
+  detail::rank_line& next_descriptor(op_code op);
+  descriptors publish_and_sync();
+  // Throws the verdict on every rank (after one more barrier, so nobody's line is rewritten
+  // while a peer still reads it) when the ranks' calls do not fit together.
+  void check_agreement(descriptors all, op_code op);
+  void check_arguments(descriptors all);
+  [[noreturn]] void raise_after_sync(std::exception_ptr verdict);
+  buffer_ref locate(const void* p, std::size_t bytes);
+  std::byte* resolve(const buffer_ref& ref);
+  void sync();  // barrier that marks the context broken when it throws
+  const known_segment& remember(std::shared_ptr<data_segment> seg);
+  std::shared_ptr<data_segment> create_segment(std::size_t partition_bytes);
+  void ensure_staging(std::size_t bytes);
+  void stage_in(const collective_args& args, bool in_place, std::size_t send_part);
+  void run_schedule(const schedule& sched, op_code op, bool in_place, std::size_t block,
+                    const std::vector<std::byte*>& send, const std::vector<std::byte*>& recv);
+  std::string rank_name(int node_rank) const;
+
+  std::shared_ptr<shm_segment> control_;
+  detail::control_header* header_ = nullptr;
+  detail::rank_line* lines_ = nullptr;                    // one per node rank
+  detail::barrier_rank_words* barrier_words_ = nullptr;  // one per node rank
+  detail::rank_slot* slots_ = nullptr;                    // one per node rank
+  context_config config_;
+  std::vector<std::int32_t> sorted_pids_;
+  std::unique_ptr<node_barrier> barrier_;
+  std::shared_ptr<detail::partition_allocator> allocator_;
+  std::vector<known_segment> segments_;  // every segment this context has met
+  std::vector<std::shared_ptr<data_segment>> owned_;     // segments this context created
+  std::shared_ptr<data_segment> staging_;
+  std::size_t next_partition_bytes_;
+  std::map<std::uint32_t, schedule> schedules_;
+  std::uint64_t calls_ = 0;
+  bool closed_ = false;
+  std::string broken_reason_;
+};
+
+// Order used for order="auto" when no tuning table says otherwise.
+block_order default_order(int p, std::size_t block_bytes) noexcept;
+
+}  // namespace zcoll

@@ -1,0 +1,38 @@
+"""zcoll: ordered shared-memory collectives for mpi4py programs.
+
+NumPy arrays live in a per-node shared arena (:func:`empty`), so every rank on a node can read
+and write every other rank's buffers; :func:`alltoall` and :func:`allgather` then move each
+block with a single copy, in a cache-friendly order over the P x P block matrix (Morton,
+Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot path.
+"""
+
+from __future__ import annotations
+
+from ._arena import empty, empty_like, is_shared, zeros
+from ._collectives import IN_PLACE, allgather, alltoall
+from ._context import get_timeout, set_timeout
+from ._core import PeerError
+from ._topology import RankPlacement, Topology, topology
+
+__version__ = "0.1.0"
+
+#: Block orders accepted by the ``order=`` argument of the collectives (besides "auto").
+ORDERS = ("row", "column", "morton", "hilbert")
+
+__all__ = [
+    "IN_PLACE",
+    "ORDERS",
+    "PeerError",
+    "RankPlacement",
+    "Topology",
+    "__version__",
+    "allgather",
+    "alltoall",
+    "empty",
+    "empty_like",
+    "get_timeout",
+    "is_shared",
+    "set_timeout",
+    "topology",
+    "zeros",
+]

@@ -1,0 +1,99 @@
+"""NumPy arrays in the node's shared arena."""
+
+from __future__ import annotations
+
+import operator
+from math import prod
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core
+from ._context import _as_dtype, context
+
+__all__ = ["empty", "empty_like", "is_shared", "zeros"]
+
+
+def _normalize_shape(shape) -> tuple[int, ...]:
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(operator.index(d) for d in shape)
+        except TypeError:
+            raise TypeError(f"shape must be an int or a sequence of ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimensions are not allowed: {dims}")
+    return dims
+
+
+def empty(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
+    """Return a new uninitialised array in the node's shared arena.
+
+    Collective over `comm`: every rank must call it (like ``MPI_Win_allocate_shared``), each
+    with its own `shape` and `dtype`. Every rank of the node can then read and write every
+    other rank's array, which is what lets zcoll's collectives move each block with one copy.
+    Allocation needs no communication beyond one node barrier unless the arena must grow.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator; ranks on other nodes get arrays in their own node's arena.
+    shape : int or tuple of int
+        Shape of this rank's array; may differ between ranks.
+    dtype : data-type, optional
+        Any NumPy dtype without Python objects. Default float64.
+
+    Returns
+    -------
+    numpy.ndarray
+        C-contiguous, writable, 64-byte aligned. The memory is returned to the arena when the
+        array (and every view of it) is garbage collected; it stays valid after `comm` is freed.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On every rank, if any rank passed an invalid shape or dtype.
+    """
+    ctx = context(comm)
+    try:
+        dims = _normalize_shape(shape)
+        dt = _as_dtype(dtype)
+        nbytes = prod(dims) * dt.itemsize
+    except (TypeError, ValueError) as exc:
+        ctx.fail("empty", exc)
+    block = ctx.allocate(nbytes)
+    return np.frombuffer(block, dtype=dt, count=prod(dims)).reshape(dims)
+
+
+def zeros(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
+    """Return a new zero-filled array in the node's shared arena.
+
+    Collective over `comm`; see :func:`empty`. Each rank fills its own array, so its pages are
+    first touched by their owner.
+    """
+    a = empty(comm, shape, dtype)
+    a.fill(0)
+    return a
+
+
+def empty_like(comm: MPI.Comm, a) -> np.ndarray:
+    """Return an uninitialised arena array with the shape and dtype of `a`.
+
+    Collective over `comm`; see :func:`empty`.
+    """
+    a = np.asarray(a)
+    return empty(comm, a.shape, a.dtype)
+
+
+def is_shared(a) -> bool:
+    """Tell whether `a` lies entirely in a zcoll shared arena (local, no communication).
+
+    An array in the arena of one communicator can be used directly by collectives on any
+    communicator whose ranks on this node all belong to the allocating communicator (its dups
+    and splits, for example); other arrays are staged through the arena at the cost of one
+    extra copy on each side.
+    """
+    if not isinstance(a, np.ndarray):
+        return False
+    return _core.array_in_arena(a)

@@ -1,0 +1,170 @@
+"""alltoall and allgather as ordered block copies in the node's shared arena."""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core
+from ._context import Context, lookup
+
+__all__ = ["IN_PLACE", "allgather", "alltoall"]
+
+#: Pass as `sendbuf` to exchange in place in `recvbuf` (the same object as ``MPI.IN_PLACE``).
+IN_PLACE = MPI.IN_PLACE
+_core._set_in_place(IN_PLACE)
+
+_P2P_TAG = 0x7A0C
+
+
+def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
+    """Allocate the result in the arena (collective); errors are raised on every rank."""
+    try:
+        if sendbuf is IN_PLACE:
+            raise ValueError("IN_PLACE needs recvbuf, which holds the data")
+        send = np.asarray(sendbuf)
+        if send.dtype.hasobject:
+            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
+        if send.ndim == 0:
+            raise ValueError("sendbuf must have at least one dimension")
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    shape = send.shape if opname == "alltoall" else (ctx.size, *send.shape)
+    return _arena_array(ctx, shape, send.dtype)
+
+
+def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    count = int(np.prod(shape, dtype=np.int64))
+    block = ctx.allocate(count * dtype.itemsize)
+    return np.frombuffer(block, dtype=dtype, count=count).reshape(shape)
+
+
+def _byte_blocks(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _remote_ranks(ctx: Context) -> list[int]:
+    mine = ctx.node_of[ctx.rank]
+    return [r for r in range(ctx.size) if ctx.node_of[r] != mine]
+
+
+def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
+    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup."""
+    remote = _remote_ranks(ctx)
+    if not remote or block == 0:
+        return
+    rb = _byte_blocks(recv)
+    in_place = send is IN_PLACE
+    if opname == "alltoall":
+        sb = rb if in_place else _byte_blocks(np.ascontiguousarray(send))
+        outgoing = {r: sb[r * block : (r + 1) * block] for r in remote}
+        if in_place:  # what goes out must be saved before it is overwritten
+            outgoing = {r: b.copy() for r, b in outgoing.items()}
+    else:
+        mine = rb[ctx.rank * block : (ctx.rank + 1) * block]
+        if not in_place:
+            mine = _byte_blocks(np.ascontiguousarray(send))
+        outgoing = dict.fromkeys(remote, mine)
+    comm = ctx.p2p_comm()
+    reqs = [comm.Irecv([rb[r * block : (r + 1) * block], MPI.BYTE], r, _P2P_TAG) for r in remote]
+    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in remote]
+    MPI.Request.Waitall(reqs)
+
+
+def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order) -> None:
+    """Hierarchical path: agree across nodes, node-local blocks in the arena, the rest by MPI."""
+    kind, message, block, code = ctx.core.check(opname, sendbuf, recvbuf, str(order))
+    error = None if kind is None else (TypeError if kind == "type" else ValueError)(message)
+    dt = recvbuf.dtype if isinstance(recvbuf, np.ndarray) else None
+    ctx.agree(opname, error, (block, str(dt), sendbuf is IN_PLACE, code))
+    send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
+    ctx.core.execute(opname, send, recvbuf, block, code)
+    _exchange_remote(ctx, opname, send, recvbuf, block)
+
+
+def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
+    """All-to-all personalised exchange, as ordered block copies in shared memory.
+
+    Collective over `comm`. Block ``i`` of `sendbuf` goes to rank ``i``; block ``j`` of the
+    result came from rank ``j`` -- the semantics of ``comm.Alltoall``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator (WORLD, dups, splits, SELF, or one spanning several nodes).
+    sendbuf : array_like or zcoll.IN_PLACE
+        First axis of length ``comm.size`` (block ``i`` = ``sendbuf[i]``), or 1-D with a size
+        divisible by ``comm.size``. Any dtype without Python objects; non-contiguous input is
+        copied first. ``IN_PLACE`` exchanges the blocks of `recvbuf` in place.
+    recvbuf : numpy.ndarray, optional
+        C-contiguous, writable, same dtype and size as `sendbuf`, first axis ``comm.size`` or
+        1-D. Allocated in the arena (collectively) when omitted.
+    order : {"auto", "row", "column", "morton", "hilbert"}
+        Traversal of the P x P block matrix; must be the same on every rank. "row" is the
+        SH-Naive baseline (each rank fills its own receive row).
+
+    Returns
+    -------
+    numpy.ndarray
+        `recvbuf`.
+
+    Notes
+    -----
+    When every buffer is in the arena (:func:`zcoll.empty`) each block moves with one copy
+    between two node barriers, and no MPI call is made. A buffer outside the arena is staged
+    through it: one extra copy of that buffer and one extra node barrier. On a communicator
+    spanning several nodes, blocks between nodes travel by MPI point-to-point.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, if any rank's arguments are invalid or disagree with the others'.
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
+    """
+    ctx = lookup(comm)
+    if recvbuf is None:
+        recvbuf = _new_recvbuf(ctx, "alltoall", sendbuf)
+    if ctx.multi_node:
+        _multi_node(ctx, "alltoall", sendbuf, recvbuf, order)
+    else:
+        ctx.core.alltoall(sendbuf, recvbuf, order)
+    return recvbuf
+
+
+def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
+    """Gather every rank's `sendbuf` on every rank, as ordered copies in shared memory.
+
+    Collective over `comm`; the semantics of ``comm.Allgather``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    sendbuf : array_like or zcoll.IN_PLACE
+        This rank's block; same size and dtype on every rank. With ``IN_PLACE``, block
+        ``comm.rank`` of `recvbuf` holds it.
+    recvbuf : numpy.ndarray, optional
+        C-contiguous and writable, ``comm.size`` times the size of `sendbuf`, first axis
+        ``comm.size`` or 1-D. When omitted, an arena array of shape
+        ``(comm.size, *sendbuf.shape)`` is allocated (collectively).
+    order : {"auto", "row", "column", "morton", "hilbert"}
+        Traversal of the P x P block matrix; same on every rank.
+
+    Returns
+    -------
+    numpy.ndarray
+        `recvbuf`; block ``j`` is rank ``j``'s `sendbuf`.
+
+    Notes
+    -----
+    Costs as for :func:`alltoall`.
+    """
+    ctx = lookup(comm)
+    if recvbuf is None:
+        recvbuf = _new_recvbuf(ctx, "allgather", sendbuf)
+    if ctx.multi_node:
+        _multi_node(ctx, "allgather", sendbuf, recvbuf, order)
+    else:
+        ctx.core.allgather(sendbuf, recvbuf, order)
+    return recvbuf

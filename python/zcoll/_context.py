@@ -1,0 +1,278 @@
+"""Per-communicator node contexts: the bridge between mpi4py and the C++ engine.
+
+A context is created collectively the first time zcoll sees a communicator and is cached on it
+as an MPI attribute, so it is found again in O(1), is not inherited by ``Dup`` and is released
+by ``Free``. All MPI work happens here (node split, sharing the control segment's name); the
+engine itself never calls MPI.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from dataclasses import dataclass
+from typing import NoReturn
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core
+
+__all__ = [
+    "Context",
+    "context",
+    "get_timeout",
+    "set_timeout",
+]
+
+_BARRIERS = {name: code for code, name in enumerate(_core.BARRIERS)}
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        result = float(value)
+    except ValueError:
+        raise ValueError(f"zcoll: {name}={value!r} is not a number") from None
+    if not result > 0:
+        raise ValueError(f"zcoll: {name} must be positive, got {value!r}")
+    return result
+
+
+@dataclass
+class _WaitSettings:
+    timeout: float = _env_float("ZCOLL_TIMEOUT", 60.0)
+    yields: int = 64
+    sleep_slice: float = 0.02
+
+
+_wait = _WaitSettings()
+_live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+
+
+def set_timeout(seconds: float) -> None:
+    """Set how long a rank waits for a peer before raising :class:`zcoll.PeerError`.
+
+    Applies to existing and future contexts of this process. The default is 60 s or the value
+    of the ``ZCOLL_TIMEOUT`` environment variable. Local: call it on every rank.
+    """
+    seconds = float(seconds)
+    if not seconds > 0:
+        raise ValueError("zcoll.set_timeout: seconds must be positive")
+    _wait.timeout = seconds
+    for ctx in list(_live_contexts):
+        ctx._apply_wait()
+
+
+def get_timeout() -> float:
+    """Return the current peer-wait bound in seconds (see :func:`set_timeout`)."""
+    return _wait.timeout
+
+
+def _virtual_node_size() -> int:
+    value = os.environ.get("ZCOLL_VIRTUAL_NODE_SIZE", "0")
+    try:
+        size = int(value)
+    except ValueError:
+        raise ValueError(f"zcoll: ZCOLL_VIRTUAL_NODE_SIZE={value!r} is not an integer") from None
+    if size < 0:
+        raise ValueError("zcoll: ZCOLL_VIRTUAL_NODE_SIZE must be >= 0")
+    return size
+
+
+def _barrier_code() -> int:
+    name = os.environ.get("ZCOLL_BARRIER", "flat")
+    if name not in _BARRIERS:
+        raise ValueError(f"zcoll: ZCOLL_BARRIER must be one of {sorted(_BARRIERS)}, got {name!r}")
+    return _BARRIERS[name]
+
+
+def _split_node(comm: MPI.Comm) -> MPI.Comm:
+    """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
+    into virtual nodes of ZCOLL_VIRTUAL_NODE_SIZE ranks so the multi-node path runs for real."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    k = _virtual_node_size()
+    if k and node.size > k:
+        virtual = node.Split(color=node.rank // k, key=node.rank)
+        node.Free()
+        node = virtual
+    return node
+
+
+def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
+    nbytes = _core.NodeContext.control_bytes(node.size)
+    segment, error = None, None
+    if node.rank == 0:
+        try:
+            segment = _core.SharedSegment.create(nbytes)
+        except OSError as exc:
+            error = str(exc)
+    name, error = node.bcast((segment.name if segment else None, error), root=0)
+    if error is None and node.rank != 0:
+        try:
+            segment = _core.SharedSegment.attach(name, nbytes)
+        except OSError as exc:
+            error = str(exc)
+    errors = node.allgather(error)
+    if node.rank == 0 and segment is not None:
+        segment.unlink()  # everyone has it mapped (or gave up): nothing can leak from here on
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        raise OSError(f"zcoll: could not share the node control segment: {failed}")
+    return segment
+
+
+class Context:
+    """zcoll's state for one communicator: its node split and the C++ node context."""
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.size = comm.size
+        self.rank = comm.rank
+        self.handle = comm.handle
+        node = _split_node(comm)
+        try:
+            self.node_size = node.size
+            self.node_rank = node.rank
+            self.local_ranks = tuple(node.allgather(comm.rank))
+            pids = node.allgather(os.getpid())
+            control = _share_control_segment(node)
+        finally:
+            node.Free()
+        leaders = comm.allgather(self.local_ranks[0])
+        self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
+        self.multi_node = len(set(leaders)) > 1
+        self.oversubscribed = self.node_size > (os.cpu_count() or 1)
+        self._comm = comm  # used by the multi-node path only
+        self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
+        self.core = _core.NodeContext(
+            control,
+            rank=self.node_rank,
+            size=self.node_size,
+            comm_size=self.size,
+            comm_ranks=list(self.local_ranks),
+            pids=pids,
+            barrier=_barrier_code(),
+            **self._wait_kwargs(),
+        )
+        _live_contexts.add(self)
+
+    def _wait_kwargs(self) -> dict:
+        spin = int(os.environ.get("ZCOLL_SPIN", "0" if self.oversubscribed else "4096"))
+        return {
+            "timeout": _wait.timeout,
+            "spin": spin,
+            "yields": _wait.yields,
+            "sleep_slice": _wait.sleep_slice,
+        }
+
+    def _apply_wait(self) -> None:
+        if not self.core.closed:
+            self.core.set_wait(**self._wait_kwargs())
+
+    def allocate(self, nbytes: int) -> _core.ArenaBlock:
+        """Collective arena allocation (ranks on other nodes allocate in their own arena)."""
+        if self.multi_node:
+            self.agree("empty", None)  # pairs with a failing rank's agree() in fail()
+        return self.core.allocate(nbytes)
+
+    def fail(self, opname: str, exc: Exception) -> NoReturn:
+        """Publish a local argument error; raises the same error on every rank."""
+        message = f"zcoll.{opname}: {exc}"
+        if self.multi_node:
+            self.agree(opname, exc)
+        self.core.fail(
+            _core.OPS.get(opname, _core.OPS["barrier"]), isinstance(exc, TypeError), message
+        )
+        raise AssertionError("unreachable: NodeContext.fail raises")
+
+    def agree(self, opname: str, exc: Exception | None, signature: tuple = ()) -> None:
+        """Multi-node only: every rank learns every rank's local error and call signature."""
+        error = None if exc is None else (isinstance(exc, TypeError), str(exc))
+        everything = self._comm.allgather((error, signature))
+        for rank, (err, _) in enumerate(everything):
+            if err is not None:
+                kind = TypeError if err[0] else ValueError
+                raise kind(f"[rank {rank}] zcoll.{opname}: {err[1]}")
+        first = everything[0][1]
+        for rank, (_, sig) in enumerate(everything):
+            if sig != first:
+                raise ValueError(
+                    f"zcoll.{opname}: arguments differ between ranks: rank 0 has {first}, "
+                    f"rank {rank} has {sig} (block bytes, dtype, in place, order)"
+                )
+
+    def p2p_comm(self) -> MPI.Comm:
+        """Private duplicate of the communicator for inter-node blocks."""
+        return self._p2p
+
+    def close(self) -> None:
+        self.core.close()
+        if self._p2p is not None and not MPI.Is_finalized():
+            self._p2p.Free()
+        self._p2p = None
+        self._comm = None
+
+
+_by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when the comm is freed
+_keyval = None
+
+
+def _delete_attribute(comm, keyval, ctx) -> None:  # noqa: ARG001 - MPI callback signature
+    if _by_handle.get(ctx.handle) is ctx:
+        del _by_handle[ctx.handle]
+    ctx.close()
+
+
+def _attribute_key() -> int:
+    global _keyval
+    if _keyval is None:
+        _keyval = MPI.Comm.Create_keyval(delete_fn=_delete_attribute)
+    return _keyval
+
+
+def lookup(comm: MPI.Comm) -> Context:
+    """Fast path of :func:`context` for the collectives' hot path."""
+    try:
+        return _by_handle[comm.handle]
+    except (KeyError, AttributeError):
+        return context(comm)
+
+
+def context(comm: MPI.Comm) -> Context:
+    """The zcoll context of `comm`, created collectively on first use."""
+    try:
+        ctx = comm.Get_attr(_attribute_key())
+    except AttributeError:
+        raise TypeError(f"zcoll: expected an mpi4py communicator, got {type(comm).__name__}") from None
+    except MPI.Exception as exc:
+        if comm == MPI.COMM_NULL:
+            raise ValueError(
+                "zcoll: the communicator is MPI.COMM_NULL (freed, or this rank is not in it)"
+            ) from None
+        raise ValueError(f"zcoll: unusable communicator ({exc.Get_error_string()})") from None
+    if ctx is not None:
+        return ctx
+    if comm.Is_inter():
+        raise TypeError("zcoll: intercommunicators are not supported; use an intracommunicator")
+    ctx = Context(comm)
+    comm.Set_attr(_attribute_key(), ctx)
+    _by_handle[ctx.handle] = ctx
+    return ctx
+
+
+def _close_all() -> None:
+    for ctx in list(_live_contexts):
+        ctx.close()
+
+
+atexit.register(_close_all)
+
+
+def _as_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in shared memory")
+    return dt

@@ -1,0 +1,84 @@
+"""Shared fixtures for zcoll's tests; the suite runs both alone and under mpiexec.
+
+Every rank runs every test in the same order, so a test is collective: anything it skips, it
+skips on every rank. Assertions about collective results go through `all_ranks_agree`, so that a
+wrong result on one rank fails the test on every rank and the ranks stay in step.
+
+A watchdog (faulthandler) dumps every thread's stack and exits if one test takes longer than
+ZCOLL_TEST_WATCHDOG seconds (default 300): one stuck rank cannot stall CI, and mpiexec then
+tears the job down.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import zcoll
+
+WATCHDOG_SECONDS = float(os.environ.get("ZCOLL_TEST_WATCHDOG", "300"))
+
+# Fail fast in tests: a missing peer is reported after 20 s rather than the default 60 s.
+zcoll.set_timeout(float(os.environ.get("ZCOLL_TEST_TIMEOUT", "20")))
+
+
+@pytest.fixture(autouse=True)
+def watchdog():
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True, file=sys.stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="session")
+def world() -> MPI.Intracomm:
+    return MPI.COMM_WORLD
+
+
+def all_ranks_agree(comm: MPI.Comm, ok: bool, what: str = "") -> None:
+    """Assert `ok` on every rank of `comm`, naming the ranks where it failed."""
+    oks = comm.allgather(bool(ok))
+    bad = [r for r, v in enumerate(oks) if not v]
+    assert not bad, f"failed on rank(s) {bad}: {what}"
+
+
+def _split_reversed(comm):
+    return comm.Split(0, key=comm.size - 1 - comm.rank)
+
+
+def _split_halves(comm):
+    return comm.Split(comm.rank % 2, key=comm.rank)
+
+
+COMM_KINDS = {
+    "world": lambda c: c,
+    "dup": lambda c: c.Dup(),
+    "split_reversed": _split_reversed,
+    "split_halves": _split_halves,
+    "self": lambda c: MPI.COMM_SELF,
+}
+
+
+@pytest.fixture(params=sorted(COMM_KINDS))
+def comm(request, world):
+    """Each communicator kind zcoll must support; freed after the test where it was created."""
+    c = COMM_KINDS[request.param](world)
+    yield c
+    if c not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+        c.Free()
+
+
+def random_bytes(seed: int, nbytes: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+# Every NumPy dtype family: bool, signed/unsigned ints, floats, complex.
+DTYPES = [
+    np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+    np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128,
+    np.clongdouble,
+]  # fmt: skip

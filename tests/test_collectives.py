@@ -1,0 +1,215 @@
+"""alltoall and allgather, bit for bit against mpi4py's own collectives.
+
+Seeded random bytes (so every bit pattern, NaNs included) of every dtype family, block sizes 0,
+1, odd and large, every order, every communicator kind, arena and private buffers, in place or
+not. The reference is `comm.Alltoall` / `comm.Allgather` on byte views of the same data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DTYPES, all_ranks_agree, random_bytes
+from mpi4py import MPI
+
+import zcoll
+
+ORDERS = ["auto", *zcoll.ORDERS]
+COUNTS = [0, 1, 3, 17, 1000]  # elements per block
+LARGE_COUNT = 70_001  # ~0.5-1 MiB blocks for 8-16 byte types
+
+
+def seeded(comm: MPI.Comm, tag: int, nbytes: int) -> np.ndarray:
+    return random_bytes(tag * 7919 + comm.rank * 104729 + nbytes, nbytes)
+
+
+def make_buffer(comm, shape, dtype, arena: bool) -> np.ndarray:
+    if arena:
+        return zcoll.empty(comm, shape, dtype)
+    return np.empty(shape, dtype)
+
+
+def reference_alltoall(comm, send: np.ndarray) -> np.ndarray:
+    out = np.empty_like(send)
+    comm.Alltoall([send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE])
+    return out
+
+
+def reference_allgather(comm, send: np.ndarray) -> np.ndarray:
+    out = np.empty((comm.size, *send.shape), send.dtype)
+    comm.Allgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE])
+    return out
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def fill(a: np.ndarray, data: np.ndarray) -> None:
+    a.reshape(-1).view(np.uint8)[:] = data
+
+
+@pytest.mark.parametrize("mode", ["arena", "private", "mixed"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_alltoall_matches_mpi(comm, order, mode):
+    p = comm.size
+    failures = []
+    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        shape = (p, count)
+        send = make_buffer(comm, shape, dtype, arena=mode == "arena")
+        recv = make_buffer(comm, shape, dtype, arena=mode != "private")
+        fill(send, seeded(comm, tag, send.nbytes))
+        expected = reference_alltoall(comm, send)
+        got = zcoll.alltoall(comm, send, recv, order=order)
+        if got is not recv or not same_bits(got, expected):
+            failures.append((np.dtype(dtype).name, count))
+    all_ranks_agree(comm, not failures, f"alltoall order={order} mode={mode}: {failures}")
+
+
+@pytest.mark.parametrize("mode", ["arena", "private"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_alltoall_in_place_matches_mpi(comm, order, mode):
+    p = comm.size
+    failures = []
+    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        buf = make_buffer(comm, (p, count), dtype, arena=mode == "arena")
+        fill(buf, seeded(comm, tag, buf.nbytes))
+        expected = reference_alltoall(comm, buf)
+        got = zcoll.alltoall(comm, zcoll.IN_PLACE, buf, order=order)
+        if got is not buf or not same_bits(buf, expected):
+            failures.append((np.dtype(dtype).name, count))
+    all_ranks_agree(comm, not failures, f"in-place alltoall order={order}: {failures}")
+
+
+@pytest.mark.parametrize("mode", ["arena", "private", "mixed"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_allgather_matches_mpi(comm, order, mode):
+    failures = []
+    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        send = make_buffer(comm, (count,), dtype, arena=mode == "arena")
+        recv = make_buffer(comm, (comm.size, count), dtype, arena=mode != "private")
+        fill(send, seeded(comm, tag, send.nbytes))
+        expected = reference_allgather(comm, send)
+        got = zcoll.allgather(comm, send, recv, order=order)
+        if got is not recv or not same_bits(got, expected):
+            failures.append((np.dtype(dtype).name, count))
+    all_ranks_agree(comm, not failures, f"allgather order={order} mode={mode}: {failures}")
+
+
+@pytest.mark.parametrize("mode", ["arena", "private"])
+@pytest.mark.parametrize("order", ORDERS)
+def test_allgather_in_place_matches_mpi(comm, order, mode):
+    failures = []
+    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        mine = seeded(comm, tag, count * np.dtype(dtype).itemsize).view(dtype)
+        buf = make_buffer(comm, (comm.size, count), dtype, arena=mode == "arena")
+        fill(buf, random_bytes(tag, buf.nbytes))  # garbage everywhere but our own block
+        buf[comm.rank] = mine
+        expected = reference_allgather(comm, mine)
+        got = zcoll.allgather(comm, zcoll.IN_PLACE, buf, order=order)
+        if got is not buf or not same_bits(buf, expected):
+            failures.append((np.dtype(dtype).name, count))
+    all_ranks_agree(comm, not failures, f"in-place allgather order={order}: {failures}")
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_large_blocks(world, order):
+    send = zcoll.empty(world, (world.size, LARGE_COUNT), np.complex128)
+    fill(send, seeded(world, 99, send.nbytes))
+    ok = same_bits(zcoll.alltoall(world, send, order=order), reference_alltoall(world, send))
+    gathered = zcoll.allgather(world, send[0], order=order)
+    ok &= same_bits(gathered, reference_allgather(world, send[0]))
+    all_ranks_agree(world, ok, f"large blocks, order={order}")
+
+
+def encoded(src: int, dst: int, count: int) -> np.ndarray:
+    """Closed form: element i of the block src -> dst is src * 10**9 + dst * 10**6 + i."""
+    return src * 10**9 + dst * 10**6 + np.arange(count, dtype=np.int64)
+
+
+GUARD = 257  # elements of guard on each side, filled with a pattern nobody writes
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("arena", [True, False], ids=["arena", "private"])
+def test_closed_form_with_guard_bytes(comm, order, arena):
+    p, me, count = comm.size, comm.rank, 13
+    n = p * count
+    guard = np.int64(-0x5A5A5A5A5A5A5A5B)
+    big_send = make_buffer(comm, n + 2 * GUARD, np.int64, arena)
+    big_recv = make_buffer(comm, n + 2 * GUARD, np.int64, arena)
+    big_send[:] = guard
+    big_recv[:] = guard
+    send = big_send[GUARD:-GUARD].reshape(p, count)
+    recv = big_recv[GUARD:-GUARD].reshape(p, count)
+    for dst in range(p):
+        send[dst] = encoded(me, dst, count)
+    zcoll.alltoall(comm, send, recv, order=order)
+    ok = all(np.array_equal(recv[src], encoded(src, me, count)) for src in range(p))
+    gathered = zcoll.allgather(comm, send[0], big_recv[GUARD:-GUARD].reshape(p, count))
+    ok &= all(np.array_equal(gathered[src], encoded(src, 0, count)) for src in range(p))
+    for big in (big_send, big_recv):
+        ok &= bool((big[:GUARD] == guard).all() and (big[-GUARD:] == guard).all())
+    all_ranks_agree(comm, ok, f"closed form order={order} arena={arena}")
+
+
+def test_one_dimensional_buffers(world):
+    p = world.size
+    send = np.arange(p * 5, dtype=np.float32) + 100 * world.rank
+    got = zcoll.alltoall(world, send)
+    ok = got.shape == send.shape and same_bits(got, reference_alltoall(world, send))
+    flat = np.empty(p * 3, np.int16)
+    zcoll.allgather(world, np.full(3, world.rank, np.int16), flat)
+    ok &= np.array_equal(flat, np.repeat(np.arange(p, dtype=np.int16), 3))
+    all_ranks_agree(world, ok, "1-D buffers")
+
+
+def test_results_default_to_arena_arrays(world):
+    send = np.ones((world.size, 2, 3), np.uint16)
+    a = zcoll.alltoall(world, send)
+    g = zcoll.allgather(world, send[0])
+    ok = zcoll.is_shared(a) and zcoll.is_shared(g)
+    ok &= a.shape == send.shape and g.shape == (world.size, 2, 3)
+    ok &= not zcoll.is_shared(send)
+    all_ranks_agree(world, ok, "recvbuf=None allocates in the arena")
+
+
+def test_non_contiguous_sendbuf_is_copied(world):
+    p = world.size
+    base = np.arange(p * 4 * 2, dtype=np.int32).reshape(p, 8) + 1000 * world.rank
+    send = base[:, ::2]  # not contiguous
+    got = zcoll.alltoall(world, send)
+    all_ranks_agree(world, same_bits(got, reference_alltoall(world, np.ascontiguousarray(send))))
+
+
+def test_several_communicators_at_once(world):
+    """Contexts of WORLD, a dup and two splits alive together, calls interleaved, and arrays
+    allocated on WORLD used on the sub-communicators (no staging needed there)."""
+    dup = world.Dup()
+    rev = world.Split(0, key=-world.rank)
+    halves = world.Split(world.rank % 2, key=world.rank)
+    try:
+        ok = True
+        for round_ in range(3):
+            for c in (world, dup, rev, halves):
+                send = zcoll.empty(world, (c.size, 7), np.float64)
+                fill(send, seeded(c, round_, send.nbytes))
+                recv = zcoll.empty(world, (c.size, 7), np.float64)
+                zcoll.alltoall(c, send, recv, order="morton")
+                ok &= same_bits(recv, reference_alltoall(c, send))
+                ok &= same_bits(zcoll.allgather(c, send[0]), reference_allgather(c, send[0]))
+        all_ranks_agree(world, ok, "interleaved communicators")
+    finally:
+        for c in (dup, rev, halves):
+            c.Free()
+
+
+def test_many_calls_same_buffers(world):
+    send = zcoll.empty(world, (world.size, 3), np.int64)
+    recv = zcoll.empty(world, (world.size, 3), np.int64)
+    ok = True
+    for i in range(200):
+        send[:] = i * 1000 + world.rank * 10 + np.arange(world.size)[:, None]
+        zcoll.alltoall(world, send, recv, order=zcoll.ORDERS[i % 4])
+        ok &= bool((recv == i * 1000 + np.arange(world.size)[:, None] * 10 + world.rank).all())
+    all_ranks_agree(world, ok, "repeated calls")
