@@ -189,20 +189,23 @@ class Context:
         raise AssertionError("unreachable: NodeContext.fail raises")
 
     def agree(self, opname: str, exc: Exception | None, signature: tuple = ()) -> None:
-        """Multi-node only: every rank learns every rank's local error and call signature."""
+        """Multi-node only: every rank learns every rank's local error and call signature
+        ``(block bytes, dtype, in place, order)`` and raises the same error as the others."""
         error = None if exc is None else (isinstance(exc, TypeError), str(exc))
-        everything = self._comm.allgather((error, signature))
-        for rank, (err, _) in enumerate(everything):
+        everything = self._comm.allgather((opname, error, signature))
+        for rank, (_, err, _) in enumerate(everything):
             if err is not None:
                 kind = TypeError if err[0] else ValueError
                 raise kind(f"[rank {rank}] zcoll.{opname}: {err[1]}")
-        first = everything[0][1]
-        for rank, (_, sig) in enumerate(everything):
-            if sig != first:
+        first_op, _, first = everything[0]
+        for rank, (op, _, sig) in enumerate(everything):
+            if op != first_op:
                 raise ValueError(
-                    f"zcoll.{opname}: arguments differ between ranks: rank 0 has {first}, "
-                    f"rank {rank} has {sig} (block bytes, dtype, in place, order)"
+                    f"zcoll: ranks called different operations at once: rank 0 called "
+                    f"{first_op}, rank {rank} called {op}"
                 )
+            if sig != first:
+                raise _mismatch(opname, rank, first, sig)
 
     def p2p_comm(self) -> MPI.Comm:
         """Private duplicate of the communicator for inter-node blocks."""
@@ -218,6 +221,28 @@ class Context:
 
 _by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when the comm is freed
 _keyval = None
+
+
+def _mismatch(opname: str, rank: int, first: tuple, sig: tuple) -> Exception:
+    """The error the node engine would raise for these disagreeing call signatures."""
+    what = f"zcoll.{opname}: "
+    (block0, dtype0, in_place0, order0), (block, dtype, in_place, order) = first, sig
+    if in_place != in_place0:
+        return ValueError(
+            what + f"IN_PLACE must be used by all ranks or none (rank 0 and rank {rank} differ)"
+        )
+    if dtype != dtype0:
+        return TypeError(
+            what + f"dtypes differ between ranks: rank 0 has {dtype0}, rank {rank} has {dtype}"
+        )
+    if block != block0:
+        return ValueError(
+            what + f"block sizes differ between ranks: rank 0 has {block0} bytes per block, "
+            f"rank {rank} has {block}"
+        )
+    return ValueError(
+        what + f"order differs between ranks: rank 0 uses {order0}, rank {rank} uses {order}"
+    )
 
 
 def _delete_attribute(comm, keyval, ctx) -> None:  # noqa: ARG001 - MPI callback signature
@@ -246,7 +271,9 @@ def context(comm: MPI.Comm) -> Context:
     try:
         ctx = comm.Get_attr(_attribute_key())
     except AttributeError:
-        raise TypeError(f"zcoll: expected an mpi4py communicator, got {type(comm).__name__}") from None
+        raise TypeError(
+            f"zcoll: expected an mpi4py communicator, got {type(comm).__name__}"
+        ) from None
     except MPI.Exception as exc:
         if comm == MPI.COMM_NULL:
             raise ValueError(

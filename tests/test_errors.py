@@ -1,0 +1,215 @@
+"""Bad input: a clear error on every rank, no hang, nothing corrupted, context still usable.
+
+Most cases make only the last rank misbehave: the others passed valid arguments and must still
+raise (the error travels through the shared control block, or across nodes through MPI).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import all_ranks_agree
+from mpi4py import MPI
+
+import zcoll
+
+
+def outcome(fn) -> tuple[str, str]:
+    try:
+        fn()
+    except (TypeError, ValueError, zcoll.PeerError) as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def expect_everywhere(comm, fn, exc_type: type, *, fragment: str = "") -> None:
+    """fn() raises exc_type on every rank (message containing `fragment`), and afterwards the
+    communicator still works and arrays that took no part are intact."""
+    bystander = zcoll.empty(comm, 64, np.int64)
+    bystander[:] = np.arange(64) + comm.rank
+    kind, message = outcome(fn)
+    ok = kind == exc_type.__name__ and fragment in message
+    all_ranks_agree(comm, ok, f"expected {exc_type.__name__} with {fragment!r}, got {kind}: {message}")
+    all_ranks_agree(comm, np.array_equal(bystander, np.arange(64) + comm.rank), "bystander changed")
+    after = zcoll.alltoall(comm, np.full((comm.size, 2), comm.rank, np.int32))
+    all_ranks_agree(comm, bool((after == np.arange(comm.size)[:, None]).all()), "next call")
+
+
+def last(comm) -> bool:
+    return comm.rank == comm.size - 1
+
+
+def test_wrong_first_axis(world):
+    p = world.size
+    n = p + 1 if last(world) else p
+    expect_everywhere(world, lambda: zcoll.alltoall(world, np.zeros((n, 3))), ValueError,
+                      fragment="shape[0]")  # fmt: skip
+
+
+def test_one_d_not_divisible(world):
+    n = 2 * world.size + (1 if last(world) else 0)
+    if world.size == 1:
+        pytest.skip("every length is divisible by 1")
+    expect_everywhere(world, lambda: zcoll.alltoall(world, np.zeros(n)), ValueError,
+                      fragment="divisible")  # fmt: skip
+
+
+def test_block_sizes_differ_between_ranks(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    count = 4 if last(world) else 3
+    send = np.zeros((world.size, count))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, np.empty_like(send)), ValueError,
+                      fragment="block sizes differ")  # fmt: skip
+    mine = np.zeros(count)
+    expect_everywhere(world, lambda: zcoll.allgather(world, mine, np.empty((world.size, count))),
+                      ValueError, fragment="block sizes differ")  # fmt: skip
+
+
+def test_dtypes_differ_between_ranks(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    dtype = np.int64 if last(world) else np.float64
+    send = np.zeros((world.size, 2), dtype)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, np.empty_like(send)), TypeError,
+                      fragment="dtypes differ")  # fmt: skip
+
+
+def test_send_and_recv_dtypes_differ(world):
+    send = np.zeros((world.size, 2), np.float32)
+    recv = np.zeros((world.size, 2), np.float64 if last(world) else np.float32)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), TypeError,
+                      fragment="dtype")  # fmt: skip
+
+
+def test_recv_size_wrong(world):
+    send = np.zeros((world.size, 2))
+    recv = np.zeros((world.size, 3 if last(world) else 2))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), ValueError,
+                      fragment="elements")  # fmt: skip
+
+
+def test_read_only_recvbuf(world):
+    send = np.zeros((world.size, 2))
+    recv = np.zeros_like(send)
+    recv.flags.writeable = not last(world)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), ValueError,
+                      fragment="read-only")  # fmt: skip
+    gathered = np.zeros((world.size, 2))
+    gathered.flags.writeable = not last(world)
+    expect_everywhere(world, lambda: zcoll.allgather(world, send[0], gathered), ValueError,
+                      fragment="read-only")  # fmt: skip
+
+
+def test_non_contiguous_recvbuf(world):
+    send = np.zeros((world.size, 2))
+    wide = np.zeros((world.size, 4))
+    recv = wide[:, ::2] if last(world) else np.zeros_like(send)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), ValueError,
+                      fragment="C-contiguous")  # fmt: skip
+
+
+def test_recvbuf_not_an_array(world):
+    send = np.zeros((world.size, 2))
+    recv = [0.0] * (2 * world.size) if last(world) else np.zeros_like(send)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), TypeError,
+                      fragment="numpy.ndarray")  # fmt: skip
+
+
+def test_overlapping_buffers(world):
+    buf = np.zeros((world.size, 4))
+    send, recv = (buf, buf) if last(world) else (buf, np.zeros_like(buf))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, recv), ValueError,
+                      fragment="overlap")  # fmt: skip
+
+
+def test_object_arrays(world):
+    send = np.empty((world.size, 2), object if last(world) else np.float64)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send), TypeError,
+                      fragment="Python objects")  # fmt: skip
+
+
+def test_in_place_without_recvbuf(world):
+    send = zcoll.IN_PLACE if last(world) else np.zeros((world.size, 2))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send), ValueError, fragment="IN_PLACE")
+
+
+def test_in_place_on_some_ranks_only(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    buf = np.zeros((world.size, 2))
+    send = zcoll.IN_PLACE if last(world) else np.ones_like(buf)
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, buf), ValueError,
+                      fragment="IN_PLACE")  # fmt: skip
+
+
+def test_unknown_order(world):
+    order = "zigzag" if last(world) else "morton"
+    send = np.zeros((world.size, 2))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, order=order), ValueError,
+                      fragment="order")  # fmt: skip
+
+
+def test_orders_differ_between_ranks(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    order = "hilbert" if last(world) else "morton"
+    send = np.zeros((world.size, 2))
+    expect_everywhere(world, lambda: zcoll.alltoall(world, send, np.empty_like(send), order=order),
+                      ValueError, fragment="order")  # fmt: skip
+
+
+def test_different_collectives_at_once(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    send = np.zeros((world.size, 1))
+
+    def mismatched():
+        if last(world):
+            zcoll.allgather(world, send[0], np.empty_like(send))
+        else:
+            zcoll.alltoall(world, send, np.empty_like(send))
+
+    expect_everywhere(world, mismatched, ValueError, fragment="different operations")
+
+
+def test_bad_allocation_arguments(world):
+    shape = (-1, 3) if last(world) else (2, 3)
+    expect_everywhere(world, lambda: zcoll.empty(world, shape), ValueError, fragment="negative")
+    dtype = object if last(world) else float
+    expect_everywhere(world, lambda: zcoll.empty(world, 3, dtype), TypeError, fragment="objects")
+
+
+def test_freed_and_null_communicators(world):
+    dup = world.Dup()
+    zcoll.alltoall(dup, np.zeros((dup.size, 1)))
+    dup.Free()
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        zcoll.alltoall(dup, np.zeros((world.size, 1)))
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        zcoll.empty(MPI.COMM_NULL, 3)
+    with pytest.raises(TypeError, match="communicator"):
+        zcoll.alltoall("not a communicator", np.zeros(1))
+
+
+def test_intercommunicator_rejected(world):
+    if world.size < 2:
+        pytest.skip("an intercommunicator needs two groups")
+    local = world.Split(world.rank % 2, key=world.rank)
+    inter = local.Create_intercomm(0, world, 1 - world.rank % 2, tag=7)
+    try:
+        with pytest.raises(TypeError, match="intercommunicator"):
+            zcoll.alltoall(inter, np.zeros((inter.size, 1)))
+    finally:
+        inter.Free()
+        local.Free()
+
+
+def test_arena_arrays_outlive_their_communicator(world):
+    dup = world.Dup()
+    a = zcoll.empty(dup, (world.size, 4), np.int32)
+    a[:] = world.rank
+    dup.Free()
+    a += 1  # still mapped
+    got = zcoll.alltoall(world, a)  # staged: its arena is gone
+    all_ranks_agree(world, bool((got == np.arange(world.size)[:, None] + 1).all()))

@@ -1,0 +1,639 @@
+"""Peer failures: a rank that dies or never arrives is reported, quickly, and never hangs a job.
+
+Three levels:
+
+* the C++ core driven from plain forked processes (no MPI): a SIGKILLed peer is reported as
+  dead within ~2 s although the timeout is 30 s, a peer that never arrives is reported after the
+  timeout, the context is broken afterwards, and waiting never burns a core that a peer needs;
+* the Python API under mpiexec: a rank that skips a collective makes the others raise PeerError
+  naming it, after zcoll.set_timeout's bound;
+* whole mpiexec jobs launched from here: a rank that SIGKILLs itself mid-loop ends the job
+  (no hang), the survivors report PeerError naming it, and no /dev/shm segment is left behind.
+
+Tests that fork or launch their own jobs run only when the suite runs alone (COMM_WORLD.size ==
+1); the MPI-level test needs at least two ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import traceback
+
+import numpy as np
+import pytest
+from conftest import all_ranks_agree
+from mpi4py import MPI
+
+import zcoll
+from zcoll import _core
+
+WORLD_SIZE = MPI.COMM_WORLD.size
+alone = pytest.mark.skipif(
+    WORLD_SIZE > 1, reason="forks or launches its own processes: runs once, when the suite runs alone"
+)
+BARRIER_KINDS = list(_core.BARRIERS)  # flat, central, dissemination
+
+
+# --------------------------------------------------------------------------------------------
+# Forked node: the core without MPI
+# --------------------------------------------------------------------------------------------
+
+
+class _Pipe:
+    """One direction of a parent/child conversation: JSON objects, one per line."""
+
+    def __init__(self, read_fd: int | None = None, write_fd: int | None = None) -> None:
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self._buffer = b""
+
+    def send(self, obj) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        while data:
+            data = data[os.write(self.write_fd, data) :]
+
+    def recv(self, timeout: float):
+        """Next object, or raise TimeoutError / EOFError."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.read_fd], [], [], left)[0]:
+                raise TimeoutError(f"no message within {timeout} s")
+            chunk = os.read(self.read_fd, 65536)
+            if not chunk:
+                raise EOFError("the other side closed the pipe")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def close(self) -> None:
+        for fd in (self.read_fd, self.write_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.read_fd = self.write_fd = None
+
+
+class ForkedNode:
+    """`n` forked children sharing one control segment, each with its own core NodeContext.
+
+    The parent creates the control segment and forks; it then sends every child the segment's
+    name and every child's pid (known only after all forks), each child attaches by name,
+    builds its NodeContext, reports "ready", and the parent unlinks the name. Each child then
+    runs `scenario(rank, ctx, to_parent, from_parent)` and exits with os._exit -- never returning
+    into pytest. Use as a context manager: on exit every child still around is SIGKILLed and
+    reaped, and the segment name is unlinked.
+    """
+
+    def __init__(self, n: int, scenario, *, timeout: float = 30.0, spin: int = 0, yields: int = 64,
+                 sleep_slice: float = 0.02, barrier: int = 0, cpus: set[int] | None = None):  # fmt: skip
+        self.n = n
+        self.scenario = scenario
+        self.options = dict(
+            barrier=barrier, timeout=timeout, spin=spin, yields=yields, sleep_slice=sleep_slice
+        )
+        self.cpus = cpus
+        self.pids: list[int] = []
+        self.killed: set[int] = set()
+        self.reaped: dict[int, int] = {}
+        self.to_child: list[_Pipe] = []
+        self.from_child: list[_Pipe] = []
+        self.control = None
+
+    # -- parent side ------------------------------------------------------------------------
+
+    def __enter__(self) -> ForkedNode:
+        self.control = _core.SharedSegment.create(_core.NodeContext.control_bytes(self.n))
+        try:
+            for rank in range(self.n):
+                down_r, down_w = os.pipe()
+                up_r, up_w = os.pipe()
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - child
+                    os.close(down_w)
+                    os.close(up_r)
+                    self._child(rank, _Pipe(write_fd=up_w), _Pipe(read_fd=down_r))
+                os.close(down_r)
+                os.close(up_w)
+                self.pids.append(pid)
+                self.to_child.append(_Pipe(write_fd=down_w))
+                self.from_child.append(_Pipe(read_fd=up_r))
+            setup = {"name": self.control.name, "pids": self.pids}
+            for pipe in self.to_child:
+                pipe.send(setup)
+            for rank in range(self.n):
+                self.expect(rank, "ready", timeout=20)
+            name = self.control.name.lstrip("/")
+            self.control.unlink()
+            assert name not in os.listdir("/dev/shm"), "unlink left the control segment's name"
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid in self.pids:
+            if pid not in self.reaped:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.reap(pid)
+        for pipe in self.to_child + self.from_child:
+            pipe.close()
+        if self.control is not None:
+            self.control.unlink()
+
+    def send(self, rank: int, obj) -> None:
+        self.to_child[rank].send(obj)
+
+    def recv(self, rank: int, timeout: float = 20.0) -> dict:
+        try:
+            msg = self.from_child[rank].recv(timeout)
+        except (TimeoutError, EOFError) as exc:
+            raise AssertionError(f"child {rank} (pid {self.pids[rank]}): {exc}") from None
+        if "crash" in msg:
+            raise AssertionError(f"child {rank} crashed:\n{msg['crash']}")
+        return msg
+
+    def expect(self, rank: int, kind: str, timeout: float = 20.0) -> dict:
+        msg = self.recv(rank, timeout)
+        assert msg.get("kind") == kind, f"child {rank}: expected {kind!r}, got {msg}"
+        return msg
+
+    def kill(self, rank: int) -> float:
+        """SIGKILL child `rank`; returns the time (time.monotonic, shared by all processes)."""
+        t = time.monotonic()
+        os.kill(self.pids[rank], signal.SIGKILL)
+        self.killed.add(rank)
+        return t
+
+    def reap(self, pid: int) -> int:
+        _, status = os.waitpid(pid, 0)
+        self.reaped[pid] = status
+        return status
+
+    def finish(self, timeout: float = 20.0) -> None:
+        """Tell every child not killed to exit and check it exits cleanly; reap the killed."""
+        for rank in self.killed:
+            if self.pids[rank] not in self.reaped:
+                assert os.WTERMSIG(self.reap(self.pids[rank])) == signal.SIGKILL
+        for rank, pid in enumerate(self.pids):
+            if pid not in self.reaped:
+                self.send(rank, {"kind": "exit"})
+        deadline = time.monotonic() + timeout
+        for rank, pid in enumerate(self.pids):
+            while pid not in self.reaped:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    self.reaped[pid] = status
+                    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
+                        f"child {rank} ended with status {status:#x}"
+                    )
+                elif time.monotonic() > deadline:
+                    raise AssertionError(f"child {rank} did not exit within {timeout} s")
+                else:
+                    time.sleep(0.01)
+
+    # -- child side -------------------------------------------------------------------------
+
+    def _child(self, rank: int, up: _Pipe, down: _Pipe):  # pragma: no cover - runs in a child
+        code = 1
+        try:
+            for pipe in self.to_child + self.from_child:  # the earlier children's pipes
+                pipe.close()
+            if self.cpus:
+                os.sched_setaffinity(0, self.cpus)
+            setup = down.recv(60)
+            nbytes = _core.NodeContext.control_bytes(self.n)
+            control = _core.SharedSegment.attach(setup["name"], nbytes)
+            ctx = _core.NodeContext(
+                control,
+                rank=rank,
+                size=self.n,
+                comm_size=self.n,
+                comm_ranks=list(range(self.n)),
+                pids=setup["pids"],
+                **self.options,
+            )
+            up.send({"kind": "ready"})
+            self.scenario(rank, ctx, up, down)
+            code = 0
+        except BaseException:
+            try:
+                up.send({"crash": traceback.format_exc()})
+            except BaseException:
+                pass
+        finally:
+            os._exit(code)
+
+
+def _timed_barrier(ctx) -> dict:
+    """One barrier(): {"error": message or None, "t0", "t1"} with time.monotonic stamps."""
+    t0 = time.monotonic()
+    try:
+        ctx.barrier()
+        error = None
+    except zcoll.PeerError as exc:
+        error = str(exc)
+    return {"error": error, "t0": t0, "t1": time.monotonic()}
+
+
+def _wait_for_exit(down: _Pipe) -> None:
+    while down.recv(120).get("kind") != "exit":
+        pass
+
+
+def _survivor_scenario(victim: int, rounds: int = 5):
+    """Every rank runs `rounds` barriers; then the victim waits (to be killed or to come late)
+    and the others run one barrier on the parent's "go", then one more, reporting both."""
+
+    def scenario(rank, ctx, up, down):
+        for _ in range(rounds):
+            ctx.barrier()
+        up.send({"kind": "rounds"})
+        if rank == victim:
+            msg = down.recv(120)  # killed while waiting here, or told to come late
+            if msg["kind"] == "late":
+                up.send({"kind": "late", **_timed_barrier(ctx)})
+            _wait_for_exit(down)
+            return
+        assert down.recv(120)["kind"] == "go"
+        first = _timed_barrier(ctx)
+        again = _timed_barrier(ctx)  # must fail at once: the context is broken
+        up.send({"kind": "result", "first": first, "again": again, "broken": ctx.broken})
+        _wait_for_exit(down)
+
+    return scenario
+
+
+def _check_broken_afterwards(rank: int, result: dict) -> None:
+    again = result["again"]
+    assert again["error"] is not None, f"rank {rank}: barrier() after a PeerError succeeded"
+    assert "unusable after an earlier failure" in again["error"], again["error"]
+    assert again["t1"] - again["t0"] < 0.25, (
+        f"rank {rank}: barrier() on a broken context took {again['t1'] - again['t0']:.3f} s"
+    )
+    assert result["broken"], f"rank {rank}: ctx.broken is False after a PeerError"
+
+
+@alone
+@pytest.mark.parametrize("when", ["while_waiting", "before_arrival"])
+@pytest.mark.parametrize("barrier", BARRIER_KINDS)
+def test_killed_peer_is_reported_dead(barrier, when):
+    """Child 2 is SIGKILLed; children 0 and 1 in barrier() raise PeerError "... 2 ... died"
+    within 2 s although the timeout is 30 s. "while_waiting": killed while 0 and 1 sleep in the
+    barrier, and left a zombie (not reaped) until the end; "before_arrival": killed and reaped
+    before 0 and 1 enter it."""
+    victim = 2
+    with ForkedNode(3, _survivor_scenario(victim), timeout=30.0,
+                    barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
+        for rank in range(3):
+            node.expect(rank, "rounds")
+        if when == "before_arrival":
+            t_kill = node.kill(victim)
+            node.reap(node.pids[victim])
+            for rank in (0, 1):
+                node.send(rank, {"kind": "go"})
+        else:
+            for rank in (0, 1):
+                node.send(rank, {"kind": "go"})
+            time.sleep(0.3)  # they are asleep in the barrier by now
+            t_kill = node.kill(victim)
+        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        if when == "while_waiting":
+            assert node.pids[victim] not in node.reaped  # it was a zombie all along
+            assert os.WTERMSIG(node.reap(node.pids[victim])) == signal.SIGKILL
+        node.finish()
+    for rank, result in results.items():
+        first = result["first"]
+        assert first["error"] is not None, f"rank {rank}: barrier() succeeded without rank 2"
+        message = first["error"]
+        assert f"rank {rank}:" in message, message
+        assert re.search(rf"peer rank\(s\) {victim} \(pid {node.pids[victim]}\) died", message), message
+        assert "did not arrive" not in message, message
+        detected = first["t1"] - t_kill
+        assert detected < 2.0, f"rank {rank}: death noticed {detected:.2f} s after the kill"
+        _check_broken_afterwards(rank, result)
+
+
+@alone
+@pytest.mark.parametrize("barrier", BARRIER_KINDS)
+def test_peer_that_never_arrives_times_out(barrier):
+    """Child 2 is alive but never calls barrier(): with timeout=1 s, children 0 and 1 raise
+    PeerError "... 2 ... did not arrive within the timeout" after 1-3 s. When child 2 comes late,
+    it gets a PeerError too (its peers have left), rather than hanging or succeeding."""
+    victim = 2
+    with ForkedNode(3, _survivor_scenario(victim), timeout=1.0,
+                    barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
+        for rank in range(3):
+            node.expect(rank, "rounds")
+        for rank in (0, 1):
+            node.send(rank, {"kind": "go"})
+        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        node.send(victim, {"kind": "late"})
+        late = node.expect(victim, "late", timeout=20)
+        node.finish()
+    for rank, result in results.items():
+        first = result["first"]
+        assert first["error"] is not None, f"rank {rank}: barrier() succeeded without rank 2"
+        message = first["error"]
+        missing = rf"peer rank\(s\) {victim} \(pid {node.pids[victim]}\) did not arrive within the timeout"
+        assert re.search(missing, message), message
+        assert "died" not in message, message
+        waited = first["t1"] - first["t0"]
+        assert 0.9 <= waited <= 3.0, f"rank {rank}: gave up after {waited:.2f} s (timeout 1 s)"
+        _check_broken_afterwards(rank, result)
+    assert late["error"] is not None, "the late rank's barrier() succeeded without its peers"
+    assert "died" not in late["error"], late["error"]
+    if barrier == "dissemination":
+        # Its peers entered this barrier (then gave up), so no rank is missing by the arrival
+        # counts: the partner flags of the later rounds just never come.
+        assert "a peer stopped participating" in late["error"], late["error"]
+    else:  # it passes the first of barrier()'s two syncs and waits for 0 and 1 in the second
+        assert "did not arrive" in late["error"], late["error"]
+        for rank in (0, 1):
+            assert f"{rank} (pid {node.pids[rank]})" in late["error"], late["error"]
+    assert late["t1"] - late["t0"] <= 3.0, f"the late rank waited {late['t1'] - late['t0']:.2f} s"
+
+
+def _many_barriers(count: int):
+    def scenario(rank, ctx, up, down):
+        assert down.recv(60)["kind"] == "go"
+        t0 = time.monotonic()
+        for _ in range(count):
+            ctx.barrier()
+        up.send({"kind": "done", "seconds": time.monotonic() - t0, "cpu": time.process_time()})
+        _wait_for_exit(down)
+
+    return scenario
+
+
+@alone
+@pytest.mark.parametrize("barrier", BARRIER_KINDS)
+def test_oversubscribed_waits_yield(barrier):
+    """4 children pinned to 2 CPUs, spin=0 (zcoll's setting when oversubscribed): 2000
+    barrier() calls (4000 node barriers) finish in well under 10 s -- a waiter that kept its
+    core would starve the rank it waits for, and this would take minutes."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    count = 2000
+    with ForkedNode(4, _many_barriers(count), spin=0, cpus=set(cpus),
+                    barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
+        for rank in range(4):
+            node.send(rank, {"kind": "go"})
+        done = [node.expect(rank, "done", timeout=60) for rank in range(4)]
+        node.finish()
+    slowest = max(d["seconds"] for d in done)
+    assert slowest < 10.0, f"{count} barriers on 4 ranks / {len(cpus)} CPUs took {slowest:.1f} s"
+
+
+def _dies_before_joining(rank, ctx, up, down):
+    up.send({"kind": "built"})
+    if rank == 2:
+        _wait_for_exit(down)  # killed here, before it ever calls barrier()
+        return
+    assert down.recv(60)["kind"] == "go"
+    up.send({"kind": "result", "first": _timed_barrier(ctx)})
+    _wait_for_exit(down)
+
+
+@alone
+def test_peer_killed_before_first_barrier():
+    """A rank killed before its first barrier is reported dead too (its pid is known from the
+    configuration, so no timeout is needed)."""
+    with ForkedNode(3, _dies_before_joining, timeout=30.0) as node:
+        for rank in range(3):
+            node.expect(rank, "built")
+        t_kill = node.kill(2)
+        for rank in (0, 1):
+            node.send(rank, {"kind": "go"})
+        results = {rank: node.expect(rank, "result", timeout=40) for rank in (0, 1)}
+        node.finish()
+    for rank, result in results.items():
+        message = result["first"]["error"]
+        assert message is not None and "2 (pid" in message and "died" in message, message
+        assert result["first"]["t1"] - t_kill < 2.0, message
+
+
+# --------------------------------------------------------------------------------------------
+# MPI level: a rank that skips a collective
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(WORLD_SIZE < 2, reason="needs a peer to go missing")
+def test_missing_rank_raises_peer_error(world):
+    """The last rank skips one alltoall on a dup; with a 1 s timeout every other rank raises
+    PeerError naming exactly the last rank, and later calls on that dup fail at once."""
+    comm = world.Dup()
+    try:
+        ctx = zcoll._context.context(comm)  # collective creation, on every rank
+        if ctx.multi_node:
+            # The inter-node part waits in MPI, which has no timeout: it would hang.
+            pytest.skip("the missing rank is on another node: only node peers have a timeout")
+        p, last = comm.size, comm.size - 1
+        send = np.full((p, 4), comm.rank, np.int32)
+        recv = np.empty_like(send)
+        zcoll.alltoall(comm, send, recv)  # everybody in step, context warm
+        all_ranks_agree(comm, bool((recv == np.arange(p)[:, None]).all()), "warm-up alltoall")
+        saved = zcoll.get_timeout()
+        zcoll.set_timeout(1.0)
+        try:
+            if comm.rank == last:
+                time.sleep(zcoll.get_timeout() + 1.5)
+                outcome, message, waited = "skipped", "", 0.0
+            else:
+                t0 = time.monotonic()
+                try:
+                    zcoll.alltoall(comm, send, recv)
+                    outcome, message = "ok", ""
+                except zcoll.PeerError as exc:
+                    outcome, message = "PeerError", str(exc)
+                except Exception as exc:  # noqa: BLE001 - reported below
+                    outcome, message = type(exc).__name__, str(exc)
+                waited = time.monotonic() - t0
+        finally:
+            zcoll.set_timeout(saved)
+        world.Barrier()  # MPI: the sleeper is back, everybody is in step again
+        if comm.rank == last:
+            ok, what = True, ""
+        else:
+            named = re.search(r"peer rank\(s\) (.*?) did not arrive within the timeout", message)
+            listed = re.findall(r"(\d+) \(pid \d+\)", named.group(1)) if named else []
+            ok = outcome == "PeerError" and listed == [str(last)] and 0.9 <= waited <= 3.5
+            what = f"{outcome} after {waited:.2f} s: {message}"
+        all_ranks_agree(world, ok, f"expected PeerError naming rank {last} only: {what}")
+        # The ranks that saw the error must get it again at once; the sleeper must not call
+        # (its peers would never come: it would wait out the timeout).
+        if comm.rank != last:
+            t0 = time.monotonic()
+            try:
+                zcoll.alltoall(comm, send, recv)
+                again = "ok"
+            except zcoll.PeerError as exc:
+                again = str(exc)
+            took = time.monotonic() - t0
+            ok = "unusable after an earlier failure" in again and took < 0.25
+            what = f"second call after {took:.3f} s: {again}"
+        else:
+            ok, what = True, ""
+        all_ranks_agree(world, ok, what)
+    finally:
+        world.Barrier()
+        comm.Free()
+    # zcoll on other communicators is unaffected.
+    out = zcoll.alltoall(world, np.full((world.size, 2), world.rank, np.int64))
+    all_ranks_agree(world, bool((out == np.arange(world.size)[:, None]).all()), "world after")
+
+
+# --------------------------------------------------------------------------------------------
+# Whole jobs: a rank killed mid-loop
+# --------------------------------------------------------------------------------------------
+
+
+def mpiexec(ranks: int, *extra: str) -> list[str]:
+    exe = shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None:
+        pytest.skip("no mpiexec on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    cmd = [exe]
+    if "Open MPI" in version or "OpenRTE" in version:
+        cmd += ["--oversubscribe", *extra]
+        if os.geteuid() == 0:
+            cmd += ["--allow-run-as-root"]
+    return [*cmd, "-n", str(ranks)]
+
+
+def is_open_mpi() -> bool:
+    return "Open MPI" in MPI.Get_library_version()
+
+
+def job_env(**extra: str) -> dict:
+    """This environment without the launcher's variables (the suite may itself run under
+    mpiexec -n 1), plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "ORTE_", "OPAL_", "PMI_", "HYDRA_"))}  # fmt: skip
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def zcoll_shm_entries() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if name.startswith("zcoll")}
+
+
+def creator_pid(entry: str) -> int | None:
+    """zcoll-<uid>-<pid>-<counter>-<salt> -> pid."""
+    parts = entry.split("-")
+    return int(parts[2]) if len(parts) >= 3 and parts[2].isdigit() else None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def leaked_entries(before: set[str], job_pids: set[int]) -> set[str]:
+    """New zcoll entries created by the job's processes, or by any process now dead (nobody
+    will unlink those); entries of other live processes (concurrent jobs) are not counted."""
+    leaked = set()
+    for entry in zcoll_shm_entries() - before:
+        pid = creator_pid(entry)
+        if pid is None or pid in job_pids or not pid_alive(pid):
+            leaked.add(entry)
+    return leaked
+
+
+def read_job_pids(directory) -> set[int]:
+    return {int(f.read_text()) for f in directory.glob("pid.*")}
+
+
+KILL_JOB = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+
+    comm = MPI.COMM_WORLD
+    rank, p = comm.rank, comm.size
+    victim, out = int(sys.argv[1]), sys.argv[2]
+    with open(os.path.join(out, f"pid.{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    send = zcoll.empty(comm, (p, 16), np.int64)
+    recv = zcoll.empty(comm, (p, 16), np.int64)
+    i = -1
+    try:
+        for i in range(2000):
+            if i == 300 and rank == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            send[:] = i
+            zcoll.alltoall(comm, send, recv)
+            assert (recv == i).all()
+            zcoll.alltoall(comm, send)  # allocates its result in the arena each time
+            zcoll.allgather(comm, send[0])
+    except zcoll.PeerError as exc:
+        text = f"<<PEERERROR rank={rank} iteration={i} {exc}>>"
+        os.write(1, text.encode())
+        with open(os.path.join(out, f"error.{rank}"), "w") as f:
+            f.write(text)
+        raise
+    os.write(1, f"<<DONE rank={rank}>>".encode())
+    """
+)
+
+
+@alone
+@pytest.mark.parametrize("victim", [0, 2], ids=["leader", "last"])
+def test_job_with_a_killed_rank_ends_cleanly(tmp_path, victim):
+    """One of 3 ranks SIGKILLs itself in a loop of collectives: the job ends (no hang), the
+    survivors raise PeerError saying the victim died (not a timeout: ZCOLL_TIMEOUT is 30 s),
+    and no zcoll segment of the job is left in /dev/shm.
+
+    Open MPI tears a job down as soon as one rank dies, so a survivor may be killed before it
+    has printed anything; with --enable-recovery (Open MPI 4.1) the survivors live on, report
+    the PeerError and exit, and the job still ends. Without Open MPI only (i) and (ii) are
+    checked."""
+    script = tmp_path / "job.py"
+    script.write_text(KILL_JOB)
+    recovery = is_open_mpi()
+    cmd = mpiexec(3, *(["--enable-recovery"] if recovery else [])) + [
+        sys.executable, str(script), str(victim), str(tmp_path)
+    ]  # fmt: skip
+    before = zcoll_shm_entries()
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, env=job_env(ZCOLL_TIMEOUT="30"), capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the job did not end within 60 s:\n{exc.stdout}\n{exc.stderr}")
+    took = time.monotonic() - t0
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    assert "<<DONE" not in proc.stdout, "a rank finished the loop although a peer died"
+    assert took < 30, f"the job took {took:.1f} s: was the death noticed, or the timeout?"
+    if recovery:
+        reports = dict(re.findall(r"<<PEERERROR rank=(\d+) iteration=\d+ (.*?)>>", proc.stdout, re.S))
+        survivors = {str(r) for r in range(3) if r != victim}
+        assert set(reports) == survivors, (
+            f"survivors that reported: {sorted(reports)}\n{proc.stdout}\n{proc.stderr}"
+        )
+        for rank, message in reports.items():
+            assert re.search(rf"peer rank\(s\) {victim} \(pid \d+\) died", message), message
