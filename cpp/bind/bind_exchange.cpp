@@ -52,6 +52,33 @@ py::array as_c_array(const py::object& obj) {
   return py::array::ensure(obj, py::array::c_style);
 }
 
+// Releases the GIL the first time the engine is about to block, and takes it back at scope
+// exit: short calls that never wait keep it (saving two mutex handoffs); waits never hold it.
+class gil_released_on_block {
+ public:
+  explicit gil_released_on_block(node_context& ctx) : ctx_(ctx) {
+    ctx_.set_block_hook({&gil_released_on_block::release, this});
+  }
+  ~gil_released_on_block() {
+    ctx_.set_block_hook({});
+    if (state_) PyEval_RestoreThread(state_);
+  }
+  gil_released_on_block(const gil_released_on_block&) = delete;
+  gil_released_on_block& operator=(const gil_released_on_block&) = delete;
+  void release_now() { release(this); }
+
+ private:
+  static void release(void* self) {
+    auto* me = static_cast<gil_released_on_block*>(self);
+    if (!me->state_) me->state_ = PyEval_SaveThread();
+  }
+  node_context& ctx_;
+  PyThreadState* state_ = nullptr;
+};
+
+// Copies this long hold the GIL too long: release it up front.
+constexpr std::size_t release_gil_above_bytes = std::size_t{1} << 16;
+
 [[noreturn]] void fail_everywhere(node_context& ctx, op_code op, bool type_error,
                                   const std::string& why) {
   const std::string name = op == op_code::alltoall ? "alltoall" : "allgather";
@@ -60,8 +87,9 @@ py::array as_c_array(const py::object& obj) {
 }
 
 // Converts the Python arguments, then runs the collective (or its collective failure).
+// `order` is a block_order code, or auto_order for "auto".
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-         const std::string& order) {
+         int order) {
   if (!py::isinstance<py::array>(recv))
     fail_everywhere(ctx, op, true,
                     "recvbuf must be a numpy.ndarray, got " +
@@ -69,7 +97,8 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
   const auto recv_array = py::reinterpret_borrow<py::array>(recv);
   const array_view recv_view = view_of(recv_array);
   if (send.is(in_place_sentinel())) {
-    py::gil_scoped_release release;
+    gil_released_on_block gil(ctx);
+    if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
     ctx.run(op, nullptr, recv_view, order);
     return;
   }
@@ -80,7 +109,8 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
     fail_everywhere(ctx, op, true, "sendbuf cannot be converted to a NumPy array");
   }
   const array_view send_view = view_of(send_array);
-  py::gil_scoped_release release;
+  gil_released_on_block gil(ctx);
+  if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
   ctx.run(op, &send_view, recv_view, order);
 }
 
@@ -145,13 +175,13 @@ void register_exchange(py::module_& m) {
       .def(
           "alltoall",
           [](node_context& ctx, const py::object& send, const py::object& recv,
-             const std::string& order) { run(ctx, op_code::alltoall, send, recv, order); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order") = "auto")
+             int order) { run(ctx, op_code::alltoall, send, recv, order); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"))
       .def(
           "allgather",
           [](node_context& ctx, const py::object& send, const py::object& recv,
-             const std::string& order) { run(ctx, op_code::allgather, send, recv, order); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order") = "auto")
+             int order) { run(ctx, op_code::allgather, send, recv, order); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"))
       .def(
           "check",
           [](node_context& ctx, const std::string& op, const py::object& send,
@@ -201,6 +231,19 @@ void register_exchange(py::module_& m) {
           [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
              double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },
           py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"))
+      .def(
+          "where",
+          [](node_context& ctx, const py::array& a) {
+            const buffer_ref r = ctx.where(a.data(), static_cast<std::size_t>(a.nbytes()));
+            return py::make_tuple(r.segment, r.offset);
+          },
+          py::arg("a"), "(segment id, offset) of an arena array, (0, 0) when not shareable.")
+      .def(
+          "view",
+          [](node_context& ctx, std::uint64_t segment, std::uint64_t offset, std::size_t nbytes) {
+            return ctx.view(buffer_ref{segment, offset}, nbytes);
+          },
+          py::arg("segment"), py::arg("offset"), py::arg("nbytes"))
       .def("close", &node_context::close)
       .def_property_readonly("closed", &node_context::closed)
       .def_property_readonly("broken", &node_context::broken)
@@ -223,6 +266,7 @@ void register_exchange(py::module_& m) {
   ops["allocate"] = static_cast<int>(op_code::allocate);
   ops["barrier"] = static_cast<int>(op_code::barrier);
   m.attr("OPS") = ops;
+  m.attr("AUTO_ORDER") = auto_order;
   m.attr("BARRIERS") = py::make_tuple("flat", "central", "dissemination");
 }
 

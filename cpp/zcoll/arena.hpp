@@ -124,8 +124,9 @@ class partition_allocator {
 
 }  // namespace detail
 
-// Owns one allocation; returns it to the allocator when destroyed. Keeps the mapping alive, so
-// a NumPy array built on it stays valid even after its communicator is freed.
+// Owns one allocation; returns it to the allocator when destroyed (unless `alloc` is empty: a
+// view of a peer's allocation). Keeps the mapping alive, so a NumPy array built on it stays
+// valid even after its communicator is freed.
 class arena_block {
  public:
   arena_block(std::shared_ptr<data_segment> seg, std::weak_ptr<detail::partition_allocator> alloc,

@@ -150,6 +150,7 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
     if (ready()) return;
     ZCOLL_CPU_RELAX();
   }
+  hook_();
   for (std::uint32_t i = 0; i < options_.yield_iterations; ++i) {
     if (ready()) return;
     ::sched_yield();

@@ -55,6 +55,16 @@ bool process_is_dead(std::int32_t pid) noexcept;
 
 }  // namespace detail
 
+// Called once per wait, just before a rank stops busy-polling and starts yielding or sleeping:
+// the binding uses it to release the GIL only when a call really blocks.
+struct block_hook {
+  void (*fn)(void*) = nullptr;
+  void* arg = nullptr;
+  void operator()() const {
+    if (fn) fn(arg);
+  }
+};
+
 class node_barrier {
  public:
   // entered[i * stride_words] is node rank i's arrival count (in its hot line);
@@ -71,6 +81,7 @@ class node_barrier {
   std::uint64_t completed() const noexcept { return count_; }
   const wait_options& options() const noexcept { return options_; }
   void set_options(const wait_options& options) noexcept { options_ = options; }
+  void set_block_hook(block_hook hook) noexcept { hook_ = hook; }
 
  private:
   std::atomic<std::uint64_t>& entered(int r) const noexcept { return entered_[r * stride_]; }
@@ -93,6 +104,7 @@ class node_barrier {
   barrier_kind kind_;
   wait_options options_;
   std::uint64_t count_ = 0;
+  block_hook hook_;
 };
 
 // Wakes every futex sleeper on `word` (a no-op when nobody sleeps).

@@ -181,13 +181,16 @@ void node_context::check_agreement(descriptors all, op_code op) {
 
 void node_context::check_arguments(descriptors all) {
   const auto& ref = all[0];
-  const std::string what = std::string("zcoll.") + op_name(ref.op) + ": ";
   for (int j = 1; j < config_.size; ++j) {
     const auto& d = all[j];
-    const std::string pair = rank_name(0) + " and " + rank_name(j);
+    if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
+        d.order == ref.order)
+      continue;
+    const std::string what = std::string("zcoll.") + op_name(ref.op) + ": ";
     if (d.flag != ref.flag)
-      raise_after_sync(std::make_exception_ptr(usage_error(
-          what + "IN_PLACE must be used by all ranks or none (" + pair + " differ)")));
+      raise_after_sync(std::make_exception_ptr(
+          usage_error(what + "IN_PLACE must be used by all ranks or none (" + rank_name(0) +
+                      " and " + rank_name(j) + " differ)")));
     if (!(d.dtype == ref.dtype))
       raise_after_sync(std::make_exception_ptr(type_mismatch(
           what + "dtypes differ between ranks: " + rank_name(0) + " has " +
@@ -197,10 +200,9 @@ void node_context::check_arguments(descriptors all) {
           what + "block sizes differ between ranks: " + rank_name(0) + " has " +
           std::to_string(ref.block_bytes) + " bytes per block, " + rank_name(j) + " has " +
           std::to_string(d.block_bytes))));
-    if (d.order != ref.order)
-      raise_after_sync(std::make_exception_ptr(usage_error(
-          what + "order differs between ranks: " + rank_name(0) + " uses '" +
-          order_name(ref.order) + "', " + rank_name(j) + " uses '" + order_name(d.order) + "'")));
+    raise_after_sync(std::make_exception_ptr(usage_error(
+        what + "order differs between ranks: " + rank_name(0) + " uses '" +
+        order_name(ref.order) + "', " + rank_name(j) + " uses '" + order_name(d.order) + "'")));
   }
 }
 
@@ -330,6 +332,20 @@ void node_context::barrier() {
   sync();  // everybody has read the op codes
 }
 
+std::shared_ptr<arena_block> node_context::view(const buffer_ref& ref, std::size_t bytes) {
+  check_usable();
+  std::byte* p = resolve(ref);
+  for (const auto& known : segments_) {
+    if (known.seg->id != ref.segment) continue;
+    if (ref.offset + bytes > known.seg->shm->size())
+      throw usage_error("zcoll: a peer's array extends past its shared segment");
+    return std::make_shared<arena_block>(known.seg, std::weak_ptr<detail::partition_allocator>{},
+                                         static_cast<std::size_t>(p - known.seg->shm->data()),
+                                         bytes);
+  }
+  throw std::logic_error("zcoll: resolved segment vanished");
+}
+
 const schedule& node_context::schedule_for(op_code op, bool in_place, block_order order) {
   const std::uint32_t kind = !in_place ? 0 : (op == op_code::alltoall ? 1 : 2);
   const std::uint32_t key = kind * block_order_count + static_cast<std::uint32_t>(order);
@@ -386,7 +402,10 @@ void node_context::execute(const collective_args& args) {
   bool staged = false;
   for (std::size_t j = 0; j < p; ++j)
     staged |= (!in_place && all[j].send.segment == 0) || all[j].recv.segment == 0;
-  std::vector<std::byte*> send(p, nullptr), recv(p, nullptr);
+  auto& send = send_bases_;
+  auto& recv = recv_bases_;
+  send.assign(p, nullptr);
+  recv.assign(p, nullptr);
   const std::size_t send_part = in_place ? 0 : round_up(args.send_bytes, 64);
   if (staged) stage_in(args, in_place, send_part);
   for (std::size_t j = 0; j < p; ++j) {
@@ -488,13 +507,15 @@ bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_or
   return false;
 }
 
-void node_context::run(op_code op, const array_view* send, const array_view& recv,
-                       std::string_view order) {
+void node_context::run(op_code op, const array_view* send, const array_view& recv, int order) {
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
-  if (check.ok() && !parse_order(order, config_.size, check.block_bytes, &args.order))
-    check = value_error("order must be 'auto', 'row', 'column', 'morton' or 'hilbert', got '" +
-                        std::string(order) + "'");
+  if (order == auto_order)
+    args.order = default_order(config_.size, check.block_bytes);
+  else if (order >= 0 && order < block_order_count)
+    args.order = static_cast<block_order>(order);
+  else if (check.ok())
+    check = value_error("unknown order code " + std::to_string(order));
   if (!check.ok()) fail(op, check.error, std::string("zcoll.") + op_name(op) + ": " + check.message);
   args.op = op;
   args.send = send ? send->data : nullptr;

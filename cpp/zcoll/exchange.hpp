@@ -100,6 +100,9 @@ local_check check_local_args(op_code op, int comm_size, const array_view* send,
 // Parses "auto" | "row" | "column" | "morton" | "hilbert"; "auto" -> default_order(p, block).
 bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order);
 
+// Order code meaning "auto" where orders travel as integers (block_order values otherwise).
+inline constexpr int auto_order = -1;
+
 // How the context was set up: which node ranks, which communicator ranks, how to wait.
 struct context_config {
   int rank = 0;                        // this process among the node's ranks
@@ -165,11 +168,17 @@ class node_context {
   void execute(const collective_args& args);
   // Collective: checks one rank's arguments, raises on every rank if any rank's are wrong,
   // else executes. The entry point of the Python API on a single-node communicator.
-  void run(op_code op, const array_view* send, const array_view& recv, std::string_view order);
+  // `order` is a block_order value or auto_order.
+  void run(op_code op, const array_view* send, const array_view& recv, int order);
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(op_code op, arg_error kind, const std::string& message);
   // Collective: a node barrier.
   void barrier();
+  // Local: where [p, p + bytes) is, in terms every rank of this context can resolve
+  // ({0, 0} when it is not in an arena segment that all of them have mapped).
+  buffer_ref where(const void* p, std::size_t bytes) { return locate(p, bytes); }
+  // Local: a view of `bytes` at `ref` (published by a peer); keeps the mapping alive.
+  std::shared_ptr<arena_block> view(const buffer_ref& ref, std::size_t bytes);
   // Local: unmaps everything this context owns; later calls raise. Arrays stay valid.
   void close() noexcept;
 
@@ -177,6 +186,8 @@ class node_context {
   bool broken() const noexcept { return !broken_reason_.empty(); }
   const context_config& config() const noexcept { return config_; }
   void set_wait_options(const wait_options& w) noexcept { barrier_->set_options(w); }
+  // Called before any wait of this context starts yielding or sleeping (see block_hook).
+  void set_block_hook(block_hook hook) noexcept { barrier_->set_block_hook(hook); }
   std::size_t arena_bytes_in_use() const { return allocator_->bytes_in_use(); }
   std::size_t segment_count() const noexcept { return segments_.size(); }
   std::uint64_t calls() const noexcept { return calls_; }
@@ -223,6 +234,7 @@ class node_context {
   std::shared_ptr<data_segment> staging_;
   std::size_t next_partition_bytes_;
   std::map<std::uint32_t, schedule> schedules_;
+  std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t calls_ = 0;
   bool closed_ = false;
   std::string broken_reason_;

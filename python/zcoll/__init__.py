@@ -8,7 +8,7 @@ Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot p
 
 from __future__ import annotations
 
-from ._arena import empty, empty_like, is_shared, zeros
+from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import get_timeout, set_timeout
 from ._core import PeerError
@@ -32,6 +32,7 @@ __all__ = [
     "empty_like",
     "get_timeout",
     "is_shared",
+    "peer_arrays",
     "set_timeout",
     "topology",
     "zeros",

@@ -11,7 +11,7 @@ from mpi4py import MPI
 from . import _core
 from ._context import _as_dtype, context
 
-__all__ = ["empty", "empty_like", "is_shared", "zeros"]
+__all__ = ["empty", "empty_like", "is_shared", "peer_arrays", "zeros"]
 
 
 def _normalize_shape(shape) -> tuple[int, ...]:
@@ -97,3 +97,41 @@ def is_shared(a) -> bool:
     if not isinstance(a, np.ndarray):
         return False
     return _core.array_in_arena(a)
+
+
+def peer_arrays(comm: MPI.Comm, a: np.ndarray) -> list[np.ndarray | None]:
+    """Return views of every rank's arena array: what ``Win.Shared_query`` gives in MPI.
+
+    Collective over `comm`: every rank passes its own arena array (shapes and dtypes may
+    differ). Element ``r`` of the result is a writable view of rank ``r``'s array when rank
+    ``r`` shares this node's memory, else None. The views stay valid while they live.
+
+    Raises
+    ------
+    ValueError
+        On every rank, if any rank's array is not in an arena that every rank of this node in
+        `comm` has mapped (allocate it with :func:`empty` on `comm` or on a communicator that
+        contains `comm`'s ranks).
+    """
+    ctx = context(comm)
+    mine = None
+    if isinstance(a, np.ndarray) and a.flags.c_contiguous and is_shared(a):
+        segment, offset = ctx.core.where(a)
+        if segment:
+            mine = (segment, offset, a.nbytes, a.shape, a.dtype.str)
+    everything = comm.allgather((ctx.node_of[ctx.rank], mine))
+    missing = [r for r, (_, m) in enumerate(everything) if m is None]
+    if missing:
+        raise ValueError(
+            f"zcoll.peer_arrays: the array of rank(s) {missing} is not in an arena shared by "
+            "this communicator's ranks on its node"
+        )
+    views: list[np.ndarray | None] = []
+    for node, (segment, offset, nbytes, shape, dtype) in everything:
+        if node != ctx.node_of[ctx.rank]:
+            views.append(None)
+            continue
+        dt = np.dtype(dtype)
+        block = ctx.core.view(segment, offset, nbytes)
+        views.append(np.frombuffer(block, dtype=dt, count=prod(shape)).reshape(shape))
+    return views

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._context import Context, lookup
+from ._context import Context, _by_handle, lookup
 
 __all__ = ["IN_PLACE", "allgather", "alltoall"]
 
@@ -15,6 +17,12 @@ IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
 _P2P_TAG = 0x7A0C
+_ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
+
+
+def _bad_order(ctx: Context, opname: str, order) -> NoReturn:
+    message = f"order must be 'auto' or one of {list(_core.ORDERS)}, got {order!r}"
+    ctx.fail(opname, ValueError(message))
 
 
 def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
@@ -122,13 +130,19 @@ def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> n
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
-    ctx = lookup(comm)
+    try:
+        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
+    except (KeyError, AttributeError):
+        ctx = lookup(comm)
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, "alltoall", sendbuf)
     if ctx.multi_node:
         _multi_node(ctx, "alltoall", sendbuf, recvbuf, order)
-    else:
-        ctx.core.alltoall(sendbuf, recvbuf, order)
+        return recvbuf
+    code = _ORDER_CODES.get(order) if type(order) is str else None
+    if code is None:
+        _bad_order(ctx, "alltoall", order)
+    ctx.core.alltoall(sendbuf, recvbuf, code)
     return recvbuf
 
 
@@ -160,11 +174,17 @@ def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> 
     -----
     Costs as for :func:`alltoall`.
     """
-    ctx = lookup(comm)
+    try:
+        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
+    except (KeyError, AttributeError):
+        ctx = lookup(comm)
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, "allgather", sendbuf)
     if ctx.multi_node:
         _multi_node(ctx, "allgather", sendbuf, recvbuf, order)
-    else:
-        ctx.core.allgather(sendbuf, recvbuf, order)
+        return recvbuf
+    code = _ORDER_CODES.get(order) if type(order) is str else None
+    if code is None:
+        _bad_order(ctx, "allgather", order)
+    ctx.core.allgather(sendbuf, recvbuf, code)
     return recvbuf

@@ -46,6 +46,7 @@ def _env_float(name: str, default: float) -> float:
 class _WaitSettings:
     timeout: float = _env_float("ZCOLL_TIMEOUT", 60.0)
     yields: int = 64
+    oversubscribed_yields: int = 20000
     sleep_slice: float = 0.02
 
 
@@ -161,10 +162,14 @@ class Context:
 
     def _wait_kwargs(self) -> dict:
         spin = int(os.environ.get("ZCOLL_SPIN", "0" if self.oversubscribed else "4096"))
+        # Oversubscribed ranks must hand their core to the rank they wait for: yield for long
+        # (as Open MPI's shared-memory transport does) before sleeping on the futex.
+        default_yields = _wait.oversubscribed_yields if self.oversubscribed else _wait.yields
+        yields = int(os.environ.get("ZCOLL_YIELDS", default_yields))
         return {
             "timeout": _wait.timeout,
             "spin": spin,
-            "yields": _wait.yields,
+            "yields": yields,
             "sleep_slice": _wait.sleep_slice,
         }
 

@@ -207,13 +207,13 @@ def measure(fn: Callable[[], object], iterations: int, warmup: int, comm: MPI.Co
 def budget_iterations(fn: Callable[[], object], iterations: int, budget: float, comm) -> int:
     """Cut `iterations` so that the timed loop takes about `budget` seconds (0: no cut).
 
-    A short pilot measurement (one warm-up call, two timed ones) estimates the cost of a call;
+    A short pilot measurement (one warm-up call, up to five timed ones) estimates a call's cost;
     as :func:`measure` returns the maximum over the ranks, every rank gets the same count. The
     count is never cut below ``min(iterations, MIN_ITERATIONS)``.
     """
     if budget <= 0:
         return iterations
-    per_call = measure(fn, 2, 1, comm)
+    per_call = measure(fn, min(iterations, 5), 1, comm)
     affordable = int(budget / per_call) if per_call > 0 else iterations
     return max(min(iterations, MIN_ITERATIONS), min(iterations, affordable))
 
@@ -329,6 +329,10 @@ def geomean_speedups(by_block: dict[int, dict[str, float]]) -> dict[str, float |
     return result
 
 
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def _times(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
@@ -365,7 +369,6 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     Collective over `comm`. Returns 0, or 1 (on every rank) if ``--check`` found a difference.
     """
     collective, root = args.command, comm.rank == 0
-    sizes = args.sizes
     nodes, cpus, oversubscription = node_layout(comm)
     library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -378,7 +381,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     say(table_header(args.orders))
     rng = np.random.default_rng(comm.rank)
     rows, by_block = [], {}
-    for block in sizes:
+    for block in args.sizes:
         try:
             block_rows = measure_block(
                 comm, collective, block, args.orders, args, rng, oversubscription
@@ -396,7 +399,8 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         f"{_times(speedups['small'])}, blocks >= {format_size(LARGE_BLOCKS)}: "
         f"{_times(speedups['large'])}"
     )
-    say(f"P = {comm.size} ranks on {nodes} node(s), {cpus} CPUs per node{crowded}")
+    where = f"{_plural(comm.size, 'rank')} on {_plural(nodes, 'node')}"
+    say(f"P = {where}, {cpus} CPUs per node{crowded}")
     say(f"MPI library: {library}")
     if root:
         metadata = {
