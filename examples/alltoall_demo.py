@@ -12,8 +12,9 @@ exits with status 1 if any check fails on any rank.
 import sys
 
 import numpy as np
-import zcoll
 from mpi4py import MPI
+
+import zcoll
 
 comm = MPI.COMM_WORLD
 rank, P = comm.rank, comm.size

@@ -21,7 +21,14 @@ extra = sys.argv[1:]
 # Test files or directories named on the command line replace the default (the whole suite).
 names_paths = any(Path(a.split("::")[0]).exists() for a in extra if not a.startswith("-"))
 tests = [] if names_paths else [str(Path(__file__).resolve().parent)]
-args = [*tests, "-p", "no:cacheprovider", "-q", "--color=no", f"--junitxml={out / f'rank{rank}.xml'}"]
+args = [
+    *tests,
+    "-p",
+    "no:cacheprovider",
+    "-q",
+    "--color=no",
+    f"--junitxml={out / f'rank{rank}.xml'}",
+]
 code = pytest.main(args + extra)
 sys.stdout.flush()
 # A rank whose tests failed must not make mpiexec abort the others mid-test: exit together.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DTYPES, all_ranks_agree
 
 import zcoll
+from conftest import DTYPES, all_ranks_agree
 from zcoll._context import lookup
 
 
@@ -86,7 +86,7 @@ def test_arena_grows_past_any_fixed_size(world):
     arrays = [zcoll.empty(world, 4 << 20, np.uint8) for _ in range(6)]  # 24 MiB per rank
     big = zcoll.empty(world, 40 << 20, np.uint8)
     for i, a in enumerate([*arrays, big]):
-        a[:: 4096] = i  # touch every page
+        a[::4096] = i  # touch every page
     ok = all(int(a[0]) == i for i, a in enumerate([*arrays, big]))
     all_ranks_agree(world, ok)
 

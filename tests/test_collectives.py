@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import DTYPES, all_ranks_agree, random_bytes
 from mpi4py import MPI
 
 import zcoll
+from conftest import DTYPES, all_ranks_agree, random_bytes
 
 ORDERS = ["auto", *zcoll.ORDERS]
 COUNTS = [0, 1, 3, 17, 1000]  # elements per block
@@ -31,13 +31,17 @@ def make_buffer(comm, shape, dtype, arena: bool) -> np.ndarray:
 
 def reference_alltoall(comm, send: np.ndarray) -> np.ndarray:
     out = np.empty_like(send)
-    comm.Alltoall([send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE])
+    comm.Alltoall(
+        [send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE]
+    )
     return out
 
 
 def reference_allgather(comm, send: np.ndarray) -> np.ndarray:
     out = np.empty((comm.size, *send.shape), send.dtype)
-    comm.Allgather([send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE])
+    comm.Allgather(
+        [send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE]
+    )
     return out
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import all_ranks_agree
 from mpi4py import MPI
 
 import zcoll
+from conftest import all_ranks_agree
 
 
 def outcome(fn) -> tuple[str, str]:
@@ -29,7 +29,9 @@ def expect_everywhere(comm, fn, exc_type: type, *, fragment: str = "") -> None:
     bystander[:] = np.arange(64) + comm.rank
     kind, message = outcome(fn)
     ok = kind == exc_type.__name__ and fragment in message
-    all_ranks_agree(comm, ok, f"expected {exc_type.__name__} with {fragment!r}, got {kind}: {message}")
+    all_ranks_agree(
+        comm, ok, f"expected {exc_type.__name__} with {fragment!r}, got {kind}: {message}"
+    )
     all_ranks_agree(comm, np.array_equal(bystander, np.arange(64) + comm.rank), "bystander changed")
     after = zcoll.alltoall(comm, np.full((comm.size, 2), comm.rank, np.int32))
     all_ranks_agree(comm, bool((after == np.arange(comm.size)[:, None]).all()), "next call")

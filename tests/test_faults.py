@@ -28,8 +28,6 @@ import traceback
 
 import numpy as np
 import pytest
-import zcoll
-from conftest import all_ranks_agree
 from mpi4py import MPI
 from test_leaks import (
     is_open_mpi,
@@ -40,6 +38,9 @@ from test_leaks import (
     run_job,
     zcoll_shm_entries,
 )
+
+import zcoll
+from conftest import all_ranks_agree
 from zcoll import _core
 
 WORLD_SIZE = MPI.COMM_WORLD.size
@@ -325,8 +326,7 @@ def test_killed_peer_is_reported_dead(barrier, when):
             time.sleep(0.3)  # they are asleep in the barrier by now
             t_kill = node.kill(victim)
         results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
-        if when == "while_waiting":
-            assert node.pids[victim] not in node.reaped  # it was a zombie all along
+        if when == "while_waiting":  # a zombie until now
             assert os.WTERMSIG(node.reap(node.pids[victim])) == signal.SIGKILL
         node.finish()
     for rank, result in results.items():
@@ -389,7 +389,7 @@ def _many_barriers(count: int):
         t0 = time.monotonic()
         for _ in range(count):
             ctx.barrier()
-        up.send({"kind": "done", "seconds": time.monotonic() - t0, "cpu": time.process_time()})
+        up.send({"kind": "done", "seconds": time.monotonic() - t0})
         _wait_for_exit(down)
 
     return scenario
@@ -399,8 +399,9 @@ def _many_barriers(count: int):
 @pytest.mark.parametrize("barrier", BARRIER_KINDS)
 def test_oversubscribed_waits_yield(barrier):
     """4 children pinned to 2 CPUs, spin=0 (zcoll's setting when oversubscribed): 2000
-    barrier() calls (4000 node barriers) finish in well under 10 s -- a waiter that kept its
-    core would starve the rank it waits for, and this would take minutes."""
+    barrier() calls (4000 node barriers) finish in well under 10 s (about 0.1 s measured). A
+    waiter that keeps its core starves the rank it waits for: with spin=10**6 and yields=0 the
+    same loop takes about 30 s."""
     cpus = sorted(os.sched_getaffinity(0))[:2]
     count = 2000
     with ForkedNode(4, _many_barriers(count), spin=0, cpus=set(cpus),
@@ -442,12 +443,6 @@ def test_peer_killed_before_first_barrier():
 
 
 @alone
-@pytest.mark.xfail(
-    strict=True,
-    reason="zcoll bug: the barrier checks the pid each rank publishes in the control segment, not "
-    "the pids every rank was configured with, so a rank that dies before building its context is "
-    "only found by the timeout (as 'pid 0')",
-)
 def test_peer_dead_before_building_its_context():
     """Every rank is configured with every pid; a rank that dies before it has built its own
     context (a crash between the segment exchange and the constructor) is reported dead, with
@@ -479,9 +474,6 @@ def test_missing_rank_raises_peer_error(world):
     comm = world.Dup()
     try:
         ctx = zcoll._context.context(comm)  # collective creation, on every rank
-        if ctx.multi_node:
-            # The inter-node part waits in MPI, which has no timeout: it would hang.
-            pytest.skip("the missing rank is on another node: only node peers have a timeout")
         p, last = comm.size, comm.size - 1
         send = np.full((p, 4), comm.rank, np.int32)
         recv = np.empty_like(send)
@@ -500,7 +492,7 @@ def test_missing_rank_raises_peer_error(world):
                     outcome, message = "ok", ""
                 except zcoll.PeerError as exc:
                     outcome, message = "PeerError", str(exc)
-                except Exception as exc:  # noqa: BLE001 - reported below
+                except Exception as exc:  # reported below, after the ranks are in step
                     outcome, message = type(exc).__name__, str(exc)
                 waited = time.monotonic() - t0
         finally:
@@ -508,6 +500,12 @@ def test_missing_rank_raises_peer_error(world):
         world.Barrier()  # MPI: the sleeper is back, everybody is in step again
         if comm.rank == last:
             ok, what = True, ""
+        elif ctx.multi_node:
+            # Across nodes the arguments are agreed on by a non-blocking MPI allgather first,
+            # waited for with the same bound; it cannot tell which rank is missing.
+            ok = outcome == "PeerError" and "did not take part within" in message
+            ok &= 0.9 <= waited <= 3.5
+            what = f"{outcome} after {waited:.2f} s: {message}"
         else:
             named = re.search(r"peer rank\(s\) (.*?) did not arrive within the timeout", message)
             listed = re.findall(r"(\d+) \(pid \d+\)", named.group(1)) if named else []
@@ -579,14 +577,15 @@ KILL_JOB = textwrap.dedent(
 @alone
 @pytest.mark.parametrize("victim", [0, 2], ids=["leader", "last"])
 def test_job_with_a_killed_rank_ends_cleanly(tmp_path, victim):
-    """One of 3 ranks SIGKILLs itself in a loop of collectives: the job ends (no hang), the
-    survivors raise PeerError saying the victim died (not a timeout: ZCOLL_TIMEOUT is 30 s),
-    and no zcoll segment of the job is left in /dev/shm.
+    """One of 3 ranks SIGKILLs itself in a loop of collectives: the job ends (no hang, no
+    process left), no zcoll segment of the job is left in /dev/shm, and the survivors raise
+    PeerError saying the victim died (not a timeout: ZCOLL_TIMEOUT is 30 s).
 
-    Open MPI tears a job down as soon as one rank dies, so a survivor may be killed before it
-    has printed anything; with --enable-recovery (Open MPI 4.1) the survivors live on, report
-    the PeerError and exit, and the job still ends. Without Open MPI only (i) and (ii) are
-    checked."""
+    By default Open MPI tears the job down as soon as one rank dies, and a survivor is killed
+    before it has printed its PeerError in about 1 run in 5; with --enable-recovery (Open MPI
+    4.1) both survivors reported it in every run tried. Survivors then leave with os._exit:
+    under --enable-recovery, MPI_Finalize waits forever for the dead rank in some runs. Without
+    Open MPI, the survivors' reports are not checked."""
     script = tmp_path / "job.py"
     script.write_text(KILL_JOB)
     recovery = is_open_mpi()

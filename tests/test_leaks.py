@@ -13,6 +13,7 @@ import gc
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -21,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mpi4py import MPI
+
 import zcoll
 from conftest import all_ranks_agree
-from mpi4py import MPI
 from zcoll import _context
 
 WORLD_SIZE = MPI.COMM_WORLD.size
@@ -67,12 +69,50 @@ def job_env(**extra: str) -> dict:
     return env
 
 
+def session_processes(sid: int) -> list[int]:
+    """Pids of the live processes in session `sid` (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in "ZX":
+            found.append(int(entry))
+    return found
+
+
+def kill_session(sid: int) -> list[int]:
+    pids = session_processes(sid)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def run_job(cmd: list[str], env: dict, timeout: float = JOB_TIMEOUT) -> subprocess.CompletedProcess:
-    """Runs an mpiexec job; fails the test (after killing the job) if it outlives `timeout`."""
+    """Runs an mpiexec job in a session of its own. Fails the test if it outlives `timeout`, or
+    leaves processes behind; either way every process of the job is SIGKILLed first (the ranks
+    are in their own process groups, but in mpiexec's session)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
     try:
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:  # subprocess.run has killed mpiexec by now
-        pytest.fail(f"the job did not end within {timeout} s:\n{exc.stdout}\n{exc.stderr}")
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_session(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"the job did not end within {timeout} s:\n{out}\n{err}")
+    deadline = time.monotonic() + 10
+    while session_processes(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = kill_session(proc.pid)
+    assert not left, f"mpiexec exited but left processes {left} running:\n{out}\n{err}"
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def zcoll_shm_entries() -> set[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from mpi4py import MPI
+
 from zcoll import RankPlacement, Topology, _core, topology
 
 SYS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")

@@ -27,19 +27,24 @@ py::object& in_place_sentinel() {
 }
 
 array_view view_of(const py::array& a) {
+  const py::dtype dt = a.dtype();  // fetched once: every accessor below would fetch it again
   array_view v;
   v.data = a.data();
-  v.nbytes = static_cast<std::size_t>(a.nbytes());
-  v.size = static_cast<std::size_t>(a.size());
   v.ndim = static_cast<int>(a.ndim());
-  v.first_dim = v.ndim ? static_cast<std::size_t>(a.shape(0)) : 0;
-  const py::dtype dt = a.dtype();
+  const py::ssize_t* shape = a.shape();
+  std::size_t size = 1;
+  for (int i = 0; i < v.ndim; ++i) size *= static_cast<std::size_t>(shape[i]);
+  v.size = size;
+  v.first_dim = v.ndim ? static_cast<std::size_t>(shape[0]) : 0;
+  const auto itemsize = static_cast<std::size_t>(dt.itemsize());
+  v.nbytes = size * itemsize;
   v.dtype = {static_cast<std::uint32_t>(static_cast<unsigned char>(dt.char_())),
-             static_cast<std::uint32_t>(dt.itemsize())};
+             static_cast<std::uint32_t>(itemsize)};
   const char kind = dt.kind();
   v.has_objects = kind == 'O' || (kind == 'V' && dt.attr("hasobject").cast<bool>());
-  v.c_contiguous = (a.flags() & py::array::c_style) != 0;
-  v.writeable = a.writeable();
+  const int flags = a.flags();
+  v.c_contiguous = (flags & py::array::c_style) != 0;
+  v.writeable = (flags & py::detail::npy_api::NPY_ARRAY_WRITEABLE_) != 0;
   return v;
 }
 

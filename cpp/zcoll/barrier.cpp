@@ -75,8 +75,8 @@ void wake_all(std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& slee
 
 node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
                            std::size_t stride_words, detail::barrier_rank_words* words, int rank,
-                           int size, std::vector<int> comm_ranks, barrier_kind kind,
-                           wait_options options)
+                           int size, std::vector<int> comm_ranks,
+                           std::vector<std::int32_t> pids, barrier_kind kind, wait_options options)
     : shared_(shared),
       entered_(entered),
       stride_(stride_words),
@@ -84,6 +84,7 @@ node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint
       rank_(rank),
       size_(size),
       comm_ranks_(std::move(comm_ranks)),
+      pids_(std::move(pids)),
       kind_(kind),
       options_(options) {
   if (kind_ == barrier_kind::dissemination && size_ > (1 << detail::max_dissemination_rounds))
@@ -172,7 +173,7 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
 bool node_barrier::any_laggard_dead(std::uint64_t target) const {
   for (int r = 0; r < size_; ++r)
     if (entered(r).load(std::memory_order_acquire) < target &&
-        detail::process_is_dead(words_[r].pid.load(std::memory_order_relaxed)))
+        detail::process_is_dead(pids_[static_cast<std::size_t>(r)]))
       return true;
   return false;
 }
@@ -182,7 +183,7 @@ void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) cons
   int n_dead = 0, n_missing = 0;
   for (int r = 0; r < size_; ++r) {
     if (entered(r).load(std::memory_order_acquire) >= target) continue;
-    const auto pid = words_[r].pid.load(std::memory_order_relaxed);
+    const auto pid = pids_[static_cast<std::size_t>(r)];
     const bool is_dead = detail::process_is_dead(pid);
     auto& out = is_dead ? dead : missing;
     int& n = is_dead ? n_dead : n_missing;

@@ -42,11 +42,10 @@ struct alignas(cache_line) barrier_shared {
   char pad1[cache_line - 3 * sizeof(std::uint32_t)];
 };
 
-// Rarely written per-rank words: liveness and the dissemination flags.
+// Per-rank words of the dissemination barrier.
 struct alignas(cache_line) barrier_rank_words {
-  std::atomic<std::int32_t> pid;  // checked for liveness while waiting
-  std::atomic<std::uint32_t> sleepers;  // dissemination: this rank asleep on a round flag
-  char pad0[cache_line - 2 * sizeof(std::uint32_t)];
+  std::atomic<std::uint32_t> sleepers;  // this rank asleep on one of its round flags
+  char pad0[cache_line - sizeof(std::uint32_t)];
   std::atomic<std::uint32_t> round_flag[max_dissemination_rounds];  // signals received per round
 };
 
@@ -68,10 +67,12 @@ struct block_hook {
 class node_barrier {
  public:
   // entered[i * stride_words] is node rank i's arrival count (in its hot line);
-  // `comm_ranks[i]` is the communicator rank of node rank i, used in error messages.
+  // `comm_ranks[i]` is the communicator rank of node rank i, used in error messages, and
+  // `pids[i]` its process, checked for liveness while waiting.
   node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
                std::size_t stride_words, detail::barrier_rank_words* words, int rank, int size,
-               std::vector<int> comm_ranks, barrier_kind kind, wait_options options);
+               std::vector<int> comm_ranks, std::vector<std::int32_t> pids, barrier_kind kind,
+               wait_options options);
 
   // Blocks until every node rank has called wait() as often as this one. Everything this rank
   // wrote before is visible to every rank after. Throws peer_error naming the ranks that are
@@ -101,6 +102,7 @@ class node_barrier {
   int rank_;
   int size_;
   std::vector<int> comm_ranks_;
+  std::vector<std::int32_t> pids_;
   barrier_kind kind_;
   wait_options options_;
   std::uint64_t count_ = 0;

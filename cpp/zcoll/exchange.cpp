@@ -83,15 +83,13 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
   barrier_words_ = reinterpret_cast<detail::barrier_rank_words*>(base);
   base += n * sizeof(detail::barrier_rank_words);
   slots_ = reinterpret_cast<detail::rank_slot*>(base);
-  barrier_words_[config_.rank].pid.store(config_.pids[static_cast<std::size_t>(config_.rank)],
-                                         std::memory_order_release);
   sorted_pids_ = config_.pids;
   std::sort(sorted_pids_.begin(), sorted_pids_.end());
   static_assert(sizeof(detail::rank_line) % sizeof(std::atomic<std::uint64_t>) == 0);
   barrier_ = std::make_unique<node_barrier>(
       &header_->barrier, &lines_[0].entered,
       sizeof(detail::rank_line) / sizeof(std::atomic<std::uint64_t>), barrier_words_,
-      config_.rank, config_.size, config_.comm_ranks, config_.barrier, config_.wait);
+      config_.rank, config_.size, config_.comm_ranks, config_.pids, config_.barrier, config_.wait);
 }
 
 node_context::~node_context() { close(); }

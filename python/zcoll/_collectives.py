@@ -76,7 +76,7 @@ def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: i
     comm = ctx.p2p_comm()
     reqs = [comm.Irecv([rb[r * block : (r + 1) * block], MPI.BYTE], r, _P2P_TAG) for r in remote]
     reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in remote]
-    MPI.Request.Waitall(reqs)
+    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
 
 
 def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order) -> None:

@@ -9,7 +9,9 @@ engine itself never calls MPI.
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import time
 import weakref
 from dataclasses import dataclass
 from typing import NoReturn
@@ -26,6 +28,8 @@ __all__ = [
     "set_timeout",
 ]
 
+_RECORD_BYTES = 512  # one rank's record in the cross-node argument check
+_EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
 _BARRIERS = {name: code for code, name in enumerate(_core.BARRIERS)}
 
 
@@ -148,6 +152,7 @@ class Context:
         self.oversubscribed = self.node_size > (os.cpu_count() or 1)
         self._comm = comm  # used by the multi-node path only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
+        self._broken = ""  # why the multi-node path failed, if it did
         self.core = _core.NodeContext(
             control,
             rank=self.node_rank,
@@ -195,15 +200,25 @@ class Context:
 
     def agree(self, opname: str, exc: Exception | None, signature: tuple = ()) -> None:
         """Multi-node only: every rank learns every rank's local error and call signature
-        ``(block bytes, dtype, in place, order)`` and raises the same error as the others."""
-        error = None if exc is None else (isinstance(exc, TypeError), str(exc))
-        everything = self._comm.allgather((opname, error, signature))
-        for rank, (_, err, _) in enumerate(everything):
+        ``(block bytes, dtype, in place, order)`` and raises the same error as the others.
+
+        One non-blocking allgather of fixed-size records on the private dup, waited for with
+        the same bound as the node barrier."""
+        self.check_unbroken()
+        error = None if exc is None else [isinstance(exc, TypeError), str(exc)[:300]]
+        mine = np.zeros(_RECORD_BYTES, np.uint8)
+        data = json.dumps([opname, error, list(signature)]).encode()[:_RECORD_BYTES]
+        mine[: len(data)] = np.frombuffer(data, np.uint8)
+        everything = np.empty((self.size, _RECORD_BYTES), np.uint8)
+        request = self._p2p.Iallgather([mine, MPI.BYTE], [everything, MPI.BYTE])
+        self.wait_bounded([request], f"zcoll.{opname} (agreeing on arguments across nodes)")
+        records = [json.loads(bytes(row).rstrip(b"\0")) for row in everything]
+        for rank, (_, err, _) in enumerate(records):
             if err is not None:
                 kind = TypeError if err[0] else ValueError
                 raise kind(f"[rank {rank}] zcoll.{opname}: {err[1]}")
-        first_op, _, first = everything[0]
-        for rank, (op, _, sig) in enumerate(everything):
+        first_op, _, first = records[0]
+        for rank, (op, _, sig) in enumerate(records):
             if op != first_op:
                 raise ValueError(
                     f"zcoll: ranks called different operations at once: rank 0 called "
@@ -211,6 +226,34 @@ class Context:
                 )
             if sig != first:
                 raise _mismatch(opname, rank, first, sig)
+
+    def wait_bounded(self, requests: list, what: str, peers: list | None = None) -> None:
+        """Wait for MPI requests at most the zcoll timeout; then raise PeerError naming the
+        peers (``peers[i]`` is the rank behind ``requests[i]``) and break the context."""
+        start = time.monotonic()
+        polls = 0
+        while not MPI.Request.Testall(requests):
+            polls += 1
+            if polls < _EAGER_POLLS:
+                continue
+            waited = time.monotonic() - start
+            if waited >= _wait.timeout:
+                late = sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
+                who = f"rank(s) {late}" if late else "a peer on another node"
+                self._broken = (
+                    f"zcoll: rank {self.rank}: {what}: {who} did not take part within "
+                    f"{_wait.timeout} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
+                )
+                raise _core.PeerError(self._broken)
+            # Yield first (a peer may need this core), sleep once the wait is clearly long.
+            time.sleep(0 if waited < 0.01 else 1e-3)
+
+    def check_unbroken(self) -> None:
+        if self._broken:
+            raise _core.PeerError(
+                "zcoll: this communicator's zcoll context is unusable after an earlier failure: "
+                + self._broken
+            )
 
     def p2p_comm(self) -> MPI.Comm:
         """Private duplicate of the communicator for inter-node blocks."""
