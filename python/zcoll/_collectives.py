@@ -90,6 +90,24 @@ def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order) -> None:
     _exchange_remote(ctx, opname, send, recvbuf, block)
 
 
+def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order) -> np.ndarray:
+    """The body of every collective: find the context, then the node engine does the rest."""
+    try:
+        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
+    except (KeyError, AttributeError):
+        ctx = lookup(comm)
+    if recvbuf is None:
+        recvbuf = _new_recvbuf(ctx, opname, sendbuf)
+    if ctx.multi_node:
+        _multi_node(ctx, opname, sendbuf, recvbuf, order)
+        return recvbuf
+    code = _ORDER_CODES.get(order) if type(order) is str else None
+    if code is None:
+        _bad_order(ctx, opname, order)
+    ctx.engine[opname](sendbuf, recvbuf, code)
+    return recvbuf
+
+
 def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
     """All-to-all personalised exchange, as ordered block copies in shared memory.
 
@@ -130,20 +148,7 @@ def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> n
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
-    try:
-        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
-    except (KeyError, AttributeError):
-        ctx = lookup(comm)
-    if recvbuf is None:
-        recvbuf = _new_recvbuf(ctx, "alltoall", sendbuf)
-    if ctx.multi_node:
-        _multi_node(ctx, "alltoall", sendbuf, recvbuf, order)
-        return recvbuf
-    code = _ORDER_CODES.get(order) if type(order) is str else None
-    if code is None:
-        _bad_order(ctx, "alltoall", order)
-    ctx.core.alltoall(sendbuf, recvbuf, code)
-    return recvbuf
+    return _exchange("alltoall", comm, sendbuf, recvbuf, order)
 
 
 def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
@@ -174,17 +179,4 @@ def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> 
     -----
     Costs as for :func:`alltoall`.
     """
-    try:
-        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
-    except (KeyError, AttributeError):
-        ctx = lookup(comm)
-    if recvbuf is None:
-        recvbuf = _new_recvbuf(ctx, "allgather", sendbuf)
-    if ctx.multi_node:
-        _multi_node(ctx, "allgather", sendbuf, recvbuf, order)
-        return recvbuf
-    code = _ORDER_CODES.get(order) if type(order) is str else None
-    if code is None:
-        _bad_order(ctx, "allgather", order)
-    ctx.core.allgather(sendbuf, recvbuf, code)
-    return recvbuf
+    return _exchange("allgather", comm, sendbuf, recvbuf, order)

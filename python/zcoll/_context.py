@@ -163,6 +163,8 @@ class Context:
             barrier=_barrier_code(),
             **self._wait_kwargs(),
         )
+        # The engine's entry point for each collective, bound once (looked up per call).
+        self.engine = {"alltoall": self.core.alltoall, "allgather": self.core.allgather}
         _live_contexts.add(self)
 
     def _wait_kwargs(self) -> dict:
