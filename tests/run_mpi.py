@@ -27,24 +27,30 @@ HERE = Path(__file__).resolve().parent
 VIRTUAL_NODE_RUNS = [(4, {"ZCOLL_VIRTUAL_NODE_SIZE": "2"}), (5, {"ZCOLL_VIRTUAL_NODE_SIZE": "2"})]
 
 
-def mpiexec_command(ranks: int) -> list[str]:
+def mpiexec_command(ranks: int, *open_mpi_options: str) -> list[str]:
+    """mpiexec for `ranks` ranks; with Open MPI also oversubscription, root and the options.
+
+    Raises FileNotFoundError when there is no mpiexec on PATH."""
     exe = shutil.which("mpiexec") or shutil.which("mpirun")
     if exe is None:
-        sys.exit("run_mpi.py: no mpiexec on PATH (install openmpi-bin or mpich)")
+        raise FileNotFoundError("no mpiexec on PATH (install openmpi-bin or mpich)")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     cmd = [exe]
     if "Open MPI" in version or "OpenRTE" in version:
-        cmd += ["--oversubscribe"]
+        cmd += ["--oversubscribe", *open_mpi_options]
         if os.geteuid() == 0:
             cmd += ["--allow-run-as-root"]
-    return cmd + ["-n", str(ranks)]
+    return [*cmd, "-n", str(ranks)]
 
 
 def run_size(ranks: int, env_extra: dict, pytest_args: list[str], out: Path, limit: float) -> int:
     env = dict(os.environ, **env_extra)
     env["ZCOLL_TEST_RESULTS"] = str(out)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    cmd = mpiexec_command(ranks) + [sys.executable, str(HERE / "rank_main.py"), *pytest_args]
+    try:
+        cmd = mpiexec_command(ranks) + [sys.executable, str(HERE / "rank_main.py"), *pytest_args]
+    except FileNotFoundError as exc:
+        sys.exit(f"run_mpi.py: {exc}")
     label = f"P={ranks}" + "".join(f" {k}={v}" for k, v in env_extra.items())
     print(f"\n===== {label}: {' '.join(cmd)}", flush=True)
     try:

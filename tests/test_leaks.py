@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpi4py import MPI
+from run_mpi import mpiexec_command
 
 import zcoll
 from conftest import all_ranks_agree
@@ -42,16 +42,10 @@ JOB_TIMEOUT = 90  # seconds per job
 
 
 def mpiexec(ranks: int, *open_mpi_options: str) -> list[str]:
-    exe = shutil.which("mpiexec") or shutil.which("mpirun")
-    if exe is None:
-        pytest.skip("no mpiexec on PATH")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-    cmd = [exe]
-    if "Open MPI" in version or "OpenRTE" in version:
-        cmd += ["--oversubscribe", *open_mpi_options]
-        if os.geteuid() == 0:
-            cmd += ["--allow-run-as-root"]
-    return [*cmd, "-n", str(ranks)]
+    try:
+        return mpiexec_command(ranks, *open_mpi_options)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
 
 
 def is_open_mpi() -> bool:

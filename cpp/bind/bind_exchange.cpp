@@ -232,6 +232,13 @@ void register_exchange(py::module_& m) {
             ctx.barrier();
           })
       .def(
+          "setup_eager",
+          [](node_context& ctx, std::size_t nbytes) {
+            py::gil_scoped_release release;
+            ctx.setup_eager(nbytes);
+          },
+          py::arg("nbytes"), "Collective: small-message path for calls moving <= nbytes per rank.")
+      .def(
           "set_wait",
           [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
              double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },

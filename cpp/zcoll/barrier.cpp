@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <climits>
@@ -93,7 +94,7 @@ node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint
 
 void node_barrier::wait() {
   const std::uint64_t target = count_ + 1;
-  entered(rank_).store(target, std::memory_order_seq_cst);
+  entered(rank_, target).store(target, std::memory_order_seq_cst);
   if (size_ > 1) {
     switch (kind_) {
       case barrier_kind::flat: wait_flat(target); break;
@@ -112,7 +113,7 @@ void node_barrier::wait_flat(std::uint64_t target) {
   int next = 0;  // ranks below `next` are known to have arrived
   auto all_arrived = [&] {
     for (; next < size_; ++next)
-      if (entered(next).load(std::memory_order_acquire) < target) return false;
+      if (entered(next, target).load(std::memory_order_acquire) < target) return false;
     return true;
   };
   wait_until(all_arrived, shared_->doorbell, shared_->sleepers, target);
@@ -170,9 +171,14 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
   }
 }
 
+std::uint64_t node_barrier::arrivals(int r) const noexcept {
+  return std::max(entered(r, 0).load(std::memory_order_acquire),
+                  entered(r, 1).load(std::memory_order_acquire));
+}
+
 bool node_barrier::any_laggard_dead(std::uint64_t target) const {
   for (int r = 0; r < size_; ++r)
-    if (entered(r).load(std::memory_order_acquire) < target &&
+    if (arrivals(r) < target &&
         detail::process_is_dead(pids_[static_cast<std::size_t>(r)]))
       return true;
   return false;
@@ -182,7 +188,7 @@ void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) cons
   std::ostringstream dead, missing;
   int n_dead = 0, n_missing = 0;
   for (int r = 0; r < size_; ++r) {
-    if (entered(r).load(std::memory_order_acquire) >= target) continue;
+    if (arrivals(r) >= target) continue;
     const auto pid = pids_[static_cast<std::size_t>(r)];
     const bool is_dead = detail::process_is_dead(pid);
     auto& out = is_dead ? dead : missing;

@@ -66,7 +66,9 @@ struct block_hook {
 
 class node_barrier {
  public:
-  // entered[i * stride_words] is node rank i's arrival count (in its hot line);
+  // Node rank i announces its arrival at barrier k in entered[(2 * i + k % 2) * stride_words]
+  // (two hot lines per rank, alternating by barrier parity, so a line can also carry what the
+  // rank publishes at that barrier while the other one is still being read);
   // `comm_ranks[i]` is the communicator rank of node rank i, used in error messages, and
   // `pids[i]` its process, checked for liveness while waiting.
   node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
@@ -85,7 +87,10 @@ class node_barrier {
   void set_block_hook(block_hook hook) noexcept { hook_ = hook; }
 
  private:
-  std::atomic<std::uint64_t>& entered(int r) const noexcept { return entered_[r * stride_]; }
+  std::atomic<std::uint64_t>& entered(int r, std::uint64_t k) const noexcept {
+    return entered_[(2 * static_cast<std::size_t>(r) + (k & 1)) * stride_];
+  }
+  std::uint64_t arrivals(int r) const noexcept;  // barriers rank r has entered
   void wait_flat(std::uint64_t target);
   void wait_central(std::uint64_t target);
   void wait_dissemination(std::uint64_t target);

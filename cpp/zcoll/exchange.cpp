@@ -29,9 +29,12 @@ const char* op_name(op_code op) noexcept {
   }
 }
 
+// Descriptor order code of the eager path (not a block order: no schedule is used).
+constexpr std::uint8_t eager_order = 0xFF;
+
 const char* order_name(std::uint32_t order) noexcept {
   static const char* names[] = {"row", "column", "morton", "hilbert"};
-  return order < block_order_count ? names[order] : "?";
+  return order < block_order_count ? names[order] : "auto";
 }
 
 template <std::size_t N>
@@ -58,7 +61,7 @@ std::uint64_t next_segment_id() noexcept {
 
 std::size_t node_context::control_bytes(int size) noexcept {
   const auto n = static_cast<std::size_t>(size);
-  return round_up(header_bytes + n * (sizeof(detail::rank_line) +
+  return round_up(header_bytes + n * (2 * sizeof(detail::rank_line) +
                                       sizeof(detail::barrier_rank_words) + sizeof(detail::rank_slot)),
                   page_size());
 }
@@ -79,7 +82,7 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
   header_ = reinterpret_cast<detail::control_header*>(base);
   base += header_bytes;
   lines_ = reinterpret_cast<detail::rank_line*>(base);
-  base += n * sizeof(detail::rank_line);
+  base += 2 * n * sizeof(detail::rank_line);
   barrier_words_ = reinterpret_cast<detail::barrier_rank_words*>(base);
   base += n * sizeof(detail::barrier_rank_words);
   slots_ = reinterpret_cast<detail::rank_slot*>(base);
@@ -136,7 +139,7 @@ void node_context::sync() {
 detail::rank_line& node_context::next_descriptor(op_code op) {
   check_usable();
   ++calls_;
-  auto& line = lines_[config_.rank];
+  auto& line = lines_[2 * static_cast<std::size_t>(config_.rank) + publish_parity()];
   line.op = op;
   line.order = 0;
   line.flag = 0;
@@ -149,35 +152,31 @@ detail::rank_line& node_context::next_descriptor(op_code op) {
 }
 
 node_context::descriptors node_context::publish_and_sync() {
+  const descriptors all{lines_, publish_parity()};
   sync();
-  return lines_;
+  return all;
 }
 
-void node_context::raise_after_sync(std::exception_ptr verdict) {
-  sync();
-  std::rethrow_exception(verdict);
-}
-
-void node_context::check_agreement(descriptors all, op_code op) {
+void node_context::check_agreement(descriptors all, op_code op) const {
   for (int j = 0; j < config_.size; ++j) {
     if (all[j].op != op_code::error) continue;
     const std::string text = "[" + rank_name(j) + "] " + slots_[j].message;
     if (all[j].error == arg_error::type)
-      raise_after_sync(std::make_exception_ptr(type_mismatch(text)));
-    raise_after_sync(std::make_exception_ptr(usage_error(text)));
+      throw type_mismatch(text);
+    throw usage_error(text);
   }
   for (int j = 1; j < config_.size; ++j)
     if (all[j].op != all[0].op)
-      raise_after_sync(std::make_exception_ptr(usage_error(
+      throw usage_error(
           std::string("zcoll: ranks called different operations at once: ") + rank_name(0) +
           " called " + op_name(all[0].op) + ", " + rank_name(j) + " called " +
-          op_name(all[j].op))));
+          op_name(all[j].op));
   if (all[0].op != op)
-    raise_after_sync(std::make_exception_ptr(usage_error(
-        std::string("zcoll: expected ") + op_name(op) + ", peers called " + op_name(all[0].op))));
+    throw usage_error(
+        std::string("zcoll: expected ") + op_name(op) + ", peers called " + op_name(all[0].op));
 }
 
-void node_context::check_arguments(descriptors all) {
+void node_context::check_arguments(descriptors all) const {
   const auto& ref = all[0];
   for (int j = 1; j < config_.size; ++j) {
     const auto& d = all[j];
@@ -186,21 +185,21 @@ void node_context::check_arguments(descriptors all) {
       continue;
     const std::string what = std::string("zcoll.") + op_name(ref.op) + ": ";
     if (d.flag != ref.flag)
-      raise_after_sync(std::make_exception_ptr(
+      throw 
           usage_error(what + "IN_PLACE must be used by all ranks or none (" + rank_name(0) +
-                      " and " + rank_name(j) + " differ)")));
+                      " and " + rank_name(j) + " differ)");
     if (!(d.dtype == ref.dtype))
-      raise_after_sync(std::make_exception_ptr(type_mismatch(
+      throw type_mismatch(
           what + "dtypes differ between ranks: " + rank_name(0) + " has " +
-          dtype_text(ref.dtype) + ", " + rank_name(j) + " has " + dtype_text(d.dtype))));
+          dtype_text(ref.dtype) + ", " + rank_name(j) + " has " + dtype_text(d.dtype));
     if (d.block_bytes != ref.block_bytes)
-      raise_after_sync(std::make_exception_ptr(usage_error(
+      throw usage_error(
           what + "block sizes differ between ranks: " + rank_name(0) + " has " +
           std::to_string(ref.block_bytes) + " bytes per block, " + rank_name(j) + " has " +
-          std::to_string(d.block_bytes))));
-    raise_after_sync(std::make_exception_ptr(usage_error(
+          std::to_string(d.block_bytes));
+    throw usage_error(
         what + "order differs between ranks: " + rank_name(0) + " uses '" +
-        order_name(ref.order) + "', " + rank_name(j) + " uses '" + order_name(d.order) + "'")));
+        order_name(ref.order) + "', " + rank_name(j) + " uses '" + order_name(d.order) + "'");
   }
 }
 
@@ -294,7 +293,6 @@ std::shared_ptr<arena_block> node_context::allocate(std::size_t bytes) {
   bool grow = false;
   for (int j = 0; j < config_.size; ++j)
     if (!all[j].flag) grow = true, need = std::max<std::size_t>(need, all[j].block_bytes);
-  sync();  // everybody has read the requests
   if (grow) {
     const std::size_t partition = std::max(
         round_up(need + detail::partition_allocator::alignment, page_size()), next_partition_bytes_);
@@ -327,7 +325,40 @@ void node_context::fail(op_code op, arg_error kind, const std::string& message) 
 void node_context::barrier() {
   next_descriptor(op_code::barrier);
   check_agreement(publish_and_sync(), op_code::barrier);
-  sync();  // everybody has read the op codes
+}
+
+void node_context::setup_eager(std::size_t bytes) {
+  check_usable();
+  eager_bytes_ = round_up(bytes, detail::partition_allocator::alignment);
+  if (eager_bytes_ == 0) return;
+  eager_ = create_segment(round_up(2 * eager_bytes_, page_size()));
+}
+
+void node_context::execute_eager(const collective_args& args) {
+  auto& d = next_descriptor(args.op);
+  const bool in_place = args.send == nullptr;
+  const std::size_t parity = publish_parity();
+  const std::size_t block = args.block_bytes;
+  const auto& cr = config_.comm_ranks;
+  const auto me = static_cast<std::size_t>(cr[static_cast<std::size_t>(config_.rank)]);
+  const auto* data = static_cast<const std::byte*>(in_place ? args.recv : args.send);
+  if (args.op == op_code::alltoall)
+    copy_bytes(eager_slot(config_.rank, parity), data, args.recv_bytes);
+  else
+    copy_bytes(eager_slot(config_.rank, parity), in_place ? data + me * block : data, block);
+  d.order = eager_order;
+  d.block_bytes = block;
+  d.dtype = args.dtype;
+  d.flag = in_place ? 1 : 0;
+  const auto all = publish_and_sync();
+  check_agreement(all, args.op);
+  check_arguments(all);
+  auto* recv = static_cast<std::byte*>(args.recv);
+  for (int s = 0; s < config_.size; ++s) {
+    const std::byte* from = eager_slot(s, parity);
+    const auto src = static_cast<std::size_t>(cr[static_cast<std::size_t>(s)]);
+    copy_bytes(recv + src * block, args.op == op_code::alltoall ? from + me * block : from, block);
+  }
 }
 
 std::shared_ptr<arena_block> node_context::view(const buffer_ref& ref, std::size_t bytes) {
@@ -380,6 +411,10 @@ void node_context::run_schedule(const schedule& sched, op_code op, bool in_place
 void node_context::execute(const collective_args& args) {
   if (args.op != op_code::alltoall && args.op != op_code::allgather)
     throw std::invalid_argument("zcoll: execute() runs alltoall or allgather");
+  if (args.eager) {
+    execute_eager(args);
+    return;
+  }
   auto& d = next_descriptor(args.op);
   const bool in_place = args.send == nullptr;
   d.order = static_cast<std::uint8_t>(args.order);
@@ -392,10 +427,7 @@ void node_context::execute(const collective_args& args) {
   check_agreement(all, args.op);
   check_arguments(all);
   const std::size_t block = args.block_bytes;
-  if (block == 0) {
-    sync();  // nothing to move; the lines stay untouched until everybody has read them
-    return;
-  }
+  if (block == 0) return;
   const auto p = static_cast<std::size_t>(config_.size);
   bool staged = false;
   for (std::size_t j = 0; j < p; ++j)
@@ -405,7 +437,7 @@ void node_context::execute(const collective_args& args) {
   send.assign(p, nullptr);
   recv.assign(p, nullptr);
   const std::size_t send_part = in_place ? 0 : round_up(args.send_bytes, 64);
-  if (staged) stage_in(args, in_place, send_part);
+  if (staged) stage_in(args, in_place, send_part, d.send, d.recv);
   for (std::size_t j = 0; j < p; ++j) {
     std::byte* stage = staged ? staging_->partition(static_cast<int>(j)) : nullptr;
     if (!in_place) send[j] = all[j].send.segment ? resolve(all[j].send) : stage;
@@ -418,12 +450,12 @@ void node_context::execute(const collective_args& args) {
     copy_bytes(args.recv, staging_->partition(config_.rank) + send_part, args.recv_bytes);
 }
 
-void node_context::stage_in(const collective_args& args, bool in_place, std::size_t send_part) {
-  const auto& d = lines_[config_.rank];
+void node_context::stage_in(const collective_args& args, bool in_place, std::size_t send_part,
+                            const buffer_ref& my_send, const buffer_ref& my_recv) {
   ensure_staging(send_part + args.recv_bytes);
   std::byte* mine = staging_->partition(config_.rank);
-  if (!in_place && d.send.segment == 0) copy_bytes(mine, args.send, args.send_bytes);
-  if (in_place && d.recv.segment == 0) {
+  if (!in_place && my_send.segment == 0) copy_bytes(mine, args.send, args.send_bytes);
+  if (in_place && my_recv.segment == 0) {
     if (args.op == op_code::alltoall) {
       copy_bytes(mine, args.recv, args.recv_bytes);
     } else {  // in-place allgather: only this rank's own block is input
@@ -508,8 +540,11 @@ bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_or
 void node_context::run(op_code op, const array_view* send, const array_view& recv, int order) {
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
-  if (order == auto_order)
+  if (order == auto_order) {
     args.order = default_order(config_.size, check.block_bytes);
+    const std::size_t moved = op == op_code::alltoall ? recv.nbytes : check.block_bytes;
+    args.eager = check.ok() && eager_ && moved <= eager_bytes_;
+  }
   else if (order >= 0 && order < block_order_count)
     args.order = static_cast<block_order>(order);
   else if (check.ok())
