@@ -347,7 +347,7 @@ def test_killed_peer_is_reported_dead(barrier, when):
 def test_peer_that_never_arrives_times_out(barrier):
     """Child 2 is alive but never calls barrier(): with timeout=1 s, children 0 and 1 raise
     PeerError "... 2 ... did not arrive within the timeout" after 1-3 s. When child 2 comes late,
-    it gets a PeerError too (its peers have left), rather than hanging or succeeding."""
+    it gets a PeerError too (its peers have given up), rather than hanging or succeeding."""
     victim = 2
     with ForkedNode(3, _survivor_scenario(victim), timeout=1.0,
                     barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
@@ -371,15 +371,8 @@ def test_peer_that_never_arrives_times_out(barrier):
         assert 0.9 <= waited <= 3.0, f"rank {rank}: gave up after {waited:.2f} s (timeout 1 s)"
         _check_broken_afterwards(rank, result)
     assert late["error"] is not None, "the late rank's barrier() succeeded without its peers"
-    assert "died" not in late["error"], late["error"]
-    if barrier == "dissemination":
-        # Its peers entered this barrier (then gave up), so no rank is missing by the arrival
-        # counts: the partner flags of the later rounds just never come.
-        assert "a peer stopped participating" in late["error"], late["error"]
-    else:  # it passes the first of barrier()'s two syncs and waits for 0 and 1 in the second
-        assert "did not arrive" in late["error"], late["error"]
-        for rank in (0, 1):
-            assert f"{rank} (pid {node.pids[rank]})" in late["error"], late["error"]
+    # The first rank that gave up marked the context: the late rank fails at once, naming it.
+    assert re.search(r"peer rank [01] gave up waiting", late["error"]), late["error"]
     assert late["t1"] - late["t0"] <= 3.0, f"the late rank waited {late['t1'] - late['t0']:.2f} s"
 
 

@@ -92,7 +92,17 @@ node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint
     kind_ = barrier_kind::flat;
 }
 
+void node_barrier::check_nobody_gave_up() const {
+  const std::int32_t who = shared_->gave_up.load(std::memory_order_acquire);
+  if (who == 0) return;
+  throw peer_error("zcoll: rank " + std::to_string(comm_ranks_[static_cast<std::size_t>(rank_)]) +
+                   ": peer rank " + std::to_string(who - 1) +
+                   " gave up waiting on this communicator earlier (a rank died or did not arrive "
+                   "in time); its zcoll context is unusable");
+}
+
 void node_barrier::wait() {
+  check_nobody_gave_up();
   const std::uint64_t target = count_ + 1;
   entered(rank_, target).store(target, std::memory_order_seq_cst);
   if (size_ > 1) {
@@ -166,6 +176,8 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
     if (!ready()) futex_wait(word, seen, options_.sleep_slice_s);
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
+    // A peer already gave up on the same laggards: report them now rather than wait it out.
+    if (shared_->gave_up.load(std::memory_order_acquire) != 0) raise_for_laggards(target, true);
     if (any_laggard_dead(target)) raise_for_laggards(target, false);
     if (clock_type::now() >= deadline) raise_for_laggards(target, true);
   }
@@ -184,7 +196,13 @@ bool node_barrier::any_laggard_dead(std::uint64_t target) const {
   return false;
 }
 
-void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) const {
+void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) {
+  std::int32_t none = 0;
+  shared_->gave_up.compare_exchange_strong(
+      none, comm_ranks_[static_cast<std::size_t>(rank_)] + 1, std::memory_order_acq_rel);
+  shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);  // wake sleepers: they must fail
+  wake_all(shared_->doorbell, shared_->sleepers);
+  wake_all(shared_->generation, shared_->sleepers);
   std::ostringstream dead, missing;
   int n_dead = 0, n_missing = 0;
   for (int r = 0; r < size_; ++r) {

@@ -40,6 +40,10 @@ struct alignas(cache_line) barrier_shared {
   std::atomic<std::uint32_t> sleepers;    // ranks asleep on `generation` or `doorbell`
   std::atomic<std::uint32_t> doorbell;    // flat: bumped by an arrival that finds sleepers
   char pad1[cache_line - 3 * sizeof(std::uint32_t)];
+  // Set by the first rank that gives up waiting (dead or missing peer): a rank that arrives
+  // later must fail too rather than pass a barrier its peers have left. Written once.
+  std::atomic<std::int32_t> gave_up;      // 0, or 1 + communicator rank of that rank
+  char pad2[cache_line - sizeof(std::int32_t)];
 };
 
 // Per-rank words of the dissemination barrier.
@@ -97,7 +101,8 @@ class node_barrier {
   template <class Ready>
   void wait_until(Ready ready, std::atomic<std::uint32_t>& word,
                   std::atomic<std::uint32_t>& sleepers, std::uint64_t target);
-  [[noreturn]] void raise_for_laggards(std::uint64_t target, bool timed_out) const;
+  [[noreturn]] void raise_for_laggards(std::uint64_t target, bool timed_out);
+  void check_nobody_gave_up() const;
   bool any_laggard_dead(std::uint64_t target) const;
 
   detail::barrier_shared* shared_;
