@@ -542,8 +542,8 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
   collective_args args;
   if (order == auto_order) {
     args.order = default_order(config_.size, check.block_bytes);
-    const std::size_t moved = op == op_code::alltoall ? recv.nbytes : check.block_bytes;
-    args.eager = check.ok() && eager_ && moved <= eager_bytes_;
+    // Judged by what a rank receives (P blocks), the bulk of the pull for both collectives.
+    args.eager = check.ok() && eager_ && recv.nbytes <= eager_bytes_;
   }
   else if (order >= 0 && order < block_order_count)
     args.order = static_cast<block_order>(order);

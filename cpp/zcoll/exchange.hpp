@@ -182,7 +182,7 @@ class node_context {
   [[noreturn]] void fail(op_code op, arg_error kind, const std::string& message);
   // Collective: a node barrier.
   void barrier();
-  // Collective: enables the eager path for calls moving at most `bytes` per rank (0: never).
+  // Collective: enables the eager path for calls receiving at most `bytes` per rank (0: never).
   void setup_eager(std::size_t bytes);
   // Local: where [p, p + bytes) is, in terms every rank of this context can resolve
   // ({0, 0} when it is not in an arena segment that all of them have mapped).
