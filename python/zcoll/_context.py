@@ -29,13 +29,13 @@ __all__ = [
 ]
 
 _RECORD_BYTES = 512  # one rank's record in the cross-node argument check
-_EAGER_POLLS = 100
+_EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
 # order="auto" moves calls of at most this many bytes per rank through the one-barrier eager
 # path (two copies, one barrier) rather than the ordered one-copy schedule (two barriers).
-# Measured crossover on a 2-core EPYC VM: ~8 KiB per rank at P=2; past 32 KiB when ranks
+# Measured crossover on a 2-core EPYC VM: ~4-8 KiB per rank at P=2; past 32 KiB when ranks
 # outnumber cores, where every barrier costs context switches.
-_DEFAULT_EAGER_BYTES = 8192
-_OVERSUBSCRIBED_EAGER_BYTES = 65536  # MPI_Testall polls before a cross-node wait starts yielding
+_DEFAULT_EAGER_BYTES = 4096
+_OVERSUBSCRIBED_EAGER_BYTES = 65536
 _BARRIERS = {name: code for code, name in enumerate(_core.BARRIERS)}
 
 
