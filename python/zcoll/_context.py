@@ -39,35 +39,25 @@ _OVERSUBSCRIBED_EAGER_BYTES = 65536
 _BARRIERS = {name: code for code, name in enumerate(_core.BARRIERS)}
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default, kind=int, *, positive: bool = False):
+    """The environment variable `name` as `kind` (int or float), else `default`."""
     value = os.environ.get(name)
     if value is None:
         return default
     try:
-        result = int(value)
+        result = kind(value)
     except ValueError:
-        raise ValueError(f"zcoll: {name}={value!r} is not an integer") from None
-    if result < 0:
-        raise ValueError(f"zcoll: {name} must be >= 0, got {value!r}")
-    return result
-
-
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        result = float(value)
-    except ValueError:
-        raise ValueError(f"zcoll: {name}={value!r} is not a number") from None
-    if not result > 0:
-        raise ValueError(f"zcoll: {name} must be positive, got {value!r}")
+        raise ValueError(f"zcoll: {name}={value!r} is not a valid {kind.__name__}") from None
+    if result < 0 or (positive and not result > 0):
+        raise ValueError(
+            f"zcoll: {name} must be {'positive' if positive else '>= 0'}, got {value!r}"
+        )
     return result
 
 
 @dataclass
 class _WaitSettings:
-    timeout: float = _env_float("ZCOLL_TIMEOUT", 60.0)
+    timeout: float = _env_number("ZCOLL_TIMEOUT", 60.0, float, positive=True)
     yields: int = 64
     oversubscribed_yields: int = 20000
     sleep_slice: float = 0.02
@@ -183,17 +173,17 @@ class Context:
             **self._wait_kwargs(),
         )
         eager = _OVERSUBSCRIBED_EAGER_BYTES if self.oversubscribed else _DEFAULT_EAGER_BYTES
-        self.core.setup_eager(_env_int("ZCOLL_EAGER_BYTES", eager))
+        self.core.setup_eager(_env_number("ZCOLL_EAGER_BYTES", eager))
         # The engine's entry point for each collective, bound once (looked up per call).
         self.engine = {"alltoall": self.core.alltoall, "allgather": self.core.allgather}
         _live_contexts.add(self)
 
     def _wait_kwargs(self) -> dict:
-        spin = int(os.environ.get("ZCOLL_SPIN", "0" if self.oversubscribed else "4096"))
+        spin = _env_number("ZCOLL_SPIN", 0 if self.oversubscribed else 4096)
         # Oversubscribed ranks must hand their core to the rank they wait for: yield for long
         # (as Open MPI's shared-memory transport does) before sleeping on the futex.
         default_yields = _wait.oversubscribed_yields if self.oversubscribed else _wait.yields
-        yields = int(os.environ.get("ZCOLL_YIELDS", default_yields))
+        yields = _env_number("ZCOLL_YIELDS", default_yields)
         return {
             "timeout": _wait.timeout,
             "spin": spin,
