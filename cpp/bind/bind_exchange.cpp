@@ -36,6 +36,8 @@ array_view view_of(const py::array& a) {
   for (int i = 0; i < v.ndim; ++i) size *= static_cast<std::size_t>(shape[i]);
   v.size = size;
   v.first_dim = v.ndim ? static_cast<std::size_t>(shape[0]) : 0;
+  static_assert(sizeof(py::ssize_t) == sizeof(std::int64_t));
+  v.shape = reinterpret_cast<const std::int64_t*>(shape);
   const auto itemsize = static_cast<std::size_t>(dt.itemsize());
   v.nbytes = size * itemsize;
   v.dtype = {static_cast<std::uint32_t>(static_cast<unsigned char>(dt.char_())),
@@ -86,7 +88,9 @@ constexpr std::size_t release_gil_above_bytes = std::size_t{1} << 16;
 
 [[noreturn]] void fail_everywhere(node_context& ctx, op_code op, bool type_error,
                                   const std::string& why) {
-  const std::string name = op == op_code::alltoall ? "alltoall" : "allgather";
+  const std::string name = op == op_code::alltoall    ? "alltoall"
+                           : op == op_code::allgather ? "allgather"
+                                                      : "transfer";
   py::gil_scoped_release release;
   ctx.fail(op, type_error ? arg_error::type : arg_error::value, "zcoll." + name + ": " + why);
 }
@@ -117,6 +121,49 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
   gil_released_on_block gil(ctx);
   if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
   ctx.run(op, &send_view, recv_view, order);
+}
+
+transfer_geometry make_geometry(const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
+                                std::size_t itemsize, int comm_size) {
+  transfer_geometry g;
+  g.ndim = static_cast<int>(shape.size());
+  std::copy_n(shape.begin(), std::min<std::size_t>(shape.size(), max_transfer_dims),
+              g.shape.begin());
+  g.axis_a = axis_a;
+  g.axis_b = axis_b;
+  g.itemsize = itemsize;
+  g.comm_size = comm_size;
+  return g;
+}
+
+// The node's part of a global transpose; arguments checked in the core, on every rank.
+void transfer(node_context& ctx, const py::object& send, const py::object& recv,
+              const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order) {
+  for (const py::object* a : {&send, &recv})
+    if (!py::isinstance<py::array>(*a))
+      fail_everywhere(ctx, op_code::transfer, true,
+                      "expected numpy.ndarray arrays, got " +
+                          py::str(py::type::of(*a).attr("__name__")).cast<std::string>());
+  const array_view send_view = view_of(py::reinterpret_borrow<py::array>(send));
+  const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  const transfer_geometry g =
+      make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size);
+  gil_released_on_block gil(ctx);
+  if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
+  ctx.run_transfer(g, send_view, recv_view, order);
+}
+
+// (error kind or None, message, signature): the local checks of a transfer, no sync.
+py::tuple check_transfer(const node_context& ctx, const py::array& send, const py::array& recv,
+                         const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
+                         int comm_rank) {
+  const array_view send_view = view_of(send), recv_view = view_of(recv);
+  const transfer_geometry g =
+      make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size);
+  const local_check c = check_transfer_args(g, comm_rank, send_view, recv_view);
+  if (!c.ok())
+    return py::make_tuple(c.error == arg_error::type ? "type" : "value", c.message, 0);
+  return py::make_tuple(py::none(), "", g.signature());
 }
 
 py::tuple check(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
@@ -217,6 +264,12 @@ void register_exchange(py::module_& m) {
           },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("block_bytes"),
           py::arg("order"), "Runs a call whose arguments check() accepted (no local checks).")
+      .def("transfer", &transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
+           py::arg("axis_a"), py::arg("axis_b"), py::arg("order"),
+           "Collective: the node's blocks of a global transpose (see transfer.hpp).")
+      .def("check_transfer", &check_transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
+           py::arg("axis_a"), py::arg("axis_b"), py::arg("comm_rank"),
+           "(error kind or None, message, signature): local checks of a transfer, no sync.")
       .def(
           "fail",
           [](node_context& ctx, int op, bool type_error, const std::string& message) {
@@ -277,8 +330,18 @@ void register_exchange(py::module_& m) {
   ops["allgather"] = static_cast<int>(op_code::allgather);
   ops["allocate"] = static_cast<int>(op_code::allocate);
   ops["barrier"] = static_cast<int>(op_code::barrier);
+  ops["transfer"] = static_cast<int>(op_code::transfer);
   m.attr("OPS") = ops;
   m.attr("AUTO_ORDER") = auto_order;
+  m.def(
+      "block_share",
+      [](std::uint64_t n, int p, int rank) {
+        if (p < 1 || rank < 0 || rank >= p) throw std::invalid_argument("need 0 <= rank < p");
+        const axis_share s = block_share(n, p, rank);
+        return py::make_tuple(s.count, s.start);
+      },
+      py::arg("n"), py::arg("p"), py::arg("rank"),
+      "(count, start) of rank's block of n elements split over p ranks (mpi4py-fft's rule).");
   m.attr("BARRIERS") = py::make_tuple("flat", "central", "dissemination");
 }
 

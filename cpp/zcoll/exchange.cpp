@@ -25,9 +25,13 @@ const char* op_name(op_code op) noexcept {
     case op_code::alltoall: return "alltoall";
     case op_code::allgather: return "allgather";
     case op_code::barrier: return "barrier";
+    case op_code::transfer: return "transfer";
     default: return "nothing";
   }
 }
+
+local_check type_error(std::string m) { return {arg_error::type, std::move(m), 0}; }
+local_check value_error(std::string m) { return {arg_error::value, std::move(m), 0}; }
 
 // Descriptor order code of the eager path (not a block order: no schedule is used).
 constexpr std::uint8_t eager_order = 0xFF;
@@ -192,6 +196,9 @@ void node_context::check_arguments(descriptors all) const {
       throw type_mismatch(
           what + "dtypes differ between ranks: " + rank_name(0) + " has " +
           dtype_text(ref.dtype) + ", " + rank_name(j) + " has " + dtype_text(d.dtype));
+    if (d.block_bytes != ref.block_bytes && ref.op == op_code::transfer)
+      throw usage_error(what + "global shapes, axes or itemsizes differ between " +
+                        rank_name(0) + " and " + rank_name(j));
     if (d.block_bytes != ref.block_bytes)
       throw usage_error(
           what + "block sizes differ between ranks: " + rank_name(0) + " has " +
@@ -450,6 +457,59 @@ void node_context::execute(const collective_args& args) {
     copy_bytes(args.recv, staging_->partition(config_.rank) + send_part, args.recv_bytes);
 }
 
+void node_context::resolve_all(descriptors all, bool send_side, std::vector<std::byte*>* bases) {
+  bases->assign(static_cast<std::size_t>(config_.size), nullptr);
+  for (int j = 0; j < config_.size; ++j) {
+    const buffer_ref& ref = send_side ? all[j].send : all[j].recv;
+    if (ref.segment == 0)
+      throw usage_error(std::string("zcoll.") + op_name(all[j].op) + ": " + rank_name(j) +
+                        "'s " + (send_side ? "source" : "destination") +
+                        " array is not in the shared arena (allocate it with zcoll.empty)");
+    (*bases)[static_cast<std::size_t>(j)] = resolve(ref);
+  }
+}
+
+void node_context::run_transfer(const transfer_geometry& g, const array_view& send,
+                                const array_view& recv, int order) {
+  const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
+  local_check check = check_transfer_args(g, me, send, recv);
+  block_order o = default_order(config_.size, check.block_bytes);
+  if (order >= 0 && order < block_order_count)
+    o = static_cast<block_order>(order);
+  else if (order != auto_order && check.ok())
+    check = value_error("unknown order code " + std::to_string(order));
+  if (!check.ok()) fail(op_code::transfer, check.error, "zcoll.transfer: " + check.message);
+  execute_transfer(g, send, recv, o);
+}
+
+void node_context::execute_transfer(const transfer_geometry& g, const array_view& send,
+                                    const array_view& recv, block_order order) {
+  auto& d = next_descriptor(op_code::transfer);
+  d.order = static_cast<std::uint8_t>(order);
+  d.block_bytes = g.signature();
+  d.dtype = recv.dtype;
+  d.send = locate(send.data, send.nbytes);
+  d.recv = locate(recv.data, recv.nbytes);
+  const auto all = publish_and_sync();
+  check_agreement(all, op_code::transfer);
+  check_arguments(all);
+  resolve_all(all, true, &send_bases_);
+  resolve_all(all, false, &recv_bases_);
+  const auto& sched = schedule_for(op_code::transfer, false, order);
+  const auto& cr = config_.comm_ranks;
+  const std::size_t first = sched.starts[static_cast<std::size_t>(config_.rank)];
+  const std::size_t last = sched.starts[static_cast<std::size_t>(config_.rank) + 1];
+  for (std::size_t k = first; k < last; ++k) {
+    const auto dst = static_cast<std::size_t>(sched.blocks[k].dst);
+    const auto src = static_cast<std::size_t>(sched.blocks[k].src);
+    const transfer_block blk = block_of(g, cr[src], cr[dst]);
+    copy_box(recv_bases_[dst] + blk.dst_offset, blk.dst_strides.data(),
+             send_bases_[src] + blk.src_offset, blk.src_strides.data(), blk.count.data(), g.ndim,
+             g.itemsize);
+  }
+  sync();
+}
+
 void node_context::stage_in(const collective_args& args, bool in_place, std::size_t send_part,
                             const buffer_ref& my_send, const buffer_ref& my_recv) {
   ensure_staging(send_part + args.recv_bytes);
@@ -495,9 +555,6 @@ bool overlap(const array_view& a, const array_view& b) noexcept {
   return a.nbytes && b.nbytes && pa < pb + b.nbytes && pb < pa + a.nbytes;
 }
 
-local_check type_error(std::string m) { return {arg_error::type, std::move(m), 0}; }
-local_check value_error(std::string m) { return {arg_error::value, std::move(m), 0}; }
-
 }  // namespace
 
 local_check check_local_args(op_code op, int comm_size, const array_view* send,
@@ -521,6 +578,55 @@ local_check check_local_args(op_code op, int comm_size, const array_view* send,
   if (overlap(*send, recv))
     return value_error("sendbuf and recvbuf overlap; pass zcoll.IN_PLACE as sendbuf instead");
   return {arg_error::none, {}, op == op_code::alltoall ? send->nbytes / p : send->nbytes};
+}
+
+namespace {
+
+std::string shape_text(const std::int64_t* shape, int ndim) {
+  std::string t = "(";
+  for (int k = 0; k < ndim; ++k) t += (k ? ", " : "") + std::to_string(shape[k]);
+  return t + (ndim == 1 ? ",)" : ")");
+}
+
+std::string extents_text(const extents& e, int ndim) {
+  std::int64_t s[max_transfer_dims];
+  for (int k = 0; k < ndim; ++k) s[k] = static_cast<std::int64_t>(e[static_cast<std::size_t>(k)]);
+  return shape_text(s, ndim);
+}
+
+std::string check_transfer_array(const array_view& a, const char* name, const extents& want,
+                                 int ndim) {
+  if (a.has_objects) return "arrays of Python objects cannot be exchanged through shared memory";
+  if (!a.c_contiguous) return std::string(name) + " must be C-contiguous";
+  bool same = a.ndim == ndim;
+  for (int k = 0; same && k < ndim; ++k)
+    same = static_cast<std::uint64_t>(a.shape[k]) == want[static_cast<std::size_t>(k)];
+  if (!same)
+    return std::string(name) + " has shape " + shape_text(a.shape, a.ndim) +
+           ", this rank's part of the distributed array has shape " + extents_text(want, ndim);
+  return {};
+}
+
+}  // namespace
+
+local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const array_view& send,
+                                const array_view& recv) {
+  if (auto e = g.invalid(); !e.empty()) return value_error(e);
+  if (!(send.dtype == recv.dtype))
+    return type_error("the arrays' dtypes differ (" + dtype_short(send.dtype) + " and " +
+                      dtype_short(recv.dtype) + ")");
+  if (send.dtype.itemsize != g.itemsize)
+    return type_error("the arrays' itemsize " + std::to_string(send.dtype.itemsize) +
+                      " differs from the transfer's " + std::to_string(g.itemsize));
+  if (auto e = check_transfer_array(send, "the source array", g.shape_a(comm_rank), g.ndim);
+      !e.empty())
+    return value_error(e);
+  if (auto e = check_transfer_array(recv, "the destination array", g.shape_b(comm_rank), g.ndim);
+      !e.empty())
+    return value_error(e);
+  if (!recv.writeable) return value_error("the destination array is read-only");
+  if (overlap(send, recv)) return value_error("the source and destination arrays overlap");
+  return {arg_error::none, {}, send.nbytes / static_cast<std::size_t>(g.comm_size)};
 }
 
 bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order) {

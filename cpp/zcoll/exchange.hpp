@@ -44,6 +44,7 @@
 #include "zcoll/barrier.hpp"
 #include "zcoll/options.hpp"
 #include "zcoll/schedule.hpp"
+#include "zcoll/transfer.hpp"
 
 namespace zcoll {
 
@@ -54,6 +55,7 @@ enum class op_code : std::uint8_t {
   alltoall = 3,   // block j of rank i's send buffer -> block i of rank j's receive buffer
   allgather = 4,  // rank i's send buffer -> block i of every receive buffer
   barrier = 5,
+  transfer = 6,   // global transpose of a distributed array (see transfer.hpp)
 };
 
 // Kind of a locally detected argument error; maps to a Python exception type.
@@ -86,6 +88,7 @@ struct array_view {
   std::size_t size = 0;       // elements
   int ndim = 0;
   std::size_t first_dim = 0;  // shape[0]; 0 when ndim == 0
+  const std::int64_t* shape = nullptr;  // ndim extents, valid during the call
   dtype_id dtype;
   bool c_contiguous = true;
   bool writeable = true;
@@ -104,6 +107,11 @@ struct local_check {
 // for an in-place call. Checks that need the other ranks happen inside the collective.
 local_check check_local_args(op_code op, int comm_size, const array_view* send,
                              const array_view& recv);
+
+// Checks one rank's arrays for a transfer of geometry `g` as rank `comm_rank`: `send` aligned in
+// axis a, `recv` aligned in axis b, both C-contiguous with the local shapes `g` implies.
+local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const array_view& send,
+                                const array_view& recv);
 
 // Parses "auto" | "row" | "column" | "morton" | "hilbert"; "auto" -> default_order(p, block).
 bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order);
@@ -178,6 +186,10 @@ class node_context {
   // else executes. The entry point of the Python API on a single-node communicator.
   // `order` is a block_order value or auto_order.
   void run(op_code op, const array_view* send, const array_view& recv, int order);
+  // Collective: the node's part of a global transpose (blocks between ranks of this node);
+  // checks the arguments like run(). `order` is a block_order value or auto_order.
+  void run_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
+                    int order);
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(op_code op, arg_error kind, const std::string& message);
   // Collective: a node barrier.
@@ -235,6 +247,11 @@ class node_context {
   void stage_in(const collective_args& args, bool in_place, std::size_t send_part,
                 const buffer_ref& my_send, const buffer_ref& my_recv);
   void execute_eager(const collective_args& args);
+  void execute_transfer(const transfer_geometry& g, const array_view& send,
+                        const array_view& recv, block_order order);
+  // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
+  // cannot stage; throws the same error on every rank when one is not in the arena.
+  void resolve_all(descriptors all, bool send_side, std::vector<std::byte*>* bases);
   std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
     return eager_->partition(rank) + parity * eager_bytes_;
   }

@@ -17,7 +17,7 @@ IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
 _P2P_TAG = 0x7A0C
-_ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
+ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
 
 
 def _bad_order(ctx: Context, opname: str, order) -> NoReturn:
@@ -101,7 +101,7 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order) -> np.ndarra
     if ctx.multi_node:
         _multi_node(ctx, opname, sendbuf, recvbuf, order)
         return recvbuf
-    code = _ORDER_CODES.get(order) if type(order) is str else None
+    code = ORDER_CODES.get(order) if type(order) is str else None
     if code is None:
         _bad_order(ctx, opname, order)
     ctx.engine[opname](sendbuf, recvbuf, code)

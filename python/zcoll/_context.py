@@ -106,11 +106,14 @@ def _barrier_code() -> int:
 
 def _split_node(comm: MPI.Comm) -> MPI.Comm:
     """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
-    into virtual nodes of ZCOLL_VIRTUAL_NODE_SIZE ranks so the multi-node path runs for real."""
+    into virtual nodes of ZCOLL_VIRTUAL_NODE_SIZE ranks so the multi-node path runs for real.
+
+    A rank's virtual node is its ``COMM_WORLD`` rank // k, the same for every communicator,
+    so arena arrays allocated on one communicator are shared exactly as on a real node."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     k = _virtual_node_size()
-    if k and node.size > k:
-        virtual = node.Split(color=node.rank // k, key=node.rank)
+    if k:
+        virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
         node.Free()
         node = virtual
     return node

@@ -1,0 +1,441 @@
+"""Pencil-decomposed parallel FFT (mpi4py-fft's PFFT) on zcoll's shared-memory transposes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .._arena import empty
+from .._context import lookup
+from ._backends import get_backend
+from ._pencil import Pencil, Subcomm, Transfer
+
+__all__ = ["PFFT", "DistArray", "newDistArray"]
+
+_REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
+_COMPLEX = tuple(_REAL.values())
+
+
+class DistArray(np.ndarray):
+    """This rank's part of a distributed array (mpi4py-fft's ``DistArray``), a NumPy array.
+
+    Made by :func:`newDistArray`; lives in the node's shared arena. Besides everything an
+    ndarray does it knows its pencil: :attr:`global_shape`, :attr:`substart`,
+    :attr:`alignment`, :meth:`local_slice`, and can :meth:`redistribute` itself.
+    """
+
+    _pencil: Pencil | None = None
+
+    def __array_finalize__(self, obj) -> None:
+        self._pencil = getattr(obj, "_pencil", None)
+
+    @property
+    def pencil(self) -> Pencil:
+        return self._pencil
+
+    @property
+    def global_shape(self) -> tuple[int, ...]:
+        return self._pencil.shape
+
+    @property
+    def substart(self) -> tuple[int, ...]:
+        return self._pencil.substart
+
+    @property
+    def alignment(self) -> int:
+        """The axis every rank holds whole."""
+        return self._pencil.axis
+
+    @property
+    def subcomm(self) -> tuple[MPI.Comm, ...]:
+        return self._pencil.subcomm
+
+    @property
+    def commsizes(self) -> tuple[int, ...]:
+        return tuple(c.size for c in self._pencil.subcomm)
+
+    def local_slice(self) -> tuple[slice, ...]:
+        """Where this rank's part lies in the global array."""
+        return self._pencil.local_slice()
+
+    def redistribute(self, axis: int, out: DistArray | None = None) -> DistArray:
+        """Collective: the same global array aligned in `axis` (a new arena array unless `out`).
+
+        One global transpose over the communicator that distributes `axis`; a copy when
+        `axis` is not distributed.
+        """
+        target = self._pencil.pencil(axis)
+        if out is None:
+            out = _new(target, self.dtype)
+        elif not isinstance(out, DistArray) or out.local_slice() != target.local_slice():
+            raise ValueError("zcoll.fft: `out` is not distributed like the redistributed array")
+        if target.subcomm[self.alignment].size == 1:
+            out[...] = self
+            return out
+        self._pencil.transfer(target, self.dtype).forward(self, out)
+        return out
+
+
+def _new(pencil: Pencil, dtype) -> DistArray:
+    """Collective over the grid: an arena array of `pencil`'s local shape."""
+    a = empty(pencil.comm, pencil.subshape, dtype).view(DistArray)
+    a._pencil = pencil
+    return a
+
+
+@dataclass
+class _Step:
+    kind: str  # "r2c" | "c2c" | "transfer"
+    axis: int
+    pencil: Pencil  # pencil of the step's output
+    dtype: np.dtype  # dtype of the step's output
+    transfer: Transfer | None = None
+
+
+class PFFT:
+    """Parallel FFT of a distributed array (the API of mpi4py-fft's ``PFFT``).
+
+    Collective over `comm`. The array is split over a Cartesian grid of processes (pencils by
+    default); each global transpose between the 1D FFTs runs on zcoll's ordered
+    shared-memory exchange, one strided copy per element on a node, and MPI between nodes.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    shape : sequence of int
+        Global shape of the input (physical-space) array; 2 or more dimensions.
+    axes : sequence of int, optional
+        Axes to transform, transformed in reverse order (the last one first, and it must be
+        aligned in the input). Default: all axes.
+    dtype : numpy dtype
+        float32/float64 give real-to-complex transforms (the first transformed axis shrinks to
+        ``n // 2 + 1``); complex64/complex128 give complex-to-complex.
+    grid : sequence of int, optional
+        Processes along each axis of the input array (padded with 1s; values <= 0 are filled
+        in by ``MPI.Compute_dims``). Default: every axis but the first transformed one
+        distributed (pencils in 3D); ``(-1,)`` is a slab decomposition over axis 0.
+    backend : {"numpy", "scipy", "pyfftw"}
+        Serial FFT library for the local 1D transforms.
+    order : str
+        Block order of the global transposes (as for :func:`zcoll.alltoall`).
+    **backend_options
+        Passed to the backend (``threads``, ``planner_effort`` for pyfftw).
+
+    Notes
+    -----
+    ``forward`` scales by ``1/prod(n)`` by default and ``backward`` does not, as in
+    mpi4py-fft. Without an output array each call returns a new arena array, so a result is
+    never overwritten by a later call. :attr:`timings` accumulates seconds spent in local FFTs
+    and in transposes. Call :meth:`destroy` (collective) to free the plan's communicators.
+    """
+
+    def __init__(
+        self,
+        comm: MPI.Comm,
+        shape: Sequence[int],
+        axes: Sequence[int] | None = None,
+        dtype=float,
+        grid: Sequence[int] | None = None,
+        backend: str = "numpy",
+        *,
+        order: str = "auto",
+        **backend_options,
+    ) -> None:
+        self.comm = comm
+        problem = self._agree(comm, shape, axes, dtype, grid, backend, order)
+        if problem:
+            raise problem
+        shape = tuple(int(n) for n in shape)
+        ndim = len(shape)
+        self.axes = tuple(a % ndim for a in (range(ndim) if axes is None else axes))
+        dtype = np.dtype(dtype)
+        self.backend = get_backend(backend, **backend_options)
+        self.subcomm = Subcomm(comm, _grid_dims(comm.size, shape, self.axes, grid))
+        try:
+            self._plan(shape, dtype, order)
+        except Exception:
+            self.subcomm.destroy()
+            raise
+        self.timings = {"fft": 0.0, "transpose": 0.0}
+
+    @staticmethod
+    def _agree(comm, shape, axes, dtype, grid, backend, order) -> Exception | None:
+        """Check the arguments locally, then make sure all ranks passed the same ones."""
+        try:
+            shape = tuple(int(n) for n in shape)
+            ndim = len(shape)
+            if ndim < 2 or min(shape) < 1:
+                raise ValueError(f"shape must have 2 or more positive lengths, got {shape}")
+            axes_ = tuple(range(ndim)) if axes is None else tuple(int(a) for a in axes)
+            if not axes_ or any(not -ndim <= a < ndim for a in axes_):
+                raise ValueError(f"axes {axes_} do not fit {ndim} dimensions")
+            if len({a % ndim for a in axes_}) != len(axes_):
+                raise ValueError(f"axes {axes_} repeat an axis")
+            dt = np.dtype(dtype)
+            if dt not in _REAL and dt not in _COMPLEX:
+                raise TypeError(f"dtype must be float32, float64, complex64 or complex128, got {dt}")
+            grid_ = None if grid is None else tuple(int(g) for g in grid)
+            if grid_ is not None:
+                _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
+            mine = (shape, axes_, str(dt), grid_, backend, order)
+            error = None
+        except (TypeError, ValueError) as exc:
+            mine, error = None, f"{type(exc).__name__}: {exc}"
+        everyone = comm.allgather((mine, error))
+        for rank, (_, err) in enumerate(everyone):
+            if err:
+                kind, _, text = err.partition(": ")
+                cls = TypeError if kind == "TypeError" else ValueError
+                return cls(f"[rank {rank}] zcoll.fft.PFFT: {text}")
+        for rank, (args, _) in enumerate(everyone):
+            if args != everyone[0][0]:
+                return ValueError(
+                    f"zcoll.fft.PFFT: ranks disagree on the plan: rank 0 has (shape, axes, dtype, "
+                    f"grid, backend, order) = {everyone[0][0]}, rank {rank} has {args}"
+                )
+        return None
+
+    def _plan(self, shape, dtype, order) -> None:
+        """The steps of a forward transform: 1D FFTs, with a transfer before each FFT whose
+        axis is distributed (mpi4py-fft's sequence of pencils)."""
+        pencil = Pencil(self.subcomm, shape, self.axes[-1], self.comm)
+        self._input_pencil, self._input_dtype = pencil, dtype
+        steps: list[_Step] = []
+        for i, axis in enumerate(reversed(self.axes)):
+            if i > 0:
+                target = pencil.pencil(axis)
+                if pencil.subcomm[axis].size > 1:
+                    move = pencil.transfer(target, dtype, order=order)
+                    steps.append(_Step("transfer", axis, target, dtype, move))
+                pencil = target
+            if i == 0 and dtype in _REAL:
+                pencil, dtype = pencil.reshaped(axis, shape[axis] // 2 + 1), _REAL[dtype]
+                steps.append(_Step("r2c", axis, pencil, dtype))
+            else:
+                steps.append(_Step("c2c", axis, pencil, dtype))
+        for p in (self._input_pencil, *(s.pencil for s in steps)):
+            if why := p.too_small():
+                raise ValueError(f"zcoll.fft.PFFT: grid {self.subcomm.dims} too large: {why}")
+        self._steps = steps
+        self._output_pencil, self._output_dtype = pencil, dtype
+        # Arena work array of each step's output layout; a c2c step works in place in its
+        # predecessor's array. The last step writes the caller's output instead, except that a
+        # lone c2r needs an array of its own (it may destroy its input).
+        self._work: list[DistArray | None] = []
+        for i, step in enumerate(steps):
+            if i > 0 and step.kind == "c2c":
+                self._work.append(self._work[-1])
+            elif i < len(steps) - 1 or (i == 0 and step.kind == "r2c"):
+                self._work.append(_new(step.pencil, step.dtype))
+            else:
+                self._work.append(None)
+        self._lengths = {axis: shape[axis] for axis in self.axes}
+        self._check_comm = lookup(self.comm)
+
+    # -- mpi4py-fft's query API ---------------------------------------------------------------
+
+    def shape(self, forward_output: bool = True) -> tuple[int, ...]:
+        """This rank's local shape of the output (spectral) or input (physical) array."""
+        return (self._output_pencil if forward_output else self._input_pencil).subshape
+
+    def global_shape(self, forward_output: bool = False) -> tuple[int, ...]:
+        """Global shape of the output (spectral) or input (physical) array."""
+        return (self._output_pencil if forward_output else self._input_pencil).shape
+
+    def local_slice(self, forward_output: bool = True) -> tuple[slice, ...]:
+        """Where this rank's part lies in the global output (or input) array."""
+        return (self._output_pencil if forward_output else self._input_pencil).local_slice()
+
+    def dtype(self, forward_output: bool = False) -> np.dtype:
+        """dtype of the output (spectral) or input (physical) array."""
+        return self._output_dtype if forward_output else self._input_dtype
+
+    def pencil(self, forward_output: bool = False) -> Pencil:
+        return self._output_pencil if forward_output else self._input_pencil
+
+    @property
+    def dimensions(self) -> int:
+        return len(self._input_pencil.shape)
+
+    # -- transforms --------------------------------------------------------------------------
+
+    def forward(self, input_array=None, output_array=None, normalize: bool = True) -> DistArray:
+        """Collective: FFT of the physical-space array; returns the spectral-space array.
+
+        Parameters
+        ----------
+        input_array : array_like
+            This rank's part, of shape ``shape(False)`` and dtype ``dtype(False)``.
+        output_array : numpy.ndarray, optional
+            Where to write the result (shape ``shape(True)``); a new arena array otherwise.
+        normalize : bool
+            Divide by the number of points transformed (mpi4py-fft's default for forward).
+        """
+        return self._transform(input_array, output_array, normalize, inverse=False)
+
+    def backward(self, input_array=None, output_array=None, normalize: bool = False):
+        """Collective: inverse FFT of the spectral-space array (not scaled by default)."""
+        return self._transform(input_array, output_array, normalize, inverse=True)
+
+    def _transform(self, input_array, output_array, normalize, inverse):
+        name = "backward" if inverse else "forward"
+        src_pencil = self._output_pencil if inverse else self._input_pencil
+        dst_pencil = self._input_pencil if inverse else self._output_pencil
+        src_dtype = self._output_dtype if inverse else self._input_dtype
+        dst_dtype = self._input_dtype if inverse else self._output_dtype
+        a = self._checked_input(name, input_array, src_pencil, src_dtype)
+        self._check_output(name, output_array, dst_pencil, dst_dtype)
+        if output_array is None:
+            output_array = _new(dst_pencil, dst_dtype)
+        factors = self._factors(normalize)
+        if inverse:
+            self._run_backward(a, output_array, factors)
+        else:
+            self._run_forward(a, output_array, factors)
+        return output_array
+
+    def _checked_input(self, name, a, pencil, dtype) -> np.ndarray:
+        """This rank's input as an array, or the same error on every rank of the grid."""
+        error = None
+        if a is None:
+            error = ValueError("input_array is required")
+        else:
+            a = np.asarray(a)
+            if a.shape != pencil.subshape:
+                error = ValueError(
+                    f"input_array has shape {a.shape}, this rank's part has shape "
+                    f"{pencil.subshape}"
+                )
+            elif a.dtype != dtype:
+                error = TypeError(f"input_array has dtype {a.dtype}, the plan expects {dtype}")
+        self._agree_call(name, error)
+        return a
+
+    def _check_output(self, name, out, pencil, dtype) -> None:
+        error = None
+        if out is not None:
+            if not isinstance(out, np.ndarray):
+                error = TypeError("output_array must be a numpy.ndarray")
+            elif out.shape != pencil.subshape or out.dtype != dtype:
+                error = ValueError(
+                    f"output_array has shape {out.shape} and dtype {out.dtype}; expected "
+                    f"{pencil.subshape} and {dtype}"
+                )
+            elif not out.flags.writeable:
+                error = ValueError("output_array is read-only")
+        self._agree_call(name, error)
+
+    def _agree_call(self, name: str, error: Exception | None) -> None:
+        ctx = self._check_comm
+        if ctx.multi_node:
+            ctx.agree(f"fft.{name}", error)
+        elif error is not None:
+            ctx.fail(f"fft.{name}", error)
+        else:
+            ctx.core.barrier()
+
+    def _factors(self, normalize: bool) -> dict[int, float]:
+        """Scale factor per transformed axis (all folded into the last step if the backend
+        cannot fold them for free)."""
+        if not normalize:
+            return dict.fromkeys(self.axes, 1.0)
+        if self.backend.folds_scaling:
+            return {axis: 1.0 / n for axis, n in self._lengths.items()}
+        total = 1.0 / float(np.prod(list(self._lengths.values())))
+        return {axis: (total if axis == self.axes[0] else 1.0) for axis in self.axes}
+
+    def _timed(self, key: str, func, *args) -> None:
+        t0 = time.perf_counter()
+        func(*args)
+        self.timings[key] += time.perf_counter() - t0
+
+    def _run_forward(self, a, out, factors) -> None:
+        be = self.backend
+        last = len(self._steps) - 1
+        for i, step in enumerate(self._steps):
+            dst = out if i == last else self._work[i]
+            if step.kind == "transfer":
+                self._timed("transpose", step.transfer.forward, a, dst)
+            elif step.kind == "r2c":
+                self._timed("fft", be.r2c, a, dst, step.axis, factors[step.axis])
+            else:
+                self._timed("fft", be.c2c, a, dst, step.axis, False, factors[step.axis])
+            a = dst
+
+    def _run_backward(self, a, out, factors) -> None:
+        be = self.backend
+        steps = self._steps
+        for i in range(len(steps) - 1, -1, -1):
+            step = steps[i]
+            # Step i's inverse writes the layout step i read: step i-1's output, or the input.
+            dst = out if i == 0 else self._work[i - 1]
+            if step.kind == "transfer":
+                self._timed("transpose", step.transfer.backward, a, dst)
+            elif step.kind == "r2c":
+                if a is not self._work[0]:
+                    a = _copy_into(self._work[0], a)  # c2r may destroy its input
+                n = self._lengths[step.axis]
+                self._timed("fft", be.c2r, a, dst, step.axis, n, factors[step.axis])
+            else:
+                self._timed("fft", be.c2c, a, dst, step.axis, True, factors[step.axis])
+            a = dst
+
+    def reset_timings(self) -> None:
+        self.timings = dict.fromkeys(self.timings, 0.0)
+
+    def destroy(self) -> None:
+        """Collective: free the plan's communicators."""
+        self.subcomm.destroy()
+
+
+def _copy_into(work, a):
+    work[...] = a
+    return work
+
+
+def _grid_dims(size: int, shape, axes, grid) -> list[int]:
+    ndim = len(shape)
+    first = axes[-1]
+    if grid is None:
+        dims = [0] * ndim
+        dims[first] = 1
+        return dims
+    grid = list(grid)
+    if len(grid) > ndim:
+        raise ValueError(f"grid {tuple(grid)} has more entries than the {ndim} axes")
+    dims = grid + [1] * (ndim - len(grid))
+    if dims[first] != 1:
+        raise ValueError(
+            f"grid {tuple(grid)} distributes axis {first}, which is transformed first and must "
+            "be whole on every rank (see `axes`)"
+        )
+    fixed = int(np.prod([d for d in dims if d > 0]))
+    if size % fixed or (all(d > 0 for d in dims) and fixed != size):
+        raise ValueError(f"grid {tuple(grid)} does not fit {size} ranks")
+    return dims
+
+
+def newDistArray(pfft: PFFT, forward_output: bool = True, val=0, rank: int = 0,  # noqa: N802
+                 view: bool = False) -> DistArray:
+    """Collective: a new arena array distributed like `pfft`'s output (or input).
+
+    Parameters
+    ----------
+    pfft : PFFT
+    forward_output : bool
+        Spectral-space (output) layout if True, physical-space (input) layout otherwise.
+    val : scalar
+        Initial value.
+    rank, view : int, bool
+        Accepted for mpi4py-fft compatibility; only scalar fields (``rank=0``) are supported.
+    """
+    if rank != 0:
+        raise ValueError("zcoll.fft.newDistArray: only rank=0 (scalar) arrays are supported")
+    a = _new(pfft.pencil(forward_output), pfft.dtype(forward_output))
+    a[...] = val
+    return a
