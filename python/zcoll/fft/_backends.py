@@ -48,8 +48,9 @@ class NumpyBackend:
 
     def c2c(self, a, out, axis, inverse, factor=1.0):
         func = self._module.ifft if inverse else self._module.fft
-        return self._call(func, a, out, a.shape[axis], _INVERSE if inverse else _FORWARD,
-                          factor, axis=axis)
+        return self._call(
+            func, a, out, a.shape[axis], _INVERSE if inverse else _FORWARD, factor, axis=axis
+        )
 
     def r2c(self, a, out, axis, factor=1.0):
         return self._call(self._module.rfft, a, out, a.shape[axis], _FORWARD, factor, axis=axis)
@@ -99,8 +100,18 @@ class PyfftwBackend:
 
     def _plan(self, a, out, axis, direction):
         aligned = all(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment) for x in (a, out))
-        key = (a.shape, a.strides, a.dtype, out.shape, out.strides, out.dtype, axis, direction,
-               aligned, a is out)
+        key = (
+            a.shape,
+            a.strides,
+            a.dtype,
+            out.shape,
+            out.strides,
+            out.dtype,
+            axis,
+            direction,
+            aligned,
+            a is out,
+        )
         plan = self._plans.get(key)
         if plan is None:
             scratch_in = self._fftw.empty_aligned(a.shape, a.dtype)
@@ -108,8 +119,14 @@ class PyfftwBackend:
             flags = [self._effort] + ([] if aligned else ["FFTW_UNALIGNED"])
             if direction == "FFTW_BACKWARD" and a.dtype.kind == "c" and out.dtype.kind == "f":
                 flags.append("FFTW_DESTROY_INPUT")  # c2r: only ever called on zcoll work arrays
-            plan = self._fftw.FFTW(scratch_in, scratch_out, axes=(axis,), direction=direction,
-                                   flags=flags, threads=self._threads)
+            plan = self._fftw.FFTW(
+                scratch_in,
+                scratch_out,
+                axes=(axis,),
+                direction=direction,
+                flags=flags,
+                threads=self._threads,
+            )
             self._plans[key] = plan
         return plan
 

@@ -16,7 +16,10 @@ from ._pencil import Pencil, Subcomm, Transfer
 
 __all__ = ["PFFT", "DistArray", "newDistArray"]
 
-_REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
+_REAL = {
+    np.dtype(np.float32): np.dtype(np.complex64),
+    np.dtype(np.float64): np.dtype(np.complex128),
+}
 _COMPLEX = tuple(_REAL.values())
 
 
@@ -178,7 +181,9 @@ class PFFT:
                 raise ValueError(f"axes {axes_} repeat an axis")
             dt = np.dtype(dtype)
             if dt not in _REAL and dt not in _COMPLEX:
-                raise TypeError(f"dtype must be float32, float64, complex64 or complex128, got {dt}")
+                raise TypeError(
+                    f"dtype must be float32, float64, complex64 or complex128, got {dt}"
+                )
             grid_ = None if grid is None else tuple(int(g) for g in grid)
             if grid_ is not None:
                 _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
@@ -308,8 +313,7 @@ class PFFT:
             a = np.asarray(a)
             if a.shape != pencil.subshape:
                 error = ValueError(
-                    f"input_array has shape {a.shape}, this rank's part has shape "
-                    f"{pencil.subshape}"
+                    f"input_array has shape {a.shape}, this rank's part has shape {pencil.subshape}"
                 )
             elif a.dtype != dtype:
                 error = TypeError(f"input_array has dtype {a.dtype}, the plan expects {dtype}")
@@ -420,8 +424,13 @@ def _grid_dims(size: int, shape, axes, grid) -> list[int]:
     return dims
 
 
-def newDistArray(pfft: PFFT, forward_output: bool = True, val=0, rank: int = 0,  # noqa: N802
-                 view: bool = False) -> DistArray:
+def newDistArray(
+    pfft: PFFT,
+    forward_output: bool = True,
+    val=0,
+    rank: int = 0,  # noqa: N802
+    view: bool = False,
+) -> DistArray:
     """Collective: a new arena array distributed like `pfft`'s output (or input).
 
     Parameters
