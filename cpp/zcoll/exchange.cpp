@@ -397,11 +397,9 @@ void node_context::run_schedule(const schedule& sched, op_code op, bool in_place
                                 std::size_t block, const std::vector<std::byte*>& send,
                                 const std::vector<std::byte*>& recv) {
   const auto& cr = config_.comm_ranks;
-  const std::size_t first = sched.starts[static_cast<std::size_t>(config_.rank)];
-  const std::size_t last = sched.starts[static_cast<std::size_t>(config_.rank) + 1];
-  for (std::size_t k = first; k < last; ++k) {
-    const auto d = static_cast<std::size_t>(sched.blocks[k].dst);
-    const auto s = static_cast<std::size_t>(sched.blocks[k].src);
+  for (const block_coord& b : sched.segment(config_.rank)) {
+    const auto d = static_cast<std::size_t>(b.dst);
+    const auto s = static_cast<std::size_t>(b.src);
     std::byte* into = recv[d] + static_cast<std::size_t>(cr[s]) * block;
     if (op == op_code::alltoall) {
       if (in_place)
@@ -497,11 +495,9 @@ void node_context::execute_transfer(const transfer_geometry& g, const array_view
   resolve_all(all, false, &recv_bases_);
   const auto& sched = schedule_for(op_code::transfer, false, order);
   const auto& cr = config_.comm_ranks;
-  const std::size_t first = sched.starts[static_cast<std::size_t>(config_.rank)];
-  const std::size_t last = sched.starts[static_cast<std::size_t>(config_.rank) + 1];
-  for (std::size_t k = first; k < last; ++k) {
-    const auto dst = static_cast<std::size_t>(sched.blocks[k].dst);
-    const auto src = static_cast<std::size_t>(sched.blocks[k].src);
+  for (const block_coord& b : sched.segment(config_.rank)) {
+    const auto dst = static_cast<std::size_t>(b.dst);
+    const auto src = static_cast<std::size_t>(b.src);
     const transfer_block blk = block_of(g, cr[src], cr[dst]);
     copy_box(recv_bases_[dst] + blk.dst_offset, blk.dst_strides.data(),
              send_bases_[src] + blk.src_offset, blk.src_strides.data(), blk.count.data(), g.ndim,

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "zcoll/options.hpp"
@@ -45,6 +46,12 @@ struct schedule {
   block_order order = block_order::row;
   std::vector<block_coord> blocks;
   std::vector<std::size_t> starts;  // p + 1 entries: rank r copies blocks[starts[r], starts[r+1])
+
+  // The blocks rank r copies, in order.
+  std::span<const block_coord> segment(int r) const noexcept {
+    const auto i = static_cast<std::size_t>(r);
+    return std::span<const block_coord>(blocks).subspan(starts[i], starts[i + 1] - starts[i]);
+  }
 };
 
 // Out-of-place alltoall and allgather: every block, P per rank.
