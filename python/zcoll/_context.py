@@ -214,6 +214,16 @@ class Context:
         )
         raise AssertionError("unreachable: NodeContext.fail raises")
 
+    def raise_together(self, opname: str, exc: Exception | None) -> None:
+        """Collective: every rank raises the first rank's error if any rank has one (`exc`
+        is this rank's, or None), else every rank returns. One node barrier on one node."""
+        if self.multi_node:
+            self.agree(opname, exc)
+        elif exc is not None:
+            self.fail(opname, exc)
+        else:
+            self.core.barrier()
+
     def agree(self, opname: str, exc: Exception | None, signature: tuple = ()) -> None:
         """Multi-node only: every rank learns every rank's local error and call signature
         ``(block bytes, dtype, in place, order)`` and raises the same error as the others.

@@ -131,6 +131,12 @@ class PyfftwBackend:
         return plan
 
     def _run(self, a, out, axis, direction, factor):
+        # Plans are made for C-ordered arrays, and FFTW compares strides exactly.
+        if not _c_strided(out):
+            out[...] = self._run(a, np.empty(out.shape, out.dtype), axis, direction, factor)
+            return out
+        if not _c_strided(a):
+            a = np.array(a, order="C")
         plan = self._plan(a, out, axis, direction)
         plan.update_arrays(a, out)
         plan.execute()
@@ -148,6 +154,15 @@ class PyfftwBackend:
         if out.shape[axis] != n:
             raise ValueError(f"c2r output has {out.shape[axis]} points along axis {axis}, not {n}")
         return self._run(a, out, axis, "FFTW_BACKWARD", factor)
+
+
+def _c_strided(a: np.ndarray) -> bool:
+    """Whether `a` has exactly the strides of a new C-ordered array of its shape."""
+    stride, expected = a.itemsize, []
+    for n in reversed(a.shape):
+        expected.append(stride)
+        stride *= n
+    return a.strides == tuple(reversed(expected))
 
 
 BACKENDS = {"numpy": NumpyBackend, "scipy": ScipyBackend, "pyfftw": PyfftwBackend}

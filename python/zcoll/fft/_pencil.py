@@ -101,6 +101,7 @@ class Pencil:
         self.axis = axis
         self.subcomm = tuple(subcomms)
         self.comm = comm
+        self._transfers: dict[tuple, Transfer] = {}
         shares = [block_share(n, c.size, c.rank) for n, c in zip(self.shape, self.subcomm)]
         self.subshape = tuple(count for count, _ in shares)
         self.substart = tuple(start for _, start in shares)
@@ -128,13 +129,19 @@ class Pencil:
         shape[axis] = n
         return Pencil(self.subcomm, shape, self.axis, self.comm)
 
-    def transfer(self, other: Pencil, dtype, *, order: str = "auto") -> Transfer:
-        """The transfer from this pencil to `other` (aligned in another axis)."""
-        comm = self.subcomm[other.axis]
-        shape = list(self.subshape)
-        shape[self.axis] = self.shape[self.axis]
-        shape[other.axis] = self.shape[other.axis]
-        return Transfer(comm, shape, dtype, self.axis, other.axis, order=order)
+    def transfer(self, other: Pencil, dtype, *, order: str = "auto", staging=True) -> Transfer:
+        """Collective: the transfer from this pencil to `other` (aligned in another axis);
+        made once per (axis, dtype, order, staging) and kept."""
+        key = (other.axis, np.dtype(dtype), order, staging)
+        if key not in self._transfers:
+            comm = self.subcomm[other.axis]
+            shape = list(self.subshape)
+            shape[self.axis] = self.shape[self.axis]
+            shape[other.axis] = self.shape[other.axis]
+            self._transfers[key] = Transfer(
+                comm, shape, dtype, self.axis, other.axis, order=order, staging=staging
+            )
+        return self._transfers[key]
 
     def local_slice(self) -> tuple[slice, ...]:
         return tuple(slice(s, s + n) for s, n in zip(self.substart, self.subshape))
@@ -168,16 +175,20 @@ class Transfer:
         The aligned axis before and after :meth:`forward`.
     order : str
         Block order of the exchange, as for :func:`zcoll.alltoall`.
+    staging : bool
+        Allocate two arena work arrays through which arrays that are not C-contiguous arena
+        arrays are staged. Without them every array passed must be an arena array.
 
     Notes
     -----
-    Construction is collective (it allocates two arena work arrays used to stage arrays that
-    are not in the arena). :meth:`forward` and :meth:`backward` are collective over `comm`.
-    On a node the transpose is one strided copy per element from the source array into the
-    destination array; arrays outside the arena cost one extra copy each.
+    Construction is collective (over `comm`). :meth:`forward` and :meth:`backward` are
+    collective over `comm`. On a node the transpose is one strided copy per element from the
+    source array into the destination array; arrays outside the arena cost one extra copy each.
     """
 
-    def __init__(self, comm, shape, dtype, axis_a: int, axis_b: int, *, order="auto") -> None:
+    def __init__(
+        self, comm, shape, dtype, axis_a: int, axis_b: int, *, order="auto", staging=True
+    ) -> None:
         self.comm = comm
         self.shape = tuple(int(n) for n in shape)
         ndim = len(self.shape)
@@ -190,20 +201,18 @@ class Transfer:
         self.order = order
         self.subshape_a = self._subshape(self.axis_b)
         self.subshape_b = self._subshape(self.axis_a)
-        self._work: tuple[np.ndarray, np.ndarray] | None = None
+        lookup(comm)  # the context is made now, collectively, not inside a first call
+        self._work = None
+        if staging:
+            self._work = (
+                empty(comm, self.subshape_a, self.dtype),
+                empty(comm, self.subshape_b, self.dtype),
+            )
 
     def _subshape(self, distributed: int) -> tuple[int, ...]:
         shape = list(self.shape)
         shape[distributed] = block_share(shape[distributed], self.comm.size, self.comm.rank)[0]
         return tuple(shape)
-
-    def _staging(self) -> tuple[np.ndarray, np.ndarray]:
-        if self._work is None:
-            self._work = (
-                empty(self.comm, self.subshape_a, self.dtype),
-                empty(self.comm, self.subshape_b, self.dtype),
-            )
-        return self._work
 
     def forward(self, array_a: np.ndarray, array_b: np.ndarray) -> np.ndarray:
         """Redistribute `array_a` (aligned in axis_a) into `array_b` (aligned in axis_b)."""
@@ -214,11 +223,10 @@ class Transfer:
         return self._run(array_b, array_a, self.axis_b, self.axis_a, 1)
 
     def _run(self, src, dst, a: int, b: int, side: int) -> np.ndarray:
-        # Each rank stages on its own (the work arrays exist on every rank once allocated).
-        if not (_shared(src) and _shared(dst)):
-            work = self._staging()
-        src_in = src if _shared(src) else _filled(work[side], src)
-        dst_in = dst if _shared(dst) else work[1 - side]
+        # Each rank decides alone whether to stage: the work arrays exist on every rank.
+        work = self._work
+        src_in = src if work is None or _shared(src) else _filled(work[side], src)
+        dst_in = dst if work is None or _shared(dst) else work[1 - side]
         transfer(self.comm, src_in, dst_in, self.shape, a, b, order=self.order)
         if dst_in is not dst:
             dst[...] = dst_in
@@ -226,7 +234,7 @@ class Transfer:
 
 
 def _shared(a) -> bool:
-    return isinstance(a, np.ndarray) and is_shared(a)
+    return isinstance(a, np.ndarray) and a.flags.c_contiguous and is_shared(a)
 
 
 def _filled(work: np.ndarray, src) -> np.ndarray:

@@ -74,8 +74,13 @@ class DistArray(np.ndarray):
         target = self._pencil.pencil(axis)
         if out is None:
             out = _new(target, self.dtype)
-        elif not isinstance(out, DistArray) or out.local_slice() != target.local_slice():
-            raise ValueError("zcoll.fft: `out` is not distributed like the redistributed array")
+        error = None
+        if not isinstance(out, np.ndarray) or out.shape != target.subshape:
+            error = ValueError(
+                f"out must be an array of this rank's shape {target.subshape} aligned in axis "
+                f"{target.axis}"
+            )
+        lookup(target.comm).raise_together("fft.redistribute", error)
         if target.subcomm[self.alignment].size == 1:
             out[...] = self
             return out
@@ -215,7 +220,7 @@ class PFFT:
             if i > 0:
                 target = pencil.pencil(axis)
                 if pencil.subcomm[axis].size > 1:
-                    move = pencil.transfer(target, dtype, order=order)
+                    move = pencil.transfer(target, dtype, order=order, staging=False)
                     steps.append(_Step("transfer", axis, target, dtype, move))
                 pencil = target
             if i == 0 and dtype in _REAL:
@@ -240,7 +245,7 @@ class PFFT:
             else:
                 self._work.append(None)
         self._lengths = {axis: shape[axis] for axis in self.axes}
-        self._check_comm = lookup(self.comm)
+        self._context = lookup(self.comm)
 
     # -- mpi4py-fft's query API ---------------------------------------------------------------
 
@@ -335,13 +340,7 @@ class PFFT:
         self._agree_call(name, error)
 
     def _agree_call(self, name: str, error: Exception | None) -> None:
-        ctx = self._check_comm
-        if ctx.multi_node:
-            ctx.agree(f"fft.{name}", error)
-        elif error is not None:
-            ctx.fail(f"fft.{name}", error)
-        else:
-            ctx.core.barrier()
+        self._context.raise_together(f"fft.{name}", error)
 
     def _factors(self, normalize: bool) -> dict[int, float]:
         """Scale factor per transformed axis (all folded into the last step if the backend

@@ -1,0 +1,679 @@
+"""zcoll.fft: distributed FFTs and redistributions against NumPy on the gathered global array.
+
+Every rank builds the same global array from a seeded generator and takes its own part
+(`local_slice(False)`); the reference is `numpy.fft.fftn` / `rfftn` of the whole array (in
+double precision), of which each rank compares the part `local_slice(True)` names. Transfers
+are compared bit for bit with slices of the global array. Bad input must raise the same
+exception on every rank. Every plan a test makes is destroyed when the test ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import zcoll
+from conftest import all_ranks_agree, random_bytes
+from zcoll.fft import PFFT, DistArray, Transfer, newDistArray
+
+REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
+FFT_DTYPES = [np.float64, np.complex128, np.float32, np.complex64]
+SHAPES = [(8, 8, 8), (9, 10, 13), (16, 12, 7), (7, 5, 3)]
+# "1xP": axis 0 whole, axis 1 over all ranks (filled in with the communicator's size).
+GRIDS = {"pencil": None, "slab": (-1,), "1xP": "1xP"}
+
+
+def dname(dtype) -> str:
+    return np.dtype(dtype).name
+
+
+def tolerance(dtype) -> float:
+    return 1e-5 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-12
+
+
+def resolve_grid(grid, comm):
+    return (1, comm.size) if grid == "1xP" else grid
+
+
+def global_array(shape, dtype, seed: int) -> np.ndarray:
+    """The same array on every rank."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+def reference(u: np.ndarray, axes) -> np.ndarray:
+    """Unnormalised numpy transform of the global array, in double precision."""
+    axes = tuple(range(u.ndim)) if axes is None else tuple(axes)
+    if u.dtype.kind == "f":
+        return np.fft.rfftn(u.astype(np.float64), axes=axes)
+    return np.fft.fftn(u.astype(np.complex128), axes=axes)
+
+
+def rel_err(got, ref) -> float:
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return np.inf
+    scale = float(np.abs(ref).max()) if ref.size else 1.0
+    return float(np.abs(got - ref).max()) / scale if got.size else 0.0
+
+
+def expected_pencils(size, shape, axes, grid, real):
+    """(global shape, processes per axis) of every pencil of the plan, input first: mpi4py-fft's
+    sequence, written out independently of zcoll.fft."""
+    ndim = len(shape)
+    axes = [a % ndim for a in (range(ndim) if axes is None else axes)]
+    if grid is None:
+        dims = [0] * ndim
+        dims[axes[-1]] = 1
+    else:
+        dims = [max(0, int(g)) for g in grid] + [1] * (ndim - len(grid))
+    dims = MPI.Compute_dims(size, dims)
+    shape, aligned = list(shape), axes[-1]
+    out = [(tuple(shape), tuple(dims))]
+    for i, axis in enumerate(reversed(axes)):
+        if i == 0 and real:
+            shape[axis] = shape[axis] // 2 + 1
+        elif i > 0:
+            dims[aligned], dims[axis] = dims[axis], dims[aligned]
+            aligned = axis
+        out.append((tuple(shape), tuple(dims)))
+    return out
+
+
+def grid_too_large(size, shape, axes, grid, real) -> bool:
+    pencils = expected_pencils(size, shape, axes, grid, real)
+    return any(n < p for s, d in pencils for n, p in zip(s, d))
+
+
+def block(n: int, p: int, r: int) -> slice:
+    """mpi4py-fft's block distribution: the first n % p ranks hold one more element."""
+    start = r * (n // p) + min(r, n % p)
+    return slice(start, start + n // p + (r < n % p))
+
+
+def tiles(comm, global_shape, dims, local_slice) -> bool:
+    """The ranks' slices cover the global array exactly once, each axis in mpi4py-fft blocks."""
+    everyone = comm.allgather(tuple((s.start, s.stop) for s in local_slice))
+    count = np.zeros(global_shape, np.int64)
+    for part in everyone:
+        count[tuple(slice(*s) for s in part)] += 1
+    ok = bool((count == 1).all())
+    for k, (n, p) in enumerate(zip(global_shape, dims)):
+        blocks = {(b.start, b.stop) for b in (block(n, p, r) for r in range(p))}
+        ok &= {part[k] for part in everyone} == blocks
+    return ok
+
+
+def outcome(fn):
+    """("ok", result) or (exception type name, message)."""
+    try:
+        return "ok", fn()
+    except (TypeError, ValueError, ImportError, zcoll.PeerError) as exc:
+        return type(exc).__name__, str(exc)
+
+
+@pytest.fixture
+def plans(world):
+    """make(comm, shape, ...) builds a PFFT; every plan built is destroyed after the test."""
+    made = []
+
+    def make(*args, **kwargs):
+        plan = PFFT(*args, **kwargs)
+        made.append(plan)
+        return plan
+
+    yield make
+    for plan in reversed(made):
+        plan.destroy()
+
+
+def plan_or_error(make, comm, shape, dtype, *, axes=None, grid=None, **kwargs):
+    """The plan, or None where the grid is too large for `shape` on this communicator, in
+    which case every rank must have raised ValueError at construction."""
+    real = np.dtype(dtype) in REAL
+    too_large = grid_too_large(comm.size, shape, axes, grid, real)
+    kind, result = outcome(lambda: make(comm, shape, axes=axes, dtype=dtype, grid=grid, **kwargs))
+    expected = "ValueError" if too_large else "ok"
+    all_ranks_agree(MPI.COMM_WORLD, kind == expected, f"P={comm.size} grid={grid}: {kind} {result}")
+    return result if kind == "ok" else None
+
+
+def check_plan(comm, fft, shape, dtype, axes, grid, *, seed=0, input_kind="plain"):
+    """Shapes, dtypes, tiling, forward against numpy, round trip; a list of what failed."""
+    dtype = np.dtype(dtype)
+    real = dtype in REAL
+    ndim = len(shape)
+    axes_ = tuple(range(ndim)) if axes is None else tuple(a % ndim for a in axes)
+    pencils = expected_pencils(comm.size, shape, axes_, grid, real)
+    out_dtype = REAL.get(dtype, dtype)
+    tol = tolerance(dtype)
+    bad = []
+    if fft.global_shape(False) != tuple(shape) or fft.global_shape(True) != pencils[-1][0]:
+        bad.append(f"global shapes {fft.global_shape(False)} {fft.global_shape(True)}")
+    if fft.dtype(False) != dtype or fft.dtype(True) != out_dtype:
+        bad.append(f"dtypes {fft.dtype(False)} {fft.dtype(True)}")
+    for forward_output, (gshape, dims) in ((False, pencils[0]), (True, pencils[-1])):
+        sl = fft.local_slice(forward_output)
+        if tuple(s.stop - s.start for s in sl) != fft.shape(forward_output):
+            bad.append(f"local_slice({forward_output}) {sl} vs shape {fft.shape(forward_output)}")
+        if not tiles(comm, gshape, dims, sl):
+            bad.append(f"local_slice({forward_output}) does not tile {gshape} over {dims}")
+    u_global = global_array(shape, dtype, seed)
+    mine = u_global[fft.local_slice(False)]
+    if input_kind == "plain":
+        u = mine.copy()
+    else:
+        u = newDistArray(fft, forward_output=False)
+        u[...] = mine
+    u_hat = fft.forward(u)
+    ref = reference(u_global, axes_) / np.prod([shape[a] for a in axes_])
+    if u_hat.shape != fft.shape(True) or u_hat.dtype != out_dtype:
+        bad.append(f"forward gave {u_hat.shape} {u_hat.dtype}")
+    elif (e := rel_err(u_hat, ref[fft.local_slice(True)])) > tol:
+        bad.append(f"forward error {e:.3g}")
+    if not np.array_equal(u, mine):
+        bad.append("forward changed its input")
+    u2 = fft.backward(u_hat)
+    if u2.shape != fft.shape(False) or u2.dtype != dtype:
+        bad.append(f"backward gave {u2.shape} {u2.dtype}")
+    elif (e := rel_err(u2, mine)) > tol:
+        bad.append(f"round trip error {e:.3g}")
+    return bad
+
+
+# -- forward and round trip against numpy -------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FFT_DTYPES, ids=dname)
+@pytest.mark.parametrize("grid", GRIDS.values(), ids=GRIDS.keys())
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_forward_and_round_trip(world, plans, shape, grid, dtype):
+    grid = resolve_grid(grid, world)
+    fft = plan_or_error(plans, world, shape, dtype, grid=grid)
+    if fft is None:
+        return  # the grid is too large at this P: every rank raised ValueError
+    kind = "arena" if sum(shape) % 2 else "plain"
+    bad = check_plan(world, fft, shape, dtype, None, grid, seed=sum(shape), input_kind=kind)
+    all_ranks_agree(world, not bad, f"shape={shape} grid={grid} {np.dtype(dtype)}: {bad}")
+
+
+AXES_CASES = [
+    ((6, 8, 10), (1, 2), None),
+    ((10, 8, 6), (-2, -1), (-1,)),
+    ((10, 16, 6), (2, 0, 1), None),
+    ((10, 16, 6), (2, 0, 1), (-1,)),
+    ((9, 10, 13), (2,), None),
+    ((9, 10, 13), (0, 2), None),
+    ((12, 18), None, None),
+    ((12, 18), (1, 0), None),
+    ((12, 18), (0,), None),
+    ((6, 4), None, None),
+    ((5, 6, 7, 4), None, None),
+    ((5, 6, 7, 4), (1, 2), (2, -1)),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=dname)
+@pytest.mark.parametrize(("shape", "axes", "grid"), AXES_CASES, ids=lambda v: str(v))
+def test_axes_and_dimensions(world, plans, shape, axes, grid, dtype):
+    if grid is not None and grid[0] == 2 and world.size % 2:
+        pytest.skip("grid (2, -1) needs an even number of ranks")
+    fft = plan_or_error(plans, world, shape, dtype, axes=axes, grid=grid)
+    if fft is None:
+        return
+    bad = check_plan(world, fft, shape, dtype, axes, grid, seed=len(shape))
+    all_ranks_agree(world, not bad, f"shape={shape} axes={axes} grid={grid}: {bad}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128, np.float32], ids=dname)
+def test_normalize_flags(world, plans, dtype):
+    shape = (9, 10, 13)
+    fft = plans(world, shape, dtype=dtype)
+    tol = tolerance(dtype)
+    u_global = global_array(shape, dtype, 5)
+    ref = reference(u_global, None)
+    got = fft.forward(u_global[fft.local_slice(False)].copy(), normalize=False)
+    bad = []
+    if (e := rel_err(got, ref[fft.local_slice(True)])) > tol:
+        bad.append(f"forward(normalize=False) error {e:.3g}")
+    # backward(normalize=True) of the unnormalised spectrum is numpy's inverse transform.
+    spectrum = ref[fft.local_slice(True)].astype(fft.dtype(True))
+    inv = (
+        np.fft.irfftn(ref, s=shape, axes=(0, 1, 2))
+        if np.dtype(dtype) in REAL
+        else np.fft.ifftn(ref)
+    )
+    back = fft.backward(spectrum, normalize=True)
+    if (e := rel_err(back, inv[fft.local_slice(False)])) > tol:
+        bad.append(f"backward(normalize=True) error {e:.3g}")
+    if (e := rel_err(back, u_global[fft.local_slice(False)])) > tol:
+        bad.append(f"backward(normalize=True) vs input {e:.3g}")
+    # the defaults: forward normalises, backward does not
+    default = fft.backward(fft.forward(u_global[fft.local_slice(False)].copy()))
+    if (e := rel_err(default, u_global[fft.local_slice(False)])) > tol:
+        bad.append(f"default round trip {e:.3g}")
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)}: {bad}")
+
+
+# -- results, output arrays, DistArray ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64], ids=dname)
+def test_results_are_not_overwritten(world, plans, dtype):
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=dtype)
+    sl = fft.local_slice(False)
+    u1 = global_array(shape, dtype, 1)[sl]
+    u2 = global_array(shape, dtype, 2)[sl]
+    a = fft.forward(u1)
+    a_copy = a.copy()
+    b = fft.forward(u2)
+    ok = a is not b and not np.shares_memory(a, b)
+    ok &= np.array_equal(a, a_copy) and not np.array_equal(a, b)
+    x = fft.backward(a)
+    x_copy = x.copy()
+    y = fft.backward(b)
+    ok &= x is not y and not np.shares_memory(x, y) and np.array_equal(x, x_copy)
+    ok &= np.array_equal(a, a_copy)  # backward leaves its input alone too
+    ok &= rel_err(x, u1) < tolerance(dtype) and rel_err(y, u2) < tolerance(dtype)
+    all_ranks_agree(world, ok, "a later call overwrote an earlier result")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "pyfftw"])
+@pytest.mark.parametrize("out_kind", ["distarray", "plain"])
+def test_output_array(world, plans, out_kind, backend):
+    if backend != "numpy":
+        pytest.importorskip(backend)
+    shape = (7, 9, 6)
+    options = {"planner_effort": "FFTW_ESTIMATE"} if backend == "pyfftw" else {}
+    fft = plans(world, shape, dtype=np.float64, backend=backend, **options)
+    u_global = global_array(shape, np.float64, 3)
+    u = u_global[fft.local_slice(False)].copy()
+    if out_kind == "distarray":
+        out_hat = newDistArray(fft, forward_output=True, val=7)
+        out_u = newDistArray(fft, forward_output=False, val=7)
+    else:
+        out_hat = np.full(fft.shape(True), 7, fft.dtype(True))
+        out_u = np.full(fft.shape(False), 7, fft.dtype(False))
+    ref = reference(u_global, None) / np.prod(shape)
+    got = fft.forward(u, out_hat)
+    ok = got is out_hat and rel_err(out_hat, ref[fft.local_slice(True)]) < 1e-12
+    back = fft.backward(out_hat, output_array=out_u)
+    ok &= back is out_u and rel_err(out_u, u) < 1e-12
+    all_ranks_agree(world, ok, f"output_array ({out_kind}) not written or not returned")
+
+
+def test_non_contiguous_input(world, plans):
+    """Views (Fortran order, strided) are valid input: only shape and dtype matter."""
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.complex128)
+    u_global = global_array(shape, np.complex128, 4)
+    mine = u_global[fft.local_slice(False)]
+    wide = np.zeros((*mine.shape[:-1], 2 * mine.shape[-1]), mine.dtype)
+    wide[..., ::2] = mine
+    ref = reference(u_global, None) / np.prod(shape)
+    bad = []
+    for name, u in (("fortran", np.asfortranarray(mine)), ("strided", wide[..., ::2])):
+        kind, got = outcome(lambda u=u: fft.forward(u))
+        if kind != "ok":
+            bad.append(f"{name}: {kind} {got}")
+        elif rel_err(got, ref[fft.local_slice(True)]) > 1e-12:
+            bad.append(f"{name}: wrong result")
+    all_ranks_agree(world, not bad, str(bad))
+
+
+def test_dist_array(world, plans):
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.float64)
+    ok = True
+    for forward_output in (False, True):
+        a = newDistArray(fft, forward_output, val=3)
+        ok &= isinstance(a, DistArray) and isinstance(a, np.ndarray) and zcoll.is_shared(a)
+        ok &= a.shape == fft.shape(forward_output) and a.dtype == fft.dtype(forward_output)
+        ok &= a.global_shape == fft.global_shape(forward_output)
+        ok &= a.local_slice() == fft.local_slice(forward_output)
+        ok &= a.substart == tuple(s.start for s in a.local_slice())
+        ok &= bool((a == 3).all())
+    u = newDistArray(fft, False)
+    ok &= u.alignment == 2 and bool((u == 0).all())
+    ok &= newDistArray(fft, True).alignment == 0
+    all_ranks_agree(world, ok, "DistArray attributes")
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, np.float64, np.int32], ids=dname)
+def test_dist_array_redistribute(world, plans, dtype):
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.complex128)
+    kind = np.complex128 if np.dtype(dtype).kind == "c" else np.float64
+    g = (global_array(shape, kind, 6) * 1000).astype(dtype)
+    u = newDistArray(fft, False)  # in the arena
+    if u.dtype != dtype:
+        u = np.zeros_like(
+            u, dtype=dtype
+        )  # a DistArray of another dtype on the same pencil, not in the arena
+    u[...] = g[u.local_slice()]
+    bad = []
+    for axis in (0, 1, 2, 0, 2):
+        v = u.redistribute(axis)
+        if not (isinstance(v, DistArray) and v.alignment == axis and v.dtype == u.dtype):
+            bad.append(f"redistribute({axis}) gave {type(v).__name__} {v.dtype}")
+        elif v.global_shape != shape or not np.array_equal(v, g[v.local_slice()]):
+            bad.append(f"redistribute({axis}) wrong data")
+        target = np.zeros_like(v)  # a DistArray (not in the arena) on v's pencil
+        v2 = u.redistribute(axis, out=target)
+        if v2 is not target or not np.array_equal(target, v):
+            bad.append(f"redistribute({axis}, out=) wrong")
+        u = v
+    all_ranks_agree(world, not bad, str(bad))
+
+
+def test_timings(world, plans):
+    fft = plans(world, (8, 6, 5), dtype=np.complex128)
+    fft.reset_timings()
+    ok = fft.timings == {"fft": 0.0, "transpose": 0.0}
+    u = newDistArray(fft, False, val=1)
+    fft.backward(fft.forward(u))
+    ok &= fft.timings["fft"] > 0 and fft.timings["transpose"] >= 0
+    if world.size > 1:
+        ok &= fft.timings["transpose"] > 0
+    all_ranks_agree(world, ok, f"timings {fft.timings}")
+
+
+# -- backends and communicators -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64], ids=dname)
+@pytest.mark.parametrize("backend", ["scipy", "pyfftw"])
+def test_backends(world, plans, backend, dtype):
+    pytest.importorskip(backend)
+    options = {"threads": 1}
+    if backend == "pyfftw":
+        options["planner_effort"] = "FFTW_ESTIMATE"
+    bad = []
+    for shape, grid in (((9, 10, 13), None), ((8, 8, 8), (-1,))):
+        fft = plan_or_error(plans, world, shape, dtype, grid=grid, backend=backend, **options)
+        if fft is None:
+            continue
+        bad += check_plan(world, fft, shape, dtype, None, grid, seed=11, input_kind="arena")
+        bad += check_plan(world, fft, shape, dtype, None, grid, seed=12, input_kind="plain")
+        u_global = global_array(shape, dtype, 13)
+        ref = reference(u_global, None)
+        got = fft.forward(u_global[fft.local_slice(False)].copy(), normalize=False)
+        if (e := rel_err(got, ref[fft.local_slice(True)])) > tolerance(dtype):
+            bad.append(f"{shape} forward(normalize=False) error {e:.3g}")
+        back = fft.backward(got, normalize=True)
+        if (e := rel_err(back, u_global[fft.local_slice(False)])) > tolerance(dtype):
+            bad.append(f"{shape} backward(normalize=True) error {e:.3g}")
+    all_ranks_agree(world, not bad, f"{backend} {np.dtype(dtype)}: {bad}")
+
+
+@pytest.mark.parametrize("backend", ["scipy", "pyfftw"])
+def test_backends_non_contiguous_arrays(world, plans, backend):
+    """Fortran-ordered input and output arrays, on every rank (a local error on some ranks
+    only would leave the others waiting in the next transpose)."""
+    pytest.importorskip(backend)
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.float64, backend=backend)
+    u_global = global_array(shape, np.float64, 4)
+    mine = u_global[fft.local_slice(False)]
+    ref = reference(u_global, None) / np.prod(shape)
+    kind, got = outcome(lambda: fft.forward(np.asfortranarray(mine)))
+    ok = kind == "ok" and rel_err(got, ref[fft.local_slice(True)]) < 1e-12
+    all_ranks_agree(world, ok, f"{backend}, Fortran-ordered input: {kind} {got if not ok else ''}")
+    out = np.zeros(fft.shape(True), fft.dtype(True), order="F")
+    kind, got = outcome(lambda: fft.forward(mine.copy(), out))
+    ok = kind == "ok" and got is out and rel_err(out, ref[fft.local_slice(True)]) < 1e-12
+    all_ranks_agree(world, ok, f"{backend}, Fortran-ordered output: {kind} {got if not ok else ''}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=dname)
+def test_communicator_kinds(world, comm, plans, dtype):
+    shape = (8, 6, 5)
+    fft = plan_or_error(plans, comm, shape, dtype)
+    bad = [] if fft is None else check_plan(comm, fft, shape, dtype, None, None, seed=comm.size)
+    all_ranks_agree(world, not bad, f"comm size {comm.size}: {bad}")
+
+
+@pytest.mark.parametrize("order", ["auto", *zcoll.ORDERS])
+def test_block_orders(world, plans, order):
+    shape = (24, 20, 18)
+    fft = plans(world, shape, dtype=np.complex128, order=order)
+    bad = check_plan(world, fft, shape, np.complex128, None, None, seed=21, input_kind="arena")
+    all_ranks_agree(world, not bad, f"order={order}: {bad}")
+
+
+def test_larger_array(world, plans):
+    """Blocks well past the eager-message threshold."""
+    shape = (64, 48, 40)
+    fft = plans(world, shape, dtype=np.float64)
+    bad = check_plan(world, fft, shape, np.float64, None, None, seed=22, input_kind="arena")
+    all_ranks_agree(world, not bad, str(bad))
+
+
+def test_plans_interleaved(world, plans):
+    """Two live plans on the same communicator, calls interleaved; one destroyed early."""
+    a = plans(world, (8, 6, 5), dtype=np.complex128)
+    b = plans(world, (9, 10, 13), dtype=np.float32, grid=(-1,))
+    c = PFFT(world, (6, 7, 8), dtype=np.float64)
+    ga = global_array((8, 6, 5), np.complex128, 31)
+    gb = global_array((9, 10, 13), np.float32, 32)
+    gc = global_array((6, 7, 8), np.float64, 33)
+    ha = a.forward(ga[a.local_slice(False)])
+    hc = c.forward(gc[c.local_slice(False)])
+    hb = b.forward(gb[b.local_slice(False)])
+    ra = a.backward(ha)
+    c.destroy()
+    rb = b.backward(hb)
+    ok = rel_err(ha, (reference(ga, None) / ga.size)[a.local_slice(True)]) < 1e-12
+    ok &= rel_err(hb, (reference(gb, None) / gb.size)[b.local_slice(True)]) < 1e-5
+    ok &= rel_err(hc, (reference(gc, None) / gc.size)[c.local_slice(True)]) < 1e-12
+    ok &= rel_err(ra, ga[a.local_slice(False)]) < 1e-12
+    ok &= rel_err(rb, gb[b.local_slice(False)]) < 1e-5
+    all_ranks_agree(world, ok, "interleaved plans")
+
+
+# -- Transfer on its own ------------------------------------------------------------------------
+
+TRANSFER_CASES = [
+    ((10, 7, 6), 2, 0),
+    ((10, 7, 6), 0, 2),
+    ((10, 7, 6), 0, 1),
+    ((10, 7, 6), 1, 2),
+    ((3, 2, 5), 1, 0),  # fewer elements than ranks: empty blocks at larger P
+    ((5, 3, 4, 6), 3, 1),
+    ((11, 4), 1, 0),
+]
+TRANSFER_DTYPES = [np.bool_, np.int8, np.float32, np.complex128]
+
+
+@pytest.mark.parametrize("mode", ["arena", "plain", "mixed"])
+@pytest.mark.parametrize("dtype", TRANSFER_DTYPES, ids=dname)
+def test_transfer_matches_global_slices(world, dtype, mode):
+    p, r = world.size, world.rank
+    bad = []
+    for tag, (shape, axis_a, axis_b) in enumerate(TRANSFER_CASES):
+        g = random_bytes(tag, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        g = g.view(dtype).reshape(shape)
+        t = Transfer(world, shape, dtype, axis_a, axis_b)
+        part_a = [slice(None)] * len(shape)
+        part_a[axis_b] = block(shape[axis_b], p, r)
+        part_b = [slice(None)] * len(shape)
+        part_b[axis_a] = block(shape[axis_a], p, r)
+        want_a, want_b = g[tuple(part_a)], g[tuple(part_b)]
+        if t.subshape_a != want_a.shape or t.subshape_b != want_b.shape:
+            bad.append(f"{shape} {axis_a}->{axis_b}: subshapes {t.subshape_a} {t.subshape_b}")
+            continue
+        arena_a = mode == "arena" or (mode == "mixed" and r % 2 == 0)
+        arena_b = mode == "arena" or (mode == "mixed" and r % 2 == 1)
+        a = zcoll.empty(world, want_a.shape, dtype) if arena_a else np.empty(want_a.shape, dtype)
+        b = zcoll.empty(world, want_b.shape, dtype) if arena_b else np.empty(want_b.shape, dtype)
+        a[...] = want_a
+        if t.forward(a, b) is not b or b.tobytes() != want_b.tobytes():
+            bad.append(f"{shape} {axis_a}->{axis_b}: forward")
+        a[...] = 0
+        if t.backward(b, a) is not a or a.tobytes() != want_a.tobytes():
+            bad.append(f"{shape} {axis_a}->{axis_b}: backward")
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)} {mode}: {bad}")
+
+
+@pytest.mark.parametrize("order", ["auto", *zcoll.ORDERS])
+def test_transfer_orders_and_communicators(world, comm, order):
+    p, r = comm.size, comm.rank
+    shape, axis_a, axis_b = (10, 7, 6), 2, 0
+    g = np.arange(np.prod(shape), dtype=np.int64).reshape(shape) * 3 + 1
+    t = Transfer(comm, shape, np.int64, axis_a, axis_b, order=order)
+    a = zcoll.empty(comm, t.subshape_a, np.int64)
+    a[...] = g[block(10, p, r)]
+    b = zcoll.empty(comm, t.subshape_b, np.int64)
+    t.forward(a, b)
+    ok = np.array_equal(b, g[:, :, block(6, p, r)])
+    a[...] = -1
+    t.backward(b, a)
+    ok &= np.array_equal(a, g[block(10, p, r)])
+    all_ranks_agree(world, ok, f"Transfer order={order} on a comm of size {p}")
+
+
+# -- bad input: the same error on every rank ----------------------------------------------------
+
+
+def expect_everywhere(comm, fn, exc_type: type, fragment: str = "") -> None:
+    kind, result = outcome(fn)
+    ok = kind == exc_type.__name__ and fragment in str(result)
+    oks = comm.allgather(kind == "ok")
+    if all(oks) and isinstance(result, PFFT):
+        result.destroy()  # it should not exist, but free it where every rank made one
+    all_ranks_agree(comm, ok, f"expected {exc_type.__name__} ({fragment!r}), got {kind}: {result}")
+
+
+def first(comm) -> bool:
+    return comm.rank == 0
+
+
+def test_bad_transform_arguments(world, plans):
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.float64)
+    good = np.ones(fft.shape(False))
+    spectrum = newDistArray(fft, True, val=1)
+    wrong_shape = np.ones((fft.shape(False)[0] + 1, *fft.shape(False)[1:]))
+    expect_everywhere(world, lambda: fft.forward(wrong_shape if first(world) else good),
+                      ValueError, "shape")  # fmt: skip
+    expect_everywhere(world, lambda: fft.forward(good.astype(np.float32) if first(world) else good),
+                      TypeError, "dtype")  # fmt: skip
+    expect_everywhere(world, lambda: fft.forward(good.astype(np.complex128)), TypeError, "dtype")
+    expect_everywhere(world, lambda: fft.forward(None if first(world) else good),
+                      ValueError, "required")  # fmt: skip
+    expect_everywhere(world, fft.forward, ValueError, "required")
+    bad_out = np.empty((1, 1, 1), fft.dtype(True))
+    expect_everywhere(world, lambda: fft.forward(good, bad_out if first(world) else None),
+                      ValueError, "output_array")  # fmt: skip
+    read_only = np.empty(fft.shape(True), fft.dtype(True))
+    read_only.flags.writeable = False
+    expect_everywhere(world, lambda: fft.forward(good, read_only if first(world) else None),
+                      ValueError, "read-only")  # fmt: skip
+    expect_everywhere(world, lambda: fft.forward(good, [0] if first(world) else None),
+                      TypeError, "numpy.ndarray")  # fmt: skip
+    expect_everywhere(world, lambda: fft.backward(spectrum.real if first(world) else spectrum),
+                      TypeError, "dtype")  # fmt: skip
+    wrong_spectrum = np.ones(fft.shape(False), fft.dtype(True))  # the input's shape
+    expect_everywhere(world, lambda: fft.backward(wrong_spectrum if first(world) else spectrum),
+                      ValueError, "shape")  # fmt: skip
+    expect_everywhere(world, lambda: fft.backward(spectrum, np.empty(fft.shape(False), np.float32)),
+                      ValueError, "output_array")  # fmt: skip
+    # the plan still works, and gives the right answer, after all that
+    u_global = global_array(shape, np.float64, 8)
+    ref = reference(u_global, None) / np.prod(shape)
+    got = fft.forward(u_global[fft.local_slice(False)].copy())
+    all_ranks_agree(world, rel_err(got, ref[fft.local_slice(True)]) < 1e-12, "plan after errors")
+
+
+def test_bad_plan_arguments(world):
+    p = world.size
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), dtype=int), TypeError, "dtype")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), dtype=np.float16), TypeError, "dtype")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), backend="fftpack"), ValueError,
+                      "backend")  # fmt: skip
+    expect_everywhere(world, lambda: PFFT(world, (8,)), ValueError, "shape")
+    expect_everywhere(world, lambda: PFFT(world, (8, 0, 5)), ValueError, "shape")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(0, 3)), ValueError, "axes")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(1, -2)), ValueError, "repeat")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(p + 1,)), ValueError, "fit")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, 2)), ValueError,
+                      "distributes axis 2")  # fmt: skip
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, 1, 1)), ValueError,
+                      "more entries")  # fmt: skip
+    # a grid too large for the data along an axis
+    if p > 2:
+        expect_everywhere(world, lambda: PFFT(world, (2, 3, 4), grid=(p,)), ValueError, "large")
+    else:
+        fft = PFFT(world, (2, 3, 4), grid=(p,))
+        all_ranks_agree(world, fft.shape(False)[0] == 2 // p)
+        fft.destroy()
+    if p > 3:  # r2c leaves 3 // 2 + 1 = 2 points along axis 2, distributed over p in the output
+        expect_everywhere(world, lambda: PFFT(world, (4, 3, 3), grid=(1, p)), ValueError, "large")
+    if p > 1:
+        expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), dtype=np.float64, grid=(p, 2)),
+                          ValueError, "fit")  # fmt: skip
+
+
+def test_plan_arguments_differ_between_ranks(world):
+    if world.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    me = first(world)
+    cases = [
+        ({"shape": (8, 6, 6) if me else (8, 6, 5)}, ValueError, "disagree"),
+        ({"shape": (8, 6) if me else (8, 6, 5)}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "axes": (0, 2, 1) if me else None}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "dtype": np.float32 if me else np.float64}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "grid": (-1,) if me else None}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "backend": "scipy" if me else "numpy"}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "order": "row" if me else "auto"}, ValueError, "disagree"),
+        # a local error on rank 0 only: its type and rank reach every rank
+        ({"shape": (8, 6, 5), "dtype": int if me else np.float64}, TypeError, "[rank 0]"),
+        ({"shape": (8, 0, 5) if me else (8, 6, 5)}, ValueError, "[rank 0]"),
+    ]
+    for kwargs, exc, fragment in cases:
+        kwargs = dict(kwargs)
+        shape = kwargs.pop("shape")
+        expect_everywhere(world, lambda s=shape, k=kwargs: PFFT(world, s, **k), exc, fragment)
+    # and a good plan afterwards
+    fft = PFFT(world, (8, 6, 5))
+    bad = check_plan(world, fft, (8, 6, 5), np.float64, None, None)
+    fft.destroy()
+    all_ranks_agree(world, not bad, str(bad))
+
+
+def test_bad_dist_array_arguments(world, plans):
+    fft = plans(world, (8, 6, 5), dtype=np.float64)
+    expect_everywhere(world, lambda: newDistArray(fft, True, rank=1), ValueError, "rank=0")
+    u = newDistArray(fft, False, val=1)
+    good = np.zeros(fft.pencil(False).pencil(0).subshape)
+    wrong = np.zeros((1, *u.shape))
+    # `out` of the wrong shape on every rank, then on rank 0 only: every rank raises
+    expect_everywhere(world, lambda: u.redistribute(0, out=wrong), ValueError, "out")
+    mine = wrong if world.rank == 0 else good
+    expect_everywhere(world, lambda: u.redistribute(0, out=mine), ValueError, "out")
+    v = u.redistribute(0)
+    all_ranks_agree(world, bool((v == 1).all()), "redistribute after errors")
+
+
+def test_bad_transfer_arguments(world):
+    with pytest.raises(ValueError, match="differ"):
+        Transfer(world, (4, 4, 4), np.float64, 1, 1)
+    with pytest.raises(ValueError, match="order"):
+        Transfer(world, (4, 4, 4), np.float64, 0, 1, order="zigzag")
+    with pytest.raises(ValueError, match="range"):
+        Transfer(world, (4, 4, 4), np.float64, 0, 3)
+    t = Transfer(world, (10, 7, 6), np.float64, 2, 0)
+    a = zcoll.empty(world, t.subshape_a, np.float64)
+    b = zcoll.empty(world, t.subshape_b, np.float64)
+    wrong = zcoll.empty(world, (t.subshape_b[0] + 1, *t.subshape_b[1:]), np.float64)
+    expect_everywhere(world, lambda: t.forward(a, wrong if first(world) else b), ValueError)
+    wrong_dtype = zcoll.empty(world, t.subshape_b, np.float32)
+    expect_everywhere(world, lambda: t.forward(a, wrong_dtype if first(world) else b), TypeError)
+    a[...] = 1
+    t.forward(a, b)
+    all_ranks_agree(world, bool((b == 1).all()), "Transfer after errors")
