@@ -1,10 +1,12 @@
-"""Latency of zcoll's collectives against MPI's, in the style of the OSU micro-benchmarks.
+"""Latency of zcoll's collectives against MPI's, in the style of the OSU micro-benchmarks,
+and of zcoll.fft's parallel FFT against mpi4py-fft's.
 
 Run it under MPI::
 
     mpiexec -n 8 python -m zcoll.bench alltoall
     mpiexec -n 8 python -m zcoll.bench allgather --sizes 8,4K,1M --orders row,hilbert --check
     mpiexec -n 8 python -m zcoll.bench alltoall --max 64K --json a2a.json --csv a2a.csv
+    mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
 
 For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
 library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zcoll with each
@@ -12,6 +14,10 @@ block order on arena arrays -- every rank runs warm-up calls, meets the others a
 times a loop of calls with ``MPI.Wtime``; the latency reported is the largest per-call average
 over the ranks. Iteration counts shrink as blocks grow and are capped by a time budget per
 measurement, so a whole sweep stays short. Only rank 0 prints.
+
+``fft`` times forward+backward pairs of a cubic 3D transform with ``zcoll.fft.PFFT`` and with
+``mpi4py_fft.PFFT`` (same shape, dtype and process grid) and splits each into local FFT time
+and global transpose time; see :func:`run_fft`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import argparse
 import csv
 import datetime
 import functools
+import gc
 import json
 import math
 import os
@@ -27,6 +34,7 @@ import re
 import shlex
 import socket
 import sys
+import time
 from typing import Callable
 
 import mpi4py
@@ -347,7 +355,7 @@ def node_layout(comm: MPI.Comm) -> tuple[int, int, float]:
     return nodes, cpus, comm.allreduce(ranks_here / cpus, op=MPI.MAX)
 
 
-def write_outputs(args, rows: list[dict], metadata: dict) -> None:
+def write_outputs(args, rows: list[dict], metadata: dict, fields=_FIELDS) -> None:
     """Write the raw rows (and metadata, for JSON) to ``--json`` / ``--csv`` if requested."""
     if args.json:
         with open(args.json, "w") as f:
@@ -355,9 +363,557 @@ def write_outputs(args, rows: list[dict], metadata: dict) -> None:
             f.write("\n")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=_FIELDS)
+            writer = csv.DictWriter(f, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
+
+
+def mpi_library() -> str:
+    """First line of the MPI library's version string."""
+    return MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
+
+
+def common_metadata(comm: MPI.Comm, args, layout, now: str, command: str) -> dict:
+    """Metadata every subcommand records: ranks, nodes, host, date, command, versions."""
+    nodes, cpus, oversubscription = layout
+    return {
+        "P": comm.size,
+        "nodes": nodes,
+        "cpus_per_node": cpus,
+        "ranks_per_cpu": oversubscription,
+        "date": now,
+        "host": socket.gethostname(),
+        "command": command,
+        "mpi_library": mpi_library(),
+        "versions": {
+            "zcoll": zcoll.__version__,
+            "mpi4py": mpi4py.__version__,
+            "numpy": np.__version__,
+            "python": sys.version.split()[0],
+        },
+        "environment": {k: v for k, v in os.environ.items() if k.startswith("ZCOLL_")},
+        "time_budget_s": args.time_budget,
+        "checked": args.check,
+    }
+
+
+def _root_printer(comm: MPI.Comm) -> Callable[..., None]:
+    if comm.rank == 0:
+        return functools.partial(print, flush=True)
+    return lambda *a, **k: None
+
+
+def _where(comm: MPI.Comm, layout) -> str:
+    nodes, cpus, oversubscription = layout
+    crowded = f", {oversubscription:g} ranks per CPU" if oversubscription > 1 else ""
+    where = f"{_plural(comm.size, 'rank')} on {_plural(nodes, 'node')}"
+    return f"P = {where}, {cpus} CPUs per node{crowded}"
+
+
+# --- fft ---------------------------------------------------------------------------------------
+
+FFT_DTYPES = ("complex128", "float64", "complex64", "float32")
+FFT_SIZES = (32, 64, 128)  # default cube edges
+FFT_MIN_ITERATIONS = 3  # the time budget never cuts a measurement below this ...
+FFT_MAX_ITERATIONS = 1000  # ... nor lets it grow above this
+FFT_ITERATIONS = 10  # with --time-budget 0 and no --iterations
+FFT_TIME_BUDGET = 1.0  # default seconds per timed loop
+ZCOLL_FFT, MPI4PY_FFT = "zcoll", "mpi4py-fft"
+#: --check: largest relative 2-norm difference accepted, by the precision of the dtype
+FFT_TOLERANCE = {"double": 1e-10, "single": 1e-5}
+_FFT_FIELDS = (
+    "benchmark",
+    "P",
+    "N",
+    "dtype",
+    "grid",
+    "method",
+    "backend",
+    "arrays",
+    "total_ms",
+    "fft_ms",
+    "transpose_ms",
+    "iterations",
+    "warmup",
+)
+
+
+def parse_fft_sizes(text: str) -> list[int]:
+    """Parse a comma-separated list of cube edges (``"64,128,256"``), sorted, duplicates removed."""
+    try:
+        sizes = sorted({int(item) for item in text.split(",") if item.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError(f"--sizes needs positive integers, got {text!r}")
+    return sizes
+
+
+def parse_grid(text: str) -> tuple[int, ...] | None:
+    """Parse ``--grid``: ``none`` (the library default), ``slab``, ``pencil`` or ``AxB[xC]``.
+
+    Returns the `grid` argument both PFFTs get: None, ``(-1,)`` (slabs over axis 0),
+    ``(0, 0)`` (pencils: axes 0 and 1 distributed, ``MPI.Compute_dims`` picks the sizes) or
+    the given process counts (0 or negative: chosen by ``MPI.Compute_dims``).
+    """
+    word = text.strip().lower()
+    if word in ("none", "default"):
+        return None
+    if word == "slab":
+        return (-1,)
+    if word == "pencil":
+        return (0, 0)
+    try:
+        grid = tuple(int(item) for item in word.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a grid: {text!r} (none, slab, pencil, or process counts such as 2x1 or 2x2x1)"
+        ) from None
+    if len(grid) > 3:
+        raise argparse.ArgumentTypeError(f"a grid for a 3D transform has at most 3 axes: {text!r}")
+    return grid
+
+
+def fft_grid_dims(nranks: int, grid: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The process grid both libraries build for a 3D transform over all axes.
+
+    Raises
+    ------
+    ValueError
+        If `grid` distributes axis 2 (transformed first, so it must be whole) or does not fit
+        `nranks`.
+    """
+    dims = [0, 0, 1] if grid is None else [max(0, g) for g in grid] + [1] * (3 - len(grid))
+    if dims[2] != 1:
+        raise ValueError(f"grid {grid} distributes axis 2, which must be whole (use e.g. 2x1)")
+    fixed = math.prod(d for d in dims if d > 0)
+    if nranks % fixed or (0 not in dims and fixed != nranks):
+        raise ValueError(f"grid {grid} does not fit {nranks} ranks")
+    return tuple(MPI.Compute_dims(nranks, dims))
+
+
+def grid_label(dims) -> str:
+    """``"2x2x1 (pencils)"``, ``"4x1x1 (slabs)"`` or ``"1x1x1 (serial)"``."""
+    kind = {0: "serial", 1: "slabs"}.get(sum(d > 1 for d in dims), "pencils")
+    return f"{'x'.join(map(str, dims))} ({kind})"
+
+
+def fft_field(local_slice, n: int, dtype) -> np.ndarray:
+    """This rank's part of a test input: a smooth sin/cos field plus seeded noise.
+
+    The noise of each plane ``i`` of axis 0 comes from ``default_rng([2024, i])``, so the global
+    field is the same for any number of ranks and any decomposition.
+    """
+    dtype = np.dtype(dtype)
+    x, y, z = (2 * np.pi / n * np.arange(s.start, s.stop) for s in local_slice)
+    smooth = np.sin(x)[:, None, None] * np.cos(2 * y)[None, :, None] + np.cos(3 * z)[None, None, :]
+    field = np.empty(smooth.shape, dtype)
+    for k, i in enumerate(range(local_slice[0].start, local_slice[0].stop)):
+        rng = np.random.default_rng([2024, i])
+        noise = rng.standard_normal((n, n))[local_slice[1:]]
+        if dtype.kind == "c":
+            noise = noise + 1j * rng.standard_normal((n, n))[local_slice[1:]]
+        field[k] = smooth[k] + 0.1 * noise
+    return field
+
+
+class _Timed:
+    """A callable that adds the seconds each call of `fn` takes to ``timings[key]``.
+
+    Every other attribute is `fn`'s, so it can stand in for mpi4py-fft's serial FFT objects
+    (whose ``input_array`` / ``output_array`` its ``Transform`` reads) and Transfer methods.
+    """
+
+    def __init__(self, fn, timings: dict[str, float], key: str) -> None:
+        self._fn, self._timings, self._key = fn, timings, key
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self._fn(*args, **kwargs)
+        finally:
+            self._timings[self._key] += time.perf_counter() - start
+
+    def __getattr__(self, name):
+        return getattr(self._fn, name)
+
+
+class ZcollFFTCase:
+    """A ``zcoll.fft.PFFT`` plan with arena arrays ``u`` (physical) and ``u_hat`` (spectral).
+
+    One pair is ``forward(u, u_hat)`` then ``backward(u_hat, u)``: the caller's arrays, no
+    allocation. The split comes from the plan's own ``timings``.
+    """
+
+    method = ZCOLL_FFT
+
+    def __init__(self, comm, n: int, dtype, grid, backend: str) -> None:
+        from zcoll.fft import PFFT, newDistArray
+
+        self.backend, self.arrays = backend, "explicit"
+        self.plan = PFFT(comm, (n, n, n), dtype=dtype, grid=grid, backend=backend)
+        self.u = newDistArray(self.plan, forward_output=False)
+        self.u[...] = fft_field(self.plan.local_slice(False), n, dtype)
+        self.u_hat = newDistArray(self.plan, forward_output=True)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        return self.plan.timings
+
+    def reset_timings(self) -> None:
+        self.plan.reset_timings()
+
+    def forward(self) -> np.ndarray:
+        return self.plan.forward(self.u, self.u_hat)
+
+    def pair(self) -> None:
+        self.plan.forward(self.u, self.u_hat)
+        self.plan.backward(self.u_hat, self.u)
+
+    def output_slice(self) -> tuple[slice, ...]:
+        return self.plan.local_slice(True)
+
+    def destroy(self) -> None:
+        self.plan.destroy()
+
+
+class Mpi4pyFFTCase:
+    """An ``mpi4py_fft.PFFT`` plan, timed the same way, with its transposes timed separately.
+
+    ``arrays="internal"``: one pair is ``forward()`` then ``backward()`` on the plan's own
+    arrays (no copies: mpi4py-fft's fastest use). ``"explicit"``: ``forward(u, u_hat)`` then
+    ``backward(u_hat, u)`` with the caller's arrays, as zcoll is called, which adds the copies
+    mpi4py-fft makes into its input and out of its output array.
+
+    The split: the plan's ``forward`` / ``backward`` (``mpi4py_fft.mpifft.Transform``) call
+    their serial FFT objects (``_xfftn``) and redistributions (``_transfer``, the bound
+    ``forward``/``backward`` methods of ``plan.transfer``, each one ``MPI_Alltoallw`` with
+    subarray datatypes) in sequence; each is wrapped in a :class:`_Timed`, which measures the
+    calls made inside the timed loop itself, as zcoll's own ``timings`` do. If a version of
+    mpi4py-fft lacks these attributes, the split is reported as unknown.
+    """
+
+    method = MPI4PY_FFT
+
+    def __init__(self, comm, n: int, dtype, grid, backend: str, arrays: str) -> None:
+        import mpi4py_fft
+
+        self.backend, self.arrays = backend, arrays
+        self.plan = mpi4py_fft.PFFT(comm, (n, n, n), dtype=dtype, grid=grid, backend=backend)
+        self.timings = {"fft": 0.0, "transpose": 0.0}
+        transforms = (self.plan.forward, self.plan.backward)
+        self.split = all(hasattr(t, "_xfftn") and hasattr(t, "_transfer") for t in transforms)
+        if self.split:
+            for t in transforms:
+                t._xfftn = tuple(_Timed(f, self.timings, "fft") for f in t._xfftn)
+                t._transfer = tuple(_Timed(f, self.timings, "transpose") for f in t._transfer)
+        if arrays == "internal":
+            self.u, self.u_hat = self.plan.forward.input_array, self.plan.forward.output_array
+        else:
+            self.u = np.zeros(self.plan.shape(False), dtype)
+            self.u_hat = np.zeros_like(self.plan.forward.output_array)
+        self.u[...] = fft_field(self.plan.local_slice(False), n, dtype)
+
+    def reset_timings(self) -> None:
+        self.timings.update(dict.fromkeys(self.timings, 0.0))
+
+    def forward(self) -> np.ndarray:
+        if self.arrays == "internal":
+            return self.plan.forward()
+        return self.plan.forward(self.u, self.u_hat)
+
+    def pair(self) -> None:
+        if self.arrays == "internal":
+            self.plan.forward()
+            self.plan.backward()
+        else:
+            self.plan.forward(self.u, self.u_hat)
+            self.plan.backward(self.u_hat, self.u)
+
+    def output_slice(self) -> tuple[slice, ...]:
+        return self.plan.local_slice(True)
+
+    def destroy(self) -> None:
+        self.plan.destroy()
+
+
+def _relative_difference(comm, mine: np.ndarray, mine_slice, ref: np.ndarray, ref_slice) -> float:
+    """Collective: ``||mine - ref|| / ||ref||`` over the global arrays (2-norms), on every rank.
+
+    Compares locally when every rank holds the same part of both; otherwise gathers both
+    global arrays on rank 0.
+    """
+    same = mine_slice == ref_slice and mine.shape == ref.shape
+    if comm.allreduce(same, op=MPI.LAND):
+        diff = mine.astype(np.complex128) - ref
+        sums = np.array([np.vdot(diff, diff).real, np.vdot(ref, ref).real])
+        comm.Allreduce(MPI.IN_PLACE, sums, op=MPI.SUM)
+    else:
+        parts = comm.gather((mine_slice, mine, ref_slice, ref), root=0)
+        sums = np.zeros(2)
+        if comm.rank == 0:
+            shape = tuple(max(s.stop for s in axis) for axis in zip(*(p[0] for p in parts)))
+            a, b = np.zeros(shape, np.complex128), np.zeros(shape, np.complex128)
+            for a_slice, a_part, b_slice, b_part in parts:
+                a[a_slice], b[b_slice] = a_part, b_part
+            sums[:] = np.vdot(a - b, a - b).real, np.vdot(b, b).real
+        comm.Bcast(sums, root=0)
+    return math.sqrt(sums[0] / sums[1]) if sums[1] > 0 else math.sqrt(sums[0])
+
+
+def check_fft(comm, zc: ZcollFFTCase, mc: Mpi4pyFFTCase | None, dtype) -> list[str]:
+    """Compare zcoll's forward result with mpi4py-fft's, and zcoll's round trip with its input.
+
+    Collective; returns the same list of failures (empty if all is well) on every rank.
+    """
+    single = np.dtype(dtype) in (np.dtype(np.float32), np.dtype(np.complex64))
+    tolerance = FFT_TOLERANCE["single" if single else "double"]
+    failures = []
+    if mc is not None:
+        z, m = zc.forward(), mc.forward()
+        error = _relative_difference(comm, z, zc.output_slice(), m, mc.output_slice())
+        if not error <= tolerance:
+            failures.append(f"forward differs from mpi4py-fft's by {error:.2e} (relative)")
+    before = np.array(zc.u)
+    zc.pair()
+    error = _relative_difference(comm, zc.u, (), before, ())
+    if not error <= tolerance:
+        failures.append(f"backward(forward(u)) differs from u by {error:.2e} (relative)")
+    return failures
+
+
+def time_fft(comm, case, args) -> dict[str, float | int | None]:
+    """Time forward+backward pairs of `case`, as :func:`measure` times a collective.
+
+    Every rank runs ``--warmup`` untimed pairs; without ``--iterations`` one more pair, timed
+    after a barrier, sets the count (``--time-budget`` / its cost, between 3 and 1000). Then a
+    barrier and the timed loop. Collective over `comm`.
+
+    Returns
+    -------
+    dict
+        ``total``, ``fft``, ``transpose``: seconds per pair, each the largest over the ranks of
+        that rank's mean (``transpose``/``fft`` None when unknown); ``iterations``;
+        ``warmup``.
+    """
+    warmup = 1 if args.warmup is None else args.warmup
+    for _ in range(warmup):
+        case.pair()
+    iterations = args.iterations
+    if iterations is None:
+        if args.time_budget > 0:
+            comm.Barrier()
+            start = MPI.Wtime()
+            case.pair()
+            pilot = comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+            affordable = round(args.time_budget / pilot) if pilot > 0 else FFT_MAX_ITERATIONS
+            iterations = min(FFT_MAX_ITERATIONS, max(FFT_MIN_ITERATIONS, affordable))
+        else:
+            iterations = FFT_ITERATIONS
+    case.reset_timings()
+    comm.Barrier()
+    start = MPI.Wtime()
+    for _ in range(iterations):
+        case.pair()
+    elapsed = MPI.Wtime() - start
+    split = getattr(case, "split", True)
+    per_pair = np.array([elapsed, case.timings["fft"], case.timings["transpose"]]) / iterations
+    comm.Allreduce(MPI.IN_PLACE, per_pair, op=MPI.MAX)
+    return {
+        "total": float(per_pair[0]),
+        "fft": float(per_pair[1]) if split else None,
+        "transpose": float(per_pair[2]) if split else None,
+        "iterations": iterations,
+        "warmup": warmup,
+    }
+
+
+def _ms(seconds: float | None, width: int) -> str:
+    return f"{'n/a':>{width}}" if seconds is None else f"{seconds * 1e3:{width}.2f}"
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def fft_table_header() -> list[str]:
+    """The two title lines of the fft table (ms per forward+backward pair)."""
+    return [
+        f"{'':11}{'------------ zcoll ------------':>32}{'--------- mpi4py-fft ----------':>33}"
+        f"{'- mpi4py-fft/zcoll -':>22}",
+        f"{'N':>5}{'iters':>6}{'total':>11}{'fft':>10}{'transpose':>11}"
+        f"{'total':>12}{'fft':>10}{'transpose':>11}{'total':>11}{'transpose':>11}",
+    ]
+
+
+def fft_table_row(n: int, z: dict, m: dict | None) -> str:
+    """One line of the fft table: zcoll's and mpi4py-fft's times (ms) and their ratios."""
+    m = m or {"total": None, "fft": None, "transpose": None}
+    total, transpose = _ratio(m["total"], z["total"]), _ratio(m["transpose"], z["transpose"])
+    return (
+        f"{n:>5}{z['iterations']:>6}{_ms(z['total'], 11)}{_ms(z['fft'], 10)}"
+        f"{_ms(z['transpose'], 11)}{_ms(m['total'], 12)}{_ms(m['fft'], 10)}"
+        f"{_ms(m['transpose'], 11)}{_times(total):>11}{_times(transpose):>11}"
+    )
+
+
+def _geomean(values) -> float | None:
+    values = [v for v in values if v]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _all_ok(comm, ok: bool) -> bool:
+    return comm.allreduce(bool(ok), op=MPI.LAND)
+
+
+def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
+    """Time ``zcoll.fft.PFFT`` against ``mpi4py_fft.PFFT`` for cubic N^3 transforms.
+
+    For each N, both plans get the same shape, dtype and process grid (``--grid``), and the
+    same input field. Each is timed as forward+backward pairs (``forward`` normalised,
+    ``backward`` not, both libraries' defaults): warm-up, barrier, timed loop, the largest
+    per-pair mean over the ranks. Each library's time is split into local FFTs and global
+    transposes measured inside the same loop: zcoll's from ``PFFT.timings``, mpi4py-fft's by
+    wrapping its serial transforms and Transfer methods (see :class:`Mpi4pyFFTCase`). The
+    split's parts are also maxima over the ranks, so they need not add up to the total, which
+    also holds argument checks, scaling and (mpi4py-fft, explicit arrays) copies.
+
+    Collective over `comm`. Returns 0, 1 (on every rank) if ``--check`` failed, 2 if the grid
+    does not fit.
+    """
+    say = _root_printer(comm)
+    try:
+        dims = fft_grid_dims(comm.size, args.grid)
+    except ValueError as exc:
+        say(f"zcoll.bench fft: {exc}", file=sys.stderr)
+        return 2
+    layout = node_layout(comm)
+    now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    command = shlex.join(["python", "-m", "zcoll.bench", *args.argv])
+    dtype = np.dtype(args.dtype)
+    reference = args.mpi4py_fft_backend != "none"
+    why_not = ""
+    if reference:
+        try:
+            import mpi4py_fft  # noqa: F401
+        except ImportError as exc:
+            reference, why_not = False, f"mpi4py-fft not available ({exc})"
+    else:
+        why_not = "mpi4py-fft not run (--mpi4py-fft-backend none)"
+    versions = _fft_versions()
+    than = (
+        f"mpi4py-fft {versions.get('mpi4py_fft', '')} backend {args.mpi4py_fft_backend} "
+        f"({args.mpi4py_fft_arrays} arrays)"
+        if reference
+        else why_not
+    )
+
+    say(f"# zcoll.bench fft | {now} | host {socket.gethostname()} | {command}")
+    say(f"# ms per forward+backward pair of an N^3 {dtype} transform (max over ranks of the mean")
+    say("# of a timed loop); fft / transpose: the parts of it spent in local FFTs / in transposes")
+    say(f"# P={comm.size}, grid {grid_label(dims)}, zcoll backend {args.backend}; vs {than}")
+    for line in fft_table_header():
+        say(line)
+    rows, ratios = [], {"total": [], "transpose": []}
+    for n in args.sizes:
+        try:
+            zc = ZcollFFTCase(comm, n, dtype, args.grid, args.backend)
+        except (ValueError, ImportError) as exc:  # raised on every rank
+            say(f"{n:>5}  skipped: {exc}")
+            continue
+        mc = None
+        if reference:
+            try:
+                mc = Mpi4pyFFTCase(
+                    comm, n, dtype, args.grid, args.mpi4py_fft_backend, args.mpi4py_fft_arrays
+                )
+                ok = True
+            except Exception as exc:
+                ok, error = False, exc
+            if not _all_ok(comm, ok):
+                if mc is not None:
+                    mc.destroy()
+                mc = None
+                why = f"{type(error).__name__}: {error}" if not ok else "failed on another rank"
+                say(f"# mpi4py-fft skipped for N={n}: {why}")
+        if args.check:
+            failures = check_fft(comm, zc, mc, dtype)
+            if failures:
+                say(
+                    f"zcoll.bench fft: check failed for N={n}: {'; '.join(failures)}",
+                    file=sys.stderr,
+                )
+                return 1
+        results = {ZCOLL_FFT: time_fft(comm, zc, args)}
+        if mc is not None:
+            results[MPI4PY_FFT] = time_fft(comm, mc, args)
+        z, m = results[ZCOLL_FFT], results.get(MPI4PY_FFT)
+        say(fft_table_row(n, z, m))
+        if m is not None:
+            ratios["total"].append(_ratio(m["total"], z["total"]))
+            ratios["transpose"].append(_ratio(m["transpose"], z["transpose"]))
+        for case in (zc, mc):
+            if case is None:
+                continue
+            r = results[case.method]
+            rows.append(
+                {
+                    "benchmark": "fft",
+                    "P": comm.size,
+                    "N": n,
+                    "dtype": str(dtype),
+                    "grid": "x".join(map(str, dims)),
+                    "method": case.method,
+                    "backend": case.backend,
+                    "arrays": case.arrays,
+                    "total_ms": r["total"] * 1e3,
+                    "fft_ms": None if r["fft"] is None else r["fft"] * 1e3,
+                    "transpose_ms": None if r["transpose"] is None else r["transpose"] * 1e3,
+                    "iterations": r["iterations"],
+                    "warmup": r["warmup"],
+                }
+            )
+            case.destroy()
+        del zc, mc
+        gc.collect()
+
+    geomeans = {key: _geomean(values) for key, values in ratios.items()}
+    if reference:
+        say(
+            f"geomean mpi4py-fft/zcoll: total {_times(geomeans['total'])}, "
+            f"transpose {_times(geomeans['transpose'])}"
+        )
+    say(_where(comm, layout))
+    say(f"MPI library: {mpi_library()}")
+    if comm.rank == 0:
+        metadata = {
+            "benchmark": "fft",
+            **common_metadata(comm, args, layout, now, command),
+            "dtype": str(dtype),
+            "grid": list(dims),
+            "grid_option": args.grid_text,
+            "zcoll_backend": args.backend,
+            "mpi4py_fft_backend": args.mpi4py_fft_backend if reference else None,
+            "mpi4py_fft_arrays": args.mpi4py_fft_arrays if reference else None,
+            "geomean_ratio_total": geomeans["total"],
+            "geomean_ratio_transpose": geomeans["transpose"],
+        }
+        metadata["versions"].update(versions)
+        write_outputs(args, rows, metadata, _FFT_FIELDS)
+    return 0
+
+
+def _fft_versions() -> dict[str, str]:
+    """Versions of the optional FFT packages that import."""
+    versions = {}
+    for module in ("mpi4py_fft", "pyfftw", "scipy"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception:
+            pass
+    return versions
 
 
 # --- subcommands -------------------------------------------------------------------------------
@@ -368,13 +924,12 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
 
     Collective over `comm`. Returns 0, or 1 (on every rank) if ``--check`` found a difference.
     """
-    collective, root = args.command, comm.rank == 0
-    nodes, cpus, oversubscription = node_layout(comm)
-    library = MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0].strip()
+    collective = args.command
+    layout = node_layout(comm)
+    oversubscription = layout[2]
     now = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     command = shlex.join(["python", "-m", "zcoll.bench", *args.argv])
-    crowded = f", {oversubscription:g} ranks per CPU" if oversubscription > 1 else ""
-    say = functools.partial(print, flush=True) if root else lambda *a, **k: None
+    say = _root_printer(comm)
 
     say(f"# zcoll.bench {collective} | {now} | host {socket.gethostname()} | {command}")
     say(f"# latency in us per call (max over ranks of the mean of a timed loop); P={comm.size}")
@@ -399,29 +954,12 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         f"{_times(speedups['small'])}, blocks >= {format_size(LARGE_BLOCKS)}: "
         f"{_times(speedups['large'])}"
     )
-    where = f"{_plural(comm.size, 'rank')} on {_plural(nodes, 'node')}"
-    say(f"P = {where}, {cpus} CPUs per node{crowded}")
-    say(f"MPI library: {library}")
-    if root:
+    say(_where(comm, layout))
+    say(f"MPI library: {mpi_library()}")
+    if comm.rank == 0:
         metadata = {
             "collective": collective,
-            "P": comm.size,
-            "nodes": nodes,
-            "cpus_per_node": cpus,
-            "ranks_per_cpu": oversubscription,
-            "date": now,
-            "host": socket.gethostname(),
-            "command": command,
-            "mpi_library": library,
-            "versions": {
-                "zcoll": zcoll.__version__,
-                "mpi4py": mpi4py.__version__,
-                "numpy": np.__version__,
-                "python": sys.version.split()[0],
-            },
-            "environment": {k: v for k, v in os.environ.items() if k.startswith("ZCOLL_")},
-            "time_budget_s": args.time_budget,
-            "checked": args.check,
+            **common_metadata(comm, args, layout, now, command),
             "geomean_speedup_small": speedups["small"],
             "geomean_speedup_large": speedups["large"],
         }
@@ -429,10 +967,12 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     return 0
 
 
-#: Subcommand name -> (function(comm, args) -> exit status, help). Add e.g. "copy" or "fft" here.
+#: Subcommand name -> (function(comm, args) -> exit status, help). Add e.g. "copy" here, with
+#: its options in ``_OPTIONS``.
 COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] = {
     "alltoall": (run_collective, "zcoll.alltoall vs comm.Alltoall"),
     "allgather": (run_collective, "zcoll.allgather vs comm.Allgather"),
+    "fft": (run_fft, "zcoll.fft.PFFT vs mpi4py_fft.PFFT (3D, forward+backward)"),
 }
 
 
@@ -444,7 +984,12 @@ class _RootParser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", metavar="FILE", help="write raw results and metadata as JSON")
+    parser.add_argument("--csv", metavar="FILE", help="write raw results as CSV")
+
+
+def _collective_options() -> argparse.ArgumentParser:
     common = _RootParser(add_help=False)
     sizes = common.add_argument_group("block sizes (default: powers of two, 8 B to 1 MiB)")
     sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
@@ -472,18 +1017,119 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--check", action="store_true", help="first compare each order's result with MPI's"
     )
-    common.add_argument("--json", metavar="FILE", help="write raw results and metadata as JSON")
-    common.add_argument("--csv", metavar="FILE", help="write raw results as CSV")
+    _add_output_options(common)
+    return common
 
+
+def _fft_options() -> argparse.ArgumentParser:
+    from zcoll.fft import BACKENDS
+
+    options = _RootParser(add_help=False)
+    options.add_argument(
+        "--sizes",
+        type=parse_fft_sizes,
+        default=list(FFT_SIZES),
+        metavar="N,N,...",
+        help="cube edges: each N gives an N x N x N transform "
+        f"(default {','.join(map(str, FFT_SIZES))})",
+    )
+    options.add_argument(
+        "--dtype",
+        choices=FFT_DTYPES,
+        default="complex128",
+        help="input dtype; float32/float64 give real-to-complex transforms (default complex128)",
+    )
+    options.add_argument(
+        "--grid",
+        dest="grid_text",
+        default="none",
+        metavar="GRID",
+        help="process grid: none (library default: pencils over axes 0 and 1), slab, pencil, "
+        "or counts per axis such as 2x1 or 2x2x1 (default none)",
+    )
+    options.add_argument(
+        "--backend",
+        choices=sorted(BACKENDS),
+        default="numpy",
+        help="zcoll's serial FFT library (default numpy)",
+    )
+    options.add_argument(
+        "--mpi4py-fft-backend",
+        default="fftw",
+        metavar="NAME",
+        help="mpi4py-fft's serial FFT backend: fftw, pyfftw, numpy, scipy, ...; "
+        "none: time zcoll alone (default fftw)",
+    )
+    options.add_argument(
+        "--mpi4py-fft-arrays",
+        choices=("internal", "explicit"),
+        default="internal",
+        help="internal: mpi4py-fft's forward()/backward() on its own arrays, no copies; "
+        "explicit: forward(u, u_hat)/backward(u_hat, u), as zcoll is called (default internal)",
+    )
+    options.add_argument(
+        "--iterations",
+        type=int,
+        help="timed forward+backward pairs (default: --time-budget / cost of one, 3 to 1000)",
+    )
+    options.add_argument("--warmup", type=int, help="untimed pairs first (default 1)")
+    options.add_argument(
+        "--time-budget",
+        type=float,
+        default=FFT_TIME_BUDGET,
+        metavar="SECONDS",
+        help="target length of each timed loop when --iterations is not given; "
+        f"0: {FFT_ITERATIONS} pairs (default {FFT_TIME_BUDGET:g})",
+    )
+    options.add_argument(
+        "--check",
+        action="store_true",
+        help="first compare zcoll's forward result with mpi4py-fft's, and its round trip "
+        "with the input (relative 2-norm, 1e-10; 1e-5 in single precision)",
+    )
+    _add_output_options(options)
+    return options
+
+
+#: Subcommand name -> function returning a parent parser with its options.
+_OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "alltoall": _collective_options,
+    "allgather": _collective_options,
+    "fft": _fft_options,
+}
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = _RootParser(
         prog="python -m zcoll.bench",
-        description="OSU-style latency of zcoll collectives against the MPI library's.",
+        description="OSU-style latency of zcoll collectives against the MPI library's, and "
+        "zcoll.fft against mpi4py-fft.",
         epilog="Run under MPI, e.g.: mpiexec -n 8 python -m zcoll.bench alltoall",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (_, text) in COMMANDS.items():
-        commands.add_parser(name, parents=[common], help=text, description=text)
+        commands.add_parser(name, parents=[_OPTIONS[name]()], help=text, description=text)
     return parser
+
+
+def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks and defaults that argparse cannot express (calls ``parser.error`` on misuse)."""
+    if args.command == "fft":
+        try:
+            args.grid = parse_grid(args.grid_text)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument --grid: {exc}")
+    else:
+        if args.sizes and (args.min or args.max):
+            parser.error("--sizes cannot be combined with --min/--max")
+        if not args.sizes:
+            args.sizes = powers_of_two(args.min or 8, args.max or MIB)
+            if not args.sizes:
+                parser.error("no power of two lies between --min and --max")
+    if args.iterations is not None and args.iterations < 1:
+        parser.error("--iterations must be at least 1")
+    if args.warmup is not None and args.warmup < 0:
+        parser.error("--warmup must be at least 0")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -504,16 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:  # argparse reports a usage error by raising SystemExit(2), on every rank
         args = parser.parse_args(argv)
-        if args.sizes and (args.min or args.max):
-            parser.error("--sizes cannot be combined with --min/--max")
-        if not args.sizes:
-            args.sizes = powers_of_two(args.min or 8, args.max or MIB)
-            if not args.sizes:
-                parser.error("no power of two lies between --min and --max")
-        if args.iterations is not None and args.iterations < 1:
-            parser.error("--iterations must be at least 1")
-        if args.warmup is not None and args.warmup < 0:
-            parser.error("--warmup must be at least 0")
+        _finish_args(parser, args)
     except SystemExit as exc:
         return int(exc.code or 0)
     args.argv = argv
