@@ -217,6 +217,23 @@ AXES_CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["numpy", "pyfftw"])
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64], ids=dname)
+@pytest.mark.parametrize("grid", [None, (-1,)], ids=["pencil", "slab"])
+def test_collapse_gives_the_same_transform(world, plans, grid, dtype, backend):
+    """Local axes transformed one call per axis, or several axes per call: both right."""
+    if backend != "numpy":
+        pytest.importorskip(backend)
+    shape, bad = (9, 10, 13), []
+    for collapse in (False, True):
+        fft = plan_or_error(plans, world, shape, dtype, grid=grid, backend=backend,
+                            collapse=collapse)  # fmt: skip
+        if fft is not None:
+            bad += [f"collapse={collapse}: {b}" for b in check_plan(world, fft, shape, dtype,
+                                                                    None, grid)]  # fmt: skip
+    all_ranks_agree(world, not bad, str(bad))
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=dname)
 @pytest.mark.parametrize(("shape", "axes", "grid"), AXES_CASES, ids=lambda v: str(v))
 def test_axes_and_dimensions(world, plans, shape, axes, grid, dtype):
@@ -596,6 +613,11 @@ def test_bad_plan_arguments(world):
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), dtype=np.float16), TypeError, "dtype")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), backend="fftpack"), ValueError,
                       "backend")  # fmt: skip
+    for option in ({"padding": [1.5, 1.5, 1.5]}, {"transforms": {}}, {"slab": True}):
+        expect_everywhere(world, lambda o=option: PFFT(world, (8, 6, 5), **o), TypeError,
+                          "unsupported")  # fmt: skip
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), threads=2), TypeError, "threads")
+    expect_everywhere(world, lambda: PFFT("world", (8, 6, 5)), TypeError, "communicator")
     expect_everywhere(world, lambda: PFFT(world, (8,)), ValueError, "shape")
     expect_everywhere(world, lambda: PFFT(world, (8, 0, 5)), ValueError, "shape")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(0, 3)), ValueError, "axes")

@@ -11,7 +11,7 @@ from mpi4py import MPI
 
 from .._arena import empty
 from .._context import lookup
-from ._backends import get_backend
+from ._backends import check_backend, get_backend
 from ._pencil import Pencil, Subcomm, Transfer
 
 __all__ = ["PFFT", "DistArray", "newDistArray"]
@@ -98,7 +98,7 @@ def _new(pencil: Pencil, dtype) -> DistArray:
 @dataclass
 class _Step:
     kind: str  # "r2c" | "c2c" | "transfer"
-    axis: int
+    axes: tuple[int, ...]  # transformed axes (r2c: on the last one); transfer: the new alignment
     pencil: Pencil  # pencil of the step's output
     dtype: np.dtype  # dtype of the step's output
     transfer: Transfer | None = None
@@ -128,11 +128,17 @@ class PFFT:
         in by ``MPI.Compute_dims``). Default: every axis but the first transformed one
         distributed (pencils in 3D); ``(-1,)`` is a slab decomposition over axis 0.
     backend : {"numpy", "scipy", "pyfftw"}
-        Serial FFT library for the local 1D transforms.
+        Serial FFT library for the local transforms.
+    collapse : bool
+        Transform consecutive axes that are local to every rank with one multi-dimensional
+        call of the backend (mpi4py-fft's `collapse`, which defaults to False there): the
+        same result with fewer passes over memory.
     order : str
         Block order of the global transposes (as for :func:`zcoll.alltoall`).
     **backend_options
-        Passed to the backend (``threads``, ``planner_effort`` for pyfftw).
+        Passed to the backend: ``threads`` (scipy, pyfftw), ``planner_effort`` (pyfftw).
+        Any other keyword (mpi4py-fft's ``padding``, ``transforms``, ``darray``, ...) raises
+        TypeError.
 
     Notes
     -----
@@ -151,11 +157,14 @@ class PFFT:
         grid: Sequence[int] | None = None,
         backend: str = "numpy",
         *,
+        collapse: bool = True,
         order: str = "auto",
         **backend_options,
     ) -> None:
+        if not isinstance(comm, MPI.Comm):
+            raise TypeError(f"zcoll.fft.PFFT: comm must be an mpi4py communicator, got {comm!r}")
         self.comm = comm
-        problem = self._agree(comm, shape, axes, dtype, grid, backend, order)
+        problem = self._agree(comm, shape, axes, dtype, grid, backend, order, backend_options)
         if problem:
             raise problem
         shape = tuple(int(n) for n in shape)
@@ -165,14 +174,14 @@ class PFFT:
         self.backend = get_backend(backend, **backend_options)
         self.subcomm = Subcomm(comm, _grid_dims(comm.size, shape, self.axes, grid))
         try:
-            self._plan(shape, dtype, order)
+            self._plan(shape, dtype, order, bool(collapse))
         except Exception:
             self.subcomm.destroy()
             raise
         self.timings = {"fft": 0.0, "transpose": 0.0}
 
     @staticmethod
-    def _agree(comm, shape, axes, dtype, grid, backend, order) -> Exception | None:
+    def _agree(comm, shape, axes, dtype, grid, backend, order, options) -> Exception | None:
         """Check the arguments locally, then make sure all ranks passed the same ones."""
         try:
             shape = tuple(int(n) for n in shape)
@@ -192,6 +201,7 @@ class PFFT:
             grid_ = None if grid is None else tuple(int(g) for g in grid)
             if grid_ is not None:
                 _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
+            check_backend(backend, options)
             mine = (shape, axes_, str(dt), grid_, backend, order)
             error = None
         except (TypeError, ValueError) as exc:
@@ -210,24 +220,29 @@ class PFFT:
                 )
         return None
 
-    def _plan(self, shape, dtype, order) -> None:
-        """The steps of a forward transform: 1D FFTs, with a transfer before each FFT whose
+    def _plan(self, shape, dtype, order, collapse: bool) -> None:
+        """The steps of a forward transform: FFTs, with a transfer before each FFT whose
         axis is distributed (mpi4py-fft's sequence of pencils)."""
         pencil = Pencil(self.subcomm, shape, self.axes[-1], self.comm)
         self._input_pencil, self._input_dtype = pencil, dtype
         steps: list[_Step] = []
         for i, axis in enumerate(reversed(self.axes)):
+            moved = False
             if i > 0:
                 target = pencil.pencil(axis)
                 if pencil.subcomm[axis].size > 1:
                     move = pencil.transfer(target, dtype, order=order, staging=False)
-                    steps.append(_Step("transfer", axis, target, dtype, move))
+                    steps.append(_Step("transfer", (axis,), target, dtype, move))
+                    moved = True
                 pencil = target
             if i == 0 and dtype in _REAL:
                 pencil, dtype = pencil.reshaped(axis, shape[axis] // 2 + 1), _REAL[dtype]
-                steps.append(_Step("r2c", axis, pencil, dtype))
+                steps.append(_Step("r2c", (axis,), pencil, dtype))
+            elif i > 0 and collapse and not moved:  # same layout: one call for both
+                last = steps[-1]
+                steps[-1] = _Step(last.kind, (axis, *last.axes), pencil, dtype)
             else:
-                steps.append(_Step("c2c", axis, pencil, dtype))
+                steps.append(_Step("c2c", (axis,), pencil, dtype))
         for p in (self._input_pencil, *(s.pencil for s in steps)):
             if why := p.too_small():
                 raise ValueError(f"zcoll.fft.PFFT: grid {self.subcomm.dims} too large: {why}")
@@ -342,15 +357,17 @@ class PFFT:
     def _agree_call(self, name: str, error: Exception | None) -> None:
         self._context.raise_together(f"fft.{name}", error)
 
-    def _factors(self, normalize: bool) -> dict[int, float]:
-        """Scale factor per transformed axis (all folded into the last step if the backend
-        cannot fold them for free)."""
+    def _factors(self, normalize: bool) -> list[float]:
+        """Scale factor of each step (all folded into the last step if the backend cannot
+        fold them into its transforms for free)."""
+        sizes = [float(np.prod([self._lengths[a] for a in step.axes])) for step in self._steps]
         if not normalize:
-            return dict.fromkeys(self.axes, 1.0)
+            return [1.0] * len(sizes)
         if self.backend.folds_scaling:
-            return {axis: 1.0 / n for axis, n in self._lengths.items()}
+            return [1.0 / n if step.kind != "transfer" else 1.0
+                    for n, step in zip(sizes, self._steps)]  # fmt: skip
         total = 1.0 / float(np.prod(list(self._lengths.values())))
-        return {axis: (total if axis == self.axes[0] else 1.0) for axis in self.axes}
+        return [total if i == len(sizes) - 1 else 1.0 for i in range(len(sizes))]
 
     def _timed(self, key: str, func, *args) -> None:
         t0 = time.perf_counter()
@@ -365,16 +382,18 @@ class PFFT:
             if step.kind == "transfer":
                 self._timed("transpose", step.transfer.forward, a, dst)
             elif step.kind == "r2c":
-                self._timed("fft", be.r2c, a, dst, step.axis, factors[step.axis])
+                self._timed("fft", be.r2c, a, dst, step.axes, factors[i])
             else:
-                self._timed("fft", be.c2c, a, dst, step.axis, False, factors[step.axis])
+                self._timed("fft", be.c2c, a, dst, step.axes, False, factors[i])
             a = dst
 
     def _run_backward(self, a, out, factors) -> None:
         be = self.backend
-        steps = self._steps
-        for i in range(len(steps) - 1, -1, -1):
-            step = steps[i]
+        # With one factor for all, the last forward step's factor goes to the first inverse.
+        if not self.backend.folds_scaling:
+            factors = factors[::-1]
+        for i in range(len(self._steps) - 1, -1, -1):
+            step = self._steps[i]
             # Step i's inverse writes the layout step i read: step i-1's output, or the input.
             dst = out if i == 0 else self._work[i - 1]
             if step.kind == "transfer":
@@ -382,10 +401,9 @@ class PFFT:
             elif step.kind == "r2c":
                 if a is not self._work[0]:
                     a = _copy_into(self._work[0], a)  # c2r may destroy its input
-                n = self._lengths[step.axis]
-                self._timed("fft", be.c2r, a, dst, step.axis, n, factors[step.axis])
+                self._timed("fft", be.c2r, a, dst, step.axes, factors[i])
             else:
-                self._timed("fft", be.c2c, a, dst, step.axis, True, factors[step.axis])
+                self._timed("fft", be.c2c, a, dst, step.axes, True, factors[i])
             a = dst
 
     def reset_timings(self) -> None:
