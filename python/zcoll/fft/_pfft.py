@@ -313,8 +313,9 @@ class PFFT:
         dst_pencil = self._input_pencil if inverse else self._output_pencil
         src_dtype = self._output_dtype if inverse else self._input_dtype
         dst_dtype = self._input_dtype if inverse else self._output_dtype
-        a = self._checked_input(name, input_array, src_pencil, src_dtype)
-        self._check_output(name, output_array, dst_pencil, dst_dtype)
+        a, error = _input_problem(input_array, src_pencil, src_dtype)
+        error = error or _output_problem(output_array, dst_pencil, dst_dtype)
+        self._context.raise_together(f"fft.{name}", error)  # one node barrier when all is well
         if output_array is None:
             output_array = _new(dst_pencil, dst_dtype)
         factors = self._factors(normalize)
@@ -323,39 +324,6 @@ class PFFT:
         else:
             self._run_forward(a, output_array, factors)
         return output_array
-
-    def _checked_input(self, name, a, pencil, dtype) -> np.ndarray:
-        """This rank's input as an array, or the same error on every rank of the grid."""
-        error = None
-        if a is None:
-            error = ValueError("input_array is required")
-        else:
-            a = np.asarray(a)
-            if a.shape != pencil.subshape:
-                error = ValueError(
-                    f"input_array has shape {a.shape}, this rank's part has shape {pencil.subshape}"
-                )
-            elif a.dtype != dtype:
-                error = TypeError(f"input_array has dtype {a.dtype}, the plan expects {dtype}")
-        self._agree_call(name, error)
-        return a
-
-    def _check_output(self, name, out, pencil, dtype) -> None:
-        error = None
-        if out is not None:
-            if not isinstance(out, np.ndarray):
-                error = TypeError("output_array must be a numpy.ndarray")
-            elif out.shape != pencil.subshape or out.dtype != dtype:
-                error = ValueError(
-                    f"output_array has shape {out.shape} and dtype {out.dtype}; expected "
-                    f"{pencil.subshape} and {dtype}"
-                )
-            elif not out.flags.writeable:
-                error = ValueError("output_array is read-only")
-        self._agree_call(name, error)
-
-    def _agree_call(self, name: str, error: Exception | None) -> None:
-        self._context.raise_together(f"fft.{name}", error)
 
     def _factors(self, normalize: bool) -> list[float]:
         """Scale factor of each step (all folded into the last step if the backend cannot
@@ -412,6 +380,35 @@ class PFFT:
     def destroy(self) -> None:
         """Collective: free the plan's communicators."""
         self.subcomm.destroy()
+
+
+def _input_problem(a, pencil: Pencil, dtype) -> tuple[np.ndarray | None, Exception | None]:
+    """This rank's input as an array, and what is wrong with it (None when nothing)."""
+    if a is None:
+        return None, ValueError("input_array is required")
+    a = np.asarray(a)
+    if a.shape != pencil.subshape:
+        return a, ValueError(
+            f"input_array has shape {a.shape}, this rank's part has shape {pencil.subshape}"
+        )
+    if a.dtype != dtype:
+        return a, TypeError(f"input_array has dtype {a.dtype}, the plan expects {dtype}")
+    return a, None
+
+
+def _output_problem(out, pencil: Pencil, dtype) -> Exception | None:
+    if out is None:
+        return None
+    if not isinstance(out, np.ndarray):
+        return TypeError("output_array must be a numpy.ndarray")
+    if out.shape != pencil.subshape or out.dtype != dtype:
+        return ValueError(
+            f"output_array has shape {out.shape} and dtype {out.dtype}; expected "
+            f"{pencil.subshape} and {dtype}"
+        )
+    if not out.flags.writeable:
+        return ValueError("output_array is read-only")
+    return None
 
 
 def _copy_into(work, a):
