@@ -538,7 +538,32 @@ class _Timed:
         return getattr(self._fn, name)
 
 
-class ZcollFFTCase:
+class _FFTCase:
+    """A plan with its arrays; a pair is forward then backward (explicit arrays, or the
+    plan's own ones where `explicit` is False)."""
+
+    explicit = True
+
+    def forward(self) -> np.ndarray:
+        if not self.explicit:
+            return self.plan.forward()
+        return self.plan.forward(self.u, self.u_hat)
+
+    def pair(self) -> None:
+        self.forward()
+        if self.explicit:
+            self.plan.backward(self.u_hat, self.u)
+        else:
+            self.plan.backward()
+
+    def output_slice(self) -> tuple[slice, ...]:
+        return self.plan.local_slice(True)
+
+    def destroy(self) -> None:
+        self.plan.destroy()
+
+
+class ZcollFFTCase(_FFTCase):
     """A ``zcoll.fft.PFFT`` plan with arena arrays ``u`` (physical) and ``u_hat`` (spectral).
 
     One pair is ``forward(u, u_hat)`` then ``backward(u_hat, u)``: the caller's arrays, no
@@ -563,21 +588,8 @@ class ZcollFFTCase:
     def reset_timings(self) -> None:
         self.plan.reset_timings()
 
-    def forward(self) -> np.ndarray:
-        return self.plan.forward(self.u, self.u_hat)
 
-    def pair(self) -> None:
-        self.plan.forward(self.u, self.u_hat)
-        self.plan.backward(self.u_hat, self.u)
-
-    def output_slice(self) -> tuple[slice, ...]:
-        return self.plan.local_slice(True)
-
-    def destroy(self) -> None:
-        self.plan.destroy()
-
-
-class Mpi4pyFFTCase:
+class Mpi4pyFFTCase(_FFTCase):
     """An ``mpi4py_fft.PFFT`` plan, timed the same way, with its transposes timed separately.
 
     ``arrays="internal"``: one pair is ``forward()`` then ``backward()`` on the plan's own
@@ -599,6 +611,7 @@ class Mpi4pyFFTCase:
         import mpi4py_fft
 
         self.backend, self.arrays = backend, arrays
+        self.explicit = arrays != "internal"
         self.plan = mpi4py_fft.PFFT(comm, (n, n, n), dtype=dtype, grid=grid, backend=backend)
         self.timings = {"fft": 0.0, "transpose": 0.0}
         transforms = (self.plan.forward, self.plan.backward)
@@ -616,25 +629,6 @@ class Mpi4pyFFTCase:
 
     def reset_timings(self) -> None:
         self.timings.update(dict.fromkeys(self.timings, 0.0))
-
-    def forward(self) -> np.ndarray:
-        if self.arrays == "internal":
-            return self.plan.forward()
-        return self.plan.forward(self.u, self.u_hat)
-
-    def pair(self) -> None:
-        if self.arrays == "internal":
-            self.plan.forward()
-            self.plan.backward()
-        else:
-            self.plan.forward(self.u, self.u_hat)
-            self.plan.backward(self.u_hat, self.u)
-
-    def output_slice(self) -> tuple[slice, ...]:
-        return self.plan.local_slice(True)
-
-    def destroy(self) -> None:
-        self.plan.destroy()
 
 
 def _relative_difference(comm, mine: np.ndarray, mine_slice, ref: np.ndarray, ref_slice) -> float:
