@@ -7,6 +7,7 @@ not. The reference is `comm.Alltoall` / `comm.Allgather` on byte views of the sa
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -240,3 +241,71 @@ def test_back_to_back_calls_with_jitter(world, op):
         if rng.random() < 0.05:
             time.sleep(rng.random() * 1e-3)
     all_ranks_agree(world, ok, f"back-to-back {op}")
+
+
+COPY_COUNTS = [0, 1, 7, 100, 1000, 20_001]  # bytes per block up to ~160 KiB for 8-byte types
+
+
+@contextlib.contextmanager
+def hybrid_threshold(comm, nbytes: int | None):
+    """`comm`'s context with its hybrid-copy threshold set to `nbytes` (None: unchanged) and,
+    when set, "auto" allowed to stream calls that fit in cache; restored afterwards."""
+    core = zcoll._context.context(comm).core
+    old, cache = core.copy_threshold(0), core.copy_cache  # size class 0: the configured T
+    if nbytes is not None:
+        core.set_copy_threshold(nbytes)
+        core.set_copy_cache(0)
+    try:
+        yield core
+    finally:
+        core.set_copy_threshold(old)
+        core.set_copy_cache(cache)
+
+
+@pytest.mark.parametrize("threshold", [None, 100], ids=["default", "100B"])
+@pytest.mark.parametrize("copy", ["auto", *zcoll.COPY_MODES])
+def test_copy_modes_match_mpi(comm, copy, threshold):
+    """Every copy mode (streaming and hybrid stores, a threshold inside the blocks) moves the
+    same bits as MPI, for alltoall and allgather, arena and private buffers."""
+    p = comm.size
+    failures = []
+    cases = [(d, c, arena) for d in (np.uint8, np.float64) for c in COPY_COUNTS for arena in (1, 0)]
+    with hybrid_threshold(comm, threshold):
+        for tag, (dtype, count, arena) in enumerate(cases):
+            send = make_buffer(comm, (p, count), dtype, arena=bool(arena))
+            fill(send, seeded(comm, tag, send.nbytes))
+            got = zcoll.alltoall(comm, send, copy=copy)
+            if not same_bits(got, reference_alltoall(comm, send)):
+                failures.append(("alltoall", np.dtype(dtype).name, count, arena))
+            got = zcoll.allgather(comm, send[0], copy=copy)
+            if not same_bits(got, reference_allgather(comm, send[0])):
+                failures.append(("allgather", np.dtype(dtype).name, count, arena))
+    all_ranks_agree(comm, not failures, f"copy={copy} threshold={threshold}: {failures}")
+
+
+def test_auto_copy_tunes_without_changing_results(world):
+    """Repeated calls of one size walk "auto" through its threshold halvings (a small start
+    threshold makes them short); every call is still right."""
+    send = zcoll.empty(world, (world.size, 64 * 1024), np.uint8)
+    seen, failures = set(), []
+    with hybrid_threshold(world, 16 * 1024) as core:
+        for call in range(25):
+            fill(send, seeded(world, call, send.nbytes))
+            seen.add(core.copy_threshold(64 * 1024))
+            got = zcoll.alltoall(world, send, order="row")
+            if not same_bits(got, reference_alltoall(world, send)):
+                failures.append(call)
+    all_ranks_agree(world, not failures, f"auto copy, wrong results in calls {failures}")
+    all_ranks_agree(world, len(seen) >= 2, f"the threshold never moved: {seen}")
+
+
+def test_bad_copy_mode_raises_everywhere(comm):
+    send = np.zeros((comm.size, 4))
+    outcome = None
+    try:
+        zcoll.alltoall(comm, send, copy="fast" if comm.rank == 0 else "auto")
+    except ValueError as exc:
+        outcome = str(exc)
+    all_ranks_agree(comm, outcome is not None and "copy must be" in outcome, str(outcome))
+    ok = same_bits(zcoll.alltoall(comm, send), send)  # the communicator still works
+    all_ranks_agree(comm, ok, "alltoall after a bad copy mode")

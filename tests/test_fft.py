@@ -463,10 +463,11 @@ def test_block_orders(world, plans, order):
     all_ranks_agree(world, not bad, f"order={order}: {bad}")
 
 
-def test_larger_array(world, plans):
-    """Blocks well past the eager-message threshold."""
+@pytest.mark.parametrize("copy", ["auto", *zcoll.COPY_MODES])
+def test_larger_array(world, plans, copy):
+    """Blocks well past the eager-message threshold, with every copy mode."""
     shape = (64, 48, 40)
-    fft = plans(world, shape, dtype=np.float64)
+    fft = plans(world, shape, dtype=np.float64, copy=copy)
     bad = check_plan(world, fft, shape, np.float64, None, None, seed=22, input_kind="arena")
     all_ranks_agree(world, not bad, str(bad))
 
@@ -507,15 +508,16 @@ TRANSFER_CASES = [
 TRANSFER_DTYPES = [np.bool_, np.int8, np.float32, np.complex128]
 
 
+@pytest.mark.parametrize("copy", ["auto", *zcoll.COPY_MODES])
 @pytest.mark.parametrize("mode", ["arena", "plain", "mixed"])
 @pytest.mark.parametrize("dtype", TRANSFER_DTYPES, ids=dname)
-def test_transfer_matches_global_slices(world, dtype, mode):
+def test_transfer_matches_global_slices(world, dtype, mode, copy):
     p, r = world.size, world.rank
     bad = []
     for tag, (shape, axis_a, axis_b) in enumerate(TRANSFER_CASES):
         g = random_bytes(tag, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         g = g.view(dtype).reshape(shape)
-        t = Transfer(world, shape, dtype, axis_a, axis_b)
+        t = Transfer(world, shape, dtype, axis_a, axis_b, copy=copy)
         part_a = [slice(None)] * len(shape)
         part_a[axis_b] = block(shape[axis_b], p, r)
         part_b = [slice(None)] * len(shape)
@@ -534,7 +536,7 @@ def test_transfer_matches_global_slices(world, dtype, mode):
         a[...] = 0
         if t.backward(b, a) is not a or a.tobytes() != want_a.tobytes():
             bad.append(f"{shape} {axis_a}->{axis_b}: backward")
-    all_ranks_agree(world, not bad, f"{np.dtype(dtype)} {mode}: {bad}")
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)} {mode} copy={copy}: {bad}")
 
 
 @pytest.mark.parametrize("order", ["auto", *zcoll.ORDERS])
@@ -618,6 +620,7 @@ def test_bad_plan_arguments(world):
                           "unsupported")  # fmt: skip
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), threads=2), TypeError, "threads")
     expect_everywhere(world, lambda: PFFT("world", (8, 6, 5)), TypeError, "communicator")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), copy="fast"), ValueError, "copy")
     expect_everywhere(world, lambda: PFFT(world, (8,)), ValueError, "shape")
     expect_everywhere(world, lambda: PFFT(world, (8, 0, 5)), ValueError, "shape")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(0, 3)), ValueError, "axes")

@@ -98,7 +98,7 @@ constexpr std::size_t release_gil_above_bytes = std::size_t{1} << 16;
 // Converts the Python arguments, then runs the collective (or its collective failure).
 // `order` is a block_order code, or auto_order for "auto".
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-         int order) {
+         int order, int copy) {
   if (!py::isinstance<py::array>(recv))
     fail_everywhere(ctx, op, true,
                     "recvbuf must be a numpy.ndarray, got " +
@@ -108,7 +108,7 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
   if (send.is(in_place_sentinel())) {
     gil_released_on_block gil(ctx);
     if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
-    ctx.run(op, nullptr, recv_view, order);
+    ctx.run(op, nullptr, recv_view, order, copy);
     return;
   }
   if (send.is_none()) fail_everywhere(ctx, op, true, "sendbuf is None (use zcoll.IN_PLACE)");
@@ -120,7 +120,7 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
   const array_view send_view = view_of(send_array);
   gil_released_on_block gil(ctx);
   if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
-  ctx.run(op, &send_view, recv_view, order);
+  ctx.run(op, &send_view, recv_view, order, copy);
 }
 
 transfer_geometry make_geometry(const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
@@ -138,7 +138,8 @@ transfer_geometry make_geometry(const std::vector<std::uint64_t>& shape, int axi
 
 // The node's part of a global transpose; arguments checked in the core, on every rank.
 void transfer(node_context& ctx, const py::object& send, const py::object& recv,
-              const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order) {
+              const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order,
+              int copy) {
   for (const py::object* a : {&send, &recv})
     if (!py::isinstance<py::array>(*a))
       fail_everywhere(ctx, op_code::transfer, true,
@@ -150,7 +151,7 @@ void transfer(node_context& ctx, const py::object& send, const py::object& recv,
       make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size);
   gil_released_on_block gil(ctx);
   if (recv_view.nbytes > release_gil_above_bytes) gil.release_now();
-  ctx.run_transfer(g, send_view, recv_view, order);
+  ctx.run_transfer(g, send_view, recv_view, order, copy);
 }
 
 // (error kind or None, message, signature): the local checks of a transfer, no sync.
@@ -226,14 +227,14 @@ void register_exchange(py::module_& m) {
           py::arg("nbytes"))
       .def(
           "alltoall",
-          [](node_context& ctx, const py::object& send, const py::object& recv,
-             int order) { run(ctx, op_code::alltoall, send, recv, order); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"))
+          [](node_context& ctx, const py::object& send, const py::object& recv, int order,
+             int copy) { run(ctx, op_code::alltoall, send, recv, order, copy); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy)
       .def(
           "allgather",
-          [](node_context& ctx, const py::object& send, const py::object& recv,
-             int order) { run(ctx, op_code::allgather, send, recv, order); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"))
+          [](node_context& ctx, const py::object& send, const py::object& recv, int order,
+             int copy) { run(ctx, op_code::allgather, send, recv, order, copy); },
+          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy)
       .def(
           "check",
           [](node_context& ctx, const std::string& op, const py::object& send,
@@ -246,8 +247,9 @@ void register_exchange(py::module_& m) {
       .def(
           "execute",
           [](node_context& ctx, const std::string& op, const py::object& send, py::array& recv,
-             std::size_t block, int order) {
+             std::size_t block, int order, int copy) {
             collective_args a;
+            a.copy = copy;
             a.op = op == "alltoall" ? op_code::alltoall : op_code::allgather;
             if (!send.is(in_place_sentinel())) {
               const auto s = py::reinterpret_borrow<py::array>(send);
@@ -263,9 +265,10 @@ void register_exchange(py::module_& m) {
             ctx.execute(a);
           },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("block_bytes"),
-          py::arg("order"), "Runs a call whose arguments check() accepted (no local checks).")
+          py::arg("order"), py::arg("copy") = auto_copy,
+          "Runs a call whose arguments check() accepted (no local checks).")
       .def("transfer", &transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
-           py::arg("axis_a"), py::arg("axis_b"), py::arg("order"),
+           py::arg("axis_a"), py::arg("axis_b"), py::arg("order"), py::arg("copy") = auto_copy,
            "Collective: the node's blocks of a global transpose (see transfer.hpp).")
       .def("check_transfer", &check_transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
            py::arg("axis_a"), py::arg("axis_b"), py::arg("comm_rank"),
@@ -309,6 +312,23 @@ void register_exchange(py::module_& m) {
             return ctx.view(buffer_ref{segment, offset}, nbytes);
           },
           py::arg("segment"), py::arg("offset"), py::arg("nbytes"))
+      .def(
+          "set_copy_threshold",
+          [](node_context& ctx, std::size_t bytes) { ctx.copy_choice().set_threshold(bytes); },
+          py::arg("nbytes"), "Initial hybrid-copy threshold of copy='auto' (forgets tuning).")
+      .def(
+          "set_copy_cache",
+          [](node_context& ctx, std::size_t bytes) { ctx.copy_choice().set_cache_bytes(bytes); },
+          py::arg("nbytes"), "copy='auto' keeps calls moving at most this much on the node temporal.")
+      .def_property_readonly("copy_cache",
+                             [](node_context& ctx) { return ctx.copy_choice().cache_bytes(); })
+      .def(
+          "copy_threshold",
+          [](node_context& ctx, std::size_t block) {
+            return ctx.copy_choice().threshold_for(block);
+          },
+          py::arg("block_bytes"),
+          "The hybrid threshold copy='auto' uses (or is trying) for blocks of this size.")
       .def("close", &node_context::close)
       .def_property_readonly("closed", &node_context::closed)
       .def_property_readonly("broken", &node_context::broken)
@@ -333,6 +353,7 @@ void register_exchange(py::module_& m) {
   ops["transfer"] = static_cast<int>(op_code::transfer);
   m.attr("OPS") = ops;
   m.attr("AUTO_ORDER") = auto_order;
+  m.attr("AUTO_COPY") = auto_copy;
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {

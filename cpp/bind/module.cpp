@@ -1,10 +1,13 @@
 #include "bindings.hpp"
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "zcoll's private C++ core: shared arena, node barrier, schedules, exchange, topology";
+  m.doc() =
+      "zcoll's private C++ core: shared arena, node barrier, schedules, exchange, copy kernels, "
+      "topology";
   zcoll::bind::register_errors(m);
   zcoll::bind::register_arena(m);
   zcoll::bind::register_schedule(m);
   zcoll::bind::register_exchange(m);
   zcoll::bind::register_topology(m);
+  zcoll::bind::register_copy(m);
 }

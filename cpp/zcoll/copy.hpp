@@ -1,31 +1,87 @@
 /*
- * Copy kernels used by every exchange.
+ * Copy kernels: the single place where zcoll moves bytes.
  *
- * This is the single place where zcoll moves bytes, so the streaming (non-temporal) and hybrid
- * kernels of the roadmap slot in here without touching the exchange logic. Today: the C library
- * memcpy (which already switches to non-temporal stores past its own threshold), a chunked
- * swap for in-place exchanges, and a strided box copy for global transposes (FFT).
+ * Large blocks are bandwidth-bound. Ordinary (temporal) stores make the core read every
+ * destination cache line before writing it (read-for-ownership) and evict useful data;
+ * non-temporal (streaming) stores write whole lines straight to memory, so a copy moves 2 bytes
+ * of memory traffic per byte instead of 3 -- but they are slower than cached stores while the
+ * data fits in cache, and they are weakly ordered. HINT (Alg. 4) combines both: the first
+ * `threshold` bytes of a block with temporal stores, the rest streaming, with the threshold
+ * starting at L2 / ranks per node (see copy_mode).
+ *
+ * Streaming kernels exist for SSE2, AVX2 and AVX-512 (aligned streaming stores, unaligned loads,
+ * software prefetch, head and tail copied with memcpy); the best one the CPU supports is picked
+ * once at load time, and select_isa() overrides it (tests, benchmarks, ZCOLL_COPY_ISA). Where no
+ * streaming store exists (non-x86), "portable" is memcpy.
+ *
+ * Ordering: no kernel fences. Whoever publishes that data is there (the node barrier, see
+ * node_context::sync) calls store_fence() first, once per batch of copies.
  */
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 
 namespace zcoll {
+
+// How a copy treats the destination's cache lines.
+enum class copy_mode : std::uint8_t {
+  temporal = 0,   // ordinary stores (the C library's memcpy); best while the data fits in cache
+  streaming = 1,  // non-temporal stores for everything past the alignment head
+  hybrid = 2,     // temporal for the first `threshold` bytes of each block, streaming after
+};
+inline constexpr int copy_mode_count = 3;
+
+// Instruction set of the streaming kernel.
+enum class copy_isa : std::uint8_t {
+  portable = 0,  // memcpy: no streaming store on this CPU/architecture
+  sse2 = 1,      // 16-byte movntdq
+  avx2 = 2,      // 32-byte vmovntdq
+  avx512 = 3,    // 64-byte vmovntdq (AVX-512F)
+};
+inline constexpr int copy_isa_count = 4;
+
+// What a collective's copies use.
+struct copy_plan {
+  copy_mode mode = copy_mode::temporal;
+  std::size_t threshold = 0;  // hybrid: temporal bytes at the start of each block
+};
+
+std::string_view copy_mode_name(copy_mode m) noexcept;
+std::string_view copy_isa_name(copy_isa i) noexcept;
+
+// Whether this CPU runs `isa`'s kernel (portable: always).
+bool isa_available(copy_isa isa) noexcept;
+// The kernel streaming copies use now, and the best available one (the default).
+copy_isa active_isa() noexcept;
+copy_isa best_isa() noexcept;
+// Makes `isa` the streaming kernel of this process; false (and no change) if unavailable.
+bool select_isa(copy_isa isa) noexcept;
+
+// Orders every earlier streaming store before later stores (sfence on x86).
+void store_fence() noexcept;
+
+// Non-temporal copy of n bytes (no fence).
+void stream_bytes(void* dst, const void* src, std::size_t n) noexcept;
 
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   if (n) std::memcpy(dst, src, n);
 }
+
+// Copies one block as `how` says (no fence).
+void copy_bytes(void* dst, const void* src, std::size_t n, const copy_plan& how) noexcept;
 
 // Exchanges the contents of two non-overlapping ranges through a small stack buffer.
 void swap_bytes(void* a, void* b, std::size_t n) noexcept;
 
 // Copies a box of `ndim` axes with extents `count` between two strided arrays of `itemsize`-byte
 // elements (strides in bytes, may differ on each side). Axes that are contiguous on both sides
-// are merged, so C-ordered sub-blocks copy as a few long memcpy runs.
+// are merged, so C-ordered sub-blocks copy as a few long runs; `how` applies to the box as one
+// block (hybrid: its first `threshold` bytes temporal). No fence.
 void copy_box(std::byte* dst, const std::int64_t* dst_strides, const std::byte* src,
               const std::int64_t* src_strides, const std::uint64_t* count, int ndim,
-              std::size_t itemsize) noexcept;
+              std::size_t itemsize, const copy_plan& how = {}) noexcept;
 
 }  // namespace zcoll

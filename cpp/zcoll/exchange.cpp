@@ -30,6 +30,8 @@ const char* op_name(op_code op) noexcept {
   }
 }
 
+bool valid_copy(int copy) noexcept { return copy == auto_copy || (copy >= 0 && copy < copy_mode_count); }
+
 local_check type_error(std::string m) { return {arg_error::type, std::move(m), 0}; }
 local_check value_error(std::string m) { return {arg_error::value, std::move(m), 0}; }
 
@@ -132,6 +134,7 @@ void node_context::check_usable() const {
 }
 
 void node_context::sync() {
+  store_fence();  // streaming stores are weakly ordered: make them visible before arriving
   try {
     barrier_->wait();
   } catch (const peer_error& e) {
@@ -395,7 +398,7 @@ const schedule& node_context::schedule_for(op_code op, bool in_place, block_orde
 
 void node_context::run_schedule(const schedule& sched, op_code op, bool in_place,
                                 std::size_t block, const std::vector<std::byte*>& send,
-                                const std::vector<std::byte*>& recv) {
+                                const std::vector<std::byte*>& recv, const copy_plan& how) {
   const auto& cr = config_.comm_ranks;
   for (const block_coord& b : sched.segment(config_.rank)) {
     const auto d = static_cast<std::size_t>(b.dst);
@@ -405,10 +408,10 @@ void node_context::run_schedule(const schedule& sched, op_code op, bool in_place
       if (in_place)
         swap_bytes(into, recv[s] + static_cast<std::size_t>(cr[d]) * block, block);
       else
-        copy_bytes(into, send[s] + static_cast<std::size_t>(cr[d]) * block, block);
+        copy_bytes(into, send[s] + static_cast<std::size_t>(cr[d]) * block, block, how);
     } else {
       copy_bytes(into, in_place ? recv[s] + static_cast<std::size_t>(cr[s]) * block : send[s],
-                 block);
+                 block, how);
     }
   }
 }
@@ -449,7 +452,11 @@ void node_context::execute(const collective_args& args) {
     recv[j] = all[j].recv.segment ? resolve(all[j].recv) : stage + send_part;
   }
   const bool my_recv_staged = d.recv.segment == 0;
-  run_schedule(schedule_for(args.op, in_place, args.order), args.op, in_place, block, send, recv);
+  const schedule& sched = schedule_for(args.op, in_place, args.order);
+  timed_copies(block, args.copy, args.recv_bytes, sched.segment(config_.rank).size() * block,
+               [&](const copy_plan& how) {
+                 run_schedule(sched, args.op, in_place, block, send, recv, how);
+               });
   sync();
   if (staged && my_recv_staged)
     copy_bytes(args.recv, staging_->partition(config_.rank) + send_part, args.recv_bytes);
@@ -468,7 +475,7 @@ void node_context::resolve_all(descriptors all, bool send_side, std::vector<std:
 }
 
 void node_context::run_transfer(const transfer_geometry& g, const array_view& send,
-                                const array_view& recv, int order) {
+                                const array_view& recv, int order, int copy) {
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   local_check check = check_transfer_args(g, me, send, recv);
   block_order o = default_order(config_.size, check.block_bytes);
@@ -476,12 +483,13 @@ void node_context::run_transfer(const transfer_geometry& g, const array_view& se
     o = static_cast<block_order>(order);
   else if (order != auto_order && check.ok())
     check = value_error("unknown order code " + std::to_string(order));
+  if (check.ok() && !valid_copy(copy)) check = value_error("unknown copy code " + std::to_string(copy));
   if (!check.ok()) fail(op_code::transfer, check.error, "zcoll.transfer: " + check.message);
-  execute_transfer(g, send, recv, o);
+  execute_transfer(g, send, recv, o, copy);
 }
 
 void node_context::execute_transfer(const transfer_geometry& g, const array_view& send,
-                                    const array_view& recv, block_order order) {
+                                    const array_view& recv, block_order order, int copy) {
   auto& d = next_descriptor(op_code::transfer);
   d.order = static_cast<std::uint8_t>(order);
   d.block_bytes = g.signature();
@@ -495,14 +503,19 @@ void node_context::execute_transfer(const transfer_geometry& g, const array_view
   resolve_all(all, false, &recv_bases_);
   const auto& sched = schedule_for(op_code::transfer, false, order);
   const auto& cr = config_.comm_ranks;
-  for (const block_coord& b : sched.segment(config_.rank)) {
-    const auto dst = static_cast<std::size_t>(b.dst);
-    const auto src = static_cast<std::size_t>(b.src);
-    const transfer_block blk = block_of(g, cr[src], cr[dst]);
-    copy_box(recv_bases_[dst] + blk.dst_offset, blk.dst_strides.data(),
-             send_bases_[src] + blk.src_offset, blk.src_strides.data(), blk.count.data(), g.ndim,
-             g.itemsize);
-  }
+  const auto mine = sched.segment(config_.rank);
+  // Blocks differ in size: "auto" judges by the mean block this rank copies.
+  const std::size_t block = recv.nbytes / static_cast<std::size_t>(g.comm_size);
+  timed_copies(block, copy, recv.nbytes, recv.nbytes, [&](const copy_plan& how) {
+    for (const block_coord& b : mine) {
+      const auto dst = static_cast<std::size_t>(b.dst);
+      const auto src = static_cast<std::size_t>(b.src);
+      const transfer_block blk = block_of(g, cr[src], cr[dst]);
+      copy_box(recv_bases_[dst] + blk.dst_offset, blk.dst_strides.data(),
+               send_bases_[src] + blk.src_offset, blk.src_strides.data(), blk.count.data(),
+               g.ndim, g.itemsize, how);
+    }
+  });
   sync();
 }
 
@@ -639,7 +652,8 @@ bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_or
   return false;
 }
 
-void node_context::run(op_code op, const array_view* send, const array_view& recv, int order) {
+void node_context::run(op_code op, const array_view* send, const array_view& recv, int order,
+                       int copy) {
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
   if (order == auto_order) {
@@ -651,7 +665,9 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
     args.order = static_cast<block_order>(order);
   else if (check.ok())
     check = value_error("unknown order code " + std::to_string(order));
+  if (check.ok() && !valid_copy(copy)) check = value_error("unknown copy code " + std::to_string(copy));
   if (!check.ok()) fail(op, check.error, std::string("zcoll.") + op_name(op) + ": " + check.message);
+  args.copy = copy;
   args.op = op;
   args.send = send ? send->data : nullptr;
   args.send_bytes = send ? send->nbytes : 0;

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -42,6 +43,7 @@
 
 #include "zcoll/arena.hpp"
 #include "zcoll/barrier.hpp"
+#include "zcoll/copy_choice.hpp"
 #include "zcoll/options.hpp"
 #include "zcoll/schedule.hpp"
 #include "zcoll/transfer.hpp"
@@ -79,6 +81,7 @@ struct collective_args {
   dtype_id dtype;
   block_order order = block_order::morton;
   bool eager = false;  // small message: one barrier through the eager slots (see node_context)
+  int copy = auto_copy;  // copy_mode of the block copies, or auto_copy (see copy_choice.hpp)
 };
 
 // A NumPy array as the binding sees it (no Python types in the core).
@@ -184,12 +187,13 @@ class node_context {
   void execute(const collective_args& args);
   // Collective: checks one rank's arguments, raises on every rank if any rank's are wrong,
   // else executes. The entry point of the Python API on a single-node communicator.
-  // `order` is a block_order value or auto_order.
-  void run(op_code op, const array_view* send, const array_view& recv, int order);
+  // `order` is a block_order value or auto_order; `copy` a copy_mode value or auto_copy.
+  void run(op_code op, const array_view* send, const array_view& recv, int order,
+           int copy = auto_copy);
   // Collective: the node's part of a global transpose (blocks between ranks of this node);
   // checks the arguments like run(). `order` is a block_order value or auto_order.
   void run_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
-                    int order);
+                    int order, int copy = auto_copy);
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(op_code op, arg_error kind, const std::string& message);
   // Collective: a node barrier.
@@ -213,6 +217,8 @@ class node_context {
   std::size_t arena_bytes_in_use() const { return allocator_->bytes_in_use(); }
   std::size_t segment_count() const noexcept { return segments_.size(); }
   std::uint64_t calls() const noexcept { return calls_; }
+  // How this rank picks copy modes (threshold, what "auto" learned).
+  copy_chooser& copy_choice() noexcept { return copy_; }
   // The schedule this context uses for `op` (in place or not) and `order`.
   const schedule& schedule_for(op_code op, bool in_place, block_order order);
 
@@ -248,15 +254,36 @@ class node_context {
                 const buffer_ref& my_send, const buffer_ref& my_recv);
   void execute_eager(const collective_args& args);
   void execute_transfer(const transfer_geometry& g, const array_view& send,
-                        const array_view& recv, block_order order);
+                        const array_view& recv, block_order order, int copy);
   // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
   // cannot stage; throws the same error on every rank when one is not in the arena.
   void resolve_all(descriptors all, bool send_side, std::vector<std::byte*>* bases);
   std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
     return eager_->partition(rank) + parity * eager_bytes_;
   }
+  // Runs `copies(plan)` with the plan copy_ picks for blocks of `block` bytes under mode code
+  // `copy` in a call where each rank receives `received` bytes, timed when "auto" is still
+  // refining its threshold (`bytes`: what this rank copies).
+  template <class Copies>
+  void timed_copies(std::size_t block, int copy, std::size_t received, std::size_t bytes,
+                    Copies&& copies) {
+    bool tuning = false;
+    // What the call reads and writes on the node: the receive buffers and as much source.
+    const std::size_t node_bytes = 2 * received * static_cast<std::size_t>(config_.size);
+    const copy_plan how = copy_.choose(copy, block, node_bytes, &tuning);
+    if (!tuning) {
+      copies(how);
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    copies(how);
+    store_fence();
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    copy_.record(block, how, bytes, took.count());
+  }
   void run_schedule(const schedule& sched, op_code op, bool in_place, std::size_t block,
-                    const std::vector<std::byte*>& send, const std::vector<std::byte*>& recv);
+                    const std::vector<std::byte*>& send, const std::vector<std::byte*>& recv,
+                    const copy_plan& how);
   std::string rank_name(int node_rank) const;
 
   std::shared_ptr<shm_segment> control_;
@@ -275,6 +302,7 @@ class node_context {
   std::size_t eager_bytes_ = 0;
   std::size_t next_partition_bytes_;
   std::map<std::uint32_t, schedule> schedules_;
+  copy_chooser copy_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t calls_ = 0;
   bool closed_ = false;

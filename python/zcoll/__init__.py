@@ -8,6 +8,7 @@ Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot p
 
 from __future__ import annotations
 
+from . import _copy  # noqa: F401  (applies ZCOLL_COPY_ISA)
 from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import get_timeout, set_timeout
@@ -18,8 +19,11 @@ __version__ = "0.1.0"
 
 #: Block orders accepted by the ``order=`` argument of the collectives (besides "auto").
 ORDERS = ("row", "column", "morton", "hilbert")
+#: Copy modes accepted by the ``copy=`` argument of the collectives (besides "auto").
+COPY_MODES = ("temporal", "streaming", "hybrid")
 
 __all__ = [
+    "COPY_MODES",
     "IN_PLACE",
     "ORDERS",
     "PeerError",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
-
 import numpy as np
 from mpi4py import MPI
 
@@ -17,12 +15,22 @@ IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
 _P2P_TAG = 0x7A0C
+#: order name -> engine code, and copy mode name -> engine code ("auto" included).
 ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
+COPY_CODES = {"auto": _core.AUTO_COPY, **{name: code for code, name in enumerate(_core.COPY_MODES)}}
 
 
-def _bad_order(ctx: Context, opname: str, order) -> NoReturn:
-    message = f"order must be 'auto' or one of {list(_core.ORDERS)}, got {order!r}"
-    ctx.fail(opname, ValueError(message))
+def _code(codes: dict, value) -> int | None:
+    return codes.get(value) if type(value) is str else None
+
+
+def _option_error(order, copy) -> ValueError | None:
+    """What is wrong with the `order` and `copy` arguments, if anything."""
+    if _code(ORDER_CODES, order) is None:
+        return ValueError(f"order must be 'auto' or one of {list(_core.ORDERS)}, got {order!r}")
+    if _code(COPY_CODES, copy) is None:
+        return ValueError(f"copy must be 'auto' or one of {list(_core.COPY_MODES)}, got {copy!r}")
+    return None
 
 
 def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
@@ -79,18 +87,19 @@ def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: i
     ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
 
 
-def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order) -> None:
+def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order, copy) -> None:
     """Hierarchical path: agree across nodes, node-local blocks in the arena, the rest by MPI."""
     kind, message, block, code = ctx.core.check(opname, sendbuf, recvbuf, str(order))
     error = None if kind is None else (TypeError if kind == "type" else ValueError)(message)
+    error = error or _option_error("auto", copy)
     dt = recvbuf.dtype if isinstance(recvbuf, np.ndarray) else None
     ctx.agree(opname, error, (block, str(dt), sendbuf is IN_PLACE, code))
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    ctx.core.execute(opname, send, recvbuf, block, code)
+    ctx.core.execute(opname, send, recvbuf, block, code, COPY_CODES[copy])
     _exchange_remote(ctx, opname, send, recvbuf, block)
 
 
-def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order) -> np.ndarray:
+def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
     """The body of every collective: find the context, then the node engine does the rest."""
     try:
         ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
@@ -99,16 +108,18 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order) -> np.ndarra
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, opname, sendbuf)
     if ctx.multi_node:
-        _multi_node(ctx, opname, sendbuf, recvbuf, order)
+        _multi_node(ctx, opname, sendbuf, recvbuf, order, copy)
         return recvbuf
-    code = ORDER_CODES.get(order) if type(order) is str else None
-    if code is None:
-        _bad_order(ctx, opname, order)
-    ctx.engine[opname](sendbuf, recvbuf, code)
+    code, copy_code = _code(ORDER_CODES, order), _code(COPY_CODES, copy)
+    if code is None or copy_code is None:
+        ctx.fail(opname, _option_error(order, copy))
+    ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
     return recvbuf
 
 
-def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
+def alltoall(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto", copy: str = "auto"
+) -> np.ndarray:
     """All-to-all personalised exchange, as ordered block copies in shared memory.
 
     Collective over `comm`. Block ``i`` of `sendbuf` goes to rank ``i``; block ``j`` of the
@@ -128,6 +139,12 @@ def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> n
     order : {"auto", "row", "column", "morton", "hilbert"}
         Traversal of the P x P block matrix; must be the same on every rank. "row" is the
         SH-Naive baseline (each rank fills its own receive row).
+    copy : {"auto", "temporal", "streaming", "hybrid"}
+        Stores used by the block copies (see :data:`zcoll.COPY_MODES`): ordinary, non-temporal
+        (cache-bypassing), or hybrid (the first part of each block ordinary, the rest
+        non-temporal). "auto" uses ordinary stores for blocks below the hybrid threshold (L2
+        size / ranks per node, ``ZCOLL_COPY_THRESHOLD``) and the hybrid copy above it, refining
+        the threshold on the first calls. May differ between ranks; the result is the same.
 
     Returns
     -------
@@ -148,10 +165,12 @@ def alltoall(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> n
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
-    return _exchange("alltoall", comm, sendbuf, recvbuf, order)
+    return _exchange("alltoall", comm, sendbuf, recvbuf, order, copy)
 
 
-def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> np.ndarray:
+def allgather(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto", copy: str = "auto"
+) -> np.ndarray:
     """Gather every rank's `sendbuf` on every rank, as ordered copies in shared memory.
 
     Collective over `comm`; the semantics of ``comm.Allgather``.
@@ -169,6 +188,8 @@ def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> 
         ``(comm.size, *sendbuf.shape)`` is allocated (collectively).
     order : {"auto", "row", "column", "morton", "hilbert"}
         Traversal of the P x P block matrix; same on every rank.
+    copy : {"auto", "temporal", "streaming", "hybrid"}
+        Stores used by the block copies, as for :func:`alltoall`.
 
     Returns
     -------
@@ -179,4 +200,4 @@ def allgather(comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto") -> 
     -----
     Costs as for :func:`alltoall`.
     """
-    return _exchange("allgather", comm, sendbuf, recvbuf, order)
+    return _exchange("allgather", comm, sendbuf, recvbuf, order, copy)

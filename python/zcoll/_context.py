@@ -9,6 +9,7 @@ engine itself never calls MPI.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import time
@@ -177,6 +178,9 @@ class Context:
         )
         eager = _OVERSUBSCRIBED_EAGER_BYTES if self.oversubscribed else _DEFAULT_EAGER_BYTES
         self.core.setup_eager(_env_number("ZCOLL_EAGER_BYTES", eager))
+        l2, l3 = _cache_bytes()
+        self.core.set_copy_threshold(_env_number("ZCOLL_COPY_THRESHOLD", l2 // self.node_size))
+        self.core.set_copy_cache(l3)
         # The engine's entry point for each collective, bound once (looked up per call).
         self.engine = {"alltoall": self.core.alltoall, "allgather": self.core.allgather}
         _live_contexts.add(self)
@@ -370,6 +374,21 @@ def _close_all() -> None:
 
 
 atexit.register(_close_all)
+
+
+_CACHE_FALLBACK = (512 * 1024, 8 * 1024 * 1024)
+
+
+@functools.cache
+def _cache_bytes() -> tuple[int, int]:
+    """(L2 of a core, last-level cache) on this machine (hwloc): the hybrid-copy threshold
+    starts at L2 / ranks per node; calls that fit in the LLC stay temporal."""
+    try:
+        caches = _core.machine_topology()
+    except (RuntimeError, OSError):
+        return _CACHE_FALLBACK
+    l2 = int(caches.get("l2") or _CACHE_FALLBACK[0])
+    return l2, int(caches.get("l3") or l2)
 
 
 def _as_dtype(dtype) -> np.dtype:

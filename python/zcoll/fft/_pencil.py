@@ -17,7 +17,7 @@ from mpi4py import MPI
 
 from .. import _core
 from .._arena import empty, is_shared
-from .._collectives import ORDER_CODES
+from .._collectives import COPY_CODES, ORDER_CODES, _option_error
 from .._context import lookup
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "transfer"]
@@ -129,17 +129,19 @@ class Pencil:
         shape[axis] = n
         return Pencil(self.subcomm, shape, self.axis, self.comm)
 
-    def transfer(self, other: Pencil, dtype, *, order: str = "auto", staging=True) -> Transfer:
+    def transfer(
+        self, other: Pencil, dtype, *, order: str = "auto", copy: str = "auto", staging=True
+    ) -> Transfer:
         """Collective: the transfer from this pencil to `other` (aligned in another axis);
         made once per (axis, dtype, order, staging) and kept."""
-        key = (other.axis, np.dtype(dtype), order, staging)
+        key = (other.axis, np.dtype(dtype), order, copy, staging)
         if key not in self._transfers:
             comm = self.subcomm[other.axis]
             shape = list(self.subshape)
             shape[self.axis] = self.shape[self.axis]
             shape[other.axis] = self.shape[other.axis]
             self._transfers[key] = Transfer(
-                comm, shape, dtype, self.axis, other.axis, order=order, staging=staging
+                comm, shape, dtype, self.axis, other.axis, order=order, copy=copy, staging=staging
             )
         return self._transfers[key]
 
@@ -175,6 +177,8 @@ class Transfer:
         The aligned axis before and after :meth:`forward`.
     order : str
         Block order of the exchange, as for :func:`zcoll.alltoall`.
+    copy : str
+        Stores of the block copies, as for :func:`zcoll.alltoall`.
     staging : bool
         Allocate two arena work arrays through which arrays that are not C-contiguous arena
         arrays are staged. Without them every array passed must be an arena array.
@@ -187,7 +191,16 @@ class Transfer:
     """
 
     def __init__(
-        self, comm, shape, dtype, axis_a: int, axis_b: int, *, order="auto", staging=True
+        self,
+        comm,
+        shape,
+        dtype,
+        axis_a: int,
+        axis_b: int,
+        *,
+        order="auto",
+        copy="auto",
+        staging=True,
     ) -> None:
         self.comm = comm
         self.shape = tuple(int(n) for n in shape)
@@ -196,9 +209,9 @@ class Transfer:
         if self.axis_a == self.axis_b:
             raise ValueError("zcoll.fft.Transfer: axis_a and axis_b must differ")
         self.dtype = np.dtype(dtype)
-        if order not in ORDER_CODES:
-            raise ValueError(f"order must be 'auto' or one of {list(_core.ORDERS)}, got {order!r}")
-        self.order = order
+        if error := _option_error(order, copy):
+            raise error
+        self.order, self.copy = order, copy
         self.subshape_a = self._subshape(self.axis_b)
         self.subshape_b = self._subshape(self.axis_a)
         lookup(comm)  # the context is made now, collectively, not inside a first call
@@ -227,7 +240,7 @@ class Transfer:
         work = self._work
         src_in = src if work is None or _shared(src) else _filled(work[side], src)
         dst_in = dst if work is None or _shared(dst) else work[1 - side]
-        transfer(self.comm, src_in, dst_in, self.shape, a, b, order=self.order)
+        transfer(self.comm, src_in, dst_in, self.shape, a, b, order=self.order, copy=self.copy)
         if dst_in is not dst:
             dst[...] = dst_in
         return dst
@@ -245,33 +258,33 @@ def _filled(work: np.ndarray, src) -> np.ndarray:
     return work
 
 
-def transfer(comm, src, dst, shape, axis_a: int, axis_b: int, *, order: str = "auto") -> None:
+def transfer(
+    comm, src, dst, shape, axis_a: int, axis_b: int, *, order: str = "auto", copy: str = "auto"
+) -> None:
     """Collective: global transpose of arena arrays (the engine behind :class:`Transfer`).
 
     `src` is this rank's part aligned in `axis_a`, `dst` receives its part aligned in
     `axis_b`; see :class:`Transfer` for `shape`. Both must be C-contiguous arena arrays.
     """
     ctx = lookup(comm)
-    code = ORDER_CODES.get(order) if isinstance(order, str) else None
+    option_error = _option_error(order, copy)
     shape = [int(n) for n in shape]
     if not ctx.multi_node:
-        if code is None:
-            ctx.fail("transfer", ValueError(f"unknown order {order!r}"))
-        ctx.core.transfer(src, dst, shape, axis_a, axis_b, code)
+        if option_error:
+            ctx.fail("transfer", option_error)
+        ctx.core.transfer(src, dst, shape, axis_a, axis_b, ORDER_CODES[order], COPY_CODES[copy])
         return
-    error = None
-    if not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
+    error = option_error
+    if error is None and not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
         error = TypeError("zcoll.transfer: expected numpy.ndarray arrays")
-    elif code is None:
-        error = ValueError(f"unknown order {order!r}")
-    else:
+    elif error is None:
         kind, message, signature = ctx.core.check_transfer(
             src, dst, shape, axis_a, axis_b, ctx.rank
         )
         if kind is not None:
             error = (TypeError if kind == "type" else ValueError)(message)
     ctx.agree("transfer", error, () if error else (signature, str(dst.dtype)))
-    ctx.core.transfer(src, dst, shape, axis_a, axis_b, code)
+    ctx.core.transfer(src, dst, shape, axis_a, axis_b, ORDER_CODES[order], COPY_CODES[copy])
     _transfer_remote(ctx, src, dst, shape, axis_a, axis_b)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .._arena import empty
+from .._collectives import _option_error
 from .._context import lookup
 from ._backends import check_backend, get_backend
 from ._pencil import Pencil, Subcomm, Transfer
@@ -135,6 +136,8 @@ class PFFT:
         same result with fewer passes over memory.
     order : str
         Block order of the global transposes (as for :func:`zcoll.alltoall`).
+    copy : str
+        Stores of the transposes' copies (as for :func:`zcoll.alltoall`).
     **backend_options
         Passed to the backend: ``threads`` (scipy, pyfftw), ``planner_effort`` (pyfftw).
         Any other keyword (mpi4py-fft's ``padding``, ``transforms``, ``darray``, ...) raises
@@ -159,12 +162,15 @@ class PFFT:
         *,
         collapse: bool = True,
         order: str = "auto",
+        copy: str = "auto",
         **backend_options,
     ) -> None:
         if not isinstance(comm, MPI.Comm):
             raise TypeError(f"zcoll.fft.PFFT: comm must be an mpi4py communicator, got {comm!r}")
         self.comm = comm
-        problem = self._agree(comm, shape, axes, dtype, grid, backend, order, backend_options)
+        problem = self._agree(
+            comm, shape, axes, dtype, grid, backend, (order, copy), backend_options
+        )
         if problem:
             raise problem
         shape = tuple(int(n) for n in shape)
@@ -174,14 +180,16 @@ class PFFT:
         self.backend = get_backend(backend, **backend_options)
         self.subcomm = Subcomm(comm, _grid_dims(comm.size, shape, self.axes, grid))
         try:
-            self._plan(shape, dtype, order, bool(collapse))
+            self._plan(shape, dtype, order, copy, bool(collapse))
         except Exception:
             self.subcomm.destroy()
             raise
         self.timings = {"fft": 0.0, "transpose": 0.0}
 
     @staticmethod
-    def _agree(comm, shape, axes, dtype, grid, backend, order, options) -> Exception | None:
+    def _agree(
+        comm, shape, axes, dtype, grid, backend, exchange_options, options
+    ) -> Exception | None:
         """Check the arguments locally, then make sure all ranks passed the same ones."""
         try:
             shape = tuple(int(n) for n in shape)
@@ -202,7 +210,9 @@ class PFFT:
             if grid_ is not None:
                 _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
             check_backend(backend, options)
-            mine = (shape, axes_, str(dt), grid_, backend, order)
+            if error := _option_error(*exchange_options):
+                raise error
+            mine = (shape, axes_, str(dt), grid_, backend, exchange_options)
             error = None
         except (TypeError, ValueError) as exc:
             mine, error = None, f"{type(exc).__name__}: {exc}"
@@ -216,11 +226,11 @@ class PFFT:
             if args != everyone[0][0]:
                 return ValueError(
                     f"zcoll.fft.PFFT: ranks disagree on the plan: rank 0 has (shape, axes, dtype, "
-                    f"grid, backend, order) = {everyone[0][0]}, rank {rank} has {args}"
+                    f"grid, backend, (order, copy)) = {everyone[0][0]}, rank {rank} has {args}"
                 )
         return None
 
-    def _plan(self, shape, dtype, order, collapse: bool) -> None:
+    def _plan(self, shape, dtype, order, copy, collapse: bool) -> None:
         """The steps of a forward transform: FFTs, with a transfer before each FFT whose
         axis is distributed (mpi4py-fft's sequence of pencils)."""
         pencil = Pencil(self.subcomm, shape, self.axes[-1], self.comm)
@@ -231,7 +241,7 @@ class PFFT:
             if i > 0:
                 target = pencil.pencil(axis)
                 if pencil.subcomm[axis].size > 1:
-                    move = pencil.transfer(target, dtype, order=order, staging=False)
+                    move = pencil.transfer(target, dtype, order=order, copy=copy, staging=False)
                     steps.append(_Step("transfer", (axis,), target, dtype, move))
                     moved = True
                 pencil = target

@@ -1,0 +1,66 @@
+#include "zcoll/copy_choice.hpp"
+
+#include <bit>
+
+namespace zcoll {
+
+namespace {
+
+constexpr int runs_per_candidate = 3;      // best of this many timed calls per threshold
+constexpr double required_gain = 0.97;     // a halving must save at least 3% to be kept
+constexpr std::size_t smallest_threshold = std::size_t{4} << 10;  // below: pure streaming
+
+}  // namespace
+
+void copy_chooser::set_threshold(std::size_t bytes) {
+  threshold_ = bytes;
+  classes_.clear();
+}
+
+int copy_chooser::class_of(std::size_t block_bytes) noexcept {
+  return static_cast<int>(std::bit_width(block_bytes));
+}
+
+copy_plan copy_chooser::choose(int mode, std::size_t block_bytes, std::size_t node_bytes,
+                               bool* tuning) {
+  *tuning = false;
+  if (mode != auto_copy) return {static_cast<copy_mode>(mode), threshold_};
+  if (node_bytes <= cache_bytes_ || block_bytes < threshold_ || block_bytes == 0)
+    return {copy_mode::temporal, 0};
+  auto [it, fresh] = classes_.try_emplace(class_of(block_bytes));
+  size_class& c = it->second;
+  if (fresh) c.candidate = threshold_;
+  *tuning = !c.settled;
+  return {copy_mode::hybrid, c.settled ? c.best : c.candidate};
+}
+
+void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes,
+                          double seconds) {
+  auto it = classes_.find(class_of(block_bytes));
+  if (it == classes_.end() || it->second.settled || bytes == 0) return;
+  size_class& c = it->second;
+  if (plan.threshold != c.candidate) return;
+  const double cost = seconds / static_cast<double>(bytes);
+  if (c.runs == 0 || cost < c.candidate_cost) c.candidate_cost = cost;
+  if (++c.runs < runs_per_candidate) return;
+  if (c.best_cost == 0 || c.candidate_cost < required_gain * c.best_cost) {
+    c.best = c.candidate;
+    c.best_cost = c.candidate_cost;
+    if (c.candidate == 0) {
+      c.settled = true;
+      return;
+    }
+    c.candidate = c.candidate / 2 < smallest_threshold ? 0 : c.candidate / 2;
+    c.runs = 0;
+    return;
+  }
+  c.settled = true;  // halving stopped helping: keep the best
+}
+
+std::size_t copy_chooser::threshold_for(std::size_t block_bytes) const {
+  auto it = classes_.find(class_of(block_bytes));
+  if (it == classes_.end()) return threshold_;
+  return it->second.settled ? it->second.best : it->second.candidate;
+}
+
+}  // namespace zcoll
