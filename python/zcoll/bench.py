@@ -53,6 +53,8 @@ __all__ = ["main"]
 KIB = 1024
 MIB = 1024 * KIB
 MPI_METHOD = "MPI"
+MEMCPY_METHOD = "memcpy"
+BANDWIDTH_BLOCKS = 256 * 1024  # blocks from this size also time a memcpy of what a rank receives
 ALL_ORDERS = (*zcoll.ORDERS, "auto")
 SMALL_BLOCKS = 16 * KIB  # summary: geometric mean over blocks <= this ...
 LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
@@ -277,7 +279,11 @@ def measure_block(comm, collective: str, block: int, orders, args, rng, oversubs
     calls = {MPI_METHOD: functools.partial(getattr(comm, collective.capitalize()), msend, mrecv)}
     zcoll_fn = getattr(zcoll, collective)
     for order in orders:
-        calls[order] = functools.partial(zcoll_fn, comm, zsend, zrecv, order=order)
+        calls[order] = functools.partial(zcoll_fn, comm, zsend, zrecv, order=order, copy=args.copy)
+    if block >= BANDWIDTH_BLOCKS:
+        # The physical limit: every rank memcpys what it receives (P blocks), all at once.
+        src, dst = np.array(mrecv), np.empty_like(mrecv)
+        calls[MEMCPY_METHOD] = functools.partial(_core.copy, dst, src, "temporal")
 
     rows = []
     for method, fn in calls.items():
@@ -303,8 +309,24 @@ def measure_block(comm, collective: str, block: int, orders, args, rng, oversubs
 
 
 def best_order(latencies: dict[str, float]) -> str:
-    """Return the fastest zcoll method in `latencies` (method -> µs, MPI included)."""
-    return min((m for m in latencies if m != MPI_METHOD), key=latencies.__getitem__)
+    """Return the fastest zcoll method in `latencies` (method -> µs, MPI and memcpy included)."""
+    orders = (m for m in latencies if m not in (MPI_METHOD, MEMCPY_METHOD))
+    return min(orders, key=latencies.__getitem__)
+
+
+def bandwidth_row(block: int, nranks: int, latencies: dict[str, float]) -> str | None:
+    """Bytes each rank receives per second with the best order, against a memcpy of as many
+    bytes on every rank at once in the same run (None without a memcpy measurement)."""
+    if MEMCPY_METHOD not in latencies:
+        return None
+    best = best_order(latencies)
+    received = nranks * block
+    zcoll_gbps = received / latencies[best] / 1e3
+    memcpy_gbps = received / latencies[MEMCPY_METHOD] / 1e3
+    return (
+        f"{format_size(block):>9}{best:>10}{zcoll_gbps:10.2f}{memcpy_gbps:10.2f}"
+        f"{zcoll_gbps / memcpy_gbps:9.0%}"
+    )
 
 
 def table_header(orders) -> str:
@@ -1262,6 +1284,13 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         by_block[block] = {row["method"]: row["latency_us"] for row in block_rows}
         say(table_row(block, by_block[block], args.orders))
 
+    bandwidth = [bandwidth_row(b, comm.size, lat) for b, lat in by_block.items()]
+    if any(bandwidth):
+        say(f"# GB/s each rank receives, best order vs memcpy of the same bytes (copy={args.copy})")
+        say(f"{'block':>9}{'best':>10}{'zcoll':>10}{'memcpy':>10}{'ratio':>9}")
+        for line in filter(None, bandwidth):
+            say(line)
+
     speedups = geomean_speedups(by_block)
     say(
         f"geomean speedup of best order over MPI: blocks <= {format_size(SMALL_BLOCKS)}: "
@@ -1328,6 +1357,12 @@ def _collective_options() -> argparse.ArgumentParser:
         default=0.5,
         metavar="SECONDS",
         help="cap on a measurement's timed loop, in seconds; 0: no cap (default 0.5)",
+    )
+    common.add_argument(
+        "--copy",
+        choices=["auto", *zcoll.COPY_MODES],
+        default="auto",
+        help="copy mode of zcoll's block copies (default auto)",
     )
     common.add_argument(
         "--check", action="store_true", help="first compare each order's result with MPI's"
