@@ -323,6 +323,15 @@ void register_exchange(py::module_& m) {
       .def_property_readonly("copy_cache",
                              [](node_context& ctx) { return ctx.copy_choice().cache_bytes(); })
       .def(
+          "auto_copy_plan",
+          [](node_context& ctx, std::size_t block, std::size_t received) {
+            const copy_plan p = ctx.copy_choice().peek(block, ctx.touched_bytes(received));
+            return py::make_tuple(std::string(copy_mode_name(p.mode)), p.threshold);
+          },
+          py::arg("block_bytes"), py::arg("received_bytes"),
+          "(mode, threshold) copy='auto' uses now for blocks of this size, each rank receiving "
+          "received_bytes.")
+      .def(
           "copy_threshold",
           [](node_context& ctx, std::size_t block) {
             return ctx.copy_choice().threshold_for(block);

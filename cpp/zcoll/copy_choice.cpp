@@ -25,8 +25,7 @@ copy_plan copy_chooser::choose(int mode, std::size_t block_bytes, std::size_t no
                                bool* tuning) {
   *tuning = false;
   if (mode != auto_copy) return {static_cast<copy_mode>(mode), threshold_};
-  if (node_bytes <= cache_bytes_ || block_bytes < threshold_ || block_bytes == 0)
-    return {copy_mode::temporal, 0};
+  if (peek(block_bytes, node_bytes).mode == copy_mode::temporal) return {copy_mode::temporal, 0};
   auto [it, fresh] = classes_.try_emplace(class_of(block_bytes));
   size_class& c = it->second;
   if (fresh) c.candidate = threshold_;
@@ -55,6 +54,12 @@ void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::s
     return;
   }
   c.settled = true;  // halving stopped helping: keep the best
+}
+
+copy_plan copy_chooser::peek(std::size_t block_bytes, std::size_t node_bytes) const {
+  if (node_bytes <= cache_bytes_ || block_bytes < threshold_ || block_bytes == 0)
+    return {copy_mode::temporal, 0};
+  return {copy_mode::hybrid, threshold_for(block_bytes)};
 }
 
 std::size_t copy_chooser::threshold_for(std::size_t block_bytes) const {

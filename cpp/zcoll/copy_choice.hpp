@@ -41,6 +41,8 @@ class copy_chooser {
   void record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes, double seconds);
   // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying.
   std::size_t threshold_for(std::size_t block_bytes) const;
+  // What "auto" uses now for such a call (like choose(), without starting any tuning).
+  copy_plan peek(std::size_t block_bytes, std::size_t node_bytes) const;
 
  private:
   struct size_class {

@@ -219,6 +219,11 @@ class node_context {
   std::uint64_t calls() const noexcept { return calls_; }
   // How this rank picks copy modes (threshold, what "auto" learned).
   copy_chooser& copy_choice() noexcept { return copy_; }
+  // What a call where each rank receives `received` bytes reads and writes on the node: the
+  // receive buffers and as much source.
+  std::size_t touched_bytes(std::size_t received) const noexcept {
+    return 2 * received * static_cast<std::size_t>(config_.size);
+  }
   // The schedule this context uses for `op` (in place or not) and `order`.
   const schedule& schedule_for(op_code op, bool in_place, block_order order);
 
@@ -268,8 +273,7 @@ class node_context {
   void timed_copies(std::size_t block, int copy, std::size_t received, std::size_t bytes,
                     Copies&& copies) {
     bool tuning = false;
-    // What the call reads and writes on the node: the receive buffers and as much source.
-    const std::size_t node_bytes = 2 * received * static_cast<std::size_t>(config_.size);
+    const std::size_t node_bytes = touched_bytes(received);
     const copy_plan how = copy_.choose(copy, block, node_bytes, &tuning);
     if (!tuning) {
       copies(how);

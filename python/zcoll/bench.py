@@ -314,18 +314,21 @@ def best_order(latencies: dict[str, float]) -> str:
     return min(orders, key=latencies.__getitem__)
 
 
-def bandwidth_row(block: int, nranks: int, latencies: dict[str, float]) -> str | None:
+def bandwidth_row(comm, block: int, latencies: dict[str, float]) -> str | None:
     """Bytes each rank receives per second with the best order, against a memcpy of as many
-    bytes on every rank at once in the same run (None without a memcpy measurement)."""
+    bytes on every rank at once in the same run (None without a memcpy measurement), and the
+    copy mode copy="auto" uses for such calls on this rank (after the sweep's tuning)."""
     if MEMCPY_METHOD not in latencies:
         return None
     best = best_order(latencies)
-    received = nranks * block
+    received = comm.size * block
     zcoll_gbps = received / latencies[best] / 1e3
     memcpy_gbps = received / latencies[MEMCPY_METHOD] / 1e3
+    mode, threshold = zcoll._context.context(comm).core.auto_copy_plan(block, received)
+    auto = mode if mode == "temporal" else f"{mode} T={format_size(threshold)}"
     return (
         f"{format_size(block):>9}{best:>10}{zcoll_gbps:10.2f}{memcpy_gbps:10.2f}"
-        f"{zcoll_gbps / memcpy_gbps:9.0%}"
+        f"{zcoll_gbps / memcpy_gbps:9.0%}   {auto}"
     )
 
 
@@ -1284,10 +1287,10 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         by_block[block] = {row["method"]: row["latency_us"] for row in block_rows}
         say(table_row(block, by_block[block], args.orders))
 
-    bandwidth = [bandwidth_row(b, comm.size, lat) for b, lat in by_block.items()]
+    bandwidth = [bandwidth_row(comm, b, lat) for b, lat in by_block.items()]
     if any(bandwidth):
         say(f"# GB/s each rank receives, best order vs memcpy of the same bytes (copy={args.copy})")
-        say(f"{'block':>9}{'best':>10}{'zcoll':>10}{'memcpy':>10}{'ratio':>9}")
+        say(f"{'block':>9}{'best':>10}{'zcoll':>10}{'memcpy':>10}{'ratio':>9}   copy='auto' uses")
         for line in filter(None, bandwidth):
             say(line)
 
