@@ -30,6 +30,16 @@ def block_share(n: int, p: int, rank: int) -> tuple[int, int]:
     return _core.block_share(n, p, rank)
 
 
+def fitting_dims(size: int, dims: Sequence[int]) -> list[int]:
+    """`dims` with wildcards (values <= 0) as 0; ValueError if no grid of `size` ranks has
+    them (``MPI.Compute_dims`` would fail less clearly)."""
+    dims = [max(0, int(d)) for d in dims]
+    fixed = int(np.prod([d for d in dims if d > 0]))
+    if size % fixed or (0 not in dims and fixed != size):
+        raise ValueError(f"zcoll.fft: a process grid {tuple(dims)} does not fit {size} ranks")
+    return dims
+
+
 class Subcomm(tuple):
     """One communicator per axis of a Cartesian process grid (mpi4py-fft's ``Subcomm``).
 
@@ -46,13 +56,7 @@ class Subcomm(tuple):
     """
 
     def __new__(cls, comm: MPI.Comm, dims: Sequence[int]):
-        dims = [max(0, int(d)) for d in dims]
-        fixed = int(np.prod([d for d in dims if d > 0]))
-        if comm.size % fixed or (0 not in dims and fixed != comm.size):
-            raise ValueError(
-                f"zcoll.fft: a process grid {tuple(dims)} does not fit {comm.size} ranks"
-            )
-        dims = MPI.Compute_dims(comm.size, dims)
+        dims = MPI.Compute_dims(comm.size, fitting_dims(comm.size, dims))
         cart = comm.Create_cart(dims, reorder=False)
         subs = [cart.Sub([k == i for k in range(len(dims))]) for i in range(len(dims))]
         cart.Free()

@@ -13,7 +13,7 @@ from .._arena import empty
 from .._collectives import _option_error
 from .._context import lookup
 from ._backends import check_backend, get_backend
-from ._pencil import Pencil, Subcomm, Transfer
+from ._pencil import Pencil, Subcomm, Transfer, fitting_dims
 
 __all__ = ["PFFT", "DistArray", "newDistArray"]
 
@@ -442,9 +442,7 @@ def _grid_dims(size: int, shape, axes, grid) -> list[int]:
             f"grid {tuple(grid)} distributes axis {first}, which is transformed first and must "
             "be whole on every rank (see `axes`)"
         )
-    fixed = int(np.prod([d for d in dims if d > 0]))
-    if size % fixed or (all(d > 0 for d in dims) and fixed != size):
-        raise ValueError(f"grid {tuple(grid)} does not fit {size} ranks")
+    fitting_dims(size, dims)
     return dims
 
 
