@@ -13,6 +13,10 @@ from mpi4py import MPI
 
 rank = MPI.COMM_WORLD.rank
 out = Path(os.environ.get("ZCOLL_TEST_RESULTS", "."))
+# A tuning table in the user's cache directory must not steer the tests' "auto" choices: the
+# default table is looked for in an empty cache directory (the tuning tests name their own).
+os.environ["XDG_CACHE_HOME"] = str(out / "cache")
+os.environ.pop("ZCOLL_TUNING_FILE", None)
 if rank != 0:
     log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - lives as long as the process
     os.dup2(log.fileno(), 1)

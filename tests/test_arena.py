@@ -97,3 +97,17 @@ def test_arrays_survive_their_communicator(world):
     dup.Free()
     a += 2
     all_ranks_agree(world, bool((a == 2).all()))
+
+
+def test_partitions_are_coloured_so_ranks_buffers_miss_different_cache_sets(world):
+    """A fresh communicator's first array on node rank r starts 576*r bytes (mod 4 KiB) into a
+    page, so equal-offset blocks of different ranks fall in different L1 sets."""
+    comm = world.Dup()
+    try:
+        node_rank = lookup(comm).node_rank
+        a = zcoll.empty(comm, (3,), np.uint8)
+        offsets = comm.allgather((node_rank, a.ctypes.data % 4096))
+    finally:
+        comm.Free()
+    expected = [(r, (r * 9 * 64) % 4096) for r, _ in offsets]
+    all_ranks_agree(world, offsets == expected, f"page offsets {offsets}")

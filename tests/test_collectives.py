@@ -309,3 +309,21 @@ def test_bad_copy_mode_raises_everywhere(comm):
     all_ranks_agree(comm, outcome is not None and "copy must be" in outcome, str(outcome))
     ok = same_bits(zcoll.alltoall(comm, send), send)  # the communicator still works
     all_ranks_agree(comm, ok, "alltoall after a bad copy mode")
+
+
+def test_auto_copy_stays_temporal_only_while_the_call_fits_three_quarters_of_the_llc(world):
+    """copy="auto": a call whose node footprint (send + receive of every node rank) is at most
+    3/4 of the LLC stays temporal; one that fills more of it takes the hybrid copy."""
+    ctx = zcoll._context.context(world)
+    block = 1 << 20  # above any default T (L2 / ranks per node)
+    received = world.size * block
+    footprint = 2 * received * ctx.node_size
+    core, cache = ctx.core, ctx.core.copy_cache
+    try:
+        core.set_copy_cache(footprint * 4 // 3 + 64)  # the call fills just under 3/4 of it
+        fits = core.auto_copy_plan(block, received)[0]
+        core.set_copy_cache(footprint)  # the call fills all of it
+        fills = core.auto_copy_plan(block, received)[0]
+    finally:
+        core.set_copy_cache(cache)
+    all_ranks_agree(world, (fits, fills) == ("temporal", "hybrid"), f"{fits}, {fills}")

@@ -135,3 +135,31 @@ def test_bad_arguments():
         _core.schedule(4, 17)
     with pytest.raises(ValueError):
         _core.schedule(4, ORDERS["row"], "diagonal")
+
+
+@pytest.mark.parametrize("p", [1, 4, 6])
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_public_schedule_matches_the_engine(p, order):
+    import zcoll
+
+    s = zcoll.schedule(p, order)
+    blocks, starts = curve(p, order)
+    assert [tuple(map(int, b)) for b in s.blocks] == blocks
+    assert s.starts.tolist() == starts
+    for r in range(p):
+        assert [tuple(map(int, b)) for b in s.segment(r)] == blocks[starts[r] : starts[r + 1]]
+    assert s.ranks().tolist() == [r for r in range(p) for _ in range(starts[r + 1] - starts[r])]
+    with pytest.raises(ValueError):
+        s.blocks[0, 0] = 1  # read-only: the schedule is shared
+
+
+def test_public_schedule_kinds_and_errors():
+    import zcoll
+
+    assert len(zcoll.schedule(5, "hilbert", "swap").blocks) == 5 * 4 // 2
+    assert len(zcoll.schedule(5, "row", "offdiagonal").blocks) == 5 * 4
+    for bad in [(0, "row"), (True, "row"), (2.0, "row"), (4, "zorder"), (4, "row", "diag")]:
+        with pytest.raises(ValueError):
+            zcoll.schedule(*bad)
+    with pytest.raises(ValueError, match="rank"):
+        zcoll.schedule(4, "row").segment(4)

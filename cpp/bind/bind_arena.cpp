@@ -39,6 +39,8 @@ void register_arena(py::module_& m) {
       },
       py::arg("address"), py::arg("nbytes"), "True when [address, address+nbytes) is in the arena.");
   m.attr("SEGMENT_PREFIX") = segment_prefix;
+  // Rank r's arena arrays start r * this (mod 4096) bytes into its pages (see arena.hpp).
+  m.attr("ARENA_COLOUR_STRIDE") = detail::partition_allocator::colour_stride;
 }
 
 }  // namespace zcoll::bind

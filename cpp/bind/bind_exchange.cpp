@@ -2,6 +2,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <tuple>
+
 #include "bindings.hpp"
 #include "zcoll/exchange.hpp"
 
@@ -167,6 +170,33 @@ py::tuple check_transfer(const node_context& ctx, const py::array& send, const p
   return py::make_tuple(py::none(), "", g.signature());
 }
 
+op_code collective_op(const std::string& name) {
+  if (name == "alltoall") return op_code::alltoall;
+  if (name == "allgather") return op_code::allgather;
+  throw std::invalid_argument("op must be 'alltoall' or 'allgather', got '" + name + "'");
+}
+
+// One tuning rule as Python passes it: (min_block, max_block or None, order code, copy code,
+// fixed hybrid threshold or None).
+using rule_tuple = std::tuple<std::size_t, std::optional<std::size_t>, int, int,
+                              std::optional<std::size_t>>;
+
+void set_tuning_rules(node_context& ctx, const std::string& op, const std::vector<rule_tuple>& rules) {
+  std::vector<order_rule> orders;
+  std::vector<copy_rule> copies;
+  for (const auto& [min_block, max_block, order, copy, threshold] : rules) {
+    block_range range{min_block, max_block.value_or(block_range{}.max_block)};
+    orders.push_back({range, order});
+    copies.push_back({range, copy, threshold.value_or(0), threshold.has_value()});
+  }
+  ctx.set_tuning_rules(collective_op(op), std::move(orders), std::move(copies));
+}
+
+std::string order_text(block_order o) {
+  static const char* names[] = {"row", "column", "morton", "hilbert"};
+  return names[static_cast<int>(o)];
+}
+
 py::tuple check(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
                 const std::string& order) {
   auto error = [](bool type_error, const std::string& why) {
@@ -190,7 +220,9 @@ py::tuple check(node_context& ctx, op_code op, const py::object& send, const py:
       check_local_args(op, ctx.config().comm_size, in_place ? nullptr : &send_view, recv_view);
   if (!c.ok()) return error(c.error == arg_error::type, c.message);
   block_order o{};
-  if (!parse_order(order, ctx.config().size, c.block_bytes, &o))
+  if (order == "auto")  // the node's part runs the ordered schedule (no eager path here)
+    o = ctx.resolve_auto(op, c.block_bytes, recv_view.nbytes).order;
+  else if (!parse_order(order, ctx.config().size, c.block_bytes, &o))
     return error(false, "order must be 'auto', 'row', 'column', 'morton' or 'hilbert', got '" +
                             order + "'");
   return py::make_tuple(py::none(), "", c.block_bytes, static_cast<int>(o));
@@ -324,13 +356,30 @@ void register_exchange(py::module_& m) {
                              [](node_context& ctx) { return ctx.copy_choice().cache_bytes(); })
       .def(
           "auto_copy_plan",
-          [](node_context& ctx, std::size_t block, std::size_t received) {
-            const copy_plan p = ctx.copy_choice().peek(block, ctx.touched_bytes(received));
+          [](node_context& ctx, std::size_t block, std::size_t received, const std::string& op) {
+            const copy_plan p = ctx.copy_choice().peek(block, ctx.touched_bytes(received),
+                                                       rule_table(collective_op(op)));
             return py::make_tuple(std::string(copy_mode_name(p.mode)), p.threshold);
           },
-          py::arg("block_bytes"), py::arg("received_bytes"),
-          "(mode, threshold) copy='auto' uses now for blocks of this size, each rank receiving "
-          "received_bytes.")
+          py::arg("block_bytes"), py::arg("received_bytes"), py::arg("op") = "alltoall",
+          "(mode, threshold) copy='auto' uses now for op's blocks of this size, each rank "
+          "receiving received_bytes.")
+      .def(
+          "set_tuning_rules", &set_tuning_rules, py::arg("op"), py::arg("rules"),
+          "Tuning-table rules of op: (min_block, max_block or None, order code, copy code, "
+          "fixed threshold or None) each; replaces earlier ones. Local: same on every node rank.")
+      .def(
+          "auto_order",
+          [](const node_context& ctx, const std::string& op, std::size_t block,
+             std::size_t received) {
+            const auto_choice c = ctx.resolve_auto(collective_op(op), block, received);
+            return py::make_tuple(c.eager ? std::string("eager") : order_text(c.order),
+                                  c.from_rule);
+          },
+          py::arg("op"), py::arg("block_bytes"), py::arg("received_bytes"),
+          "(order or 'eager', decided by a tuning rule) of order='auto' for such a call.")
+      .def_property_readonly("eager_bytes", &node_context::eager_bytes,
+                             "Largest per-rank receive size of the eager path (0: none).")
       .def(
           "copy_threshold",
           [](node_context& ctx, std::size_t block) {
@@ -363,6 +412,7 @@ void register_exchange(py::module_& m) {
   m.attr("OPS") = ops;
   m.attr("AUTO_ORDER") = auto_order;
   m.attr("AUTO_COPY") = auto_copy;
+  m.attr("EAGER_ORDER") = eager_order_code;
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {

@@ -144,7 +144,9 @@ void partition_allocator::add_partition(std::shared_ptr<data_segment> seg, int r
   partition part;
   part.begin = static_cast<std::size_t>(rank) * seg->partition_bytes;
   part.end = part.begin + seg->partition_bytes;
-  part.free.emplace(part.begin, seg->partition_bytes);
+  const std::size_t colour = std::min(colour_of(rank), seg->partition_bytes);
+  if (colour < seg->partition_bytes)
+    part.free.emplace(part.begin + colour, seg->partition_bytes - colour);
   part.seg = std::move(seg);
   partitions_.push_back(std::move(part));
 }

@@ -100,9 +100,21 @@ class segment_registry {
 };
 
 // First-fit free list over this rank's partitions. Thread-safe (arrays may die in any thread).
+//
+// Colouring: rank r's free space starts colour_of(r) bytes into its page-aligned partition (the
+// first pages still belong to r, so first touch stays local). Without it every rank's first
+// array starts on a page boundary, all ranks' buffers map to the same L1 sets, and a schedule
+// segment that reads 8+ ranks' blocks at one offset thrashes an 8-way L1 (seen in the
+// cachegrind replay: allgather, P=64, 512 B blocks, Morton 0.63x row's misses; 0.57x coloured).
+// A stride of 9 lines walks all 64 line offsets of a 4 KiB page before repeating.
 class partition_allocator {
  public:
   static constexpr std::size_t alignment = 64;
+  static constexpr std::size_t colour_stride = 9 * alignment;
+  static constexpr std::size_t colour_span = 4096;  // a partition spends at most this on colour
+  static constexpr std::size_t colour_of(int rank) noexcept {
+    return static_cast<std::size_t>(rank) * colour_stride % colour_span;
+  }
 
   void add_partition(std::shared_ptr<data_segment> seg, int rank);
   // Returns the segment and offset of a free range of `bytes` (rounded to `alignment`).

@@ -1,6 +1,7 @@
 #include "zcoll/copy_choice.hpp"
 
 #include <bit>
+#include <stdexcept>
 
 namespace zcoll {
 
@@ -21,11 +22,27 @@ int copy_chooser::class_of(std::size_t block_bytes) noexcept {
   return static_cast<int>(std::bit_width(block_bytes));
 }
 
+void copy_chooser::set_rules(int table, std::vector<copy_rule> rules) {
+  if (table < 0 || table >= rule_tables) throw std::invalid_argument("zcoll: no such rule table");
+  sort_rules(rules);
+  rules_[static_cast<std::size_t>(table)] = std::move(rules);
+}
+
 copy_plan copy_chooser::choose(int mode, std::size_t block_bytes, std::size_t node_bytes,
-                               bool* tuning) {
+                               bool* tuning, int table) {
   *tuning = false;
   if (mode != auto_copy) return {static_cast<copy_mode>(mode), threshold_};
+  if (const copy_rule* rule = rule_for(table, block_bytes)) {
+    const auto ruled = static_cast<copy_mode>(rule->mode);
+    if (ruled != copy_mode::hybrid) return {ruled, 0};
+    if (rule->fixed) return {copy_mode::hybrid, rule->threshold};
+    return refining(block_bytes, tuning);
+  }
   if (peek(block_bytes, node_bytes).mode == copy_mode::temporal) return {copy_mode::temporal, 0};
+  return refining(block_bytes, tuning);
+}
+
+copy_plan copy_chooser::refining(std::size_t block_bytes, bool* tuning) {
   auto [it, fresh] = classes_.try_emplace(class_of(block_bytes));
   size_class& c = it->second;
   if (fresh) c.candidate = threshold_;
@@ -56,8 +73,13 @@ void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::s
   c.settled = true;  // halving stopped helping: keep the best
 }
 
-copy_plan copy_chooser::peek(std::size_t block_bytes, std::size_t node_bytes) const {
-  if (node_bytes <= cache_bytes_ || block_bytes < threshold_ || block_bytes == 0)
+copy_plan copy_chooser::peek(std::size_t block_bytes, std::size_t node_bytes, int table) const {
+  if (const copy_rule* rule = rule_for(table, block_bytes)) {
+    const auto ruled = static_cast<copy_mode>(rule->mode);
+    if (ruled != copy_mode::hybrid) return {ruled, 0};
+    return {copy_mode::hybrid, rule->fixed ? rule->threshold : threshold_for(block_bytes)};
+  }
+  if (fits_in_cache(node_bytes) || block_bytes < threshold_ || block_bytes == 0)
     return {copy_mode::temporal, 0};
   return {copy_mode::hybrid, threshold_for(block_bytes)};
 }

@@ -305,7 +305,7 @@ std::shared_ptr<arena_block> node_context::allocate(std::size_t bytes) {
     if (!all[j].flag) grow = true, need = std::max<std::size_t>(need, all[j].block_bytes);
   if (grow) {
     const std::size_t partition = std::max(
-        round_up(need + detail::partition_allocator::alignment, page_size()), next_partition_bytes_);
+        round_up(need + detail::partition_allocator::colour_span, page_size()), next_partition_bytes_);
     next_partition_bytes_ = std::min(2 * next_partition_bytes_, max_growth_partition_bytes);
     allocator_->add_partition(create_segment(partition), config_.rank);
   }
@@ -390,17 +390,26 @@ const schedule& node_context::schedule_for(op_code op, bool in_place, block_orde
   const std::uint32_t key = kind * block_order_count + static_cast<std::uint32_t>(order);
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
-  schedule s = kind == 0   ? full_schedule(config_.size, order)
-               : kind == 1 ? swap_schedule(config_.size, order)
-                           : offdiagonal_schedule(config_.size, order);
-  return schedules_.emplace(key, std::move(s)).first->second;
+  return schedules_.emplace(key, schedule_of(op, in_place, config_.size, order)).first->second;
+}
+
+schedule schedule_of(op_code op, bool in_place, int p, block_order order) {
+  if (!in_place) return full_schedule(p, order);
+  return op == op_code::alltoall ? swap_schedule(p, order) : offdiagonal_schedule(p, order);
 }
 
 void node_context::run_schedule(const schedule& sched, op_code op, bool in_place,
                                 std::size_t block, const std::vector<std::byte*>& send,
                                 const std::vector<std::byte*>& recv, const copy_plan& how) {
-  const auto& cr = config_.comm_ranks;
-  for (const block_coord& b : sched.segment(config_.rank)) {
+  copy_segment(sched.segment(config_.rank), op, in_place, block, send.data(), recv.data(),
+               config_.comm_ranks.data(), how);
+}
+
+void copy_segment(std::span<const block_coord> segment, op_code op, bool in_place,
+                  std::size_t block, std::byte* const* send, std::byte* const* recv,
+                  const int* comm_ranks, const copy_plan& how) noexcept {
+  const int* cr = comm_ranks;
+  for (const block_coord& b : segment) {
     const auto d = static_cast<std::size_t>(b.dst);
     const auto s = static_cast<std::size_t>(b.src);
     std::byte* into = recv[d] + static_cast<std::size_t>(cr[s]) * block;
@@ -454,7 +463,7 @@ void node_context::execute(const collective_args& args) {
   const bool my_recv_staged = d.recv.segment == 0;
   const schedule& sched = schedule_for(args.op, in_place, args.order);
   timed_copies(block, args.copy, args.recv_bytes, sched.segment(config_.rank).size() * block,
-               [&](const copy_plan& how) {
+               rule_table(args.op), [&](const copy_plan& how) {
                  run_schedule(sched, args.op, in_place, block, send, recv, how);
                });
   sync();
@@ -506,7 +515,7 @@ void node_context::execute_transfer(const transfer_geometry& g, const array_view
   const auto mine = sched.segment(config_.rank);
   // Blocks differ in size: "auto" judges by the mean block this rank copies.
   const std::size_t block = recv.nbytes / static_cast<std::size_t>(g.comm_size);
-  timed_copies(block, copy, recv.nbytes, recv.nbytes, [&](const copy_plan& how) {
+  timed_copies(block, copy, recv.nbytes, recv.nbytes, no_rules, [&](const copy_plan& how) {
     for (const block_coord& b : mine) {
       const auto dst = static_cast<std::size_t>(b.dst);
       const auto src = static_cast<std::size_t>(b.src);
@@ -657,11 +666,15 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
   if (order == auto_order) {
-    args.order = default_order(config_.size, check.block_bytes);
-    // Judged by what a rank receives (P blocks), the bulk of the pull for both collectives.
-    args.eager = check.ok() && eager_ && recv.nbytes <= eager_bytes_;
-  }
-  else if (order >= 0 && order < block_order_count)
+    const auto_choice c = resolve_auto(op, check.block_bytes, recv.nbytes);
+    args.order = c.order;
+    args.eager = check.ok() && c.eager;
+  } else if (order == eager_order_code) {
+    args.eager = true;
+    if (check.ok() && (!eager_ || recv.nbytes > eager_bytes_))
+      check = value_error("the eager path takes at most " + std::to_string(eager_bytes()) +
+                          " bytes per rank, this call receives " + std::to_string(recv.nbytes));
+  } else if (order >= 0 && order < block_order_count)
     args.order = static_cast<block_order>(order);
   else if (check.ok())
     check = value_error("unknown order code " + std::to_string(order));
@@ -676,6 +689,38 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
   args.block_bytes = check.block_bytes;
   args.dtype = recv.dtype;
   execute(args);
+}
+
+void node_context::set_tuning_rules(op_code op, std::vector<order_rule> orders,
+                                    std::vector<copy_rule> copies) {
+  const int table = rule_table(op);
+  if (table == no_rules) throw std::invalid_argument("zcoll: only alltoall and allgather are tuned");
+  for (const order_rule& r : orders)
+    if (r.order != auto_order && r.order != eager_order_code &&
+        (r.order < 0 || r.order >= block_order_count))
+      throw std::invalid_argument("zcoll: unknown order code in a tuning rule");
+  for (const copy_rule& r : copies)
+    if (r.mode != auto_copy && (r.mode < 0 || r.mode >= copy_mode_count))
+      throw std::invalid_argument("zcoll: unknown copy code in a tuning rule");
+  sort_rules(orders);
+  copy_.set_rules(table, std::move(copies));
+  order_rules_[static_cast<std::size_t>(table)] = std::move(orders);
+}
+
+auto_choice node_context::resolve_auto(op_code op, std::size_t block_bytes,
+                                       std::size_t recv_bytes) const {
+  // Eager is judged by what a rank receives (P blocks), the bulk of the pull for both.
+  const bool eager_fits = eager_ && recv_bytes <= eager_bytes_;
+  auto_choice c{default_order(config_.size, block_bytes), eager_fits, false};
+  const int table = rule_table(op);
+  if (table == no_rules || order_rules_[static_cast<std::size_t>(table)].empty()) return c;
+  const order_rule* r = find_rule(order_rules_[static_cast<std::size_t>(table)], block_bytes);
+  if (!r || r->order == auto_order) return c;
+  c.from_rule = true;
+  if (r->order == eager_order_code) return c;  // eager where the call fits it, else the default
+  c.order = static_cast<block_order>(r->order);
+  c.eager = false;
+  return c;
 }
 
 block_order default_order(int p, std::size_t block_bytes) noexcept {

@@ -25,6 +25,12 @@
  * by barrier parity, so a rank that races ahead into its next call never overwrites what a slow
  * peer is still reading: no completion barrier is needed.
  *
+ * order="auto" takes the eager path for calls receiving at most the eager size per rank and the
+ * built-in default_order otherwise, unless a tuning-table rule (set_tuning_rules, from
+ * python -m zcoll.tune) covers the call's block size: then the rule's order, or the eager path
+ * where the call fits it. Every rank of a node holds the same rules (broadcast at context
+ * creation), so they all resolve "auto" alike.
+ *
  * Collective allocation uses the same descriptor round: ranks whose partitions are full make
  * the node add a segment (leader creates, all map and reserve their partition, leader unlinks).
  * After a peer failure the context is broken for good and every later call says so.
@@ -121,6 +127,26 @@ bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_or
 
 // Order code meaning "auto" where orders travel as integers (block_order values otherwise).
 inline constexpr int auto_order = -1;
+// Order code of the eager path (not a public order: tuning rules and the tuner use it).
+inline constexpr int eager_order_code = -2;
+
+// A tuning-table rule for order="auto" on blocks in `range`.
+struct order_rule {
+  block_range range;
+  int order = auto_order;  // block_order value, eager_order_code, or auto_order (built-in)
+};
+
+// What order="auto" resolves to for one call.
+struct auto_choice {
+  block_order order = block_order::row;  // the ordered schedule, also when `eager` is set
+  bool eager = false;                    // take the eager path
+  bool from_rule = false;                // a tuning rule decided (not the built-in rule)
+};
+
+// Rule table of a collective (see copy_choice.hpp), or no_rules.
+inline int rule_table(op_code op) noexcept {
+  return op == op_code::alltoall ? 0 : op == op_code::allgather ? 1 : no_rules;
+}
 
 // How the context was set up: which node ranks, which communicator ranks, how to wait.
 struct context_config {
@@ -200,6 +226,14 @@ class node_context {
   void barrier();
   // Collective: enables the eager path for calls receiving at most `bytes` per rank (0: never).
   void setup_eager(std::size_t bytes);
+  // Largest per-rank receive size the eager path takes (0: no eager path).
+  std::size_t eager_bytes() const noexcept { return eager_ ? eager_bytes_ : 0; }
+  // Local (same on every node rank): the tuning rules of `op` (alltoall or allgather); throws
+  // std::invalid_argument for overlapping ranges or unknown codes.
+  void set_tuning_rules(op_code op, std::vector<order_rule> orders, std::vector<copy_rule> copies);
+  // What order="auto" does for an `op` call with blocks of `block_bytes`, each rank receiving
+  // `recv_bytes`.
+  auto_choice resolve_auto(op_code op, std::size_t block_bytes, std::size_t recv_bytes) const;
   // Local: where [p, p + bytes) is, in terms every rank of this context can resolve
   // ({0, 0} when it is not in an arena segment that all of them have mapped).
   buffer_ref where(const void* p, std::size_t bytes) { return locate(p, bytes); }
@@ -269,12 +303,13 @@ class node_context {
   // Runs `copies(plan)` with the plan copy_ picks for blocks of `block` bytes under mode code
   // `copy` in a call where each rank receives `received` bytes, timed when "auto" is still
   // refining its threshold (`bytes`: what this rank copies).
+  // `table`: the rule table of the collective (no_rules for a transfer).
   template <class Copies>
   void timed_copies(std::size_t block, int copy, std::size_t received, std::size_t bytes,
-                    Copies&& copies) {
+                    int table, Copies&& copies) {
     bool tuning = false;
     const std::size_t node_bytes = touched_bytes(received);
-    const copy_plan how = copy_.choose(copy, block, node_bytes, &tuning);
+    const copy_plan how = copy_.choose(copy, block, node_bytes, &tuning, table);
     if (!tuning) {
       copies(how);
       return;
@@ -304,6 +339,7 @@ class node_context {
   std::shared_ptr<data_segment> staging_;
   std::shared_ptr<data_segment> eager_;  // two slots of eager_bytes_ per rank, by parity
   std::size_t eager_bytes_ = 0;
+  std::array<std::vector<order_rule>, rule_tables> order_rules_;  // tuning table, by rule_table
   std::size_t next_partition_bytes_;
   std::map<std::uint32_t, schedule> schedules_;
   copy_chooser copy_;
@@ -315,5 +351,16 @@ class node_context {
 
 // Order used for order="auto" when no tuning table says otherwise.
 block_order default_order(int p, std::size_t block_bytes) noexcept;
+
+// The schedule `op` (alltoall or allgather), in place or not, runs on `p` ranks in `order`.
+schedule schedule_of(op_code op, bool in_place, int p, block_order order);
+
+// One rank's part of an alltoall or allgather: copies the blocks of `segment` between the node
+// ranks' buffers (`send`, `recv`: base address of each node rank's buffer; `send` unused in
+// place). Node rank j's blocks sit at index comm_ranks[j] of a buffer. The engine's one mapping
+// from a schedule to copies; tools/replay.cpp replays it in one process.
+void copy_segment(std::span<const block_coord> segment, op_code op, bool in_place,
+                  std::size_t block, std::byte* const* send, std::byte* const* recv,
+                  const int* comm_ranks, const copy_plan& how) noexcept;
 
 }  // namespace zcoll

@@ -13,7 +13,9 @@ from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import get_timeout, set_timeout
 from ._core import PeerError
+from ._schedule import Schedule, schedule
 from ._topology import RankPlacement, Topology, topology
+from ._tuning import get_tuning, load_tuning, set_tuning, tuning_path
 
 __version__ = "0.1.0"
 
@@ -28,6 +30,7 @@ __all__ = [
     "ORDERS",
     "PeerError",
     "RankPlacement",
+    "Schedule",
     "Topology",
     "__version__",
     "allgather",
@@ -35,9 +38,14 @@ __all__ = [
     "empty",
     "empty_like",
     "get_timeout",
+    "get_tuning",
     "is_shared",
+    "load_tuning",
     "peer_arrays",
+    "schedule",
     "set_timeout",
+    "set_tuning",
     "topology",
+    "tuning_path",
     "zeros",
 ]

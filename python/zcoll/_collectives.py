@@ -93,7 +93,9 @@ def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order, copy) -> Non
     error = None if kind is None else (TypeError if kind == "type" else ValueError)(message)
     error = error or _option_error(order, copy)  # check() has vetted `order` already
     dt = recvbuf.dtype if isinstance(recvbuf, np.ndarray) else None
-    ctx.agree(opname, error, (block, str(dt), sendbuf is IN_PLACE, code))
+    # The order as asked for: "auto" may resolve differently on nodes of different sizes
+    # (tuning rules are per node size), and each node runs only its own part.
+    ctx.agree(opname, error, (block, str(dt), sendbuf is IN_PLACE, str(order)))
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     ctx.core.execute(opname, send, recvbuf, block, code, COPY_CODES[copy])
     _exchange_remote(ctx, opname, send, recvbuf, block)
@@ -140,13 +142,17 @@ def alltoall(
         1-D. Allocated in the arena (collectively) when omitted.
     order : {"auto", "row", "column", "morton", "hilbert"}
         Traversal of the P x P block matrix; must be the same on every rank. "row" is the
-        SH-Naive baseline (each rank fills its own receive row).
+        SH-Naive baseline (each rank fills its own receive row). "auto" follows the tuning
+        table where it has a rule (see :func:`zcoll.set_tuning`), else small calls take the
+        one-barrier eager path and larger ones row (P <= 2) or Morton order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
         Stores used by the block copies (see :data:`zcoll.COPY_MODES`): ordinary, non-temporal
         (cache-bypassing), or hybrid (the first part of each block ordinary, the rest
-        non-temporal). "auto" uses ordinary stores for blocks below the hybrid threshold (L2
-        size / ranks per node, ``ZCOLL_COPY_THRESHOLD``) and the hybrid copy above it, refining
-        the threshold on the first calls. May differ between ranks; the result is the same.
+        non-temporal). "auto" follows the tuning table (``python -m zcoll.tune``) where it has
+        a rule; otherwise it uses ordinary stores for blocks below the hybrid threshold (L2
+        size / ranks per node, ``ZCOLL_COPY_THRESHOLD``) and for calls whose buffers fill at
+        most 3/4 of the last-level cache, and the hybrid copy above, refining the threshold
+        on the first calls. May differ between ranks; the result is the same.
 
     Returns
     -------

@@ -9,7 +9,6 @@ engine itself never calls MPI.
 from __future__ import annotations
 
 import atexit
-import functools
 import json
 import os
 import time
@@ -20,7 +19,7 @@ from typing import NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import _core
+from . import _core, _tuning
 
 __all__ = [
     "Context",
@@ -181,9 +180,35 @@ class Context:
         l2, l3 = _cache_bytes()
         self.core.set_copy_threshold(_env_number("ZCOLL_COPY_THRESHOLD", l2 // self.node_size))
         self.core.set_copy_cache(l3)
+        # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
+        mode = _tuning.get_tuning()  # on every rank first: a bad ZCOLL_TUNING raises everywhere
+        self.tuning_rules = _tuning.shared_rules(comm, mode)
+        self.online: _tuning.OnlineTuner | None = None
+        self.engine: dict = {}
+        self.apply_tuning(mode)
+        _live_contexts.add(self)
+
+    def apply_tuning(self, mode: str) -> None:
+        """Local: give the engine the table rules for this node size (none when `mode` is
+        "off"), and put online selection in front of it when `mode` is "online"."""
+        if self.core.closed:
+            return
+        for op in _tuning.COLLECTIVES:
+            rules = [
+                r.engine_rule()
+                for r in self.tuning_rules
+                if mode != "off" and r.collective == op and r.ranks_per_node == self.node_size
+            ]
+            self.core.set_tuning_rules(op, rules)
         # The engine's entry point for each collective, bound once (looked up per call).
         self.engine = {"alltoall": self.core.alltoall, "allgather": self.core.allgather}
-        _live_contexts.add(self)
+        self.online = _tuning.OnlineTuner(self) if mode == "online" else None
+        if self.online is not None:
+            self.engine = {op: self.online.engine(op) for op in self.engine}
+
+    def tuning_comm(self) -> MPI.Comm:
+        """The communicator online tuning agrees on (the private dup where there is one)."""
+        return self._p2p if self._p2p is not None else self._comm
 
     def _wait_kwargs(self) -> dict:
         spin = _env_number("ZCOLL_SPIN", 0 if self.oversubscribed else 4096)
@@ -319,7 +344,7 @@ def _mismatch(opname: str, rank: int, first: tuple, sig: tuple) -> Exception:
             f"rank {rank} has {block}"
         )
     return ValueError(
-        what + f"order differs between ranks: rank 0 uses {order0}, rank {rank} uses {order}"
+        what + f"order differs between ranks: rank 0 uses {order0!r}, rank {rank} uses {order!r}"
     )
 
 
@@ -376,19 +401,7 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
-_CACHE_FALLBACK = (512 * 1024, 8 * 1024 * 1024)
-
-
-@functools.cache
-def _cache_bytes() -> tuple[int, int]:
-    """(L2 of a core, last-level cache) on this machine (hwloc): the hybrid-copy threshold
-    starts at L2 / ranks per node; calls that fit in the LLC stay temporal."""
-    try:
-        caches = _core.machine_topology()
-    except (RuntimeError, OSError):
-        return _CACHE_FALLBACK
-    l2 = int(caches.get("l2") or _CACHE_FALLBACK[0])
-    return l2, int(caches.get("l3") or l2)
+_cache_bytes = _tuning.cache_bytes  # (L2 of a core, last-level cache): hwloc
 
 
 def _as_dtype(dtype) -> np.dtype:

@@ -1,0 +1,506 @@
+"""Tuning tables and online tuning: what ``order="auto"`` and ``copy="auto"`` pick.
+
+A tuning table is a versioned JSON file written by ``python -m zcoll.tune`` (see
+:mod:`zcoll.tune`), keyed like MPICH's collective selection files: for each collective and
+number of ranks per node, disjoint ranges of block sizes (bytes per block, both ends included)
+with the order (or the eager path) and the copy mode that were fastest there on this machine.
+
+Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
+(platformdirs). ``ZCOLL_TUNING`` (or :func:`set_tuning`): ``table`` (the default: use a table
+when there is one), ``online`` (a table, and HINT's online selection of the order for calls no
+rule covers), ``off`` (built-in rules only).
+
+The order must be the same on every rank, so ranks never read the file on their own: rank 0
+of a communicator loads it when the communicator's zcoll context is created and broadcasts its
+rules (:func:`shared_rules`). A table that cannot be read, is malformed, was written for another
+format version or on another machine (CPU model or cache sizes differ) is ignored with a
+``RuntimeWarning`` on that rank: the built-in rules apply, nothing fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import platform
+import socket
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core
+
+__all__ = [
+    "COLLECTIVES",
+    "FORMAT",
+    "MODES",
+    "VERSION",
+    "OnlineTuner",
+    "TuningError",
+    "TuningRule",
+    "TuningTable",
+    "cache_bytes",
+    "current_machine",
+    "get_tuning",
+    "load_tuning",
+    "set_tuning",
+    "shared_rules",
+    "tuning_path",
+]
+
+FORMAT = "zcoll-tuning"
+VERSION = 1
+FILE_ENV = "ZCOLL_TUNING_FILE"
+MODE_ENV = "ZCOLL_TUNING"
+MODES = ("table", "online", "off")
+COLLECTIVES = ("alltoall", "allgather")
+RULE_ORDERS = ("auto", "eager", *_core.ORDERS)
+RULE_COPIES = ("auto", *_core.COPY_MODES)
+#: What must match between the machine a table was made on and this one.
+MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
+_MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
+_RULE_KEYS = {"collective", "ranks_per_node", "min_block", "max_block", "order", "copy"}
+_CACHE_FALLBACK = (512 * 1024, 8 * 1024 * 1024)
+
+
+class TuningError(ValueError):
+    """A tuning table is malformed, of another format version, or made on another machine."""
+
+
+@functools.cache
+def cache_bytes() -> tuple[int, int]:
+    """(L2 of a core, last-level cache) on this machine (hwloc): the hybrid-copy threshold
+    starts at L2 / ranks per node; calls that fit in the LLC stay temporal."""
+    try:
+        caches = _core.machine_topology()
+    except (RuntimeError, OSError):
+        return _CACHE_FALLBACK
+    l2 = int(caches.get("l2") or _CACHE_FALLBACK[0])
+    return l2, int(caches.get("l3") or l2)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def current_machine() -> dict:
+    """What a tuning table records about the machine it was made on.
+
+    Returns
+    -------
+    dict
+        ``host``, ``cpu_model``, ``l2_bytes``, ``l3_bytes`` (hwloc) and ``cpus``. A table is
+        used only where ``cpu_model``, ``l2_bytes`` and ``l3_bytes`` match.
+    """
+    l2, l3 = cache_bytes()
+    return {
+        "host": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "l2_bytes": l2,
+        "l3_bytes": l3,
+        "cpus": os.cpu_count() or 1,
+    }
+
+
+@dataclass(frozen=True)
+class TuningRule:
+    """One row of a tuning table: calls of `collective` on a node of `ranks_per_node` ranks
+    with blocks of `min_block` to `max_block` bytes (both included; ``None``: no upper bound)
+    use `order` ("eager" for the eager path, where the call fits it) and `copy`; a hybrid copy
+    with a `threshold` uses that T as is ("auto" in either field: the built-in rule)."""
+
+    collective: str
+    ranks_per_node: int
+    min_block: int
+    max_block: int | None
+    order: str
+    copy: str
+    threshold: int | None = None
+
+    def covers(self, block: int) -> bool:
+        """Whether blocks of `block` bytes fall in this rule's range."""
+        return self.min_block <= block and (self.max_block is None or block <= self.max_block)
+
+    def engine_rule(self) -> tuple:
+        """The rule as the C++ engine takes it (see ``NodeContext.set_tuning_rules``)."""
+        order = {
+            "auto": _core.AUTO_ORDER,
+            "eager": _core.EAGER_ORDER,
+            **{n: c for c, n in enumerate(_core.ORDERS)},
+        }[self.order]
+        copy = {"auto": _core.AUTO_COPY, **{n: c for c, n in enumerate(_core.COPY_MODES)}}[
+            self.copy
+        ]
+        return (self.min_block, self.max_block, order, copy, self.threshold)
+
+    def as_json(self) -> dict:
+        """The rule as a JSON object."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TuningTable:
+    """A validated tuning table (see :func:`load_tuning`)."""
+
+    rules: tuple[TuningRule, ...]
+    machine: dict
+    created: str = ""
+    zcoll_version: str = ""
+
+    def rules_for(self, collective: str, ranks_per_node: int) -> tuple[TuningRule, ...]:
+        """The rules of one collective and node size, by block range."""
+        mine = [
+            r
+            for r in self.rules
+            if r.collective == collective and r.ranks_per_node == ranks_per_node
+        ]
+        return tuple(sorted(mine, key=lambda r: r.min_block))
+
+    def stale_reason(self, machine: dict | None = None) -> str | None:
+        """Why this table does not describe `machine` (this one by default), or None."""
+        machine = current_machine() if machine is None else machine
+        for key in MACHINE_KEYS:
+            if self.machine.get(key) != machine.get(key):
+                return (
+                    f"it was made on another machine ({key} {self.machine.get(key)!r}, "
+                    f"this machine has {machine.get(key)!r}); rerun python -m zcoll.tune"
+                )
+        return None
+
+    def as_json(self) -> dict:
+        """The table as a JSON document (what :func:`TuningTable.from_json` reads)."""
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "created": self.created,
+            "zcoll_version": self.zcoll_version,
+            "machine": dict(self.machine),
+            "rules": [r.as_json() for r in self.rules],
+        }
+
+    @classmethod
+    def from_json(cls, doc) -> TuningTable:
+        """Validate a parsed JSON document; raises :class:`TuningError` saying what is wrong."""
+        if not isinstance(doc, dict):
+            raise TuningError("the document is not a JSON object")
+        if doc.get("format") != FORMAT:
+            raise TuningError(f"'format' is {doc.get('format')!r}, expected {FORMAT!r}")
+        version = doc.get("version")
+        if type(version) is not int:
+            raise TuningError(f"'version' must be an integer, got {version!r}")
+        if version != VERSION:
+            raise TuningError(f"format version {version}; this zcoll reads version {VERSION}")
+        machine = doc.get("machine")
+        if not isinstance(machine, dict):
+            raise TuningError("'machine' must be an object")
+        for key in MACHINE_KEYS:
+            if key not in machine:
+                raise TuningError(f"'machine' has no {key!r}")
+        rules = doc.get("rules")
+        if not isinstance(rules, list):
+            raise TuningError("'rules' must be a list")
+        parsed = tuple(_parse_rule(i, r) for i, r in enumerate(rules))
+        _check_disjoint(parsed)
+        return cls(
+            parsed, dict(machine), str(doc.get("created", "")), str(doc.get("zcoll_version", ""))
+        )
+
+
+def _size(value, what: str, *, minimum: int = 0, optional: bool = False) -> int | None:
+    if value is None and optional:
+        return None
+    if type(value) is not int or not minimum <= value <= _MAX_BYTES:
+        raise TuningError(f"{what} must be an integer in [{minimum}, 2**63), got {value!r}")
+    return value
+
+
+def _parse_rule(index: int, rule) -> TuningRule:
+    where = f"rule {index}"
+    if not isinstance(rule, dict):
+        raise TuningError(f"{where} is not an object")
+    missing = _RULE_KEYS - rule.keys()
+    unknown = rule.keys() - _RULE_KEYS - {"threshold"}
+    if missing or unknown:
+        raise TuningError(
+            f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}"
+        )
+    if rule["collective"] not in COLLECTIVES:
+        raise TuningError(
+            f"{where}: collective must be one of {COLLECTIVES}, got {rule['collective']!r}"
+        )
+    if rule["order"] not in RULE_ORDERS:
+        raise TuningError(f"{where}: order must be one of {RULE_ORDERS}, got {rule['order']!r}")
+    if rule["copy"] not in RULE_COPIES:
+        raise TuningError(f"{where}: copy must be one of {RULE_COPIES}, got {rule['copy']!r}")
+    low = _size(rule["min_block"], f"{where}: min_block")
+    high = _size(rule["max_block"], f"{where}: max_block", minimum=low, optional=True)
+    threshold = _size(rule.get("threshold"), f"{where}: threshold", optional=True)
+    if threshold is not None and rule["copy"] != "hybrid":
+        raise TuningError(f"{where}: a threshold needs copy 'hybrid', got {rule['copy']!r}")
+    ranks = rule["ranks_per_node"]
+    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
+        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+    return TuningRule(rule["collective"], ranks, low, high, rule["order"], rule["copy"], threshold)
+
+
+def _check_disjoint(rules: tuple[TuningRule, ...]) -> None:
+    groups: dict[tuple[str, int], list[TuningRule]] = {}
+    for r in rules:
+        groups.setdefault((r.collective, r.ranks_per_node), []).append(r)
+    for (collective, ranks), group in groups.items():
+        group.sort(key=lambda r: r.min_block)
+        for a, b in zip(group, group[1:]):
+            if a.max_block is None or b.min_block <= a.max_block:
+                raise TuningError(
+                    f"rules for {collective} with {ranks} ranks per node overlap: blocks "
+                    f"[{a.min_block}, {a.max_block}] and [{b.min_block}, {b.max_block}]"
+                )
+
+
+def tuning_path() -> Path:
+    """Where zcoll looks for its tuning table.
+
+    Returns
+    -------
+    pathlib.Path
+        ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
+        (``platformdirs.user_cache_dir("zcoll")``, e.g. ``~/.cache/zcoll/tuning.json``).
+    """
+    named = os.environ.get(FILE_ENV)
+    if named:
+        return Path(named).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("zcoll")) / "tuning.json"
+
+
+def load_tuning(
+    path: str | os.PathLike | None = None, *, check_machine: bool = True
+) -> TuningTable:
+    """Read and validate a tuning table.
+
+    Local (no MPI). Collectives do not need it: they load the table themselves.
+
+    Parameters
+    ----------
+    path : str or path-like, optional
+        The file; :func:`tuning_path` by default.
+    check_machine : bool, optional
+        Reject a table made on another machine (CPU model or cache sizes differ).
+
+    Returns
+    -------
+    TuningTable
+        Its rules (``rules_for(collective, ranks_per_node)``), machine and creation data.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be read.
+    ValueError
+        (:class:`TuningError`) if it is not valid JSON, not a zcoll tuning table of this format
+        version, has malformed or overlapping rules, or (`check_machine`) was made elsewhere.
+    """
+    path = tuning_path() if path is None else Path(path)
+    stat = path.stat()
+    table = _load_cached(str(path), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    if check_machine and (reason := table.stale_reason()):
+        raise TuningError(reason)
+    return table
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(path: str, mtime_ns: int, size: int, inode: int) -> TuningTable:  # noqa: ARG001
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError too
+        raise TuningError(f"not valid JSON ({exc})") from None
+    return TuningTable.from_json(doc)
+
+
+# --- mode --------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _mode_from_environment() -> str:
+    value = os.environ.get(MODE_ENV, "").strip().lower() or "table"
+    if value not in MODES:
+        raise ValueError(f"zcoll: {MODE_ENV} must be one of {MODES}, got {value!r}")
+    return value
+
+
+_mode_override: list[str] = []  # set_tuning's choice, if any
+
+
+def get_tuning() -> str:
+    """Return the tuning mode: "table", "online" or "off" (see :func:`set_tuning`)."""
+    return _mode_override[-1] if _mode_override else _mode_from_environment()
+
+
+def set_tuning(mode: str) -> str:
+    """Choose how ``order="auto"`` and ``copy="auto"`` decide.
+
+    Local, but it must be the same on every rank: call it on every rank, between collectives.
+    Applies to existing and future communicators of this process.
+
+    Parameters
+    ----------
+    mode : {"table", "online", "off"}
+        "table" (the default, or ``ZCOLL_TUNING``): follow the tuning table where it has a
+        rule, the built-in rules elsewhere. "online": also, for calls no rule covers, try each
+        order (and the eager path where allowed) on the first calls of each block size and
+        keep the fastest (HINT's online selection; one small allreduce per block size).
+        "off": built-in rules only.
+
+    Returns
+    -------
+    str
+        The previous mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"zcoll.set_tuning: mode must be one of {MODES}, got {mode!r}")
+    previous = get_tuning()
+    _mode_override[:] = [mode]
+    from ._context import _live_contexts  # noqa: PLC0415 - _context imports this module
+
+    for ctx in list(_live_contexts):
+        ctx.apply_tuning(mode)
+    return previous
+
+
+# --- sharing a table over a communicator -------------------------------------------------------
+
+
+def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
+    """This process's table rules, or () with a RuntimeWarning when it cannot be used."""
+    if mode == "off":
+        return ()
+    path = FILE_ENV
+    try:
+        path = tuning_path()
+        if not os.environ.get(FILE_ENV) and not path.exists():
+            return ()  # no table made yet: the ordinary case, nothing to say
+        return load_tuning(path).rules
+    except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
+        warnings.warn(
+            f"zcoll: ignoring the tuning table {path}: {exc}; using the built-in rules",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return ()
+
+
+def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
+    """Collective: rank 0's table rules (all node sizes) under `mode`, the same on every rank
+    of `comm` (rank 0 reads the file; a table it cannot use gives () and a warning there)."""
+    return comm.bcast(_rules_or_warn(mode) if comm.rank == 0 else None, root=0)
+
+
+# --- online selection (HINT section V-C) -------------------------------------------------------
+
+
+class _Trial:
+    """Timings of the candidates for one (collective, block size): RUNS calls each, in turn."""
+
+    RUNS = 3
+
+    def __init__(self, candidates: list[int]) -> None:
+        self.candidates = candidates
+        self.best = [math.inf] * len(candidates)
+        self.calls = 0
+
+    def next_code(self) -> int:
+        return self.candidates[self.calls // self.RUNS]
+
+    def record(self, seconds: float) -> bool:
+        """Record the last call's time; whether every candidate has had its runs."""
+        i = self.calls // self.RUNS
+        self.best[i] = min(self.best[i], seconds)
+        self.calls += 1
+        return self.calls == self.RUNS * len(self.candidates)
+
+
+class OnlineTuner:
+    """HINT's online order selection for one context's ``order="auto"`` calls.
+
+    For each (collective, block size) that no table rule covers, the first calls cycle through
+    the orders (and the eager path when the call fits it), ``_Trial.RUNS`` calls each, timing
+    each call; then one non-blocking allreduce (MAX over the ranks of each candidate's best
+    time, all ranks reaching it at the same call) picks the winner, kept for later calls. The
+    ranks make the same calls in the same order (collectives), so they step in lockstep; a call
+    that raises records nothing, on every rank. Every candidate gives the same result.
+    """
+
+    MAX_SIZES = 256  # block sizes tracked; later new sizes keep the built-in choice
+
+    def __init__(self, ctx) -> None:
+        self.ctx = ctx
+        self.states: dict[tuple[str, int], _Trial | int] = {}
+
+    def engine(self, opname: str):
+        """The context's entry point for `opname` with online selection in front of it."""
+        run = getattr(self.ctx.core, opname)
+
+        def tuned(sendbuf, recvbuf, code: int, copy: int) -> None:
+            if code != _core.AUTO_ORDER or not isinstance(recvbuf, np.ndarray):
+                return run(sendbuf, recvbuf, code, copy)
+            key = (opname, recvbuf.nbytes)
+            state = self.states.get(key)
+            if state is None:
+                state = self._start(opname, recvbuf.nbytes)
+            if type(state) is int:
+                return run(sendbuf, recvbuf, state, copy)
+            start = time.perf_counter()
+            run(sendbuf, recvbuf, state.next_code(), copy)
+            if state.record(time.perf_counter() - start):
+                self.states[key] = self._decide(state)
+            return None
+
+        return tuned
+
+    def _start(self, opname: str, received: int) -> _Trial | int:
+        core = self.ctx.core
+        block = received // self.ctx.size
+        _, from_rule = core.auto_order(opname, block, received)
+        if from_rule or block == 0 or core.size < 2 or len(self.states) >= self.MAX_SIZES:
+            state: _Trial | int = _core.AUTO_ORDER
+        else:
+            candidates = list(range(len(_core.ORDERS)))
+            if received <= core.eager_bytes:
+                candidates.append(_core.EAGER_ORDER)
+            state = _Trial(candidates)
+        self.states[(opname, received)] = state
+        return state
+
+    def _decide(self, trial: _Trial) -> int:
+        mine = np.array(trial.best)
+        worst = np.empty_like(mine)
+        request = self.ctx.tuning_comm().Iallreduce(mine, worst, op=MPI.MAX)
+        self.ctx.wait_bounded([request], "zcoll online tuning (agreeing on the fastest order)")
+        return trial.candidates[int(np.argmin(worst))]
+
+    def choice(self, opname: str, block_bytes: int) -> str | None:
+        """The order chosen for blocks of `block_bytes` ("eager", an order, "auto" where the
+        table or the built-in rule decides), or None while still trying."""
+        state = self.states.get((opname, block_bytes * self.ctx.size))
+        if type(state) is not int:
+            return None
+        if state == _core.AUTO_ORDER:
+            return "auto"
+        return "eager" if state == _core.EAGER_ORDER else _core.ORDERS[state]

@@ -1,0 +1,101 @@
+"""Benchmarks of zcoll against the references that matter, run as ``python -m zcoll.bench``.
+
+Latency of zcoll's collectives against MPI's (OSU style, or with cold caches as in TPDS'18
+Fig. 9), with the bandwidth of large blocks against a memcpy of the same bytes; zcoll.fft's
+parallel FFT against mpi4py-fft's; and the bandwidth of zcoll's copy kernels::
+
+    mpiexec -n 8 python -m zcoll.bench alltoall
+    mpiexec -n 8 python -m zcoll.bench allgather --sizes 8,4K,1M --orders row,hilbert --check
+    mpiexec -n 8 python -m zcoll.bench alltoall --max 64K --json a2a.json --csv a2a.csv
+    mpiexec -n 2 python -m zcoll.bench alltoall --sizes 1M,4M --copy temporal,hybrid --plot a.png
+    mpiexec -n 4 python -m zcoll.bench alltoall --method cold --max 64K
+    mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
+    mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
+
+For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
+library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zcoll with each
+(block order, copy mode) on arena arrays -- the latency reported is the largest over the ranks
+of each rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
+budget per measurement, so a whole sweep stays short. Only rank 0 prints and writes files.
+
+Modules: :mod:`.common` (sizes, timing loops, metadata, output), :mod:`.collectives`,
+:mod:`.fft`, :mod:`.copy`, :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
+"""
+
+from __future__ import annotations
+
+from .cli import COMMANDS, main, parse_args
+from .collectives import (
+    ALL_ORDERS,
+    BANDWIDTH_BLOCKS,
+    MEMCPY_METHOD,
+    MPI_METHOD,
+    CheckError,
+    paired_bandwidth,
+    parse_copy_modes,
+    parse_orders,
+    run_collective,
+    zcoll_methods,
+)
+from .common import (
+    COLD_ITERATIONS,
+    KIB,
+    MIB,
+    MIN_ITERATIONS,
+    CacheFlusher,
+    budget_cold_iterations,
+    budget_iterations,
+    common_metadata,
+    default_iterations,
+    format_size,
+    measure,
+    measure_cold,
+    mpi_library,
+    node_layout,
+    parse_size,
+    parse_sizes,
+    powers_of_two,
+    write_outputs,
+)
+from .copy import run_copy
+from .fft import run_fft
+from .plotting import load_results, plot_results, save_plot
+
+__all__ = [
+    "ALL_ORDERS",
+    "BANDWIDTH_BLOCKS",
+    "COLD_ITERATIONS",
+    "COMMANDS",
+    "KIB",
+    "MEMCPY_METHOD",
+    "MIB",
+    "MIN_ITERATIONS",
+    "MPI_METHOD",
+    "CacheFlusher",
+    "CheckError",
+    "budget_cold_iterations",
+    "budget_iterations",
+    "common_metadata",
+    "default_iterations",
+    "format_size",
+    "load_results",
+    "main",
+    "measure",
+    "measure_cold",
+    "mpi_library",
+    "node_layout",
+    "paired_bandwidth",
+    "parse_args",
+    "parse_copy_modes",
+    "parse_orders",
+    "parse_size",
+    "parse_sizes",
+    "plot_results",
+    "powers_of_two",
+    "run_collective",
+    "run_copy",
+    "run_fft",
+    "save_plot",
+    "write_outputs",
+    "zcoll_methods",
+]

@@ -1,0 +1,583 @@
+"""``alltoall`` and ``allgather``: zcoll's collectives against the MPI library's.
+
+For every block size and every method -- ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy
+arrays, then zcoll with each (block order, copy mode) pair on arena arrays -- the latency of a
+call, warm (OSU: warm-up, barrier, timed loop) or cold (TPDS'18 Fig. 9: caches flushed before
+every timed call). For blocks of 256 KiB and more, also the bandwidth of the fastest zcoll
+method against a ``memcpy`` of the same bytes on every rank at once, the two timed in
+alternating rounds (see :func:`paired_bandwidth`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from mpi4py import MPI
+
+import zcoll
+from zcoll import _context, _core
+
+from .common import (
+    COLD_ITERATIONS,
+    KIB,
+    MIB,
+    MIN_ITERATIONS,
+    CacheFlusher,
+    Reporter,
+    budget_cold_iterations,
+    budget_iterations,
+    cold_iteration_seconds,
+    command_line,
+    common_metadata,
+    default_iterations,
+    format_size,
+    measure,
+    measure_cold,
+    median,
+    mpi_library,
+    node_layout,
+    now_iso,
+    parse_choices,
+    parse_size,
+    parse_sizes,
+    times,
+    where,
+    write_outputs,
+)
+
+__all__ = [
+    "ALL_ORDERS",
+    "FIELDS",
+    "CheckError",
+    "ZcollMethod",
+    "parse_copy_modes",
+    "parse_orders",
+    "run_collective",
+    "zcoll_methods",
+]
+
+MPI_METHOD = "MPI"
+MEMCPY_METHOD = "memcpy"
+BANDWIDTH_BLOCKS = 256 * KIB  # blocks from this size also get the paired bandwidth measurement
+ALL_ORDERS = (*zcoll.ORDERS, "auto")
+ALL_COPY_MODES = ("auto", *zcoll.COPY_MODES)
+SMALL_BLOCKS = 16 * KIB  # summary: geometric mean over blocks <= this ...
+LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
+PAIRED_ROUNDS = 7  # rounds of the paired bandwidth measurement: best zcoll method, then memcpy
+PAIRED_MIN_ITERATIONS = 5  # per timed loop of a round
+PAIRED_WARMUP = 2  # untimed calls before each timed loop of a round
+#: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema.
+FIELDS = (
+    "collective",
+    "P",
+    "block_bytes",
+    "method",
+    "latency_us",
+    "iterations",
+    "warmup",
+    "order",
+    "copy",
+    "bench_method",
+    "rounds",
+)
+
+
+class CheckError(RuntimeError):
+    """A zcoll result differed from MPI's (raised on every rank)."""
+
+
+def parse_orders(text: str) -> list[str]:
+    """Parse a comma-separated list of zcoll block orders (``"row,hilbert,auto"``), in order."""
+    return parse_choices(text, ALL_ORDERS, "order(s)")
+
+
+def parse_copy_modes(text: str) -> list[str]:
+    """Parse a comma-separated list of copy modes (``"auto,streaming"``), in order."""
+    return parse_choices(text, ALL_COPY_MODES, "copy mode(s)")
+
+
+@dataclass(frozen=True)
+class ZcollMethod:
+    """One zcoll configuration timed as a method: a block order and a copy mode."""
+
+    name: str
+    order: str
+    copy: str
+
+
+def zcoll_methods(orders: Sequence[str], copies: Sequence[str]) -> list[ZcollMethod]:
+    """One method per (order, copy) pair, order-major.
+
+    Named by the order alone when there is a single copy mode (``"morton"``), else
+    ``"order/copy"`` (``"morton/streaming"``).
+    """
+    single = len(copies) == 1
+    return [
+        ZcollMethod(order if single else f"{order}/{copy}", order, copy)
+        for order in orders
+        for copy in copies
+    ]
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """A method ready to run: the call, and this rank's own buffers it reads and writes (which
+    the cold method brings into cache before each timed call)."""
+
+    fn: Callable[[], object]
+    buffers: tuple[np.ndarray, ...]
+
+
+class Timer:
+    """Times calls the way ``--method`` says, with the iteration counts of the options.
+
+    warm: :func:`~zcoll.bench.common.measure` (OSU); iterations from ``--iterations`` or
+    :func:`~zcoll.bench.common.default_iterations`, cut to ``--time-budget``. cold:
+    :func:`~zcoll.bench.common.measure_cold` (TPDS'18 Fig. 9); ``--iterations`` or
+    ``COLD_ITERATIONS``, cut so the whole measurement (flushes included) fits the budget.
+    """
+
+    def __init__(self, comm: MPI.Comm, args, oversubscription: float) -> None:
+        self.comm, self.args, self.oversubscription = comm, args, oversubscription
+        self.cold = args.method == "cold"
+        self.flusher = CacheFlusher(comm) if self.cold else None
+
+    def iterations(self, call: Call, block: int) -> int:
+        """Timed calls for `call` with blocks of `block` bytes (the same on every rank)."""
+        args = self.args
+        if self.cold:
+            per_iteration = cold_iteration_seconds(self.comm, call.fn, call.buffers, self.flusher)
+            count = args.iterations or COLD_ITERATIONS
+            return budget_cold_iterations(count, args.time_budget, per_iteration)
+        count = args.iterations or default_iterations(block, self.comm.size, self.oversubscription)
+        return budget_iterations(call.fn, count, args.time_budget, self.comm)
+
+    def warmup(self, iterations: int) -> int:
+        """Untimed calls before a measurement of `iterations` calls."""
+        if self.args.warmup is not None:
+            return self.args.warmup
+        return 1 if self.cold else max(2, iterations // 10)
+
+    def seconds(self, call: Call, iterations: int, warmup: int) -> float:
+        """Seconds per call, the largest over the ranks of each rank's mean; collective."""
+        if self.cold:
+            return measure_cold(call.fn, iterations, warmup, self.comm, call.buffers, self.flusher)
+        return measure(call.fn, iterations, warmup, self.comm)
+
+
+# --- one block size ----------------------------------------------------------------------------
+
+
+class BlockCase:
+    """The buffers and calls of every method for one block size.
+
+    zcoll's buffers live in the node's arena, each rank filling (first-touching) its own; MPI
+    gets ordinary NumPy arrays with the same data, as an mpi4py program would have; memcpy
+    copies what a rank receives (P blocks) between two private arrays on every rank at once --
+    the physical limit, with the same memory footprint as the collective (send and receive
+    matrices of all ranks).
+    """
+
+    def __init__(self, comm, collective: str, block: int, methods, rng) -> None:
+        nranks = comm.size
+        send_shape = (nranks, block) if collective == "alltoall" else (block,)
+        recv_shape = (nranks, block)
+        self.comm, self.collective, self.block = comm, collective, block
+        self.zsend = zcoll.empty(comm, send_shape, np.uint8)
+        self.zsend[...] = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
+        self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
+        self.msend = np.array(self.zsend)
+        self.mrecv = np.zeros(recv_shape, np.uint8)
+        mpi_fn = getattr(comm, collective.capitalize())
+        mpi_call = functools.partial(mpi_fn, self.msend, self.mrecv)
+        self.calls = {MPI_METHOD: Call(mpi_call, (self.msend, self.mrecv))}
+        zcoll_fn = getattr(zcoll, collective)
+        for m in methods:
+            fn = functools.partial(
+                zcoll_fn, comm, self.zsend, self.zrecv, order=m.order, copy=m.copy
+            )
+            self.calls[m.name] = Call(fn, (self.zsend, self.zrecv))
+
+    def memcpy_call(self) -> Call:
+        """Every rank copies as many bytes as it receives, from one private array to another."""
+        src, dst = np.array(self.mrecv), np.empty_like(self.mrecv)
+        return Call(functools.partial(_core.copy, dst, src, "temporal"), (src, dst))
+
+    def check(self, methods) -> list[str]:
+        """Run MPI once, then each zcoll method once, and compare the results bit for bit.
+
+        The receive buffer is first set to the complement of MPI's result, so every byte must
+        be written. Collective; returns the names of the methods that differ on some rank, the
+        same list on every rank.
+        """
+        self.calls[MPI_METHOD].fn()
+        failed = []
+        for m in methods:
+            np.invert(self.mrecv, out=self.zrecv)
+            self.calls[m.name].fn()
+            same = bool(np.array_equal(self.zrecv, self.mrecv))
+            if not self.comm.allreduce(same, op=MPI.LAND):
+                failed.append(m.name)
+        return failed
+
+
+def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, args) -> dict:
+    """One JSON/CSV row: the original seven fields, then order, copy, bench_method, rounds."""
+    method = next((m for m in args.methods if m.name == name), None)
+    return {
+        "collective": case.collective,
+        "P": case.comm.size,
+        "block_bytes": case.block,
+        "method": name,
+        "latency_us": seconds * 1e6,
+        "iterations": iterations,
+        "warmup": warmup,
+        "order": method.order if method else None,
+        "copy": method.copy if method else ("temporal" if name == MEMCPY_METHOD else None),
+        "bench_method": args.method,
+        "rounds": 1,
+    }
+
+
+def measure_block(case: BlockCase, timer: Timer, args, report: Reporter) -> list[dict]:
+    """Time MPI and every zcoll method for one block size; one row per method, MPI first."""
+    rows = []
+    for name, call in case.calls.items():
+        iterations = timer.iterations(call, case.block)
+        warmup = timer.warmup(iterations)
+        seconds = timer.seconds(call, iterations, warmup)
+        rows.append(latency_row(case, name, seconds, iterations, warmup, args))
+        report.step(f"{format_size(case.block)} {name}")
+    return rows
+
+
+# --- paired bandwidth --------------------------------------------------------------------------
+
+
+def paired_iterations(timer: Timer, latency_s: float, sweep_iterations: int) -> int:
+    """Calls per timed loop of a paired round: ``--iterations`` if given; else, warm, the
+    sweep's count cut so the 2 x PAIRED_ROUNDS loops take about ``--time-budget`` together
+    (never below PAIRED_MIN_ITERATIONS); cold, PAIRED_MIN_ITERATIONS."""
+    if timer.args.iterations:
+        return timer.args.iterations
+    if timer.cold:  # each cold iteration also sweeps the flush buffer: tens of ms
+        return min(sweep_iterations, PAIRED_MIN_ITERATIONS)
+    budget = timer.args.time_budget
+    if budget <= 0 or latency_s <= 0:
+        return sweep_iterations
+    affordable = int(budget / (2 * PAIRED_ROUNDS) / latency_s)
+    floor = min(sweep_iterations, PAIRED_MIN_ITERATIONS)
+    return max(floor, min(sweep_iterations, affordable))
+
+
+def paired_bandwidth(case: BlockCase, timer: Timer, best: str, iterations: int) -> dict:
+    """Bandwidth of method `best` against a memcpy of the same bytes, timed in alternation.
+
+    PAIRED_ROUNDS rounds; each times a short loop of `best` and one of the memcpy (the same
+    `iterations`, PAIRED_WARMUP untimed calls first; the order alternates between rounds so
+    neither always runs first). Measured at nearly the same moment, the two see the same
+    machine: on a VM whose effective last-level cache varies with its neighbours' load, a
+    memcpy timed seconds apart from the collective can be 2x off. The ratio reported is the
+    median of the per-round ratios (zcoll GB/s / memcpy GB/s); the GB/s columns are the
+    medians of each method's own rounds. Collective.
+
+    Returns
+    -------
+    dict
+        ``block_bytes``, ``method``, ``received_bytes``, ``zcoll_us`` and ``memcpy_us``
+        (medians), ``zcoll_gbps``, ``memcpy_gbps``, ``ratio``, ``round_ratios``, ``rounds``,
+        ``iterations``, ``warmup``.
+    """
+    calls = {best: case.calls[best], MEMCPY_METHOD: case.memcpy_call()}
+    seconds: dict[str, list[float]] = {best: [], MEMCPY_METHOD: []}
+    for round_ in range(PAIRED_ROUNDS):
+        names = [best, MEMCPY_METHOD] if round_ % 2 == 0 else [MEMCPY_METHOD, best]
+        for name in names:
+            seconds[name].append(timer.seconds(calls[name], iterations, PAIRED_WARMUP))
+    round_ratios = [m / z for z, m in zip(seconds[best], seconds[MEMCPY_METHOD])]
+    received = case.comm.size * case.block
+    zcoll_s, memcpy_s = median(seconds[best]), median(seconds[MEMCPY_METHOD])
+    return {
+        "block_bytes": case.block,
+        "method": best,
+        "received_bytes": received,
+        "zcoll_us": zcoll_s * 1e6,
+        "memcpy_us": memcpy_s * 1e6,
+        "zcoll_gbps": received / zcoll_s / 1e9,
+        "memcpy_gbps": received / memcpy_s / 1e9,
+        "ratio": median(round_ratios),
+        "round_ratios": round_ratios,
+        "rounds": PAIRED_ROUNDS,
+        "iterations": iterations,
+        "warmup": PAIRED_WARMUP,
+    }
+
+
+def auto_copy_label(comm: MPI.Comm, block: int) -> str:
+    """The copy mode ``copy="auto"`` uses on this rank for such calls (after the sweep's
+    run-time tuning): ``temporal`` or ``hybrid T=256 KiB``."""
+    mode, threshold = _context.context(comm).core.auto_copy_plan(block, comm.size * block)
+    return mode if mode == "temporal" else f"{mode} T={format_size(threshold)}"
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def best_order(latencies: dict[str, float]) -> str:
+    """Return the fastest zcoll method in `latencies` (method -> µs, MPI and memcpy included)."""
+    orders = (m for m in latencies if m not in (MPI_METHOD, MEMCPY_METHOD))
+    return min(orders, key=latencies.__getitem__)
+
+
+def _width(names: Sequence[str]) -> int:
+    return max([10, *(len(n) + 2 for n in names)])
+
+
+def table_header(names: Sequence[str]) -> str:
+    """Column titles of the results table (latencies in µs)."""
+    width = _width(names)
+    titles = "".join(f"{name:>{width}}" for name in names)
+    return f"{'block':>9}{'MPI (us)':>11}{titles}{'best':>{width}}{'speedup':>9}"
+
+
+def table_row(block: int, latencies: dict[str, float], names: Sequence[str]) -> str:
+    """One line of the results table: latencies, best method, MPI latency / best latency."""
+    width = _width(names)
+    best = best_order(latencies)
+    cells = "".join(f"{latencies[name]:{width}.2f}" for name in names)
+    speedup = latencies[MPI_METHOD] / latencies[best]
+    mpi = latencies[MPI_METHOD]
+    return f"{format_size(block):>9}{mpi:11.2f}{cells}{best:>{width}}{speedup:8.2f}x"
+
+
+def bandwidth_header(args) -> list[str]:
+    """Title lines of the paired bandwidth table."""
+    width = _width([m.name for m in args.methods])
+    return [
+        "# GB/s each rank receives: the best method against a memcpy of the same bytes on every",
+        f"# rank at once, timed in {PAIRED_ROUNDS} alternating rounds (medians); ratio = median of",
+        f"# the per-round ratios (range: lowest-highest). --copy {','.join(args.copies)}",
+        f"{'block':>9}{'best':>{width}}{'zcoll':>10}{'memcpy':>10}{'ratio':>8}"
+        f"{'range':>13}   copy='auto' uses",
+    ]
+
+
+def bandwidth_row(record: dict, args) -> str:
+    """One line of the paired bandwidth table."""
+    width = _width([m.name for m in args.methods])
+    low, high = min(record["round_ratios"]), max(record["round_ratios"])
+    spread = f"{low:.0%}-{high:.0%}"
+    return (
+        f"{format_size(record['block_bytes']):>9}{record['method']:>{width}}"
+        f"{record['zcoll_gbps']:10.2f}{record['memcpy_gbps']:10.2f}{record['ratio']:8.0%}"
+        f"{spread:>13}   {record['auto_copy']}"
+    )
+
+
+def geomean_speedups(by_block: dict[int, dict[str, float]]) -> dict[str, float | None]:
+    """Geometric means of MPI latency / best zcoll latency for small and for large blocks.
+
+    Returns
+    -------
+    dict
+        ``{"small": ..., "large": ...}`` over blocks <= 16 KiB and >= 64 KiB; None if no block
+        falls in a range.
+    """
+    ranges = {"small": lambda b: b <= SMALL_BLOCKS, "large": lambda b: b >= LARGE_BLOCKS}
+    result = {}
+    for name, within in ranges.items():
+        logs = [
+            math.log(lat[MPI_METHOD] / lat[best_order(lat)])
+            for block, lat in by_block.items()
+            if within(block)
+        ]
+        result[name] = math.exp(sum(logs) / len(logs)) if logs else None
+    return result
+
+
+def _describe_method(args, timer: Timer) -> str:
+    if not timer.cold:
+        return "warm (OSU: warm-up calls, barrier, timed loop; max over ranks of the mean)"
+    return (
+        f"cold (TPDS'18 Fig. 9: before each timed call every rank sweeps "
+        f"{timer.flusher.nbytes / MIB:.1f} MiB to flush its caches, then reads its own buffers; "
+        "max over ranks of the mean)"
+    )
+
+
+# --- the subcommand ----------------------------------------------------------------------------
+
+
+def _sweep_steps(args) -> int:
+    paired = sum(block >= BANDWIDTH_BLOCKS for block in args.sizes)
+    return len(args.sizes) * (1 + len(args.methods)) + paired
+
+
+def sweep_sizes(comm, collective: str, args, timer: Timer, report: Reporter, names):
+    """Measure every block size of ``--sizes``, printing a table row after each.
+
+    Returns ``(rows, by_block, bandwidth)`` -- the JSON rows, block -> {method: µs}, the
+    paired bandwidth records -- or None (on every rank) if ``--check`` found a difference.
+    """
+    rng = np.random.default_rng(comm.rank)
+    rows, by_block, bandwidth = [], {}, []
+    for block in args.sizes:
+        case = BlockCase(comm, collective, block, args.methods, rng)
+        if args.check:
+            failed = case.check(args.methods)
+            if failed:
+                report.close()
+                report(
+                    f"zcoll.bench: check failed: {collective} with {', '.join(failed)} differs "
+                    f"from MPI's result for {format_size(block)} blocks at P={comm.size}",
+                    file=sys.stderr,
+                )
+                return None
+        block_rows = measure_block(case, timer, args, report)
+        latencies = {row["method"]: row["latency_us"] for row in block_rows}
+        if block >= BANDWIDTH_BLOCKS:
+            record, memcpy_row = bandwidth_against_memcpy(case, timer, block_rows, args)
+            bandwidth.append(record)
+            block_rows.append(memcpy_row)
+            report.step(f"{format_size(block)} paired")
+        rows += block_rows
+        by_block[block] = latencies
+        report(table_row(block, latencies, names))
+    return rows, by_block, bandwidth
+
+
+def bandwidth_against_memcpy(case: BlockCase, timer: Timer, block_rows, args):
+    """The paired measurement of the fastest method in `block_rows` against memcpy.
+
+    Returns the bandwidth record (see :func:`paired_bandwidth`, plus ``auto_copy``) and the
+    memcpy row (its median latency, ``rounds`` = PAIRED_ROUNDS). Collective.
+    """
+    latencies = {row["method"]: row["latency_us"] for row in block_rows}
+    best = best_order(latencies)
+    swept = next(row["iterations"] for row in block_rows if row["method"] == best)
+    count = paired_iterations(timer, latencies[best] * 1e-6, swept)
+    record = paired_bandwidth(case, timer, best, count)
+    record["auto_copy"] = auto_copy_label(case.comm, case.block)
+    seconds = record["memcpy_us"] * 1e-6
+    memcpy_row = latency_row(case, MEMCPY_METHOD, seconds, count, PAIRED_WARMUP, args)
+    memcpy_row["rounds"] = PAIRED_ROUNDS
+    return record, memcpy_row
+
+
+def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
+    """Sweep block sizes and methods for ``args.command`` (alltoall or allgather) and report.
+
+    Collective over `comm`. Returns 0, or 1 (on every rank) if ``--check`` found a difference.
+    """
+    collective = args.command
+    layout = node_layout(comm)
+    now, command = now_iso(), command_line(args)
+    report = Reporter(comm, args.progress)
+    timer = Timer(comm, args, layout[2])
+    names = [m.name for m in args.methods]
+
+    report(f"# zcoll.bench {collective} | {now} | host {socket.gethostname()} | {command}")
+    report(f"# latency in us per call, {_describe_method(args, timer)}; P={comm.size}")
+    report(table_header(names))
+    report.start(_sweep_steps(args), collective)
+    try:
+        sweep = sweep_sizes(comm, collective, args, timer, report, names)
+    finally:
+        report.close()
+    if sweep is None:
+        return 1
+    rows, by_block, bandwidth = sweep
+
+    if bandwidth:
+        for line in bandwidth_header(args):
+            report(line)
+        for record in bandwidth:
+            report(bandwidth_row(record, args))
+    speedups = geomean_speedups(by_block)
+    report(
+        f"geomean speedup of best method over MPI: blocks <= {format_size(SMALL_BLOCKS)}: "
+        f"{times(speedups['small'])}, blocks >= {format_size(LARGE_BLOCKS)}: "
+        f"{times(speedups['large'])}"
+    )
+    report(where(comm, layout))
+    report(f"MPI library: {mpi_library()}")
+    if comm.rank == 0:
+        metadata = {
+            "collective": collective,
+            **common_metadata(comm, args, layout, now, command),
+            "bench_method": args.method,
+            "orders": list(args.orders),
+            "copy_modes": list(args.copies),
+            "flush_bytes": timer.flusher.nbytes if timer.cold else None,
+            "paired_rounds": PAIRED_ROUNDS,
+            "geomean_speedup_small": speedups["small"],
+            "geomean_speedup_large": speedups["large"],
+        }
+        document = {"metadata": metadata, "results": rows, "bandwidth": bandwidth}
+        write_outputs(args, rows, metadata, FIELDS, {"bandwidth": bandwidth})
+        if args.plot:
+            from .plotting import save_plot
+
+            save_plot(document, args.plot)
+    return 0
+
+
+def add_collective_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``alltoall`` and ``allgather`` (output options are added elsewhere)."""
+    sizes = parser.add_argument_group("block sizes (default: powers of two, 8 B to 1 MiB)")
+    sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
+    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two block (default 8)")
+    sizes.add_argument("--max", type=parse_size, help="largest power-of-two block (default 1M)")
+    parser.add_argument(
+        "--orders",
+        type=parse_orders,
+        default=list(ALL_ORDERS),
+        help=f"zcoll block orders to time (default: {','.join(ALL_ORDERS)})",
+    )
+    parser.add_argument(
+        "--copy",
+        dest="copies",
+        type=parse_copy_modes,
+        default=["auto"],
+        metavar="MODE[,MODE...]",
+        help="zcoll copy mode(s): auto, temporal, streaming, hybrid; several give one method "
+        "per (order, mode), named order/mode (default auto)",
+    )
+    parser.add_argument(
+        "--method",
+        choices=("warm", "cold"),
+        default="warm",
+        help="warm: OSU loop (warm-up, barrier, timed loop); cold: TPDS'18 Fig. 9, caches "
+        "flushed and own buffers read before each timed call (default warm)",
+    )
+    parser.add_argument(
+        "--iterations",
+        type=int,
+        help=f"timed calls per measurement (default: scaled by size, warm; {COLD_ITERATIONS}, "
+        "cold)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, help="untimed calls first (default: 10%% of iterations, >= 2; cold 1)"
+    )
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="cap on a measurement's timed loop, in seconds (cold: on the whole measurement); "
+        f"0: no cap; never cuts below {MIN_ITERATIONS} (warm) calls (default 0.5)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="first compare each method's result with MPI's"
+    )

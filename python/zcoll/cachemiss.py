@@ -1,0 +1,640 @@
+"""Cache misses of zcoll's block orders: TPDS'18 Tables 1-2 for this machine.
+
+``python -m zcoll.cachemiss`` replays the schedule of one alltoall or allgather in one process
+(``zcoll_replay``, installed in ``zcoll/bin``) under valgrind's cache simulator, for every
+collective, number of ranks P, block size and order asked for, and prints the L1 and last-level
+misses per rank in the layout of the paper's tables, with the ratio Morton / row.
+
+The model is the paper's ideal distributed cache (§2.3): every rank has a private cache. The
+replay runs the ranks' segments one after another; before each it evicts the simulated caches,
+so every rank starts cold as on its own core (the cache complexities of §2.3 count every line a
+rank touches). ``--warm own`` first reads the rank's own send and receive buffers, as the
+benchmark of TPDS'18 Fig. 9 does before each call.
+Only the segment's copies are counted (callgrind ``--toggle-collect`` on the function that runs
+them, through the engine's own ``zcoll::copy_segment``): setup, eviction and warm-up are not.
+
+valgrind simulates two levels: D1 (the L1 data cache) and an "LL" level, which this tool sets to
+each core's private L2 (the last private level; a shared L3 is not a per-rank cache and is not
+modelled). ``perf stat`` hardware counters would count the whole process, not one segment, and
+are often unavailable (virtual machines); this tool uses the simulator only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import dataclasses
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from . import _core
+
+__all__ = [
+    "ORDERS",
+    "OPS",
+    "PAPER_GEOMETRY",
+    "CacheGeometry",
+    "Config",
+    "Measurement",
+    "host_geometry",
+    "main",
+    "measure",
+    "parse_event_totals",
+    "replay_binary",
+    "run_config",
+]
+
+ORDERS = ("row", "column", "morton", "hilbert")
+OPS = ("alltoall", "allgather")
+REPLAY_NAME = "zcoll_replay"
+ARENA_COLOUR_STRIDE = _core.ARENA_COLOUR_STRIDE  # the replay lays buffers out like the arena
+SEGMENT_FUNCTION = "zcoll_replay_segment"
+DEFAULT_PROCS = (16, 64)
+DEFAULT_BLOCKS = (8, 64, 512, 4096, 32768)  # the rows of TPDS'18 Tables 1-2 up to 32 KiB
+QUICK = {"procs": (16,), "blocks": (8, 512), "orders": ("row", "morton")}
+TARGET = {"p": 64, "max_block": 512, "ratio": 0.6}  # issue #5: morton <= 0.6 x row
+RUN_TIMEOUT_S = 900
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheGeometry:
+    """One simulated cache: total bytes, ways, line bytes (valgrind's ``--D1=``/``--LL=``)."""
+
+    size: int
+    assoc: int
+    line: int
+
+    @classmethod
+    def parse(cls, text: str) -> CacheGeometry:
+        """Parses ``"SIZE,ASSOC,LINE"`` (bytes, ways, bytes)."""
+        try:
+            size, assoc, line = (int(v) for v in text.split(","))
+        except ValueError:
+            raise ValueError(f"cache geometry is SIZE,ASSOC,LINE in bytes, got {text!r}") from None
+        geometry = cls(size, assoc, line)
+        geometry.check()
+        return geometry
+
+    def check(self) -> None:
+        """Raises ``ValueError`` unless valgrind can simulate this cache."""
+        sets, rest = divmod(self.size, max(self.assoc * self.line, 1))
+        if min(self.size, self.assoc, self.line) <= 0 or rest or sets & (sets - 1):
+            raise ValueError(
+                f"cache of {self.size} B, {self.assoc} ways, {self.line} B lines: valgrind needs "
+                "a power-of-two number of sets (size / (ways * line))"
+            )
+
+    def arg(self) -> str:
+        return f"{self.size},{self.assoc},{self.line}"
+
+    def __str__(self) -> str:
+        return f"{_human(self.size)} {self.assoc}-way {self.line} B lines"
+
+
+# Xeon E7-8890 v3 (the paper's Tables 1-2): L1d 32 KiB 8-way; the private L2 256 KiB 8-way.
+PAPER_GEOMETRY = (CacheGeometry(32768, 8, 64), CacheGeometry(262144, 8, 64))
+
+
+def host_geometry(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> tuple:
+    """This machine's L1 data cache and private L2, as Linux describes CPU 0's caches.
+
+    Returns
+    -------
+    tuple of CacheGeometry
+        ``(l1d, l2)``.
+
+    Raises
+    ------
+    RuntimeError
+        When sysfs does not describe both (give ``--d1`` and ``--ll`` instead).
+    """
+    found = {}
+    for index in sorted(sysfs.glob("index*")):
+        try:
+            level = int((index / "level").read_text())
+            kind = (index / "type").read_text().strip()
+            size = _parse_sysfs_size((index / "size").read_text().strip())
+            assoc = int((index / "ways_of_associativity").read_text())
+            line = int((index / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        if (level, kind) in ((1, "Data"), (2, "Unified"), (2, "Data")):
+            found[level] = CacheGeometry(size, assoc, line)
+    if 1 not in found or 2 not in found:
+        raise RuntimeError(
+            f"{sysfs} does not describe this machine's L1d and L2; "
+            "give --d1 and --ll (SIZE,ASSOC,LINE) or --cache paper"
+        )
+    return found[1], found[2]
+
+
+def _parse_sysfs_size(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    if text and text[-1] in units:
+        return int(text[:-1]) * units[text[-1]]
+    return int(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One replay: a collective, P ranks, a block size in bytes, an order."""
+
+    op: str
+    p: int
+    block: int
+    order: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    """Simulated misses of one replay, summed over its P ranks' segments."""
+
+    config: Config
+    d1_read: int
+    d1_write: int
+    ll_read: int
+    ll_write: int
+    data_refs: int  # loads and stores the segments made
+
+    @property
+    def d1_per_rank(self) -> float:
+        """L1 data misses (reads + writes) per rank."""
+        return (self.d1_read + self.d1_write) / self.config.p
+
+    @property
+    def ll_per_rank(self) -> float:
+        """Last-level (here: L2) data misses per rank."""
+        return (self.ll_read + self.ll_write) / self.config.p
+
+    def row(self) -> dict:
+        """A flat dict for JSON/CSV output."""
+        return {
+            **dataclasses.asdict(self.config),
+            "d1_read": self.d1_read,
+            "d1_write": self.d1_write,
+            "ll_read": self.ll_read,
+            "ll_write": self.ll_write,
+            "data_refs": self.data_refs,
+            "d1_per_rank": self.d1_per_rank,
+            "ll_per_rank": self.ll_per_rank,
+        }
+
+
+def parse_event_totals(path: str | os.PathLike) -> dict:
+    """Event totals of a callgrind or cachegrind output file.
+
+    Reads the ``events:`` line (the event names) and the ``totals:`` line (callgrind) or else
+    the ``summary:`` line (both tools), which hold the counts in the same order.
+
+    Returns
+    -------
+    dict
+        Event name (``Dr``, ``D1mr``, ``DLmw``, ...) to count.
+
+    Raises
+    ------
+    ValueError
+        When the file lacks either line or they do not match.
+    """
+    events = None
+    totals = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("events", "totals", "summary") and rest.strip():
+                if key == "events":
+                    events = rest.split()
+                else:
+                    totals[key] = [int(v) for v in rest.split()]
+    counts = totals.get("totals", totals.get("summary"))
+    if events is None or counts is None:
+        raise ValueError(f"{path}: no 'events:' and 'totals:'/'summary:' lines")
+    if len(counts) > len(events):
+        raise ValueError(f"{path}: {len(counts)} counts for {len(events)} events")
+    # Trailing zero counts may be omitted.
+    return dict(zip(events, counts + [0] * (len(events) - len(counts))))
+
+
+def replay_binary() -> Path:
+    """Path of the installed ``zcoll_replay`` executable (``ZCOLL_REPLAY`` overrides it).
+
+    Raises
+    ------
+    FileNotFoundError
+        When it is not installed next to the package.
+    """
+    override = os.environ.get("ZCOLL_REPLAY")
+    if override:
+        path = Path(override)
+        if not os.access(path, os.X_OK):
+            raise FileNotFoundError(f"ZCOLL_REPLAY={override} is not an executable file")
+        return path
+    import zcoll
+
+    roots = [Path(p) for p in zcoll.__path__]
+    # Editable installs keep the Python sources elsewhere than the installed files.
+    roots += [Path(sysconfig.get_paths()[k]) / "zcoll" for k in ("platlib", "purelib")]
+    for root in roots:
+        path = root / "bin" / REPLAY_NAME
+        if os.access(path, os.X_OK):
+            return path
+    raise FileNotFoundError(
+        f"{REPLAY_NAME} is not installed in zcoll/bin (looked in "
+        f"{', '.join(str(r / 'bin') for r in roots)}); reinstall zcoll with pip"
+    )
+
+
+def valgrind_binary() -> str:
+    """Path of ``valgrind``; ``RuntimeError`` naming the package to install when missing."""
+    path = shutil.which("valgrind")
+    if path is None:
+        raise RuntimeError(
+            "valgrind is not installed: apt-get install valgrind (Debian/Ubuntu), "
+            "or your distribution's valgrind package"
+        )
+    return path
+
+
+def replay_command(
+    config: Config,
+    d1: CacheGeometry,
+    ll: CacheGeometry,
+    out_file: str,
+    *,
+    warm: str = "none",
+    prefetch: bool = False,
+    skew: int = ARENA_COLOUR_STRIDE,
+) -> list:
+    """The valgrind command line that simulates ``config`` (see :func:`run_config`)."""
+    return [
+        valgrind_binary(),
+        "--tool=callgrind",
+        "--cache-sim=yes",
+        f"--simulate-hwpref={'yes' if prefetch else 'no'}",
+        f"--D1={d1.arg()}",
+        f"--LL={ll.arg()}",
+        f"--toggle-collect={SEGMENT_FUNCTION}",
+        f"--callgrind-out-file={out_file}",
+        str(replay_binary()),
+        "--op",
+        config.op,
+        "--order",
+        config.order,
+        "--p",
+        str(config.p),
+        "--block",
+        str(config.block),
+        "--warm",
+        warm,
+        "--evict-bytes",
+        str(2 * max(d1.size, ll.size)),
+        "--skew",
+        str(skew),
+    ]
+
+
+def run_config(
+    config: Config,
+    d1: CacheGeometry,
+    ll: CacheGeometry,
+    *,
+    warm: str = "none",
+    prefetch: bool = False,
+    skew: int = ARENA_COLOUR_STRIDE,
+) -> Measurement:
+    """Simulates one replay under valgrind and returns its misses.
+
+    Parameters
+    ----------
+    config : Config
+        The collective, P, block bytes and order.
+    d1, ll : CacheGeometry
+        The simulated L1 data cache and last level (the private L2 in the presets).
+    warm : {"own", "none"}
+        Whether each rank reads its own buffers before its segment (TPDS'18 Fig. 9).
+    prefetch : bool
+        Simulate valgrind's hardware prefetcher (it prefetches into the LL level only).
+    skew : int
+        Start rank r's partition r * skew bytes (mod 4096) into its pages instead of on a page
+        boundary (a multiple of 64): shows what page-aligned partitions cost in conflict misses.
+
+    Raises
+    ------
+    RuntimeError
+        When valgrind or the replay fails.
+    """
+    with tempfile.TemporaryDirectory(prefix="zcoll-cachemiss-") as tmp:
+        out_file = os.path.join(tmp, "callgrind.out")
+        cmd = replay_command(config, d1, ll, out_file, warm=warm, prefetch=prefetch, skew=skew)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"{config}: valgrind ran past {RUN_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"{config}: valgrind exited {proc.returncode}:\n{proc.stderr[-2000:]}"
+            )
+        ev = parse_event_totals(out_file)
+    try:
+        return Measurement(
+            config, ev["D1mr"], ev["D1mw"], ev["DLmr"], ev["DLmw"], ev["Dr"] + ev["Dw"]
+        )
+    except KeyError as e:
+        raise RuntimeError(f"{config}: callgrind did not report event {e}") from None
+
+
+def measure(
+    configs: Sequence[Config],
+    d1: CacheGeometry,
+    ll: CacheGeometry,
+    *,
+    warm: str = "none",
+    prefetch: bool = False,
+    skew: int = ARENA_COLOUR_STRIDE,
+    jobs: int | None = None,
+    progress: bool | None = None,
+) -> list:
+    """Runs :func:`run_config` for every configuration, ``jobs`` at a time.
+
+    Parameters
+    ----------
+    warm, prefetch, skew
+        As for :func:`run_config`.
+    jobs : int or None
+        Valgrind runs at a time (default: the number of CPUs).
+    progress : bool or None
+        Show a tqdm progress bar; ``None``: when stderr is a terminal and tqdm is installed.
+
+    Returns
+    -------
+    list of Measurement
+        In the order of ``configs``.
+    """
+    jobs = jobs or os.cpu_count() or 1
+    bar = _progress_bar(len(configs), progress)
+    # The work runs in valgrind subprocesses: threads are enough to keep `jobs` of them going.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = [
+            pool.submit(run_config, c, d1, ll, warm=warm, prefetch=prefetch, skew=skew)
+            for c in configs
+        ]
+        try:
+            for _ in concurrent.futures.as_completed(futures):
+                if bar is not None:
+                    bar.update()
+            return [f.result() for f in futures]
+        finally:
+            for f in futures:
+                f.cancel()
+            if bar is not None:
+                bar.close()
+
+
+def _progress_bar(total: int, progress: bool | None):
+    if progress is False or (progress is None and not sys.stderr.isatty()):
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc="cachegrind replays", unit="run", file=sys.stderr)
+
+
+def format_tables(results: Iterable[Measurement], orders: Sequence[str]) -> str:
+    """The results as the paper's tables: one per collective and P, rows by block size."""
+    by_key = {dataclasses.astuple(m.config): m for m in results}
+    ops = sorted({k[0] for k in by_key}, key=OPS.index)
+    lines = []
+    for op in ops:
+        for p in sorted({k[1] for k in by_key if k[0] == op}):
+            blocks = sorted({k[2] for k in by_key if k[:2] == (op, p)})
+            lines += _table(op, p, blocks, orders, by_key)
+    return "\n".join(lines)
+
+
+def _table(op: str, p: int, blocks: Sequence[int], orders: Sequence[str], by_key: dict) -> list:
+    ratio = "row" in orders and "morton" in orders
+    group = list(orders) + (["m/row"] if ratio else [])
+    width = 9
+    group_width = width * len(group)
+    titles = (f"{t:^{group_width}}" for t in ("L1d misses per rank", "L2 misses per rank"))
+    head = f"{'block':>8}  " + "  ".join(titles)
+    names = "".join(f"{n:>{width}}" for n in group)
+    out = [f"{op}, P = {p}", head, f"{'':>8}  {names}  {names}"]
+    for b in blocks:
+        cells = []
+        for attr in ("d1_per_rank", "ll_per_rank"):
+            vals = {o: getattr(by_key[(op, p, b, o)], attr) for o in orders}
+            cell = "".join(f"{vals[o]:>{width}.0f}" for o in orders)
+            if ratio:
+                cell += f"{_ratio(vals['morton'], vals['row']):>{width}.2f}"
+            cells.append(cell)
+        out.append(f"{_human(b):>8}  {cells[0]}  {cells[1]}")
+    out.append("")
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
+
+
+def target_report(results: Iterable[Measurement]) -> list:
+    """Lines saying, per collective, whether Morton's L1 misses are at most 0.6 x row's for
+    blocks up to 512 B at P = 64 (issue #5's target); empty when those runs are absent."""
+    by_key = {dataclasses.astuple(m.config): m for m in results}
+    lines = []
+    for op in OPS:
+        keys = sorted(
+            k
+            for k in by_key
+            if k[0] == op
+            and k[1] == TARGET["p"]
+            and k[2] <= TARGET["max_block"]
+            and k[3] == "morton"
+            and (op, k[1], k[2], "row") in by_key
+        )
+        if not keys:
+            continue
+        parts = []
+        for k in keys:
+            r = _ratio(by_key[k].d1_per_rank, by_key[(op, k[1], k[2], "row")].d1_per_rank)
+            parts.append(f"{_human(k[2])}: {r:.2f} {'ok' if r <= TARGET['ratio'] else 'MISSED'}")
+        lines.append(
+            f"target {op} P={TARGET['p']} L1 morton/row <= {TARGET['ratio']}: " + ", ".join(parts)
+        )
+    return lines
+
+
+def _human(n: int) -> str:
+    for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas: {text!r}"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers: {text!r}")
+    return values
+
+
+def _name_list(allowed: Sequence[str]):
+    def parse(text: str) -> tuple:
+        names = tuple(text.split(","))
+        bad = [n for n in names if n not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(allowed)}")
+        return names
+
+    return parse
+
+
+def _geometry(text: str) -> CacheGeometry:
+    try:
+        return CacheGeometry.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m zcoll.cachemiss``."""
+    p = argparse.ArgumentParser(
+        prog="python -m zcoll.cachemiss",
+        description="Simulated L1/L2 misses per rank of zcoll's block orders for alltoall and "
+        "allgather (TPDS'18 Tables 1-2), from a one-process replay under valgrind.",
+    )
+    p.add_argument("--ops", type=_name_list(OPS), default=OPS, help="collectives (default both)")
+    p.add_argument("--procs", type=_int_list, default=DEFAULT_PROCS, help="P values (16,64)")
+    p.add_argument(
+        "--blocks",
+        type=_int_list,
+        default=DEFAULT_BLOCKS,
+        help="block sizes in bytes (8,64,512,4096,32768: the paper's rows)",
+    )
+    p.add_argument("--orders", type=_name_list(ORDERS), default=ORDERS, help="block orders")
+    p.add_argument(
+        "--cache",
+        choices=("host", "paper"),
+        default="host",
+        help="host: this machine's L1d and private L2 (sysfs); paper: the Xeon E7-8890 v3's "
+        "(L1d 32 KiB 8-way, L2 256 KiB 8-way)",
+    )
+    p.add_argument("--d1", type=_geometry, help="L1d as SIZE,ASSOC,LINE (overrides --cache)")
+    p.add_argument("--ll", type=_geometry, help="L2 as SIZE,ASSOC,LINE (overrides --cache)")
+    p.add_argument(
+        "--warm",
+        choices=("none", "own"),
+        default="none",
+        help="none (default): every rank starts with a cold cache, the model of TPDS'18 §2.3; "
+        "own: each rank first reads its own send and receive buffers (TPDS'18 Fig. 9)",
+    )
+    p.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="simulate valgrind's stride prefetcher (into the L2 level only)",
+    )
+    p.add_argument(
+        "--skew",
+        type=int,
+        default=ARENA_COLOUR_STRIDE,
+        metavar="BYTES",
+        help="start rank r's buffers r*BYTES (mod 4096, a multiple of 64) past a page boundary; "
+        f"default {ARENA_COLOUR_STRIDE}, as the arena colours its partitions; 0: page-aligned",
+    )
+    p.add_argument("--jobs", type=int, default=None, help="parallel valgrind runs (CPU count)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="P=16, blocks 8 and 512, row and morton: a few seconds (CI)",
+    )
+    p.add_argument("--json", metavar="PATH", help="write the raw results as JSON")
+    p.add_argument("--csv", metavar="PATH", help="write the raw results as CSV")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m zcoll.cachemiss``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.skew < 0 or args.skew % 64:
+        parser.error(f"--skew must be a non-negative multiple of 64, got {args.skew}")
+    if args.quick:
+        args.procs, args.blocks, args.orders = QUICK["procs"], QUICK["blocks"], QUICK["orders"]
+    try:
+        valgrind_binary()
+        replay_binary()
+        d1, ll = PAPER_GEOMETRY if args.cache == "paper" else host_geometry()
+    except (RuntimeError, FileNotFoundError) as e:
+        print(f"zcoll.cachemiss: {e}", file=sys.stderr)
+        return 2
+    d1, ll = args.d1 or d1, args.ll or ll
+    configs = [
+        Config(op, p, b, o)
+        for op in args.ops
+        for p in args.procs
+        for b in args.blocks
+        for o in args.orders
+    ]
+    print(
+        f"# simulated caches: L1d {d1}, L2 {ll}; warm={args.warm}, "
+        f"prefetch={'on' if args.prefetch else 'off'}, skew={args.skew}; "
+        "misses per rank, copies only"
+    )
+    try:
+        results = measure(
+            configs,
+            d1,
+            ll,
+            warm=args.warm,
+            prefetch=args.prefetch,
+            skew=args.skew,
+            jobs=args.jobs,
+            progress=False if args.no_progress else None,
+        )
+    except RuntimeError as e:
+        print(f"zcoll.cachemiss: {e}", file=sys.stderr)
+        return 1
+    print(format_tables(results, args.orders))
+    for line in target_report(results):
+        print(line)
+    _write_outputs(results, args, d1, ll)
+    return 0
+
+
+def _write_outputs(results: Sequence[Measurement], args, d1, ll) -> None:
+    rows = [m.row() for m in results]
+    if args.json:
+        meta = {
+            "d1": dataclasses.asdict(d1),
+            "ll": dataclasses.asdict(ll),
+            "warm": args.warm,
+            "prefetch": args.prefetch,
+            "skew": args.skew,
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"caches": meta, "results": rows}, f, indent=1)
+    if args.csv:
+        with open(args.csv, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,456 @@
+"""Offline tuning: find the fastest block order and copy mode per block size on this machine.
+
+Run it under MPI with as many ranks per node as the application will use::
+
+    mpiexec -n 8 python -m zcoll.tune                      # writes zcoll.tuning_path()
+    mpiexec -n 4 python -m zcoll.tune --sizes 8,4K,1M --collectives alltoall --dry-run
+    mpiexec -n 2 python -m zcoll.tune --quick --output /tmp/tuning.json
+
+For each collective and block size (bytes per block; default powers of two from 8 B to 4 MiB)
+every candidate runs on the node's ranks at once, timed OSU-style (the bench's
+:func:`~zcoll.bench.common.measure`: warm-up, barrier, timed loop, the largest mean over the
+ranks, in interleaved rounds, the best round counting): first each block order with a distinct
+schedule, with ordinary stores, and the eager path where a call fits
+it; then, for blocks of 64 KiB and more, the fastest order with streaming stores and with the
+hybrid copy at thresholds T0, T0/2, T0/4 (T0 = L2 / ranks per node). Two stages rather than every
+(order, copy) pair: the order decides how well reads hit the cache, the copy mode how writes
+bypass it, and the product would be four times longer. The fastest candidate per size wins;
+neighbouring sizes with the same winner merge into one block range (boundaries halfway between
+the measured sizes in log2, the first range from 0, the last open-ended) -- the rules of this
+(collective, ranks per node) in the table, whose other rules are kept. Rank 0 writes the file
+atomically. ``order="auto"`` and ``copy="auto"`` follow it in every later program on a
+communicator with that many ranks per node (see :mod:`zcoll._tuning`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import math
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+import zcoll
+
+from . import _context, _core, _tuning
+from .bench.common import (
+    Reporter,
+    budget_iterations,
+    default_iterations,
+    format_size,
+    measure,
+    node_layout,
+    parse_sizes,
+    powers_of_two,
+)
+
+__all__ = ["Candidate", "main", "parse_args", "rules_from_winners", "write_table"]
+
+KIB = 1024
+DEFAULT_SIZES = powers_of_two(8, 4 * KIB * KIB)
+QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
+QUICK_ITERATIONS = 20
+COPY_SWEEP_BLOCKS = 64 * KIB  # blocks from this size also try streaming and hybrid copies
+HYBRID_STEPS = 3  # thresholds T0, T0/2, T0/4
+SMALLEST_THRESHOLD = 4 * KIB  # below this the hybrid copy is as good as streaming
+DEFAULT_TIME_BUDGET = 0.1  # seconds per timed loop
+REPEATS = 3  # rounds over the candidates (the fastest counts: noise only ever adds time)
+REQUIRED_GAIN = 0.97  # a candidate must beat the built-in choice by 3% to get a rule
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a call: an order (or "eager"), a copy mode and a hybrid threshold."""
+
+    order: str
+    copy: str = "temporal"
+    threshold: int | None = None
+
+    def label(self) -> str:
+        if self.order == "auto":
+            return "built-in"
+        if self.order == "eager":
+            return "eager"
+        if self.threshold is not None:
+            return f"{self.order}/{self.copy} T={format_size(self.threshold)}"
+        return f"{self.order}/{self.copy}"
+
+
+BUILTIN = Candidate("auto", "auto")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Parse the command line of ``python -m zcoll.tune``."""
+    p = argparse.ArgumentParser(
+        prog="python -m zcoll.tune",
+        description="Sweep block orders and copy modes on this machine and write the tuning "
+        "table that order='auto' and copy='auto' follow. Run under mpiexec.",
+    )
+    p.add_argument("--sizes", type=parse_sizes, help="block sizes, e.g. 8,4K,1M (default 8..4M)")
+    p.add_argument(
+        "--collectives",
+        default="alltoall,allgather",
+        type=_parse_collectives,
+        help="comma-separated: alltoall, allgather (default both)",
+    )
+    p.add_argument("--output", type=Path, help="table file (default: zcoll.tuning_path())")
+    p.add_argument("--dry-run", action="store_true", help="print the rules, write nothing")
+    p.add_argument("--iterations", type=int, help="timed calls per candidate (default: by size)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=DEFAULT_TIME_BUDGET,
+        help=f"seconds per timed loop, caps the iterations (default {DEFAULT_TIME_BUDGET})",
+    )
+    p.add_argument("--quick", action="store_true", help="three sizes, few iterations (CI)")
+    args = p.parse_args(argv)
+    if args.iterations is not None and args.iterations < 1:
+        p.error("--iterations must be at least 1")
+    if args.time_budget < 0:
+        p.error("--time-budget must be >= 0")
+    if args.sizes is None:
+        args.sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    if args.quick and args.iterations is None:
+        args.iterations = QUICK_ITERATIONS
+    return args
+
+
+def _parse_collectives(text: str) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    if not names or any(n not in _tuning.COLLECTIVES for n in names):
+        raise argparse.ArgumentTypeError(f"choose among {', '.join(_tuning.COLLECTIVES)}")
+    return names
+
+
+# --- candidates and measurement ----------------------------------------------------------------
+
+
+def distinct_orders(node_size: int, block: int) -> list[str]:
+    """The orders whose schedules differ on `node_size` ranks, the built-in one first.
+
+    Orders with the same schedule (row and Morton on 2 ranks, all of them on 1) run the same
+    copies: timing both would only let noise pick between them."""
+    seen, found = set(), []
+    for code in (_core.default_order(node_size, block), *range(len(_core.ORDERS))):
+        blocks, bounds = _core.schedule(node_size, code)
+        key = (blocks.tobytes(), bounds.tobytes())
+        if key not in seen:
+            seen.add(key)
+            found.append(_core.ORDERS[code])
+    return found
+
+
+def order_candidates(block: int, node_size: int, eager_bytes: int) -> list[Candidate]:
+    """Stage 1: every distinct order with ordinary stores, and the eager path where the call
+    fits it."""
+    found = [Candidate(order) for order in distinct_orders(node_size, block)]
+    if 0 < node_size * block <= eager_bytes:
+        found.append(Candidate("eager"))
+    return found
+
+
+def copy_candidates(order: str, block: int, base_threshold: int) -> list[Candidate]:
+    """Stage 2 (large blocks): `order` with streaming stores and hybrid thresholds T0, T0/2..."""
+    if block < COPY_SWEEP_BLOCKS or order == "eager":
+        return []
+    found = [Candidate(order, "streaming")]
+    for step in range(HYBRID_STEPS):
+        t = base_threshold >> step
+        if SMALLEST_THRESHOLD <= t < block:
+            found.append(Candidate(order, "hybrid", t))
+    return found
+
+
+class _Sweep:
+    """Times candidates on the node communicator; every rank of `world` gets the same times."""
+
+    def __init__(self, world: MPI.Comm, node: MPI.Comm, args: argparse.Namespace) -> None:
+        self.world, self.node, self.args = world, node, args
+        self.ctx = _context.context(node)
+        self.oversubscription = node_layout(world)[2]
+        self.eager_bytes = world.allreduce(self.ctx.core.eager_bytes, op=MPI.MIN)
+        self.base_threshold = world.allreduce(self.ctx.core.copy_threshold(0), op=MPI.MIN)
+        self.repeats = 1 if args.quick else REPEATS
+
+    def buffers(self, collective: str, block: int) -> tuple[np.ndarray, np.ndarray]:
+        p = self.node.size
+        send_shape = (p, block) if collective == "alltoall" else (block,)
+        send = zcoll.empty(self.node, send_shape, np.uint8)
+        send[...] = self.node.rank  # owner's first touch
+        recv = zcoll.zeros(self.node, (p, block), np.uint8)
+        return send, recv
+
+    def caller(self, collective: str, c: Candidate, send, recv):
+        """A no-argument function that runs `c` once on the arena buffers."""
+        run = getattr(self.ctx.core, collective)
+        order = _core.EAGER_ORDER if c.order == "eager" else _core.ORDERS.index(c.order)
+        copy = _core.COPY_MODES.index(c.copy)
+        return lambda: run(send, recv, order, copy)
+
+    def compare(self, collective: str, candidates, send, recv, block: int, report) -> dict:
+        """Seconds per call of each candidate: the best of `repeats` rounds that take the
+        candidates in turn, so a burst of background load hits them all alike; collective."""
+        calls = {c: self.caller(collective, c, send, recv) for c in candidates}
+        counts = {}
+        for c, call in calls.items():
+            default = default_iterations(block, self.node.size, self.oversubscription)
+            with self.threshold(c):
+                counts[c] = budget_iterations(
+                    call,
+                    self.args.iterations or default,
+                    self.args.time_budget / self.repeats,
+                    self.node,
+                )
+        best = dict.fromkeys(candidates, math.inf)
+        for _ in range(self.repeats):
+            for c, call in calls.items():
+                with self.threshold(c):
+                    warmup = min(100, max(2, counts[c] // 10))
+                    best[c] = min(best[c], measure(call, counts[c], warmup, self.node))
+                report.step(f"{collective} {format_size(block)} {c.label()}")
+        # The slowest node counts, and every node decides alike.
+        mine = np.array([best[c] for c in candidates])
+        worst = np.empty_like(mine)
+        self.world.Allreduce(mine, worst, op=MPI.MAX)
+        return dict(zip(candidates, worst.tolist()))
+
+    @contextlib.contextmanager
+    def threshold(self, c: Candidate):
+        """The hybrid threshold of `c` in force for copy="hybrid" calls, T0 again after."""
+        if c.threshold is None:
+            yield
+            return
+        self.ctx.core.set_copy_threshold(c.threshold)
+        try:
+            yield
+        finally:
+            self.ctx.core.set_copy_threshold(self.base_threshold)
+
+
+def sweep(sw: _Sweep, collective: str, sizes, report: Reporter) -> dict[int, dict]:
+    """Measure every candidate for every size: ``{block: {Candidate: seconds}}``; collective."""
+    results: dict[int, dict] = {}
+    for block in sizes:
+        send, recv = sw.buffers(collective, block)
+        stage1 = order_candidates(block, sw.node.size, sw.eager_bytes)
+        times = sw.compare(collective, stage1, send, recv, block, report)
+        best_order = min(times, key=times.get).order
+        stage2 = copy_candidates(best_order, block, sw.base_threshold)
+        if stage2:
+            times.update(sw.compare(collective, stage2, send, recv, block, report))
+        results[block] = times
+        del send, recv
+    return results
+
+
+def planned_steps(sizes, collectives, sw: _Sweep) -> int:
+    """How many timed loops :func:`sweep` runs (for the progress bar)."""
+    p, eager, base = sw.node.size, sw.eager_bytes, sw.base_threshold
+    per_size = [
+        len(order_candidates(b, p, eager)) + len(copy_candidates("row", b, base)) for b in sizes
+    ]
+    return len(collectives) * sum(per_size) * sw.repeats
+
+
+# --- from measurements to rules ----------------------------------------------------------------
+
+
+def rules_from_winners(
+    collective: str, ranks_per_node: int, winners: dict[int, Candidate]
+) -> list[_tuning.TuningRule]:
+    """Turn the fastest candidate per measured block size into disjoint block ranges.
+
+    Neighbouring sizes with the same winner merge; a boundary between measured sizes a < b
+    lies halfway in log2 (``floor(sqrt(a * b))`` belongs to a's range); the first range starts
+    at 0 and the last has no upper bound.
+    """
+    sizes = sorted(winners)
+    rules: list[_tuning.TuningRule] = []
+    low = 0
+    for i, block in enumerate(sizes):
+        c = winners[block]
+        last = i + 1 == len(sizes)
+        if not last and winners[sizes[i + 1]] == c:
+            continue
+        high = None if last else math.isqrt(block * sizes[i + 1])
+        rules.append(
+            _tuning.TuningRule(collective, ranks_per_node, low, high, c.order, c.copy, c.threshold)
+        )
+        low = (high or 0) + 1
+    return rules
+
+
+def winner(times: dict, builtin: Candidate) -> Candidate:
+    """The fastest candidate, or BUILTIN when the built-in choice was measured and is within
+    3% of it (noise must not fragment the table, and the built-in rule adapts at run time)."""
+    best = min(times, key=times.get)
+    if builtin in times and times[best] >= REQUIRED_GAIN * times[builtin]:
+        return BUILTIN
+    return best
+
+
+def builtin_candidate(block: int, node_size: int, sw: _Sweep) -> Candidate:
+    """What order="auto", copy="auto" do without a table (for the summary)."""
+    if 0 < node_size * block <= sw.eager_bytes:
+        return Candidate("eager")
+    order = _core.ORDERS[_core.default_order(node_size, block)]
+    mode, threshold = sw.ctx.core.auto_copy_plan(block, node_size * block)
+    return Candidate(order, mode, threshold if mode == "hybrid" else None)
+
+
+# --- the table file ----------------------------------------------------------------------------
+
+
+def write_table(table: _tuning.TuningTable, path: str | os.PathLike) -> None:
+    """Write `table` as JSON to `path` atomically (a temporary file, then ``os.replace``).
+
+    Parameters
+    ----------
+    table : TuningTable
+        What to write.
+    path : str or path-like
+        The file; its directory is created if needed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(table.as_json(), f, indent=1)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def merged_table(path: Path, new_rules: list, replaced: set) -> _tuning.TuningTable:
+    """The new rules plus those of `path` for other (collective, ranks per node) pairs."""
+    kept: tuple = ()
+    if path.exists():
+        try:
+            old = _tuning.load_tuning(path)
+            kept = tuple(r for r in old.rules if (r.collective, r.ranks_per_node) not in replaced)
+        except (OSError, ValueError) as exc:
+            warnings.warn(f"zcoll.tune: replacing {path}: {exc}", RuntimeWarning, stacklevel=2)
+    rules = tuple(
+        sorted((*kept, *new_rules), key=lambda r: (r.collective, r.ranks_per_node, r.min_block))
+    )
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return _tuning.TuningTable(rules, _tuning.current_machine(), now, zcoll.__version__)
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def _us(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e6:.2f}"
+
+
+def _range_text(rule: _tuning.TuningRule) -> str:
+    high = "inf" if rule.max_block is None else str(rule.max_block)
+    return f"{rule.min_block}..{high}"
+
+
+def print_measurements(report, collective: str, results: dict, builtins: dict) -> None:
+    report(f"\n{collective}: fastest per block size (us per call, max over ranks)")
+    report(f"  {'block':>9}  {'fastest':<28}{'us':>10}  {'built-in is':<28}{'us':>10}")
+    for block, times in results.items():
+        best = min(times, key=times.get)
+        default = builtins[block]
+        report(
+            f"  {format_size(block):>9}  {best.label():<28}{_us(times[best]):>10}  "
+            f"{default.label():<28}{_us(times.get(default)):>10}"
+        )
+
+
+def print_rules(report, rules) -> None:
+    report(f"\n{'collective':<10} {'ranks/node':>10}  {'blocks (bytes)':<22}{'order':<9}copy")
+    for r in rules:
+        copy = r.copy if r.threshold is None else f"{r.copy} T={format_size(r.threshold)}"
+        report(f"{r.collective:<10} {r.ranks_per_node:>10}  {_range_text(r):<22}{r.order:<9}{copy}")
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def main(argv=None, comm: MPI.Comm | None = None) -> int:
+    """Run the sweep on `comm` (``MPI.COMM_WORLD`` by default) and write the table.
+
+    Collective over `comm`. Only rank 0 prints and writes.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        Command-line arguments (``sys.argv[1:]`` by default); see ``--help``.
+    comm : mpi4py.MPI.Comm, optional
+        The ranks to tune with; every node must hold the same number of them.
+
+    Returns
+    -------
+    int
+        0 on success, 2 when the nodes hold different numbers of ranks or the file cannot be
+        written (the same on every rank).
+    """
+    args = parse_args(argv)
+    world = MPI.COMM_WORLD if comm is None else comm
+    report = Reporter(world)
+    node = _context._split_node(world)
+    try:
+        sizes_per_node = set(world.allgather(node.size))
+        if len(sizes_per_node) > 1:
+            report(f"zcoll.tune: nodes hold different numbers of ranks {sorted(sizes_per_node)}")
+            return 2
+        return _run(world, node, args, report)
+    finally:
+        node.Free()
+
+
+def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
+    sw = _Sweep(world, node, args)
+    l2, l3 = _tuning.cache_bytes()
+    report(
+        f"zcoll.tune: {world.size} ranks, {node.size} per node; L2 {format_size(l2)}, "
+        f"L3 {format_size(l3)}; eager path up to {format_size(sw.eager_bytes)} per rank, "
+        f"hybrid T0 {format_size(sw.base_threshold)}"
+    )
+    report.start(planned_steps(args.sizes, args.collectives, sw), "zcoll.tune")
+    new_rules = []
+    try:
+        for collective in args.collectives:
+            results = sweep(sw, collective, args.sizes, report)
+            builtins = {b: builtin_candidate(b, node.size, sw) for b in results}
+            winners = {b: winner(t, builtins[b]) for b, t in results.items()}
+            print_measurements(report, collective, results, builtins)
+            new_rules += rules_from_winners(collective, node.size, winners)
+    finally:
+        report.close()
+    path = args.output or _tuning.tuning_path()
+    replaced = {(c, node.size) for c in args.collectives}
+    error = None
+    if world.rank == 0:
+        table = merged_table(path, new_rules, replaced)
+        print_rules(report, table.rules)
+        if args.dry_run:
+            report("\n(dry run: nothing written)")
+        else:
+            try:
+                write_table(table, path)
+                report(f"\nwrote {path}")
+            except OSError as exc:
+                error = f"zcoll.tune: cannot write {path}: {exc}"
+                print(error, file=sys.stderr, flush=True)
+    return 2 if world.bcast(error, root=0) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

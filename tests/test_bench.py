@@ -1,0 +1,352 @@
+"""``python -m zcoll.bench``: every subcommand run in-process at tiny sizes, on every rank.
+
+Each test calls ``zcoll.bench.main([...])`` on every rank of ``MPI.COMM_WORLD`` (the CLI is
+collective) with tiny sizes, few iterations and a small time budget, then checks the exit
+status on every rank and, on rank 0 (the only rank that writes files), what the ``--json``,
+``--csv`` and ``--plot`` files hold; rank 0's verdict is shared so every rank passes or fails
+together. Files go to rank 0's ``tmp_path`` (each rank has its own), broadcast to the others.
+The expected rows are derived from the options given, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import zcoll
+from conftest import all_ranks_agree
+from zcoll import bench
+from zcoll.bench import collectives, common, plotting
+
+WORLD = MPI.COMM_WORLD
+P = WORLD.size
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+FAST = ["--iterations", "3", "--warmup", "1", "--time-budget", "0.01", "--no-progress"]
+
+
+@pytest.fixture
+def outdir(tmp_path) -> Path:
+    """Rank 0's tmp_path, the same on every rank (only rank 0 writes or reads in it)."""
+    return Path(WORLD.bcast(str(tmp_path) if WORLD.rank == 0 else None, root=0))
+
+
+def run_main(argv: list[str]) -> int:
+    """main(argv) on every rank; asserts every rank returned the same status."""
+    status = bench.main(argv)
+    statuses = WORLD.allgather(status)
+    assert len(set(statuses)) == 1, f"ranks returned different statuses: {statuses}"
+    return status
+
+
+def on_root(check) -> None:
+    """Run `check()` (which raises AssertionError on failure) on rank 0; fail on every rank."""
+    error = None
+    if WORLD.rank == 0:
+        try:
+            check()
+        except AssertionError as exc:
+            error = str(exc) or "assertion failed"
+    error = WORLD.bcast(error, root=0)
+    assert error is None, error
+
+
+def read_json(path: Path) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert len(data) > len(PNG_SIGNATURE), f"{path} is empty"
+    assert data.startswith(PNG_SIGNATURE), f"{path} is not a PNG"
+
+
+# --- alltoall / allgather ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["warm", "cold"])
+@pytest.mark.parametrize("collective", ["alltoall", "allgather"])
+def test_collective_json_csv_plot(collective, method, outdir):
+    files = {k: outdir / f"out.{k}" for k in ("json", "csv")} | {"plot": outdir / "out.png"}
+    argv = [collective, "--sizes", "8,100", "--orders", "row,morton", "--method", method, "--check"]
+    argv += FAST + [f"--{k}={v}" for k, v in files.items()]
+    assert run_main(argv) == 0
+    expected = {(b, m) for b in (8, 100) for m in ("MPI", "row", "morton")}
+
+    def check():
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert len(rows) == len(expected)
+        for r in rows:
+            assert r["collective"] == collective and r["P"] == P
+            assert r["latency_us"] > 0 and r["iterations"] == 3 and r["warmup"] == 1
+            assert r["bench_method"] == method
+            assert r["order"] == (None if r["method"] == "MPI" else r["method"])
+            assert r["copy"] == (None if r["method"] == "MPI" else "auto")
+        meta = document["metadata"]
+        assert meta["collective"] == collective and meta["P"] == P and meta["checked"]
+        assert meta["bench_method"] == method and meta["copy_modes"] == ["auto"]
+        assert document["bandwidth"] == []  # no block reaches 256 KiB
+        table = read_csv(files["csv"])
+        assert {(int(r["block_bytes"]), r["method"]) for r in table} == expected
+        assert all(float(r["latency_us"]) > 0 for r in table)
+        assert_png(files["plot"])
+
+    on_root(check)
+
+
+def test_copy_mode_list_names_methods(outdir):
+    out = outdir / "modes.json"
+    argv = ["alltoall", "--sizes", "64", "--orders", "row,hilbert", "--copy", "auto,streaming"]
+    assert run_main(argv + FAST + ["--check", "--json", str(out)]) == 0
+
+    def check():
+        rows = read_json(out)["results"]
+        got = {r["method"]: (r["order"], r["copy"]) for r in rows}
+        assert got == {
+            "MPI": (None, None),
+            "row/auto": ("row", "auto"),
+            "row/streaming": ("row", "streaming"),
+            "hilbert/auto": ("hilbert", "auto"),
+            "hilbert/streaming": ("hilbert", "streaming"),
+        }
+
+    on_root(check)
+
+
+def test_paired_bandwidth_rows(outdir, monkeypatch):
+    # Blocks of 1 KiB and more get the paired measurement (256 KiB by default: too slow here).
+    monkeypatch.setattr(collectives, "BANDWIDTH_BLOCKS", 1024)
+    out = outdir / "paired.json"
+    argv = ["alltoall", "--sizes", "64,2K", "--orders", "row"] + FAST + ["--json", str(out)]
+    assert run_main(argv) == 0
+
+    def check():
+        document = read_json(out)
+        memcpy = [r for r in document["results"] if r["method"] == "memcpy"]
+        assert [r["block_bytes"] for r in memcpy] == [2048]
+        assert memcpy[0]["rounds"] == collectives.PAIRED_ROUNDS and memcpy[0]["latency_us"] > 0
+        (record,) = document["bandwidth"]
+        assert record["block_bytes"] == 2048 and record["method"] == "row"
+        assert record["received_bytes"] == P * 2048
+        ratios = record["round_ratios"]
+        assert len(ratios) == collectives.PAIRED_ROUNDS and all(r > 0 for r in ratios)
+        assert record["ratio"] == pytest.approx(statistics.median(ratios))
+        gbps = P * 2048 / (record["memcpy_us"] * 1e-6) / 1e9
+        assert record["memcpy_gbps"] == pytest.approx(gbps)
+        assert record["memcpy_us"] == pytest.approx(memcpy[0]["latency_us"])
+
+    on_root(check)
+
+
+def test_zcoll_methods_naming():
+    single = collectives.zcoll_methods(["row", "auto"], ["hybrid"])
+    assert [(m.name, m.order, m.copy) for m in single] == [
+        ("row", "row", "hybrid"),
+        ("auto", "auto", "hybrid"),
+    ]
+    several = collectives.zcoll_methods(["morton"], ["auto", "temporal"])
+    assert [m.name for m in several] == ["morton/auto", "morton/temporal"]
+
+
+# --- cold-cache and budget helpers -------------------------------------------------------------
+
+
+def test_measure_cold_counts_calls_and_flushes():
+    calls = []
+    flusher = common.CacheFlusher(WORLD)
+    _, llc = zcoll._context._cache_bytes()
+    ranks_here = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    share = 2 * llc // ranks_here.size
+    ranks_here.Free()
+    assert flusher.nbytes >= share
+    before = flusher.buffer[:4].copy()
+    buffers = (np.arange(100, dtype=np.uint64), np.ones(7, np.uint8))
+    seconds = common.measure_cold(lambda: calls.append(1), 4, 2, WORLD, buffers, flusher)
+    assert len(calls) == 6 and seconds >= 0
+    assert (flusher.buffer[:4] == before + 4).all()  # every byte written once per iteration
+    # the checksum: 64-bit words summed, then the bytes of a tail shorter than a word
+    assert common.touch(buffers) == sum(range(100)) + 7
+
+
+@pytest.mark.parametrize(
+    ("iterations", "budget", "per_iteration", "expected"),
+    [(20, 1.0, 0.1, 10), (20, 0.01, 0.1, 5), (3, 0.01, 0.1, 3), (20, 0, 0.1, 20), (20, 9, 0.1, 20)],
+)
+def test_budget_cold_iterations(iterations, budget, per_iteration, expected):
+    assert common.budget_cold_iterations(iterations, budget, per_iteration) == expected
+
+
+# --- copy and fft ------------------------------------------------------------------------------
+
+
+def test_copy_subcommand(outdir):
+    files = {"json": outdir / "copy.json", "plot": outdir / "copy.png"}
+    argv = ["copy", "--sizes", "4K,64K", "--iterations", "2", "--no-bound", "--no-progress"]
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+
+    def check():
+        document = read_json(files["json"])
+        rows = document["results"]
+        kernels = {r["method"] for r in rows}
+        assert {"copyto", "memcpy", "hybrid"} <= kernels
+        phases = [1] if P == 1 else [1, P]
+        expected = {(s, m, n) for s in (4096, 65536) for m in kernels for n in phases}
+        assert {(r["size_bytes"], r["method"], r["ranks"]) for r in rows} == expected
+        assert len(rows) == len(expected)
+        assert all(r["gbps_aggregate"] > 0 and r["iterations"] == 2 for r in rows)
+        assert document["metadata"]["benchmark"] == "copy"
+        assert_png(files["plot"])
+
+    on_root(check)
+
+
+@pytest.mark.parametrize("hide_mpi4py_fft", [False, True])
+def test_fft_subcommand(hide_mpi4py_fft, outdir, monkeypatch):
+    if hide_mpi4py_fft:  # as in CI, where the test extras do not install it
+        monkeypatch.setitem(sys.modules, "mpi4py_fft", None)
+    try:
+        import mpi4py_fft  # noqa: F401
+
+        reference = True
+    except ImportError:
+        reference = False
+    files = {"json": outdir / "fft.json", "plot": outdir / "fft.png"}
+    argv = ["fft", "--sizes", "8", "--iterations", "2", "--check", "--no-progress"]
+    argv += ["--mpi4py-fft-backend", "numpy"]  # no FFTW planning
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+
+    def check():
+        document = read_json(files["json"])
+        methods = [r["method"] for r in document["results"]]
+        assert methods == (["zcoll", "mpi4py-fft"] if reference else ["zcoll"])
+        for r in document["results"]:
+            assert r["N"] == 8 and r["P"] == P and r["total_ms"] > 0 and r["iterations"] == 2
+        missing = document["metadata"]["mpi4py_fft_missing"]
+        assert (missing is None) == reference, missing
+        assert_png(files["plot"])
+
+    on_root(check)
+
+
+# --- usage errors ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["nosuch"],
+        ["alltoall", "--sizes", "0"],
+        ["alltoall", "--sizes", "8", "--min", "8"],
+        ["alltoall", "--orders", "zigzag"],
+        ["alltoall", "--copy", "auto,fast"],
+        ["alltoall", "--method", "lukewarm"],
+        ["allgather", "--iterations", "0"],
+        ["alltoall", "--plot", "out.pdf"],
+        ["fft", "--grid", "2x2x2x2"],
+        ["copy", "--time-budget", "0"],
+    ],
+)
+def test_usage_errors(argv, capsys):
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err
+    printed = WORLD.gather(bool(err.strip()), root=0)
+    if WORLD.rank == 0:
+        assert printed[0] and "usage:" in err, err
+        assert not any(printed[1:]), "only rank 0 prints usage errors"
+
+
+# --- reporting ---------------------------------------------------------------------------------
+
+
+def _document(collective: str = "alltoall") -> dict:
+    rows = [
+        {"collective": collective, "P": 2, "block_bytes": b, "method": m, "latency_us": t}
+        for b, t in ((8, 1.0), (1024, 4.0))
+        for m, t in (("MPI", 2 * t), ("row", t), ("morton", 1.5 * t))
+    ]
+    metadata = {"collective": collective, "P": 2, "host": "h", "date": "2026-01-01T00:00:00"}
+    return {"metadata": metadata, "results": rows}
+
+
+def test_plot_results_draws_one_line_per_method():
+    def check():  # on rank 0 alone: the only rank that ever imports matplotlib in a run
+        from matplotlib.figure import Figure
+
+        ax = Figure().add_subplot()
+        assert bench.plot_results(_document(), ax=ax) is ax
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {"MPI", "row", "morton"}
+        assert lines["MPI"].get_linestyle() == "--" and lines["row"].get_linestyle() == "-"
+        assert list(lines["row"].get_xdata()) == [8, 1024]
+        assert list(lines["MPI"].get_ydata()) == [2.0, 8.0]
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        assert "alltoall" in ax.get_title() and "P=2" in ax.get_title()
+
+    on_root(check)
+
+
+def test_plot_rejects_unknown_documents():
+    with pytest.raises(ValueError, match="not a zcoll.bench JSON document"):
+        plotting.plot_results({"metadata": {}, "results": []})
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_bar_only_on_a_terminal(monkeypatch):
+    pytest.importorskip("tqdm")
+    terminal = _Terminal()
+    monkeypatch.setattr(common, "_progress_stream", lambda: terminal)
+    report = common.Reporter(WORLD, progress=True)
+    report.start(2, "sweep")
+    assert (report.bar is not None) == (WORLD.rank == 0)
+    report.step("one")
+    report.close()
+    assert report.bar is None
+    assert ("sweep" in terminal.getvalue()) == (WORLD.rank == 0)
+    disabled = common.Reporter(WORLD, progress=False)
+    disabled.start(2, "sweep")
+    assert disabled.bar is None
+
+
+def test_progress_without_tqdm(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    monkeypatch.setattr(common, "_progress_stream", lambda: _Terminal())
+    report = common.Reporter(WORLD, progress=True)
+    report.start(3, "sweep")
+    assert report.bar is None
+    report("a line")
+    report.step()
+    report.close()
+    out = capsys.readouterr().out
+    all_ranks_agree(WORLD, ("a line" in out) == (WORLD.rank == 0), f"printed {out!r}")
+
+
+def test_check_failure_returns_1_everywhere(monkeypatch, capsys):
+    def wrong_alltoall(comm, send, recv, **kwargs):  # leaves the receive buffer as it was
+        return recv
+
+    monkeypatch.setattr(zcoll, "alltoall", wrong_alltoall)
+    argv = ["alltoall", "--sizes", "16", "--orders", "column", "--check"] + FAST
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err
+    if WORLD.rank == 0:
+        assert "check failed" in err and "column" in err, err

@@ -1,0 +1,235 @@
+"""zcoll_replay and python -m zcoll.cachemiss: the one-process schedule replay and its misses.
+
+The tool needs no MPI, so these tests run once, in the P = 1 run of the suite. The replay's
+--verify mode checks every received byte against a pattern of (source, destination, offset);
+the simulated misses are checked against line counts worked out here from the buffer layout
+(send and receive buffers 64-byte aligned, 64-byte lines), not taken from the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+
+import pytest
+from mpi4py import MPI
+
+from zcoll import cachemiss
+from zcoll.cachemiss import CacheGeometry, Config
+
+pytestmark = pytest.mark.skipif(
+    MPI.COMM_WORLD.size != 1, reason="one-process tool: tested in the P = 1 run only"
+)
+needs_valgrind = pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="valgrind not installed (apt-get install valgrind)"
+)
+
+LINE = 64
+L1 = CacheGeometry(32768, 8, LINE)
+L2 = CacheGeometry(262144, 8, LINE)
+# Lines a segment touches besides the blocks: its slice of the schedule, the tables of buffer
+# addresses and ranks, the stack, memcpy's dispatch data.
+METADATA_LINES = 24
+
+
+def replay(*args: str) -> subprocess.CompletedProcess:
+    exe = str(cachemiss.replay_binary())
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+@pytest.mark.parametrize("order", cachemiss.ORDERS)
+@pytest.mark.parametrize("op", cachemiss.OPS)
+def test_replay_delivers_every_block(op, order, in_place):
+    for p in (1, 2, 3, 5, 6, 8, 16):
+        for block in (1, 24, 64):
+            args = ["--op", op, "--order", order, "--p", str(p), "--block", str(block)]
+            args += ["--verify", "--evict-bytes", "4096", "--skew", str(64 * (p % 3))]
+            args += ["--in-place"] if in_place else []
+            r = replay(*args)
+            assert r.returncode == 0, f"{args}: {r.stderr}"
+            assert "verify=ok" in r.stdout
+
+
+@pytest.mark.parametrize("op", cachemiss.OPS)
+def test_verify_catches_a_missing_segment(op):
+    r = replay("--op", op, "--order", "hilbert", "--p", "6", "--block", "16", "--verify")
+    assert r.returncode == 0
+    r = replay(
+        "--op", op, "--order", "hilbert", "--p", "6", "--block", "16", "--verify",
+        "--skip-rank", "2",
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert "verify=FAILED" in r.stdout and "differs at byte" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "--op is required"),
+        (["--op", "bcast", "--p", "2", "--block", "8"], "unknown --op"),
+        (["--op", "alltoall", "--p", "0", "--block", "8"], "--p must be"),
+        (["--op", "alltoall", "--p", "x", "--block", "8"], "non-negative integer"),
+        (["--op", "alltoall", "--p", "4", "--block", "0"], "--block must be"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--order", "zig"], "unknown --order"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--warm", "hot"], "--warm"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--frob"], "unknown argument"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--skew", "10"], "multiple of 64"),
+    ],
+)
+def test_replay_rejects_bad_arguments(args, message):
+    r = replay(*args)
+    assert r.returncode == 2
+    assert message in r.stderr and "usage:" in r.stderr
+
+
+CALLGRIND_SAMPLE = """\
+# callgrind format
+version: 1
+creator: callgrind-3.19.0
+pid: 4242
+cmd:  zcoll_replay --op alltoall
+part: 1
+
+desc: I1 cache: 32768 B, 64 B, 8-way associative
+desc: D1 cache: 32768 B, 64 B, 8-way associative
+desc: LL cache: 524288 B, 64 B, 8-way associative
+
+positions: line
+events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw
+summary: 12723 4355 1880 19 467 87 19 466 86
+
+ob=(1) /usr/lib/zcoll/bin/zcoll_replay
+fl=(1) ???
+fn=(1) zcoll_replay_segment
+0 40 10 8 2 1 1 2 1 1
+
+totals: 12723 4355 1880 19 467 87 19 466 86
+"""
+
+CACHEGRIND_SAMPLE = """\
+desc: D1 cache:         32768 B, 64 B, 8-way associative
+cmd: ./a.out
+events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw
+fl=???
+fn=main
+0 10 1 1 4 2 2 3 1
+summary: 10 1 1 4 2 2 3
+"""
+
+
+def test_parse_event_totals(tmp_path):
+    f = tmp_path / "callgrind.out"
+    f.write_text(CALLGRIND_SAMPLE)
+    ev = cachemiss.parse_event_totals(f)
+    assert ev == {
+        "Ir": 12723, "Dr": 4355, "Dw": 1880, "I1mr": 19, "D1mr": 467, "D1mw": 87, "ILmr": 19,
+        "DLmr": 466, "DLmw": 86,
+    }  # fmt: skip
+    f.write_text(CACHEGRIND_SAMPLE)  # no totals: line; trailing zero counts omitted
+    ev = cachemiss.parse_event_totals(f)
+    assert [ev[k] for k in ("Dr", "D1mr", "DLmr", "Dw", "D1mw", "DLmw")] == [4, 2, 2, 3, 0, 0]
+    f.write_text("events: Ir Dr\n")
+    with pytest.raises(ValueError, match="no 'events:'"):
+        cachemiss.parse_event_totals(f)
+    f.write_text("events: Ir\nsummary: 1 2\n")
+    with pytest.raises(ValueError, match="2 counts for 1 events"):
+        cachemiss.parse_event_totals(f)
+
+
+def test_cache_geometry():
+    assert CacheGeometry.parse("32768,8,64") == CacheGeometry(32768, 8, 64)
+    assert str(CacheGeometry(524288, 8, 64)) == "512 KiB 8-way 64 B lines"
+    with pytest.raises(ValueError, match="power-of-two number of sets"):
+        CacheGeometry.parse("49152,8,64")  # 96 sets
+    with pytest.raises(ValueError, match="SIZE,ASSOC,LINE"):
+        CacheGeometry.parse("32k,8")
+
+
+def test_host_geometry_from_sysfs(tmp_path):
+    caches = {
+        "index0": ("1", "Data", "48K", "12", "64"),
+        "index1": ("1", "Instruction", "32K", "8", "64"),
+        "index2": ("2", "Unified", "2048K", "16", "64"),
+        "index3": ("3", "Unified", "32768K", "16", "64"),
+    }
+    names = ("level", "type", "size", "ways_of_associativity", "coherency_line_size")
+    for index, values in caches.items():
+        (tmp_path / index).mkdir()
+        for name, value in zip(names, values):
+            (tmp_path / index / name).write_text(value + "\n")
+    l1, l2 = cachemiss.host_geometry(tmp_path)
+    assert l1 == CacheGeometry(48 * 1024, 12, 64)
+    assert l2 == CacheGeometry(2048 * 1024, 16, 64)
+    with pytest.raises(RuntimeError, match="--d1 and --ll"):
+        cachemiss.host_geometry(tmp_path / "missing")
+
+
+def test_missing_valgrind_is_explained(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert cachemiss.main(["--quick"]) == 2
+    assert "apt-get install valgrind" in capsys.readouterr().err
+
+
+def lines_of(nbytes: int) -> int:
+    return math.ceil(nbytes / LINE)
+
+
+def buffer_lines(op: str, p: int, block: int) -> int:
+    """Cache lines of one rank's send and receive buffers (each starts on a line)."""
+    send = p * block if op == "alltoall" else block
+    return lines_of(send) + lines_of(p * block)
+
+
+@needs_valgrind
+@pytest.mark.parametrize("op", cachemiss.OPS)
+def test_misses_of_8_byte_blocks_at_16_ranks(op):
+    # Row: rank d reads one 8-byte block from each of the 16 send buffers (16 lines) and writes
+    # its own 128-byte receive row (2 lines). Morton: a 4 x 4 square of the block matrix, that
+    # is 4 aligned 32-byte runs read (4 lines) and 4 written (4 lines).
+    p, block = 16, 8
+    expected = {"row": p + lines_of(p * block), "morton": 4 + 4}
+    got = {}
+    for order, lines in expected.items():
+        m = cachemiss.run_config(Config(op, p, block, order), L1, L2)
+        got[order] = m.d1_per_rank
+        assert lines <= m.d1_per_rank <= lines + METADATA_LINES, (order, m)
+        assert m.ll_per_rank <= m.d1_per_rank  # L2 is inclusive of what L1 missed
+        assert m.data_refs >= 2 * p * block / 8  # at least one 8-byte load and store a block
+    assert got["morton"] < got["row"]
+
+
+@needs_valgrind
+def test_cli_quick(tmp_path, capsys):
+    # In process: a Python child of an mpiexec-launched rank cannot initialise MPI on its own.
+    out = tmp_path / "quick.json"
+    csv_file = tmp_path / "quick.csv"
+    argv = ["--quick", "--cache", "paper", "--json", str(out), "--csv", str(csv_file)]
+    assert cachemiss.main([*argv, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "m/row" in printed and "alltoall, P = 16" in printed and "allgather, P = 16" in printed
+    data = json.loads(out.read_text())
+    assert data["caches"]["d1"] == {"size": 32768, "assoc": 8, "line": 64}
+    rows = data["results"]
+    expected = {(op, 16, b, o) for op in cachemiss.OPS for b in (8, 512) for o in ("row", "morton")}
+    assert {(x["op"], x["p"], x["block"], x["order"]) for x in rows} == expected
+    for x in rows:
+        # Each rank starts cold and every line of every buffer is copied from or to once.
+        assert x["d1_per_rank"] >= buffer_lines(x["op"], x["p"], x["block"]), x
+        assert x["d1_read"] + x["d1_write"] == pytest.approx(x["d1_per_rank"] * x["p"])
+    assert len(csv_file.read_text().splitlines()) == len(rows) + 1
+
+
+@needs_valgrind
+def test_cli_rejects_bad_options(capsys):
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--orders", "row,zigzag"])
+    assert "unknown ['zigzag']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--d1", "49152,8,64"])
+    assert "power-of-two" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--skew", "100"])
+    assert "multiple of 64" in capsys.readouterr().err

@@ -1,0 +1,433 @@
+"""Tuning tables (``python -m zcoll.tune``, ``ZCOLL_TUNING_FILE``) and online tuning.
+
+Tables are written by rank 0 into a directory every rank sees; each test then creates a fresh
+communicator (a ``Dup``), whose context is where rank 0 loads the table and broadcasts its
+rules. Results are always compared bit for bit with mpi4py's ``Alltoall`` / ``Allgather``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import zcoll
+from conftest import COMM_KINDS, all_ranks_agree, random_bytes
+from zcoll import _context, _core, _tuning, tune
+
+WORLD = MPI.COMM_WORLD
+SMALL, LARGE = 8, 256 * 1024  # bytes per block: eager-sized, and past every copy threshold
+
+
+@pytest.fixture
+def shared_dir(tmp_path) -> Path:
+    """A directory every rank sees (rank 0's tmp_path)."""
+    return Path(WORLD.bcast(str(tmp_path), root=0))
+
+
+def machine() -> dict:
+    return dict(_tuning.current_machine())
+
+
+def rule(collective="alltoall", ranks=1, low=0, high=None, order="row", copy="temporal", t=None):
+    return {
+        "collective": collective,
+        "ranks_per_node": ranks,
+        "min_block": low,
+        "max_block": high,
+        "order": order,
+        "copy": copy,
+        "threshold": t,
+    }
+
+
+def document(rules, **changes) -> dict:
+    doc = {
+        "format": "zcoll-tuning",
+        "version": 1,
+        "created": "2024-01-01T00:00:00+00:00",
+        "zcoll_version": zcoll.__version__,
+        "machine": machine(),
+        "rules": rules,
+    }
+    doc.update(changes)
+    return doc
+
+
+def every_node_size(**fields) -> list[dict]:
+    """One rule per collective and node size 1..P (so it applies on every communicator)."""
+    return [
+        rule(collective=c, ranks=n, **fields)
+        for c in ("alltoall", "allgather")
+        for n in range(1, WORLD.size + 1)
+    ]
+
+
+def publish(path: Path, content) -> None:
+    """Rank 0 writes `content` (JSON-able, bytes or str) to `path`; every rank waits."""
+    if WORLD.rank == 0:
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_text(json.dumps(content))
+    WORLD.Barrier()
+
+
+def fresh(comm: MPI.Comm) -> MPI.Comm:
+    """A new communicator like `comm`: its zcoll context (and table) is made on first use."""
+    return comm.Dup()
+
+
+def context_with_table(monkeypatch, path, comm=WORLD):
+    """(fresh comm, its context, warnings rank 0 saw) with ZCOLL_TUNING_FILE = `path`."""
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", str(path))
+    c = fresh(comm)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ctx = _context.context(c)
+    return c, ctx, [w for w in seen if issubclass(w.category, RuntimeWarning)]
+
+
+def check_against_mpi(comm: MPI.Comm, block: int, seed: int = 0) -> None:
+    """Both collectives, out of place and in place, with order/copy "auto": same as MPI's."""
+    p = comm.size
+    send = zcoll.empty(comm, (p, block), np.uint8)
+    send[...] = random_bytes(seed + comm.rank, p * block).reshape(p, block)
+    want = np.empty_like(send)
+    comm.Alltoall(send, want)
+    got = zcoll.alltoall(comm, send)
+    all_ranks_agree(comm, np.array_equal(got, want), f"alltoall {block} B")
+    got[...] = send
+    zcoll.alltoall(comm, zcoll.IN_PLACE, got)
+    all_ranks_agree(comm, np.array_equal(got, want), f"in-place alltoall {block} B")
+    want = np.empty((p, block), np.uint8)
+    comm.Allgather(send[0], want)
+    got = zcoll.allgather(comm, send[0])
+    all_ranks_agree(comm, np.array_equal(got, want), f"allgather {block} B")
+
+
+# --- the file ----------------------------------------------------------------------------------
+
+
+def test_round_trip(tmp_path):
+    rules = (
+        _tuning.TuningRule("alltoall", 2, 0, 100, "eager", "temporal"),
+        _tuning.TuningRule("alltoall", 2, 101, None, "hilbert", "hybrid", 65536),
+        _tuning.TuningRule("allgather", 4, 0, None, "auto", "streaming"),
+    )
+    table = _tuning.TuningTable(rules, machine(), "2024-01-01T00:00:00+00:00", "0.1.0")
+    path = tmp_path / "sub" / "tuning.json"
+    tune.write_table(table, path)
+    assert _tuning.load_tuning(path) == table
+    assert zcoll.load_tuning(path).rules_for("alltoall", 2) == rules[:2]
+    assert [p.name for p in path.parent.iterdir()] == ["tuning.json"]  # no temporary left
+
+
+def test_tuning_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("ZCOLL_TUNING_FILE", raising=False)
+    default = zcoll.tuning_path()
+    assert default.name == "tuning.json" and "zcoll" in default.parts
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", str(tmp_path / "t.json"))
+    assert zcoll.tuning_path() == tmp_path / "t.json"
+
+
+def _other_machine():
+    m = machine()
+    m["cpu_model"] = "a CPU that is not this one"
+    return m
+
+
+BAD_TABLES = {
+    "malformed_json": b'{"format": "zcoll-tuning", "version": 1, "rules": [',
+    "not_utf8": b"\xff\xfe\x00garbage",
+    "not_an_object": [],
+    "wrong_format": document(every_node_size(), format="mpich"),
+    "wrong_version": document(every_node_size(), version=2),
+    "version_not_int": document(every_node_size(), version="1"),
+    "wrong_machine": document(every_node_size(), machine=_other_machine()),
+    "no_machine": document(every_node_size(), machine=None),
+    "rules_not_list": document({"a": 1}),
+    "overlap": document(
+        [rule(ranks=n, high=100, order="hilbert") for n in range(1, WORLD.size + 1)]
+        + [rule(ranks=n, low=100, order="column") for n in range(1, WORLD.size + 1)]
+    ),
+    "unknown_order": document(every_node_size(order="zigzag")),
+    "unknown_copy": document(every_node_size(copy="fast")),
+    "unknown_collective": document([rule(collective="bcast")]),
+    "missing_key": document([{k: v for k, v in rule().items() if k != "order"}]),
+    "extra_key": document([{**rule(), "speed": 1}]),
+    "string_size": document(every_node_size(low="0")),
+    "negative_size": document(every_node_size(low=-1)),
+    "huge_size": document(every_node_size(high=2**64)),
+    "max_below_min": document(every_node_size(low=10, high=5)),
+    "bool_ranks": document([rule(ranks=True)]),
+    "threshold_not_hybrid": document(every_node_size(t=4096)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_TABLES) + ["missing", "directory", "unreadable"])
+def test_bad_tables_fall_back(kind, shared_dir, monkeypatch):
+    path = shared_dir / "tuning.json"
+    if kind == "missing":
+        path = shared_dir / "nothing-here.json"
+    elif kind == "directory":
+        if WORLD.rank == 0:
+            path.mkdir()
+        WORLD.Barrier()
+    elif kind == "unreadable":  # a path through a regular file (root ignores permissions)
+        publish(shared_dir / "file", "x")
+        path = shared_dir / "file" / "tuning.json"
+    else:
+        publish(path, BAD_TABLES[kind])
+    if WORLD.rank == 0:
+        with pytest.raises((ValueError, OSError)):
+            zcoll.load_tuning(path)
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        mine = len(warned) == 1 and "ignoring the tuning table" in str(warned[0].message)
+        all_ranks_agree(c, mine if c.rank == 0 else not warned, f"warnings: {warned}")
+        all_ranks_agree(c, ctx.tuning_rules == (), "no rules")
+        order, from_rule = ctx.core.auto_order("alltoall", SMALL, SMALL * c.size)
+        all_ranks_agree(c, not from_rule, "built-in order")
+        for block in (SMALL, LARGE):
+            check_against_mpi(c, block)
+    finally:
+        c.Free()
+
+
+def test_missing_default_file_is_silent(monkeypatch, tmp_path):
+    monkeypatch.delenv("ZCOLL_TUNING_FILE", raising=False)
+    monkeypatch.setattr(_tuning, "tuning_path", lambda: tmp_path / "none.json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _tuning._rules_or_warn("table") == ()
+
+
+def test_off_ignores_the_table(shared_dir, monkeypatch):
+    path = shared_dir / "t.json"
+    publish(path, document(every_node_size(order="column")))
+    previous = zcoll.set_tuning("off")
+    try:
+        c, ctx, warned = context_with_table(monkeypatch, path)
+        _, from_rule = ctx.core.auto_order("alltoall", LARGE, LARGE * c.size)
+        all_ranks_agree(c, not from_rule and not warned, "off")
+        zcoll.set_tuning("table")  # existing contexts follow
+        got = ctx.core.auto_order("alltoall", LARGE, LARGE * c.size)
+        want = (_core.ORDERS[_core.default_order(ctx.node_size, LARGE)], False)
+        all_ranks_agree(c, got == want, f"rules were never loaded: {got}")
+        c.Free()
+    finally:
+        zcoll.set_tuning(previous)
+    with pytest.raises(ValueError, match="mode"):
+        zcoll.set_tuning("sometimes")
+
+
+# --- tables are followed -----------------------------------------------------------------------
+
+FORCED = [
+    ("eager", "temporal", None),
+    ("row", "streaming", None),
+    ("column", "hybrid", 8192),
+    ("morton", "hybrid", None),
+    ("hilbert", "temporal", None),
+    ("auto", "auto", None),
+]
+
+
+@pytest.mark.parametrize("kind", sorted(COMM_KINDS))
+@pytest.mark.parametrize(("order", "copy", "threshold"), FORCED)
+def test_table_forces_order_and_copy(kind, order, copy, threshold, shared_dir, monkeypatch):
+    path = shared_dir / "t.json"
+    publish(path, document(every_node_size(order=order, copy=copy, t=threshold)))
+    base = COMM_KINDS[kind](WORLD)
+    try:
+        c, ctx, warned = context_with_table(monkeypatch, path, base)
+    finally:
+        if base not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+            base.Free()
+    try:
+        all_ranks_agree(c, not warned, f"warnings: {warned}")
+        core, p = ctx.core, c.size
+        for op in ("alltoall", "allgather"):
+            small = core.auto_order(op, SMALL, SMALL * p)
+            large = core.auto_order(op, LARGE, LARGE * p)
+            builtin = _core.ORDERS[_core.default_order(ctx.node_size, LARGE)]
+            fits = SMALL * p <= core.eager_bytes
+            want_small = ("eager" if order == "auto" and fits else order, order != "auto")
+            if order == "auto" and not fits:
+                want_small = (_core.ORDERS[_core.default_order(ctx.node_size, SMALL)], False)
+            want_large = (builtin if order in ("eager", "auto") else order, order != "auto")
+            all_ranks_agree(c, small == want_small, f"{op} small: {small} != {want_small}")
+            all_ranks_agree(c, large == want_large, f"{op} large: {large} != {want_large}")
+            plan = core.auto_copy_plan(LARGE, LARGE * p, op)
+            if copy == "auto":
+                ok = plan == core.auto_copy_plan(LARGE, LARGE * p, "alltoall")
+            elif copy == "hybrid" and threshold is None:
+                ok = plan == ("hybrid", core.copy_threshold(LARGE))
+            else:
+                ok = plan == (copy, threshold or 0)
+            all_ranks_agree(c, ok, f"{op} copy plan {plan}")
+        for block in (SMALL, 1000, LARGE):
+            check_against_mpi(c, block, seed=block)
+    finally:
+        c.Free()
+
+
+def test_rules_for_other_node_sizes_are_ignored(shared_dir, monkeypatch):
+    path = shared_dir / "t.json"
+    publish(path, document([rule(ranks=WORLD.size + 1, order="column", copy="streaming")]))
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        all_ranks_agree(c, not warned and len(ctx.tuning_rules) == 1, "table loaded")
+        _, from_rule = ctx.core.auto_order("alltoall", LARGE, LARGE * c.size)
+        plan = ctx.core.auto_copy_plan(LARGE, LARGE * c.size)
+        all_ranks_agree(c, not from_rule and plan[0] != "streaming", f"{plan}")
+        check_against_mpi(c, LARGE)
+    finally:
+        c.Free()
+
+
+def test_block_ranges(shared_dir, monkeypatch):
+    """Both ends of a range are included; gaps between ranges keep the built-in rule."""
+    n = _context._split_node(WORLD)
+    ranks = WORLD.allreduce(n.size, op=MPI.MAX)  # rank 0's node is the largest
+    n.Free()
+    rules = [
+        rule(ranks=r, low=lo, high=hi, order=o)
+        for r in range(1, ranks + 1)
+        for lo, hi, o in ((0, 99, "column"), (100, 199, "hilbert"), (300, None, "morton"))
+    ]
+    publish(shared_dir / "t.json", document(rules))
+    c, ctx, _ = context_with_table(monkeypatch, shared_dir / "t.json")
+    try:
+        got = [ctx.core.auto_order("alltoall", b, 1 << 30) for b in (99, 100, 199, 250, 300)]
+        builtin = _core.ORDERS[_core.default_order(ctx.node_size, 250)]
+        want = [
+            ("column", True),
+            ("hilbert", True),
+            ("hilbert", True),
+            (builtin, False),
+            ("morton", True),
+        ]
+        all_ranks_agree(c, got == want, f"{got}")
+    finally:
+        c.Free()
+
+
+# --- online ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [SMALL, 24 * 1024])
+def test_online_settles_and_never_changes_results(block, monkeypatch, tmp_path):
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", str(tmp_path / "none.json"))  # no table: no rules
+    previous = zcoll.set_tuning("online")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the missing file
+            c = fresh(WORLD)
+            ctx = _context.context(c)
+        p = c.size
+        send = zcoll.empty(c, (p, block), np.uint8)
+        want = np.empty_like(send)
+        trials = _tuning._Trial.RUNS * (len(_core.ORDERS) + 1)
+        for call in range(trials + 3):
+            send[...] = random_bytes(call * 97 + c.rank, p * block).reshape(p, block)
+            c.Alltoall(send, want)
+            got = zcoll.alltoall(c, send)
+            all_ranks_agree(c, np.array_equal(got, want), f"call {call}")
+        choice = ctx.online.choice("alltoall", block)
+        if ctx.multi_node:  # the hierarchical path resolves "auto" in the engine, no trials
+            all_ranks_agree(c, choice is None, "untouched")
+        else:
+            allowed = {"auto"} if ctx.node_size == 1 else {*_core.ORDERS, "eager"}
+            choices = c.allgather(choice)
+            all_ranks_agree(c, choice in allowed, f"settled on {choice}")
+            all_ranks_agree(c, len(set(choices)) == 1, f"same everywhere: {choices}")
+        c.Free()
+    finally:
+        zcoll.set_tuning(previous)
+    assert zcoll.get_tuning() == previous
+
+
+def test_online_leaves_table_rules_alone(shared_dir, monkeypatch):
+    publish(shared_dir / "t.json", document(every_node_size(order="hilbert")))
+    previous = zcoll.set_tuning("online")
+    try:
+        c, ctx, _ = context_with_table(monkeypatch, shared_dir / "t.json")
+        got = zcoll.allgather(c, np.full(4, c.rank, np.int16))
+        all_ranks_agree(c, (got == np.arange(c.size)[:, None]).all(), "allgather")
+        if not ctx.multi_node:
+            all_ranks_agree(c, ctx.online.choice("allgather", 8) == "auto", "the rule decides")
+        c.Free()
+    finally:
+        zcoll.set_tuning(previous)
+
+
+def test_forced_eager_too_large_is_an_error():
+    c = fresh(WORLD)
+    ctx = _context.context(c)
+    try:
+        big = max(ctx.core.eager_bytes, 64) // c.size + 64
+        send = zcoll.zeros(c, (c.size, big), np.uint8)
+        recv = zcoll.zeros(c, (c.size, big), np.uint8)
+        if not ctx.multi_node:
+            with pytest.raises(ValueError, match="eager path"):
+                ctx.core.alltoall(send, recv, _core.EAGER_ORDER, _core.AUTO_COPY)
+    finally:
+        c.Free()
+
+
+# --- python -m zcoll.tune ----------------------------------------------------------------------
+
+
+def test_tune_quick_writes_a_table_that_loads(shared_dir, monkeypatch, capsys):
+    path = shared_dir / "out" / "tuning.json"
+    node = _context._split_node(WORLD)
+    sizes = set(WORLD.allgather(node.size))
+    node_size = node.size
+    node.Free()
+    # An existing rule for another node size survives; this node size's rules are replaced.
+    if WORLD.rank == 0:
+        path.parent.mkdir()
+    publish(path, document([rule(ranks=node_size + 7, order="column")]))
+    argv = ["--quick", "--sizes", "8,4K,64K", "--time-budget", "0.01", "--output", str(path)]
+    status = tune.main(argv, comm=WORLD)
+    out = capsys.readouterr().out
+    if len(sizes) > 1:
+        all_ranks_agree(WORLD, status == 2, "uneven nodes refused")
+        return
+    all_ranks_agree(WORLD, status == 0, f"status {status}")
+    table = zcoll.load_tuning(path)
+    mine = table.rules_for("alltoall", node_size)
+    all_ranks_agree(WORLD, mine and mine[0].min_block == 0 and mine[-1].max_block is None, "")
+    all_ranks_agree(WORLD, len(table.rules_for("allgather", node_size)) >= 1, "allgather")
+    all_ranks_agree(WORLD, len(table.rules_for("alltoall", node_size + 7)) == 1, "kept")
+    if WORLD.rank == 0:
+        assert "wrote" in out and "ranks/node" in out
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        all_ranks_agree(c, not warned, f"{warned}")
+        for block in (8, 4096, 65536):
+            check_against_mpi(c, block)
+    finally:
+        c.Free()
+
+
+def test_tune_dry_run_writes_nothing(shared_dir):
+    path = shared_dir / "dry.json"
+    status = tune.main(["--quick", "--sizes", "8", "--dry-run", "--output", str(path)], WORLD)
+    all_ranks_agree(WORLD, status in (0, 2) and not os.path.exists(path), "nothing written")
+
+
+def test_rules_from_winners_merges_and_splits_in_log2():
+    a, b = tune.Candidate("eager"), tune.Candidate("hilbert", "hybrid", 4096)
+    rules = tune.rules_from_winners("alltoall", 4, {8: a, 16: a, 64: b, 1024: b})
+    got = [(r.min_block, r.max_block, r.order, r.threshold) for r in rules]
+    assert got == [(0, 32, "eager", None), (33, None, "hilbert", 4096)]  # sqrt(16 * 64) = 32
