@@ -169,7 +169,7 @@ def test_zcoll_methods_naming():
 def test_measure_cold_counts_calls_and_flushes():
     calls = []
     flusher = common.CacheFlusher(WORLD)
-    _, llc = zcoll._context._cache_bytes()
+    _, llc = zcoll._tuning.cache_bytes()
     ranks_here = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     share = 2 * llc // ranks_here.size
     ranks_here.Free()

@@ -15,6 +15,7 @@ the collectives' and FFT tests cover it.
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -127,65 +128,55 @@ def _active_is(name: str) -> list[str]:
     return [] if active == name else [f"active kernel is {active}, not {name}"]
 
 
+def sweep(isa: str, capacity: int, cases) -> None:
+    """On rank 0, with kernel `isa` active, check every (n, doff, soff, mode, threshold) case of
+    `cases` (iterated there only) in a ``Bench(capacity)``, then that the source is unchanged."""
+
+    def check():
+        bench = Bench(capacity)
+        failures = _active_is(isa)
+        failures += [failure for case in cases if (failure := bench.check(*case))]
+        return failures + bench.source_unchanged()
+
+    on_rank0(check)
+
+
 @pytest.mark.parametrize("mode", STREAMING_MODES)
 def test_sizes(isa, mode):
     """Every size up to 300 and around each multiple of 16 up to 4096 (for hybrid, with each
     threshold), with the misalignments of both sides varying from size to size."""
-
-    def check():
-        bench = Bench(MAX_SWEEP + 3)
-        failures = _active_is(isa)
-        thresholds = THRESHOLDS if mode == "hybrid" else (0,)
-        for i, n in enumerate(SWEEP_SIZES):
-            for j, threshold in enumerate(thresholds):
-                doff, soff = (7 * i + 3 * j) % LINE, (13 * i + 5 + 11 * j) % LINE
-                failure = bench.check(n, doff, soff, mode, threshold)
-                if failure:
-                    failures.append(failure)
-        return failures + bench.source_unchanged()
-
-    on_rank0(check)
+    thresholds = THRESHOLDS if mode == "hybrid" else (0,)
+    cases = (
+        (n, (7 * i + 3 * j) % LINE, (13 * i + 5 + 11 * j) % LINE, mode, threshold)
+        for i, n in enumerate(SWEEP_SIZES)
+        for j, threshold in enumerate(thresholds)
+    )
+    sweep(isa, MAX_SWEEP + 3, cases)
 
 
 @pytest.mark.parametrize("mode", STREAMING_MODES)
 def test_misalignments(isa, mode):
     """Every destination misalignment 0...63 with every source misalignment 0...63, for a few
     sizes (hybrid: the thresholds in turn)."""
-
-    def check():
-        bench = Bench(max(CROSS_SIZES))
-        failures = _active_is(isa)
-        case = 0
-        for n in CROSS_SIZES:
-            for doff in range(LINE):
-                for soff in range(LINE):
-                    threshold = THRESHOLDS[case % len(THRESHOLDS)] if mode == "hybrid" else 0
-                    case += 1
-                    failure = bench.check(n, doff, soff, mode, threshold)
-                    if failure:
-                        failures.append(failure)
-        return failures + bench.source_unchanged()
-
-    on_rank0(check)
+    grid = itertools.product(CROSS_SIZES, range(LINE), range(LINE))
+    cases = (
+        (n, doff, soff, mode, THRESHOLDS[k % len(THRESHOLDS)] if mode == "hybrid" else 0)
+        for k, (n, doff, soff) in enumerate(grid)
+    )
+    sweep(isa, max(CROSS_SIZES), cases)
 
 
 @pytest.mark.parametrize("mode", STREAMING_MODES)
 def test_large(isa, mode):
     """1 MiB + 13 and 8 MiB + 1 bytes, aligned and misaligned, with guards."""
-
-    def check():
-        bench = Bench(max(LARGE_SIZES))
-        failures = _active_is(isa)
-        thresholds = (0, 1000, 64 * 1024 + 3) if mode == "hybrid" else (0,)
-        for n in LARGE_SIZES:
-            for doff, soff in ((0, 0), (13, 50), (63, 1)):
-                for threshold in thresholds:
-                    failure = bench.check(n, doff, soff, mode, threshold)
-                    if failure:
-                        failures.append(failure)
-        return failures + bench.source_unchanged()
-
-    on_rank0(check)
+    thresholds = (0, 1000, 64 * 1024 + 3) if mode == "hybrid" else (0,)
+    cases = (
+        (n, doff, soff, mode, threshold)
+        for n in LARGE_SIZES
+        for doff, soff in ((0, 0), (13, 50), (63, 1))
+        for threshold in thresholds
+    )
+    sweep(isa, max(LARGE_SIZES), cases)
 
 
 def test_temporal():

@@ -25,26 +25,17 @@ py::tuple all_names(NameOf name_of) {
   return names;
 }
 
-template <class Enum, int Count, class NameOf>
-bool parse_name(std::string_view text, NameOf name_of, Enum& out) {
-  for (int i = 0; i < Count; ++i)
-    if (name_of(static_cast<Enum>(i)) == text) {
-      out = static_cast<Enum>(i);
-      return true;
-    }
-  return false;
-}
-
 std::string choices(const py::tuple& names) {
   return py::str(", ").attr("join")(names).cast<std::string>();
 }
 
-copy_mode parse_mode(const std::string& text) {
-  copy_mode mode{};
-  if (!parse_name<copy_mode, copy_mode_count>(text, copy_mode_name, mode))
-    throw py::value_error("zcoll copy: unknown mode '" + text + "' (choose among " +
-                          choices(all_names<copy_mode, copy_mode_count>(copy_mode_name)) + ")");
-  return mode;
+// The value named `text`; ValueError naming `what` and the choices otherwise.
+template <class Enum, int Count, class NameOf>
+Enum parse_name(const std::string& text, NameOf name_of, const char* what) {
+  for (int i = 0; i < Count; ++i)
+    if (name_of(static_cast<Enum>(i)) == text) return static_cast<Enum>(i);
+  throw py::value_error("zcoll copy: unknown " + std::string(what) + " '" + text +
+                        "' (choose among " + choices(all_names<Enum, Count>(name_of)) + ")");
 }
 
 py::tuple available_isas() {
@@ -61,7 +52,8 @@ void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
     throw py::value_error("zcoll copy: threshold must be >= 0, got " + std::to_string(threshold));
   if (repeat < 1)
     throw py::value_error("zcoll copy: repeat must be >= 1, got " + std::to_string(repeat));
-  const copy_plan how{parse_mode(mode), static_cast<std::size_t>(threshold)};
+  const copy_plan how{parse_name<copy_mode, copy_mode_count>(mode, copy_mode_name, "mode"),
+                      static_cast<std::size_t>(threshold)};
   if (!(dst.flags() & py::array::c_style) || !(src.flags() & py::array::c_style))
     throw py::value_error("zcoll copy: dst and src must be C-contiguous");
   if (!dst.writeable()) throw py::value_error("zcoll copy: dst is read-only");
@@ -88,14 +80,6 @@ void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
   }
 }
 
-copy_isa isa_from_name(const std::string& name) {
-  copy_isa isa{};
-  if (!parse_name<copy_isa, copy_isa_count>(name, copy_isa_name, isa))
-    throw py::value_error("zcoll copy: unknown copy kernel '" + name + "' (choose among " +
-                          choices(all_names<copy_isa, copy_isa_count>(copy_isa_name)) + ")");
-  return isa;
-}
-
 }  // namespace
 
 void register_copy(py::module_& m) {
@@ -120,7 +104,8 @@ void register_copy(py::module_& m) {
   m.def(
       "select_copy_isa",
       [](const std::string& name) {
-        const copy_isa isa = isa_from_name(name);
+        const copy_isa isa =
+            parse_name<copy_isa, copy_isa_count>(name, copy_isa_name, "copy kernel");
         if (!select_isa(isa))
           throw py::value_error("zcoll copy: this CPU cannot run the '" + name +
                                 "' copy kernel (available: " + choices(available_isas()) + ")");

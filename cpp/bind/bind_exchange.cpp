@@ -192,11 +192,6 @@ void set_tuning_rules(node_context& ctx, const std::string& op, const std::vecto
   ctx.set_tuning_rules(collective_op(op), std::move(orders), std::move(copies));
 }
 
-std::string order_text(block_order o) {
-  static const char* names[] = {"row", "column", "morton", "hilbert"};
-  return names[static_cast<int>(o)];
-}
-
 py::tuple check(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
                 const std::string& order) {
   auto error = [](bool type_error, const std::string& why) {
@@ -373,7 +368,7 @@ void register_exchange(py::module_& m) {
           [](const node_context& ctx, const std::string& op, std::size_t block,
              std::size_t received) {
             const auto_choice c = ctx.resolve_auto(collective_op(op), block, received);
-            return py::make_tuple(c.eager ? std::string("eager") : order_text(c.order),
+            return py::make_tuple(c.eager ? "eager" : block_order_names[static_cast<int>(c.order)],
                                   c.from_rule);
           },
           py::arg("op"), py::arg("block_bytes"), py::arg("received_bytes"),

@@ -41,8 +41,7 @@ namespace {
 
 constexpr std::size_t page_bytes = 4096;
 constexpr std::size_t line_bytes = 64;
-constexpr std::size_t arena_alignment = 64;  // partition_allocator::alignment
-constexpr const char* order_names[] = {"row", "column", "morton", "hilbert"};
+constexpr std::size_t arena_alignment = partition_allocator::alignment;
 
 struct replay_options {
   op_code op = op_code::alltoall;
@@ -272,7 +271,7 @@ int main(int argc, char** argv) {
         bad += check_receive(o, b, d, bad);
     std::printf("%s %s p=%d block=%zu in_place=%d blocks=%zu%s\n",
                 o.op == op_code::alltoall ? "alltoall" : "allgather",
-                order_names[static_cast<int>(o.order)], o.p, o.block, o.in_place ? 1 : 0,
+                block_order_names[static_cast<int>(o.order)], o.p, o.block, o.in_place ? 1 : 0,
                 sched.blocks.size(),
                 !o.verify ? "" : bad ? " verify=FAILED" : " verify=ok");
     return bad ? 1 : 0;

@@ -203,7 +203,7 @@ copy_isa find_best_isa() noexcept {
   return copy_isa::portable;
 }
 
-// The kernel stream_bytes runs. Constant-initialised to a resolver that installs the best one,
+// The kernel streaming copies run. Constant-initialised to a resolver that installs the best one,
 // so a copy made before this file's dynamic initialisation (below) is still correct.
 void resolve_and_stream(std::byte* dst, const std::byte* src, std::size_t n) noexcept;
 std::atomic<stream_fn> active_kernel{&resolve_and_stream};
@@ -276,10 +276,6 @@ bool select_isa(copy_isa isa) noexcept {
   if (!isa_available(isa)) return false;
   active_kernel.store(kernels[static_cast<int>(isa)], std::memory_order_relaxed);
   return true;
-}
-
-void stream_bytes(void* dst, const void* src, std::size_t n) noexcept {
-  if (n) current_kernel()(static_cast<std::byte*>(dst), static_cast<const std::byte*>(src), n);
 }
 
 void copy_bytes(void* dst, const void* src, std::size_t n, const copy_plan& how) noexcept {

@@ -63,9 +63,6 @@ bool select_isa(copy_isa isa) noexcept;
 // Orders every earlier streaming store before later stores (sfence on x86).
 void store_fence() noexcept;
 
-// Non-temporal copy of n bytes (no fence).
-void stream_bytes(void* dst, const void* src, std::size_t n) noexcept;
-
 inline void copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
   if (n) std::memcpy(dst, src, n);
 }

@@ -28,17 +28,24 @@ void copy_chooser::set_rules(int table, std::vector<copy_rule> rules) {
   rules_[static_cast<std::size_t>(table)] = std::move(rules);
 }
 
+std::optional<copy_plan> copy_chooser::fixed_plan(int table, std::size_t block_bytes,
+                                                  std::size_t node_bytes) const noexcept {
+  if (const copy_rule* rule = rule_for(table, block_bytes)) {
+    const auto ruled = static_cast<copy_mode>(rule->mode);
+    if (ruled != copy_mode::hybrid) return copy_plan{ruled, 0};
+    if (rule->fixed) return copy_plan{copy_mode::hybrid, rule->threshold};
+    return std::nullopt;
+  }
+  if (fits_in_cache(node_bytes) || block_bytes < threshold_ || block_bytes == 0)
+    return copy_plan{copy_mode::temporal, 0};
+  return std::nullopt;
+}
+
 copy_plan copy_chooser::choose(int mode, std::size_t block_bytes, std::size_t node_bytes,
                                bool* tuning, int table) {
   *tuning = false;
   if (mode != auto_copy) return {static_cast<copy_mode>(mode), threshold_};
-  if (const copy_rule* rule = rule_for(table, block_bytes)) {
-    const auto ruled = static_cast<copy_mode>(rule->mode);
-    if (ruled != copy_mode::hybrid) return {ruled, 0};
-    if (rule->fixed) return {copy_mode::hybrid, rule->threshold};
-    return refining(block_bytes, tuning);
-  }
-  if (peek(block_bytes, node_bytes).mode == copy_mode::temporal) return {copy_mode::temporal, 0};
+  if (const auto plan = fixed_plan(table, block_bytes, node_bytes)) return *plan;
   return refining(block_bytes, tuning);
 }
 
@@ -74,13 +81,7 @@ void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::s
 }
 
 copy_plan copy_chooser::peek(std::size_t block_bytes, std::size_t node_bytes, int table) const {
-  if (const copy_rule* rule = rule_for(table, block_bytes)) {
-    const auto ruled = static_cast<copy_mode>(rule->mode);
-    if (ruled != copy_mode::hybrid) return {ruled, 0};
-    return {copy_mode::hybrid, rule->fixed ? rule->threshold : threshold_for(block_bytes)};
-  }
-  if (fits_in_cache(node_bytes) || block_bytes < threshold_ || block_bytes == 0)
-    return {copy_mode::temporal, 0};
+  if (const auto plan = fixed_plan(table, block_bytes, node_bytes)) return *plan;
   return {copy_mode::hybrid, threshold_for(block_bytes)};
 }
 

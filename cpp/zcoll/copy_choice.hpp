@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <limits>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -85,14 +86,12 @@ class copy_chooser {
  public:
   // T: the initial hybrid threshold in bytes (forgets what was learned).
   void set_threshold(std::size_t bytes);
-  std::size_t threshold() const noexcept { return threshold_; }
   // The LLC size: calls moving at most 3/4 of it on the node stay temporal under "auto".
   void set_cache_bytes(std::size_t bytes) noexcept { cache_bytes_ = bytes; }
   std::size_t cache_bytes() const noexcept { return cache_bytes_; }
 
   // Replaces the rules of rule table `table` (sorted here; throws when they overlap).
   void set_rules(int table, std::vector<copy_rule> rules);
-  const std::vector<copy_rule>& rules(int table) const { return rules_.at(table); }
 
   // The plan for blocks of `block_bytes` in a call that touches `node_bytes` on the node, under
   // mode code `mode` (a copy_mode value or auto_copy) and the rules of `table` (or no_rules);
@@ -124,6 +123,10 @@ class copy_chooser {
     const copy_rule* r = find_rule(rules_[table], block_bytes);
     return r && r->mode != auto_copy ? r : nullptr;
   }
+  // The plan "auto" uses without refining T (a rule's fixed mode or threshold, or the built-in
+  // temporal case), or nullopt when it refines T.
+  std::optional<copy_plan> fixed_plan(int table, std::size_t block_bytes,
+                                      std::size_t node_bytes) const noexcept;
   // The hybrid plan of blocks of `block_bytes` while refining T (starts refining if new).
   copy_plan refining(std::size_t block_bytes, bool* tuning);
 

@@ -39,8 +39,7 @@ local_check value_error(std::string m) { return {arg_error::value, std::move(m),
 constexpr std::uint8_t eager_order = 0xFF;
 
 const char* order_name(std::uint32_t order) noexcept {
-  static const char* names[] = {"row", "column", "morton", "hilbert"};
-  return order < block_order_count ? names[order] : "auto";
+  return order < block_order_count ? block_order_names[order] : "auto";
 }
 
 template <std::size_t N>
@@ -648,13 +647,12 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
 }
 
 bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order) {
-  static constexpr std::string_view names[] = {"row", "column", "morton", "hilbert"};
   if (name == "auto") {
     *order = default_order(p, block_bytes);
     return true;
   }
   for (int i = 0; i < block_order_count; ++i)
-    if (name == names[i]) {
+    if (name == block_order_names[i]) {
       *order = static_cast<block_order>(i);
       return true;
     }

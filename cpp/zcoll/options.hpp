@@ -21,6 +21,9 @@ enum class block_order : std::uint32_t {
   hilbert = 3,  // generalised Hilbert curve, defined for any P; consecutive blocks are neighbours
 };
 inline constexpr int block_order_count = 4;
+// Names of the block orders, by block_order value.
+inline constexpr const char* block_order_names[block_order_count] = {"row", "column", "morton",
+                                                                     "hilbert"};
 
 // Node barrier algorithm (HPDC'13 §3). All wait with spin -> yield -> futex and bounded time.
 enum class barrier_kind : std::uint32_t {

@@ -61,12 +61,6 @@ byte_strides c_strides(const extents& shape, int ndim, std::size_t itemsize) noe
   return s;
 }
 
-std::uint64_t transfer_block::elements() const noexcept {
-  std::uint64_t n = 1;
-  for (auto c : count) n *= c;  // axes past ndim count 1
-  return n;
-}
-
 transfer_block block_of(const transfer_geometry& g, int src, int dst) noexcept {
   const auto a = static_cast<std::size_t>(g.axis_a);
   const auto b = static_cast<std::size_t>(g.axis_b);

@@ -65,7 +65,6 @@ struct transfer_block {
   extents count{};             // box extents per axis
   byte_strides src_strides{};  // of src's C-contiguous array
   byte_strides dst_strides{};  // of dst's C-contiguous array
-  std::uint64_t elements() const noexcept;
 };
 
 transfer_block block_of(const transfer_geometry& g, int src, int dst) noexcept;

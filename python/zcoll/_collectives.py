@@ -7,6 +7,7 @@ from mpi4py import MPI
 
 from . import _core
 from ._context import Context, _by_handle, lookup
+from ._tuning import COPY_CODES, ORDER_CODES  # name -> engine code ("auto" included)
 
 __all__ = ["IN_PLACE", "allgather", "alltoall"]
 
@@ -15,9 +16,6 @@ IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
 _P2P_TAG = 0x7A0C
-#: order name -> engine code, and copy mode name -> engine code ("auto" included).
-ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
-COPY_CODES = {"auto": _core.AUTO_COPY, **{name: code for code, name in enumerate(_core.COPY_MODES)}}
 
 
 def _code(codes: dict, value) -> int | None:

@@ -162,7 +162,7 @@ class Context:
         self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
         self.multi_node = len(set(leaders)) > 1
         self.oversubscribed = self.node_size > (os.cpu_count() or 1)
-        self._comm = comm  # used by the multi-node path only
+        self._comm = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         self._broken = ""  # why the multi-node path failed, if it did
         self.core = _core.NodeContext(
@@ -177,7 +177,7 @@ class Context:
         )
         eager = _OVERSUBSCRIBED_EAGER_BYTES if self.oversubscribed else _DEFAULT_EAGER_BYTES
         self.core.setup_eager(_env_number("ZCOLL_EAGER_BYTES", eager))
-        l2, l3 = _cache_bytes()
+        l2, l3 = _tuning.cache_bytes()
         self.core.set_copy_threshold(_env_number("ZCOLL_COPY_THRESHOLD", l2 // self.node_size))
         self.core.set_copy_cache(l3)
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
@@ -193,18 +193,20 @@ class Context:
         "off"), and put online selection in front of it when `mode` is "online"."""
         if self.core.closed:
             return
+        rules = () if mode == "off" else self.tuning_rules
         for op in _tuning.COLLECTIVES:
-            rules = [
+            mine = [
                 r.engine_rule()
-                for r in self.tuning_rules
-                if mode != "off" and r.collective == op and r.ranks_per_node == self.node_size
+                for r in rules
+                if r.collective == op and r.ranks_per_node == self.node_size
             ]
-            self.core.set_tuning_rules(op, rules)
+            self.core.set_tuning_rules(op, mine)
         # The engine's entry point for each collective, bound once (looked up per call).
-        self.engine = {"alltoall": self.core.alltoall, "allgather": self.core.allgather}
         self.online = _tuning.OnlineTuner(self) if mode == "online" else None
-        if self.online is not None:
-            self.engine = {op: self.online.engine(op) for op in self.engine}
+        self.engine = {
+            op: self.online.engine(op) if self.online else getattr(self.core, op)
+            for op in _tuning.COLLECTIVES
+        }
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""
@@ -399,9 +401,6 @@ def _close_all() -> None:
 
 
 atexit.register(_close_all)
-
-
-_cache_bytes = _tuning.cache_bytes  # (L2 of a core, last-level cache): hwloc
 
 
 def _as_dtype(dtype) -> np.dtype:

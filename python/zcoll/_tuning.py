@@ -37,8 +37,11 @@ from . import _core
 
 __all__ = [
     "COLLECTIVES",
+    "COPY_CODES",
     "FORMAT",
     "MODES",
+    "ORDER_CODES",
+    "RULE_ORDER_CODES",
     "VERSION",
     "OnlineTuner",
     "TuningError",
@@ -61,6 +64,11 @@ MODES = ("table", "online", "off")
 COLLECTIVES = ("alltoall", "allgather")
 RULE_ORDERS = ("auto", "eager", *_core.ORDERS)
 RULE_COPIES = ("auto", *_core.COPY_MODES)
+#: order name -> engine code, and copy mode name -> engine code ("auto" included).
+ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
+COPY_CODES = {"auto": _core.AUTO_COPY, **{name: code for code, name in enumerate(_core.COPY_MODES)}}
+#: order names a tuning rule may use (the eager path as well) -> engine code.
+RULE_ORDER_CODES = {**ORDER_CODES, "eager": _core.EAGER_ORDER}
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
@@ -137,14 +145,7 @@ class TuningRule:
 
     def engine_rule(self) -> tuple:
         """The rule as the C++ engine takes it (see ``NodeContext.set_tuning_rules``)."""
-        order = {
-            "auto": _core.AUTO_ORDER,
-            "eager": _core.EAGER_ORDER,
-            **{n: c for c, n in enumerate(_core.ORDERS)},
-        }[self.order]
-        copy = {"auto": _core.AUTO_COPY, **{n: c for c, n in enumerate(_core.COPY_MODES)}}[
-            self.copy
-        ]
+        order, copy = RULE_ORDER_CODES[self.order], COPY_CODES[self.copy]
         return (self.min_block, self.max_block, order, copy, self.threshold)
 
     def as_json(self) -> dict:
@@ -451,25 +452,28 @@ class OnlineTuner:
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
-        self.states: dict[tuple[str, int], _Trial | int] = {}
+        # collective -> bytes received per call -> the trial, or the order code chosen
+        self.states: dict[str, dict[int, _Trial | int]] = {op: {} for op in COLLECTIVES}
 
     def engine(self, opname: str):
         """The context's entry point for `opname` with online selection in front of it."""
         run = getattr(self.ctx.core, opname)
+        # On the per-call path: names bound here, one dict per collective keyed by an int.
+        states, auto, ndarray = self.states[opname], _core.AUTO_ORDER, np.ndarray
 
         def tuned(sendbuf, recvbuf, code: int, copy: int) -> None:
-            if code != _core.AUTO_ORDER or not isinstance(recvbuf, np.ndarray):
+            if code != auto or not isinstance(recvbuf, ndarray):
                 return run(sendbuf, recvbuf, code, copy)
-            key = (opname, recvbuf.nbytes)
-            state = self.states.get(key)
+            received = recvbuf.nbytes
+            state = states.get(received)
             if state is None:
-                state = self._start(opname, recvbuf.nbytes)
+                state = self._start(opname, received)
             if type(state) is int:
                 return run(sendbuf, recvbuf, state, copy)
             start = time.perf_counter()
             run(sendbuf, recvbuf, state.next_code(), copy)
             if state.record(time.perf_counter() - start):
-                self.states[key] = self._decide(state)
+                states[received] = self._decide(state)
             return None
 
         return tuned
@@ -478,14 +482,15 @@ class OnlineTuner:
         core = self.ctx.core
         block = received // self.ctx.size
         _, from_rule = core.auto_order(opname, block, received)
-        if from_rule or block == 0 or core.size < 2 or len(self.states) >= self.MAX_SIZES:
+        tracked = sum(map(len, self.states.values()))
+        if from_rule or block == 0 or core.size < 2 or tracked >= self.MAX_SIZES:
             state: _Trial | int = _core.AUTO_ORDER
         else:
             candidates = list(range(len(_core.ORDERS)))
             if received <= core.eager_bytes:
                 candidates.append(_core.EAGER_ORDER)
             state = _Trial(candidates)
-        self.states[(opname, received)] = state
+        self.states[opname][received] = state
         return state
 
     def _decide(self, trial: _Trial) -> int:
@@ -498,7 +503,7 @@ class OnlineTuner:
     def choice(self, opname: str, block_bytes: int) -> str | None:
         """The order chosen for blocks of `block_bytes` ("eager", an order, "auto" where the
         table or the built-in rule decides), or None while still trying."""
-        state = self.states.get((opname, block_bytes * self.ctx.size))
+        state = self.states[opname].get(block_bytes * self.ctx.size)
         if type(state) is not int:
             return None
         if state == _core.AUTO_ORDER:

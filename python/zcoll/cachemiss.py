@@ -53,7 +53,7 @@ __all__ = [
     "run_config",
 ]
 
-ORDERS = ("row", "column", "morton", "hilbert")
+ORDERS = _core.ORDERS
 OPS = ("alltoall", "allgather")
 REPLAY_NAME = "zcoll_replay"
 ARENA_COLOUR_STRIDE = _core.ARENA_COLOUR_STRIDE  # the replay lays buffers out like the arena

@@ -43,20 +43,22 @@ import zcoll
 
 from . import _context, _core, _tuning
 from .bench.common import (
+    KIB,
+    MIB,
     Reporter,
     budget_iterations,
     default_iterations,
     format_size,
     measure,
     node_layout,
+    parse_choices,
     parse_sizes,
     powers_of_two,
 )
 
 __all__ = ["Candidate", "main", "parse_args", "rules_from_winners", "write_table"]
 
-KIB = 1024
-DEFAULT_SIZES = powers_of_two(8, 4 * KIB * KIB)
+DEFAULT_SIZES = powers_of_two(8, 4 * MIB)
 QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
 QUICK_ITERATIONS = 20
 COPY_SWEEP_BLOCKS = 64 * KIB  # blocks from this size also try streaming and hybrid copies
@@ -125,10 +127,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _parse_collectives(text: str) -> list[str]:
-    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
-    if not names or any(n not in _tuning.COLLECTIVES for n in names):
-        raise argparse.ArgumentTypeError(f"choose among {', '.join(_tuning.COLLECTIVES)}")
-    return names
+    return parse_choices(text, _tuning.COLLECTIVES, "collective(s)")
 
 
 # --- candidates and measurement ----------------------------------------------------------------
@@ -192,23 +191,22 @@ class _Sweep:
     def caller(self, collective: str, c: Candidate, send, recv):
         """A no-argument function that runs `c` once on the arena buffers."""
         run = getattr(self.ctx.core, collective)
-        order = _core.EAGER_ORDER if c.order == "eager" else _core.ORDERS.index(c.order)
-        copy = _core.COPY_MODES.index(c.copy)
+        order = _tuning.RULE_ORDER_CODES[c.order]
+        copy = _tuning.COPY_CODES[c.copy]
         return lambda: run(send, recv, order, copy)
 
     def compare(self, collective: str, candidates, send, recv, block: int, report) -> dict:
         """Seconds per call of each candidate: the best of `repeats` rounds that take the
         candidates in turn, so a burst of background load hits them all alike; collective."""
         calls = {c: self.caller(collective, c, send, recv) for c in candidates}
+        wanted = self.args.iterations or default_iterations(
+            block, self.node.size, self.oversubscription
+        )
         counts = {}
         for c, call in calls.items():
-            default = default_iterations(block, self.node.size, self.oversubscription)
             with self.threshold(c):
                 counts[c] = budget_iterations(
-                    call,
-                    self.args.iterations or default,
-                    self.args.time_budget / self.repeats,
-                    self.node,
+                    call, wanted, self.args.time_budget / self.repeats, self.node
                 )
         best = dict.fromkeys(candidates, math.inf)
         for _ in range(self.repeats):

@@ -8,7 +8,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from .collectives import add_collective_options, run_collective
+from .collectives import add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
 from .fft import (
@@ -207,8 +207,6 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         if args.time_budget <= 0 and args.iterations is None:
             parser.error("copy needs --time-budget > 0 or --iterations")
     else:
-        from .collectives import zcoll_methods
-
         if args.sizes and (args.min or args.max):
             parser.error("--sizes cannot be combined with --min/--max")
         if not args.sizes:

@@ -26,6 +26,7 @@ import zcoll
 from zcoll import _context, _core
 
 from .common import (
+    BENCH_METHODS,
     COLD_ITERATIONS,
     KIB,
     MIB,
@@ -406,7 +407,7 @@ def geomean_speedups(by_block: dict[int, dict[str, float]]) -> dict[str, float |
     return result
 
 
-def _describe_method(args, timer: Timer) -> str:
+def _describe_method(timer: Timer) -> str:
     if not timer.cold:
         return "warm (OSU: warm-up calls, barrier, timed loop; max over ranks of the mean)"
     return (
@@ -488,7 +489,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     names = [m.name for m in args.methods]
 
     report(f"# zcoll.bench {collective} | {now} | host {socket.gethostname()} | {command}")
-    report(f"# latency in us per call, {_describe_method(args, timer)}; P={comm.size}")
+    report(f"# latency in us per call, {_describe_method(timer)}; P={comm.size}")
     report(table_header(names))
     report.start(_sweep_steps(args), collective)
     try:
@@ -524,12 +525,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "geomean_speedup_small": speedups["small"],
             "geomean_speedup_large": speedups["large"],
         }
-        document = {"metadata": metadata, "results": rows, "bandwidth": bandwidth}
         write_outputs(args, rows, metadata, FIELDS, {"bandwidth": bandwidth})
-        if args.plot:
-            from .plotting import save_plot
-
-            save_plot(document, args.plot)
     return 0
 
 
@@ -556,7 +552,7 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--method",
-        choices=("warm", "cold"),
+        choices=BENCH_METHODS,
         default="warm",
         help="warm: OSU loop (warm-up, barrier, timed loop); cold: TPDS'18 Fig. 9, caches "
         "flushed and own buffers read before each timed call (default warm)",

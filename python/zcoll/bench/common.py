@@ -14,9 +14,9 @@ import os
 import re
 import shlex
 import socket
-import statistics
 import sys
 from collections.abc import Sequence
+from statistics import median
 from typing import Callable
 
 import mpi4py
@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _context
+from zcoll import _tuning
 
 __all__ = [
     "CacheFlusher",
@@ -42,6 +42,7 @@ __all__ = [
     "parse_size",
     "parse_sizes",
     "powers_of_two",
+    "ranks_on_node",
     "write_outputs",
 ]
 
@@ -219,7 +220,8 @@ def budget_iterations(fn: Callable[[], object], iterations: int, budget: float, 
 # --- cold-cache timing (TPDS'18 Fig. 9) --------------------------------------------------------
 
 
-def _ranks_on_node(comm: MPI.Comm) -> int:
+def ranks_on_node(comm: MPI.Comm) -> int:
+    """How many ranks of `comm` share this rank's node (memory); collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
     size = node.size
     node.Free()
@@ -236,8 +238,8 @@ class CacheFlusher:
     """
 
     def __init__(self, comm: MPI.Comm) -> None:
-        l2, llc = _context._cache_bytes()
-        share = FLUSH_FACTOR * llc // _ranks_on_node(comm)
+        l2, llc = _tuning.cache_bytes()
+        share = FLUSH_FACTOR * llc // ranks_on_node(comm)
         nbytes = max(share, FLUSH_FACTOR * l2, 64 * KIB)
         self.buffer = np.ones(-(-nbytes // 8), np.uint64)  # touched now: no zero pages later
 
@@ -318,11 +320,6 @@ def cold_iteration_seconds(comm, fn, buffers, flusher: CacheFlusher) -> float:
     start = MPI.Wtime()
     measure_cold(fn, 1, 0, comm, buffers, flusher)
     return comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
-
-
-def median(values: Sequence[float]) -> float:
-    """The median of `values` (the mean of the middle two for an even count)."""
-    return statistics.median(values)
 
 
 # --- run metadata ------------------------------------------------------------------------------
@@ -478,19 +475,25 @@ class Reporter:
 def write_outputs(
     args, rows: list[dict], metadata: dict, fields=None, extra: dict | None = None
 ) -> None:
-    """Write the raw rows (and metadata, for JSON) to ``--json`` / ``--csv`` if requested.
+    """Write the raw rows (and metadata, for JSON) to ``--json`` / ``--csv``, and draw them
+    into ``--plot`` (see :func:`~zcoll.bench.plotting.save_plot`), where requested.
 
     `fields` are the CSV columns (default: the keys of the first row); `extra` adds top-level
     keys to the JSON document besides ``metadata`` and ``results``. Call it on one rank only.
     """
     if fields is None:
         fields = list(rows[0]) if rows else []
+    document = {"metadata": metadata, "results": rows, **(extra or {})}
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"metadata": metadata, "results": rows, **(extra or {})}, f, indent=2)
+            json.dump(document, f, indent=2)
             f.write("\n")
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
+    if getattr(args, "plot", None):
+        from .plotting import save_plot
+
+        save_plot(document, args.plot)

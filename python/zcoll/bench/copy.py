@@ -26,6 +26,7 @@ from .common import (
     node_layout,
     now_iso,
     plural,
+    ranks_on_node,
     ratio,
     times,
     where,
@@ -80,9 +81,7 @@ def hybrid_threshold(comm: MPI.Comm) -> tuple[int, str]:
         The threshold in bytes and how it was obtained (for the report). Without an L2 size
         from hwloc, 512 KiB / ranks on the node.
     """
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    ranks_here = node.size
-    node.Free()
+    ranks_here = ranks_on_node(comm)
     l2 = int(_core.machine_topology().get("l2", 0))
     if l2 > 0:
         return max(1, l2 // ranks_here), f"L2 {format_size(l2)} / {plural(ranks_here, 'rank')}"
@@ -361,8 +360,4 @@ def run_copy(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "memcpy_bound_gbps": bound,
         }
         write_outputs(args, rows, metadata, COPY_FIELDS)
-        if args.plot:
-            from .plotting import save_plot
-
-            save_plot({"metadata": metadata, "results": rows}, args.plot)
     return 0

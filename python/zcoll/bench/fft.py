@@ -447,10 +447,6 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
         }
         metadata["versions"].update(versions)
         write_outputs(args, rows, metadata, FFT_FIELDS)
-        if args.plot:
-            from .plotting import save_plot
-
-            save_plot({"metadata": metadata, "results": rows}, args.plot)
     return 0
 
 

@@ -10,9 +10,10 @@ import json
 import os
 from collections import defaultdict
 
+from .collectives import MEMCPY_METHOD, MPI_METHOD
+
 __all__ = ["load_results", "plot_results", "save_plot"]
 
-MPI_METHOD, MEMCPY_METHOD = "MPI", "memcpy"
 _FIGSIZE = (9.0, 5.5)
 
 

@@ -137,7 +137,7 @@ class Pencil:
         self, other: Pencil, dtype, *, order: str = "auto", copy: str = "auto", staging=True
     ) -> Transfer:
         """Collective: the transfer from this pencil to `other` (aligned in another axis);
-        made once per (axis, dtype, order, staging) and kept."""
+        made once per (axis, dtype, order, copy, staging) and kept."""
         key = (other.axis, np.dtype(dtype), order, copy, staging)
         if key not in self._transfers:
             comm = self.subcomm[other.axis]

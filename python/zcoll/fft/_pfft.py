@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod
 
 import numpy as np
 from mpi4py import MPI
@@ -269,8 +270,26 @@ class PFFT:
                 self._work.append(_new(step.pencil, step.dtype))
             else:
                 self._work.append(None)
-        self._lengths = {axis: shape[axis] for axis in self.axes}
+        self._scales = self._normalizing_factors(shape)
+        self._unscaled = [1.0] * len(steps)
         self._context = lookup(self.comm)
+
+    def _normalizing_factors(self, shape) -> tuple[list[float], list[float]]:
+        """Scale factor of each step of a normalised forward and backward transform.
+
+        A backend that folds scaling into its transforms for free scales each FFT step by its
+        own 1/n; otherwise 1/prod(n) is applied once, by the FFT step that writes the result
+        (the last step forward; step 0, whose inverse runs last, backward)."""
+        steps = self._steps
+        if self.backend.folds_scaling:
+            scales = [
+                1.0 if s.kind == "transfer" else 1.0 / prod(shape[a] for a in s.axes) for s in steps
+            ]
+            return scales, scales
+        total = 1.0 / prod(shape[a] for a in self.axes)
+        forward, backward = [1.0] * len(steps), [1.0] * len(steps)
+        forward[-1] = backward[0] = total
+        return forward, backward
 
     # -- mpi4py-fft's query API ---------------------------------------------------------------
 
@@ -328,24 +347,12 @@ class PFFT:
         self._context.raise_together(f"fft.{name}", error)  # one node barrier when all is well
         if output_array is None:
             output_array = _new(dst_pencil, dst_dtype)
-        factors = self._factors(normalize)
+        factors = self._scales[inverse] if normalize else self._unscaled
         if inverse:
             self._run_backward(a, output_array, factors)
         else:
             self._run_forward(a, output_array, factors)
         return output_array
-
-    def _factors(self, normalize: bool) -> list[float]:
-        """Scale factor of each step (all folded into the last step if the backend cannot
-        fold them into its transforms for free)."""
-        sizes = [float(np.prod([self._lengths[a] for a in step.axes])) for step in self._steps]
-        if not normalize:
-            return [1.0] * len(sizes)
-        if self.backend.folds_scaling:
-            return [1.0 / n if step.kind != "transfer" else 1.0
-                    for n, step in zip(sizes, self._steps)]  # fmt: skip
-        total = 1.0 / float(np.prod(list(self._lengths.values())))
-        return [total if i == len(sizes) - 1 else 1.0 for i in range(len(sizes))]
 
     def _timed(self, key: str, func, *args) -> None:
         t0 = time.perf_counter()
@@ -367,9 +374,6 @@ class PFFT:
 
     def _run_backward(self, a, out, factors) -> None:
         be = self.backend
-        # With one factor for all, the last forward step's factor goes to the first inverse.
-        if not self.backend.folds_scaling:
-            factors = factors[::-1]
         for i in range(len(self._steps) - 1, -1, -1):
             step = self._steps[i]
             # Step i's inverse writes the layout step i read: step i-1's output, or the input.
@@ -378,7 +382,8 @@ class PFFT:
                 self._timed("transpose", step.transfer.backward, a, dst)
             elif step.kind == "r2c":
                 if a is not self._work[0]:
-                    a = _copy_into(self._work[0], a)  # c2r may destroy its input
+                    self._work[0][...] = a  # c2r may destroy its input
+                    a = self._work[0]
                 self._timed("fft", be.c2r, a, dst, step.axes, factors[i])
             else:
                 self._timed("fft", be.c2c, a, dst, step.axes, True, factors[i])
@@ -419,11 +424,6 @@ def _output_problem(out, pencil: Pencil, dtype) -> Exception | None:
     if not out.flags.writeable:
         return ValueError("output_array is read-only")
     return None
-
-
-def _copy_into(work, a):
-    work[...] = a
-    return work
 
 
 def _grid_dims(size: int, shape, axes, grid) -> list[int]:
