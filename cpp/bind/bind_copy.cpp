@@ -18,32 +18,24 @@ namespace {
 // it frees).
 constexpr std::size_t gil_free_bytes = 64 * 1024;
 
-template <class Enum, int Count, class NameOf>
-py::tuple all_names(NameOf name_of) {
-  py::tuple names(Count);
-  for (int i = 0; i < Count; ++i) names[i] = py::str(std::string(name_of(static_cast<Enum>(i))));
-  return names;
-}
-
-std::string choices(const py::tuple& names) {
-  return py::str(", ").attr("join")(names).cast<std::string>();
-}
-
 // The value named `text`; ValueError naming `what` and the choices otherwise.
-template <class Enum, int Count, class NameOf>
-Enum parse_name(const std::string& text, NameOf name_of, const char* what) {
-  for (int i = 0; i < Count; ++i)
-    if (name_of(static_cast<Enum>(i)) == text) return static_cast<Enum>(i);
+template <class Enum>
+Enum parse_or_raise(const std::string& text, const char* what) {
+  if (const auto value = parse_name<Enum>(text)) return *value;
   throw py::value_error("zcoll copy: unknown " + std::string(what) + " '" + text +
-                        "' (choose among " + choices(all_names<Enum, Count>(name_of)) + ")");
+                        "' (choose among " + joined_names<Enum>(", ") + ")");
 }
 
 py::tuple available_isas() {
   py::list names;
-  for (int i = 0; i < copy_isa_count; ++i)
+  for (int i = 0; i < count_of<copy_isa>; ++i)
     if (isa_available(static_cast<copy_isa>(i)))
-      names.append(py::str(std::string(copy_isa_name(static_cast<copy_isa>(i)))));
+      names.append(py::str(std::string(name_of(static_cast<copy_isa>(i)))));
   return py::tuple(names);
+}
+
+std::string available_text() {
+  return py::str(", ").attr("join")(available_isas()).cast<std::string>();
 }
 
 void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
@@ -52,7 +44,7 @@ void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
     throw py::value_error("zcoll copy: threshold must be >= 0, got " + std::to_string(threshold));
   if (repeat < 1)
     throw py::value_error("zcoll copy: repeat must be >= 1, got " + std::to_string(repeat));
-  const copy_plan how{parse_name<copy_mode, copy_mode_count>(mode, copy_mode_name, "mode"),
+  const copy_plan how{parse_or_raise<copy_mode>(mode, "mode"),
                       static_cast<std::size_t>(threshold)};
   if (!(dst.flags() & py::array::c_style) || !(src.flags() & py::array::c_style))
     throw py::value_error("zcoll copy: dst and src must be C-contiguous");
@@ -83,8 +75,6 @@ void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
 }  // namespace
 
 void register_copy(py::module_& m) {
-  m.attr("COPY_MODES") = all_names<copy_mode, copy_mode_count>(copy_mode_name);
-  m.attr("COPY_ISAS") = all_names<copy_isa, copy_isa_count>(copy_isa_name);
   m.def("copy", &copy_arrays, py::arg("dst"), py::arg("src"), py::arg("mode") = "temporal",
         py::arg("threshold") = 0, py::kw_only(), py::arg("repeat") = 1,
         "Copy src's bytes into dst's with zcoll's copy kernels, then a store fence. Both "
@@ -96,19 +86,19 @@ void register_copy(py::module_& m) {
   m.def("copy_isas", &available_isas,
         "Names of the copy kernels this CPU runs, in COPY_ISAS order ('portable' always).");
   m.def(
-      "active_copy_isa", [] { return std::string(copy_isa_name(active_isa())); },
+      "active_copy_isa", [] { return std::string(name_of(active_isa())); },
       "Name of the kernel streaming copies use now.");
   m.def(
-      "best_copy_isa", [] { return std::string(copy_isa_name(best_isa())); },
+      "best_copy_isa", [] { return std::string(name_of(best_isa())); },
       "Name of the best kernel this CPU runs: the one chosen at load time.");
   m.def(
       "select_copy_isa",
       [](const std::string& name) {
         const copy_isa isa =
-            parse_name<copy_isa, copy_isa_count>(name, copy_isa_name, "copy kernel");
+            parse_or_raise<copy_isa>(name, "copy kernel");
         if (!select_isa(isa))
           throw py::value_error("zcoll copy: this CPU cannot run the '" + name +
-                                "' copy kernel (available: " + choices(available_isas()) + ")");
+                                "' copy kernel (available: " + available_text() + ")");
       },
       py::arg("name"),
       "Make `name` (one of COPY_ISAS) the kernel of streaming copies in this process; "

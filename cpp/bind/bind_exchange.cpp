@@ -91,9 +91,7 @@ constexpr std::size_t release_gil_above_bytes = std::size_t{1} << 16;
 
 [[noreturn]] void fail_everywhere(node_context& ctx, op_code op, bool type_error,
                                   const std::string& why) {
-  const std::string name = op == op_code::alltoall    ? "alltoall"
-                           : op == op_code::allgather ? "allgather"
-                                                      : "transfer";
+  const std::string name(name_of(op));
   py::gil_scoped_release release;
   ctx.fail(op, type_error ? arg_error::type : arg_error::value, "zcoll." + name + ": " + why);
 }
@@ -170,10 +168,12 @@ py::tuple check_transfer(const node_context& ctx, const py::array& send, const p
   return py::make_tuple(py::none(), "", g.signature());
 }
 
+// The tuned collective named `name` (alltoall, allgather).
 op_code collective_op(const std::string& name) {
-  if (name == "alltoall") return op_code::alltoall;
-  if (name == "allgather") return op_code::allgather;
-  throw std::invalid_argument("op must be 'alltoall' or 'allgather', got '" + name + "'");
+  const auto op = parse_name<op_code>(name);
+  if (!op || tuned_index(*op) == no_rules)
+    throw std::invalid_argument("op must name a tuned collective, got '" + name + "'");
+  return *op;
 }
 
 // One tuning rule as Python passes it: (min_block, max_block or None, order code, copy code,
@@ -218,8 +218,8 @@ py::tuple check(node_context& ctx, op_code op, const py::object& send, const py:
   if (order == "auto")  // the node's part runs the ordered schedule (no eager path here)
     o = ctx.resolve_auto(op, c.block_bytes, recv_view.nbytes).order;
   else if (!parse_order(order, ctx.config().size, c.block_bytes, &o))
-    return error(false, "order must be 'auto', 'row', 'column', 'morton' or 'hilbert', got '" +
-                            order + "'");
+    return error(false, "order must be 'auto' or one of " + joined_names<block_order>(", ") +
+                            ", got '" + order + "'");
   return py::make_tuple(py::none(), "", c.block_bytes, static_cast<int>(o));
 }
 
@@ -266,7 +266,7 @@ void register_exchange(py::module_& m) {
           "check",
           [](node_context& ctx, const std::string& op, const py::object& send,
              const py::object& recv, const std::string& order) {
-            return check(ctx, op == "alltoall" ? op_code::alltoall : op_code::allgather, send,
+            return check(ctx, collective_op(op), send,
                          recv, order);
           },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
@@ -277,7 +277,7 @@ void register_exchange(py::module_& m) {
              std::size_t block, int order, int copy) {
             collective_args a;
             a.copy = copy;
-            a.op = op == "alltoall" ? op_code::alltoall : op_code::allgather;
+            a.op = collective_op(op);
             if (!send.is(in_place_sentinel())) {
               const auto s = py::reinterpret_borrow<py::array>(send);
               a.send = s.data();
@@ -353,8 +353,8 @@ void register_exchange(py::module_& m) {
           "auto_copy_plan",
           [](node_context& ctx, std::size_t block, std::size_t received, const std::string& op) {
             const copy_plan p = ctx.copy_choice().peek(block, ctx.touched_bytes(received),
-                                                       rule_table(collective_op(op)));
-            return py::make_tuple(std::string(copy_mode_name(p.mode)), p.threshold);
+                                                       tuned_index(collective_op(op)));
+            return py::make_tuple(std::string(name_of(p.mode)), p.threshold);
           },
           py::arg("block_bytes"), py::arg("received_bytes"), py::arg("op") = "alltoall",
           "(mode, threshold) copy='auto' uses now for op's blocks of this size, each rank "
@@ -368,7 +368,7 @@ void register_exchange(py::module_& m) {
           [](const node_context& ctx, const std::string& op, std::size_t block,
              std::size_t received) {
             const auto_choice c = ctx.resolve_auto(collective_op(op), block, received);
-            return py::make_tuple(c.eager ? "eager" : block_order_names[static_cast<int>(c.order)],
+            return py::make_tuple(c.eager ? "eager" : std::string(name_of(c.order)),
                                   c.from_rule);
           },
           py::arg("op"), py::arg("block_bytes"), py::arg("received_bytes"),
@@ -398,16 +398,6 @@ void register_exchange(py::module_& m) {
       "default_order",
       [](int p, std::size_t block_bytes) { return static_cast<int>(default_order(p, block_bytes)); },
       py::arg("p"), py::arg("block_bytes"), "Order code used for order='auto'.");
-  py::dict ops;
-  ops["alltoall"] = static_cast<int>(op_code::alltoall);
-  ops["allgather"] = static_cast<int>(op_code::allgather);
-  ops["allocate"] = static_cast<int>(op_code::allocate);
-  ops["barrier"] = static_cast<int>(op_code::barrier);
-  ops["transfer"] = static_cast<int>(op_code::transfer);
-  m.attr("OPS") = ops;
-  m.attr("AUTO_ORDER") = auto_order;
-  m.attr("AUTO_COPY") = auto_copy;
-  m.attr("EAGER_ORDER") = eager_order_code;
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {
@@ -417,7 +407,6 @@ void register_exchange(py::module_& m) {
       },
       py::arg("n"), py::arg("p"), py::arg("rank"),
       "(count, start) of rank's block of n elements split over p ranks (mpi4py-fft's rule).");
-  m.attr("BARRIERS") = py::make_tuple("flat", "central", "dissemination");
 }
 
 }  // namespace zcoll::bind

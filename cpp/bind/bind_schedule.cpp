@@ -12,13 +12,13 @@ namespace zcoll::bind {
 
 namespace {
 
-schedule make_schedule(int p, int order, const std::string& kind) {
-  if (order < 0 || order >= block_order_count) throw std::invalid_argument("unknown order code");
-  const auto o = static_cast<block_order>(order);
-  if (kind == "full") return full_schedule(p, o);
-  if (kind == "swap") return swap_schedule(p, o);
-  if (kind == "offdiagonal") return offdiagonal_schedule(p, o);
-  throw std::invalid_argument("kind must be 'full', 'swap' or 'offdiagonal'");
+schedule schedule_named(int p, int order, const std::string& kind) {
+  if (!is_code<block_order>(order)) throw std::invalid_argument("unknown order code");
+  const auto k = parse_name<schedule_kind>(kind);
+  if (!k)
+    throw std::invalid_argument("kind must be one of " + joined_names<schedule_kind>(", ") +
+                                ", got '" + kind + "'");
+  return make_schedule(*k, p, static_cast<block_order>(order));
 }
 
 }  // namespace
@@ -27,7 +27,7 @@ void register_schedule(py::module_& m) {
   m.def(
       "schedule",
       [](int p, int order, const std::string& kind) {
-        const schedule s = make_schedule(p, order, kind);
+        const schedule s = schedule_named(p, order, kind);
         py::array_t<std::int32_t> blocks({static_cast<py::ssize_t>(s.blocks.size()), py::ssize_t{2}});
         auto b = blocks.mutable_unchecked<2>();
         for (std::size_t k = 0; k < s.blocks.size(); ++k) {
@@ -49,7 +49,6 @@ void register_schedule(py::module_& m) {
       },
       py::arg("code"), "(dst, src) of a Morton code: dst from the odd bits, src from the even bits.");
   m.def("have_bmi2", &detail::have_bmi2, "Whether the CPU has BMI2 (pext) for Morton decoding.");
-  m.attr("ORDERS") = py::make_tuple("row", "column", "morton", "hilbert");
 }
 
 }  // namespace zcoll::bind

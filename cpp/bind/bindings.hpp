@@ -5,6 +5,7 @@
 
 namespace zcoll::bind {
 void register_errors(pybind11::module_& m);
+void register_registry(pybind11::module_& m);
 void register_arena(pybind11::module_& m);
 void register_copy(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);

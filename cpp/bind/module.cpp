@@ -5,6 +5,7 @@ PYBIND11_MODULE(_core, m) {
       "zcoll's private C++ core: shared arena, node barrier, schedules, exchange, copy kernels, "
       "topology";
   zcoll::bind::register_errors(m);
+  zcoll::bind::register_registry(m);
   zcoll::bind::register_arena(m);
   zcoll::bind::register_schedule(m);
   zcoll::bind::register_exchange(m);

@@ -167,12 +167,14 @@ std::size_t check_receive(const replay_options& o, const rank_buffers& b, std::s
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
+  std::string ops;
+  for (const op_code op : tuned_collectives) ops.append(ops.empty() ? "" : "|").append(name_of(op));
   std::fprintf(stderr,
                "zcoll_replay: %s\n"
-               "usage: zcoll_replay --op alltoall|allgather --order row|column|morton|hilbert|auto"
+               "usage: zcoll_replay --op %s --order %s|auto"
                " --p P --block BYTES [--in-place] [--warm none|own] [--evict-bytes BYTES]"
                " [--skew BYTES] [--verify [--skip-rank R]]\n",
-               message.c_str());
+               message.c_str(), ops.c_str(), joined_names<block_order>("|").c_str());
   std::exit(2);
 }
 
@@ -197,8 +199,9 @@ replay_options parse_arguments(int argc, char** argv) {
     };
     if (a == "--op") {
       const std::string_view v = value();
-      if (v != "alltoall" && v != "allgather") usage_error("unknown --op '" + std::string(v) + "'");
-      o.op = v == "alltoall" ? op_code::alltoall : op_code::allgather;
+      const auto op = parse_name<op_code>(v);
+      if (!op || tuned_index(*op) == no_rules) usage_error("unknown --op '" + std::string(v) + "'");
+      o.op = *op;
       have_op = true;
     } else if (a == "--order") {
       order = value();
@@ -254,7 +257,7 @@ int main(int argc, char** argv) {
     const replay_options o = parse_arguments(argc, argv);
     rank_buffers b = allocate_buffers(o);
     first_touch(o, b);
-    const schedule sched = schedule_of(o.op, o.in_place, o.p, o.order);
+    const schedule sched = make_schedule(schedule_kind_of(o.op, o.in_place), o.p, o.order);
     const buffer scratch = page_aligned(o.evict_bytes);
     std::memset(scratch.get(), 0, o.evict_bytes);
     for (int r = 0; r < o.p; ++r) {
@@ -269,9 +272,9 @@ int main(int argc, char** argv) {
     if (o.verify)
       for (std::size_t d = 0; d < static_cast<std::size_t>(o.p); ++d)
         bad += check_receive(o, b, d, bad);
-    std::printf("%s %s p=%d block=%zu in_place=%d blocks=%zu%s\n",
-                o.op == op_code::alltoall ? "alltoall" : "allgather",
-                block_order_names[static_cast<int>(o.order)], o.p, o.block, o.in_place ? 1 : 0,
+    std::printf("%.*s %.*s p=%d block=%zu in_place=%d blocks=%zu%s\n",
+                static_cast<int>(name_of(o.op).size()), name_of(o.op).data(),
+                static_cast<int>(name_of(o.order).size()), name_of(o.order).data(), o.p, o.block, o.in_place ? 1 : 0,
                 sched.blocks.size(),
                 !o.verify ? "" : bad ? " verify=FAILED" : " verify=ok");
     return bad ? 1 : 0;

@@ -17,25 +17,6 @@
 
 namespace zcoll {
 
-std::string_view copy_mode_name(copy_mode m) noexcept {
-  switch (m) {
-    case copy_mode::temporal: return "temporal";
-    case copy_mode::streaming: return "streaming";
-    case copy_mode::hybrid: return "hybrid";
-  }
-  return "?";
-}
-
-std::string_view copy_isa_name(copy_isa i) noexcept {
-  switch (i) {
-    case copy_isa::portable: return "portable";
-    case copy_isa::sse2: return "sse2";
-    case copy_isa::avx2: return "avx2";
-    case copy_isa::avx512: return "avx512";
-  }
-  return "?";
-}
-
 void store_fence() noexcept {
 #ifdef ZCOLL_X86
   _mm_sfence();
@@ -183,7 +164,7 @@ bool cpu_has(copy_isa isa) noexcept {
   return isa == copy_isa::portable || isa == copy_isa::sse2;  // SSE2 is part of x86-64
 }
 
-constexpr std::array<stream_fn, copy_isa_count> kernels{&stream_portable, &stream_sse2,
+constexpr std::array<stream_fn, count_of<copy_isa>> kernels{&stream_portable, &stream_sse2,
                                                         &stream_avx2, &stream_avx512};
 
 #else  // no streaming store: every kernel is memcpy
@@ -192,13 +173,13 @@ bool cpu_has(copy_isa isa) noexcept {
   return isa == copy_isa::portable;
 }
 
-constexpr std::array<stream_fn, copy_isa_count> kernels{&stream_portable, &stream_portable,
+constexpr std::array<stream_fn, count_of<copy_isa>> kernels{&stream_portable, &stream_portable,
                                                         &stream_portable, &stream_portable};
 
 #endif
 
 copy_isa find_best_isa() noexcept {
-  for (int i = copy_isa_count - 1; i > 0; --i)
+  for (int i = count_of<copy_isa> - 1; i > 0; --i)
     if (cpu_has(static_cast<copy_isa>(i))) return static_cast<copy_isa>(i);
   return copy_isa::portable;
 }
@@ -255,7 +236,7 @@ class block_writer {
 
 bool isa_available(copy_isa isa) noexcept {
   const int i = static_cast<int>(isa);
-  return i >= 0 && i < copy_isa_count && cpu_has(isa);
+  return i >= 0 && i < count_of<copy_isa> && cpu_has(isa);
 }
 
 copy_isa best_isa() noexcept {
@@ -267,7 +248,7 @@ copy_isa active_isa() noexcept {
   const stream_fn k = current_kernel();
   if (k == &resolve_and_stream) return best_isa();
   // Kernels may share a function (portable builds): the highest available one is reported.
-  for (int i = copy_isa_count - 1; i > 0; --i)
+  for (int i = count_of<copy_isa> - 1; i > 0; --i)
     if (kernels[i] == k && cpu_has(static_cast<copy_isa>(i))) return static_cast<copy_isa>(i);
   return copy_isa::portable;
 }

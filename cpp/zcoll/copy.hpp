@@ -24,33 +24,15 @@
 #include <cstring>
 #include <string_view>
 
+#include "zcoll/registry.hpp"
+
 namespace zcoll {
-
-// How a copy treats the destination's cache lines.
-enum class copy_mode : std::uint8_t {
-  temporal = 0,   // ordinary stores (the C library's memcpy); best while the data fits in cache
-  streaming = 1,  // non-temporal stores for everything past the alignment head
-  hybrid = 2,     // temporal for the first `threshold` bytes of each block, streaming after
-};
-inline constexpr int copy_mode_count = 3;
-
-// Instruction set of the streaming kernel.
-enum class copy_isa : std::uint8_t {
-  portable = 0,  // memcpy: no streaming store on this CPU/architecture
-  sse2 = 1,      // 16-byte movntdq
-  avx2 = 2,      // 32-byte vmovntdq
-  avx512 = 3,    // 64-byte vmovntdq (AVX-512F)
-};
-inline constexpr int copy_isa_count = 4;
 
 // What a collective's copies use.
 struct copy_plan {
   copy_mode mode = copy_mode::temporal;
   std::size_t threshold = 0;  // hybrid: temporal bytes at the start of each block
 };
-
-std::string_view copy_mode_name(copy_mode m) noexcept;
-std::string_view copy_isa_name(copy_isa i) noexcept;
 
 // Whether this CPU runs `isa`'s kernel (portable: always).
 bool isa_available(copy_isa isa) noexcept;

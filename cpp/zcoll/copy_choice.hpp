@@ -34,9 +34,6 @@
 
 namespace zcoll {
 
-// Mode code meaning "auto" where modes travel as integers (copy_mode values otherwise).
-inline constexpr int auto_copy = -1;
-
 // Block sizes [min_block, max_block] (bytes per block, both ends included) a tuning rule covers.
 struct block_range {
   std::size_t min_block = 0;
@@ -70,9 +67,8 @@ void sort_rules(std::vector<Rule>& rules) {
   }
 }
 
-// Rule tables: one per tuned collective (alltoall, allgather); no_rules for none.
-inline constexpr int rule_tables = 2;
-inline constexpr int no_rules = -1;
+// Rule tables: one per tuned collective (see tuned_index in registry.hpp).
+inline constexpr int rule_tables = static_cast<int>(tuned_collectives.size());
 
 // A tuning-table rule for copy="auto" on blocks in `range`.
 struct copy_rule {

@@ -18,28 +18,16 @@ namespace {
 constexpr std::size_t first_partition_bytes = std::size_t{1} << 20;
 constexpr std::size_t max_growth_partition_bytes = std::size_t{64} << 20;
 
-const char* op_name(op_code op) noexcept {
-  switch (op) {
-    case op_code::error: return "an invalid call";
-    case op_code::allocate: return "an arena allocation";
-    case op_code::alltoall: return "alltoall";
-    case op_code::allgather: return "allgather";
-    case op_code::barrier: return "barrier";
-    case op_code::transfer: return "transfer";
-    default: return "nothing";
-  }
-}
+std::string op_name(op_code op) { return std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]); }
 
-bool valid_copy(int copy) noexcept { return copy == auto_copy || (copy >= 0 && copy < copy_mode_count); }
+bool valid_copy(int copy) noexcept { return copy == auto_copy || is_code<copy_mode>(copy); }
 
 local_check type_error(std::string m) { return {arg_error::type, std::move(m), 0}; }
 local_check value_error(std::string m) { return {arg_error::value, std::move(m), 0}; }
 
-// Descriptor order code of the eager path (not a block order: no schedule is used).
-constexpr std::uint8_t eager_order = 0xFF;
-
-const char* order_name(std::uint32_t order) noexcept {
-  return order < block_order_count ? block_order_names[order] : "auto";
+// How messages name an order code: the eager path is what "auto" chose.
+std::string order_name(int order) {
+  return is_code<block_order>(order) ? std::string(name_of(static_cast<block_order>(order))) : "auto";
 }
 
 template <std::size_t N>
@@ -174,12 +162,12 @@ void node_context::check_agreement(descriptors all, op_code op) const {
   for (int j = 1; j < config_.size; ++j)
     if (all[j].op != all[0].op)
       throw usage_error(
-          std::string("zcoll: ranks called different operations at once: ") + rank_name(0) +
+          "zcoll: ranks called different operations at once: " + rank_name(0) +
           " called " + op_name(all[0].op) + ", " + rank_name(j) + " called " +
           op_name(all[j].op));
   if (all[0].op != op)
     throw usage_error(
-        std::string("zcoll: expected ") + op_name(op) + ", peers called " + op_name(all[0].op));
+        "zcoll: expected " + op_name(op) + ", peers called " + op_name(all[0].op));
 }
 
 void node_context::check_arguments(descriptors all) const {
@@ -189,7 +177,7 @@ void node_context::check_arguments(descriptors all) const {
     if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
         d.order == ref.order)
       continue;
-    const std::string what = std::string("zcoll.") + op_name(ref.op) + ": ";
+    const std::string what = "zcoll." + op_name(ref.op) + ": ";
     if (d.flag != ref.flag)
       throw 
           usage_error(what + "IN_PLACE must be used by all ranks or none (" + rank_name(0) +
@@ -355,7 +343,7 @@ void node_context::execute_eager(const collective_args& args) {
     copy_bytes(eager_slot(config_.rank, parity), data, args.recv_bytes);
   else
     copy_bytes(eager_slot(config_.rank, parity), in_place ? data + me * block : data, block);
-  d.order = eager_order;
+  d.order = static_cast<std::int8_t>(eager_order);
   d.block_bytes = block;
   d.dtype = args.dtype;
   d.flag = in_place ? 1 : 0;
@@ -385,16 +373,17 @@ std::shared_ptr<arena_block> node_context::view(const buffer_ref& ref, std::size
 }
 
 const schedule& node_context::schedule_for(op_code op, bool in_place, block_order order) {
-  const std::uint32_t kind = !in_place ? 0 : (op == op_code::alltoall ? 1 : 2);
-  const std::uint32_t key = kind * block_order_count + static_cast<std::uint32_t>(order);
+  const schedule_kind kind = schedule_kind_of(op, in_place);
+  const auto key = static_cast<std::uint32_t>(static_cast<int>(kind) * count_of<block_order> +
+                                              static_cast<int>(order));
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
-  return schedules_.emplace(key, schedule_of(op, in_place, config_.size, order)).first->second;
+  return schedules_.emplace(key, make_schedule(kind, config_.size, order)).first->second;
 }
 
-schedule schedule_of(op_code op, bool in_place, int p, block_order order) {
-  if (!in_place) return full_schedule(p, order);
-  return op == op_code::alltoall ? swap_schedule(p, order) : offdiagonal_schedule(p, order);
+schedule_kind schedule_kind_of(op_code op, bool in_place) noexcept {
+  if (!in_place) return schedule_kind::full;
+  return op == op_code::alltoall ? schedule_kind::swap : schedule_kind::offdiagonal;
 }
 
 void node_context::run_schedule(const schedule& sched, op_code op, bool in_place,
@@ -433,7 +422,7 @@ void node_context::execute(const collective_args& args) {
   }
   auto& d = next_descriptor(args.op);
   const bool in_place = args.send == nullptr;
-  d.order = static_cast<std::uint8_t>(args.order);
+  d.order = static_cast<std::int8_t>(args.order);
   d.block_bytes = args.block_bytes;
   d.dtype = args.dtype;
   d.flag = in_place ? 1 : 0;
@@ -462,7 +451,7 @@ void node_context::execute(const collective_args& args) {
   const bool my_recv_staged = d.recv.segment == 0;
   const schedule& sched = schedule_for(args.op, in_place, args.order);
   timed_copies(block, args.copy, args.recv_bytes, sched.segment(config_.rank).size() * block,
-               rule_table(args.op), [&](const copy_plan& how) {
+               tuned_index(args.op), [&](const copy_plan& how) {
                  run_schedule(sched, args.op, in_place, block, send, recv, how);
                });
   sync();
@@ -475,7 +464,7 @@ void node_context::resolve_all(descriptors all, bool send_side, std::vector<std:
   for (int j = 0; j < config_.size; ++j) {
     const buffer_ref& ref = send_side ? all[j].send : all[j].recv;
     if (ref.segment == 0)
-      throw usage_error(std::string("zcoll.") + op_name(all[j].op) + ": " + rank_name(j) +
+      throw usage_error("zcoll." + op_name(all[j].op) + ": " + rank_name(j) +
                         "'s " + (send_side ? "source" : "destination") +
                         " array is not in the shared arena (allocate it with zcoll.empty)");
     (*bases)[static_cast<std::size_t>(j)] = resolve(ref);
@@ -487,7 +476,7 @@ void node_context::run_transfer(const transfer_geometry& g, const array_view& se
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   local_check check = check_transfer_args(g, me, send, recv);
   block_order o = default_order(config_.size, check.block_bytes);
-  if (order >= 0 && order < block_order_count)
+  if (is_code<block_order>(order))
     o = static_cast<block_order>(order);
   else if (order != auto_order && check.ok())
     check = value_error("unknown order code " + std::to_string(order));
@@ -499,7 +488,7 @@ void node_context::run_transfer(const transfer_geometry& g, const array_view& se
 void node_context::execute_transfer(const transfer_geometry& g, const array_view& send,
                                     const array_view& recv, block_order order, int copy) {
   auto& d = next_descriptor(op_code::transfer);
-  d.order = static_cast<std::uint8_t>(order);
+  d.order = static_cast<std::int8_t>(order);
   d.block_bytes = g.signature();
   d.dtype = recv.dtype;
   d.send = locate(send.data, send.nbytes);
@@ -651,12 +640,9 @@ bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_or
     *order = default_order(p, block_bytes);
     return true;
   }
-  for (int i = 0; i < block_order_count; ++i)
-    if (name == block_order_names[i]) {
-      *order = static_cast<block_order>(i);
-      return true;
-    }
-  return false;
+  const auto named = parse_name<block_order>(name);
+  if (named) *order = *named;
+  return named.has_value();
 }
 
 void node_context::run(op_code op, const array_view* send, const array_view& recv, int order,
@@ -667,17 +653,17 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
     const auto_choice c = resolve_auto(op, check.block_bytes, recv.nbytes);
     args.order = c.order;
     args.eager = check.ok() && c.eager;
-  } else if (order == eager_order_code) {
+  } else if (order == eager_order) {
     args.eager = true;
     if (check.ok() && (!eager_ || recv.nbytes > eager_bytes_))
       check = value_error("the eager path takes at most " + std::to_string(eager_bytes()) +
                           " bytes per rank, this call receives " + std::to_string(recv.nbytes));
-  } else if (order >= 0 && order < block_order_count)
+  } else if (is_code<block_order>(order))
     args.order = static_cast<block_order>(order);
   else if (check.ok())
     check = value_error("unknown order code " + std::to_string(order));
   if (check.ok() && !valid_copy(copy)) check = value_error("unknown copy code " + std::to_string(copy));
-  if (!check.ok()) fail(op, check.error, std::string("zcoll.") + op_name(op) + ": " + check.message);
+  if (!check.ok()) fail(op, check.error, "zcoll." + op_name(op) + ": " + check.message);
   args.copy = copy;
   args.op = op;
   args.send = send ? send->data : nullptr;
@@ -691,14 +677,14 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
 
 void node_context::set_tuning_rules(op_code op, std::vector<order_rule> orders,
                                     std::vector<copy_rule> copies) {
-  const int table = rule_table(op);
+  const int table = tuned_index(op);
   if (table == no_rules) throw std::invalid_argument("zcoll: only alltoall and allgather are tuned");
   for (const order_rule& r : orders)
-    if (r.order != auto_order && r.order != eager_order_code &&
-        (r.order < 0 || r.order >= block_order_count))
+    if (r.order != auto_order && r.order != eager_order &&
+        !is_code<block_order>(r.order))
       throw std::invalid_argument("zcoll: unknown order code in a tuning rule");
   for (const copy_rule& r : copies)
-    if (r.mode != auto_copy && (r.mode < 0 || r.mode >= copy_mode_count))
+    if (r.mode != auto_copy && !is_code<copy_mode>(r.mode))
       throw std::invalid_argument("zcoll: unknown copy code in a tuning rule");
   sort_rules(orders);
   copy_.set_rules(table, std::move(copies));
@@ -710,12 +696,12 @@ auto_choice node_context::resolve_auto(op_code op, std::size_t block_bytes,
   // Eager is judged by what a rank receives (P blocks), the bulk of the pull for both.
   const bool eager_fits = eager_ && recv_bytes <= eager_bytes_;
   auto_choice c{default_order(config_.size, block_bytes), eager_fits, false};
-  const int table = rule_table(op);
+  const int table = tuned_index(op);
   if (table == no_rules || order_rules_[static_cast<std::size_t>(table)].empty()) return c;
   const order_rule* r = find_rule(order_rules_[static_cast<std::size_t>(table)], block_bytes);
   if (!r || r->order == auto_order) return c;
   c.from_rule = true;
-  if (r->order == eager_order_code) return c;  // eager where the call fits it, else the default
+  if (r->order == eager_order) return c;  // eager where the call fits it, else the default
   c.order = static_cast<block_order>(r->order);
   c.eager = false;
   return c;

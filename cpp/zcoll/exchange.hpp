@@ -56,16 +56,6 @@
 
 namespace zcoll {
 
-enum class op_code : std::uint8_t {
-  none = 0,
-  error = 1,      // a rank found its own arguments invalid
-  allocate = 2,   // collective arena allocation
-  alltoall = 3,   // block j of rank i's send buffer -> block i of rank j's receive buffer
-  allgather = 4,  // rank i's send buffer -> block i of every receive buffer
-  barrier = 5,
-  transfer = 6,   // global transpose of a distributed array (see transfer.hpp)
-};
-
 // Kind of a locally detected argument error; maps to a Python exception type.
 enum class arg_error : std::uint8_t { none = 0, value = 1, type = 2 };
 
@@ -125,15 +115,10 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
 // Parses "auto" | "row" | "column" | "morton" | "hilbert"; "auto" -> default_order(p, block).
 bool parse_order(std::string_view name, int p, std::size_t block_bytes, block_order* order);
 
-// Order code meaning "auto" where orders travel as integers (block_order values otherwise).
-inline constexpr int auto_order = -1;
-// Order code of the eager path (not a public order: tuning rules and the tuner use it).
-inline constexpr int eager_order_code = -2;
-
 // A tuning-table rule for order="auto" on blocks in `range`.
 struct order_rule {
   block_range range;
-  int order = auto_order;  // block_order value, eager_order_code, or auto_order (built-in)
+  int order = auto_order;  // block_order value, eager_order, or auto_order (built-in)
 };
 
 // What order="auto" resolves to for one call.
@@ -142,11 +127,6 @@ struct auto_choice {
   bool eager = false;                    // take the eager path
   bool from_rule = false;                // a tuning rule decided (not the built-in rule)
 };
-
-// Rule table of a collective (see copy_choice.hpp), or no_rules.
-inline int rule_table(op_code op) noexcept {
-  return op == op_code::alltoall ? 0 : op == op_code::allgather ? 1 : no_rules;
-}
 
 // How the context was set up: which node ranks, which communicator ranks, how to wait.
 struct context_config {
@@ -169,7 +149,7 @@ inline constexpr std::size_t message_bytes = 240;
 struct alignas(cache_line) rank_line {
   std::atomic<std::uint64_t> entered;  // barrier arrivals (see barrier.hpp)
   op_code op;                          // 1 byte each below: enum values are small
-  std::uint8_t order;
+  std::int8_t order;  // block_order value, auto_order or eager_order
   std::uint8_t flag;   // collectives: in place; allocate: request fits the rank's partitions
   arg_error error;
   dtype_id dtype;
@@ -352,8 +332,8 @@ class node_context {
 // Order used for order="auto" when no tuning table says otherwise.
 block_order default_order(int p, std::size_t block_bytes) noexcept;
 
-// The schedule `op` (alltoall or allgather), in place or not, runs on `p` ranks in `order`.
-schedule schedule_of(op_code op, bool in_place, int p, block_order order);
+// The kind of schedule `op` (alltoall or allgather) runs, in place or not.
+schedule_kind schedule_kind_of(op_code op, bool in_place) noexcept;
 
 // One rank's part of an alltoall or allgather: copies the blocks of `segment` between the node
 // ranks' buffers (`send`, `recv`: base address of each node rank's buffer; `send` unused in

@@ -178,4 +178,13 @@ schedule offdiagonal_schedule(int p, block_order order) {
   return cut(p, order, std::move(blocks));
 }
 
+schedule make_schedule(schedule_kind kind, int p, block_order order) {
+  switch (kind) {
+    case schedule_kind::full: return full_schedule(p, order);
+    case schedule_kind::swap: return swap_schedule(p, order);
+    case schedule_kind::offdiagonal: return offdiagonal_schedule(p, order);
+  }
+  throw std::invalid_argument("zcoll: unknown schedule kind");
+}
+
 }  // namespace zcoll

@@ -60,6 +60,8 @@ schedule full_schedule(int p, block_order order);
 schedule swap_schedule(int p, block_order order);
 // In-place allgather: every off-diagonal block (the diagonal is already in place), rebalanced.
 schedule offdiagonal_schedule(int p, block_order order);
+// The schedule of `kind`: one of the three above.
+schedule make_schedule(schedule_kind kind, int p, block_order order);
 
 namespace detail {
 std::uint64_t morton_decode_dst(std::uint64_t code) noexcept;  // odd bits

@@ -13,16 +13,12 @@ from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import get_timeout, set_timeout
 from ._core import PeerError
+from ._registry import COPY_MODES, ORDERS
 from ._schedule import Schedule, schedule
 from ._topology import RankPlacement, Topology, topology
 from ._tuning import get_tuning, load_tuning, set_tuning, tuning_path
 
 __version__ = "0.1.0"
-
-#: Block orders accepted by the ``order=`` argument of the collectives (besides "auto").
-ORDERS = ("row", "column", "morton", "hilbert")
-#: Copy modes accepted by the ``copy=`` argument of the collectives (besides "auto").
-COPY_MODES = ("temporal", "streaming", "hybrid")
 
 __all__ = [
     "COPY_MODES",

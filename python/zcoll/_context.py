@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _tuning
+from ._registry import BARRIER_CODES
 
 __all__ = [
     "Context",
@@ -36,7 +37,6 @@ _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
 # outnumber cores, where every barrier costs context switches.
 _DEFAULT_EAGER_BYTES = 4096
 _OVERSUBSCRIBED_EAGER_BYTES = 65536
-_BARRIERS = {name: code for code, name in enumerate(_core.BARRIERS)}
 
 
 def _env_number(name: str, default, kind=int, *, positive: bool = False):
@@ -99,9 +99,11 @@ def _virtual_node_size() -> int:
 
 def _barrier_code() -> int:
     name = os.environ.get("ZCOLL_BARRIER", "flat")
-    if name not in _BARRIERS:
-        raise ValueError(f"zcoll: ZCOLL_BARRIER must be one of {sorted(_BARRIERS)}, got {name!r}")
-    return _BARRIERS[name]
+    if name not in BARRIER_CODES:
+        raise ValueError(
+            f"zcoll: ZCOLL_BARRIER must be one of {sorted(BARRIER_CODES)}, got {name!r}"
+        )
+    return BARRIER_CODES[name]
 
 
 def _split_node(comm: MPI.Comm) -> MPI.Comm:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
+from ._registry import ORDERS, SCHEDULE_KINDS
 
 __all__ = ["SCHEDULE_KINDS", "Schedule", "schedule"]
 
-#: Kinds of schedule: every block (out-of-place collectives), the off-diagonal pairs of an
-#: in-place alltoall (each pair once, as (max, min)), the off-diagonal blocks of an in-place
-#: allgather.
-SCHEDULE_KINDS = ("full", "swap", "offdiagonal")
+# SCHEDULE_KINDS: every block (out-of-place collectives), the off-diagonal pairs of an
+# in-place alltoall (each pair once, as (max, min)), the off-diagonal blocks of an in-place
+# allgather.
 
 
 @dataclass(frozen=True)
@@ -107,11 +107,11 @@ def schedule(p: int, order: str, kind: str = "full") -> Schedule:
     """
     if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or p < 1:
         raise ValueError(f"p must be an integer >= 1, got {p!r}")
-    if order not in _core.ORDERS:
-        raise ValueError(f"unknown order {order!r}; choose among {', '.join(_core.ORDERS)}")
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; choose among {', '.join(ORDERS)}")
     if kind not in SCHEDULE_KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose among {', '.join(SCHEDULE_KINDS)}")
-    blocks, starts = _core.schedule(int(p), _core.ORDERS.index(order), kind)
+    blocks, starts = _core.schedule(int(p), ORDERS.index(order), kind)
     blocks.flags.writeable = False
     starts.flags.writeable = False
     return Schedule(int(p), order, kind, blocks, starts)

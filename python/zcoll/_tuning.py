@@ -34,6 +34,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
+from ._registry import (
+    COLLECTIVES,
+    COPY_CODES,
+    ORDER_CODES,
+    ORDERS,
+    RULE_COPIES,
+    RULE_ORDER_CODES,
+    RULE_ORDERS,
+)
 
 __all__ = [
     "COLLECTIVES",
@@ -61,14 +70,6 @@ VERSION = 1
 FILE_ENV = "ZCOLL_TUNING_FILE"
 MODE_ENV = "ZCOLL_TUNING"
 MODES = ("table", "online", "off")
-COLLECTIVES = ("alltoall", "allgather")
-RULE_ORDERS = ("auto", "eager", *_core.ORDERS)
-RULE_COPIES = ("auto", *_core.COPY_MODES)
-#: order name -> engine code, and copy mode name -> engine code ("auto" included).
-ORDER_CODES = {"auto": _core.AUTO_ORDER, **{name: code for code, name in enumerate(_core.ORDERS)}}
-COPY_CODES = {"auto": _core.AUTO_COPY, **{name: code for code, name in enumerate(_core.COPY_MODES)}}
-#: order names a tuning rule may use (the eager path as well) -> engine code.
-RULE_ORDER_CODES = {**ORDER_CODES, "eager": _core.EAGER_ORDER}
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
@@ -486,7 +487,7 @@ class OnlineTuner:
         if from_rule or block == 0 or core.size < 2 or tracked >= self.MAX_SIZES:
             state: _Trial | int = _core.AUTO_ORDER
         else:
-            candidates = list(range(len(_core.ORDERS)))
+            candidates = list(range(len(ORDERS)))
             if received <= core.eager_bytes:
                 candidates.append(_core.EAGER_ORDER)
             state = _Trial(candidates)
@@ -508,4 +509,4 @@ class OnlineTuner:
             return None
         if state == _core.AUTO_ORDER:
             return "auto"
-        return "eager" if state == _core.EAGER_ORDER else _core.ORDERS[state]
+        return "eager" if state == _core.EAGER_ORDER else ORDERS[state]

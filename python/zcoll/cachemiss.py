@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from . import _core
+from . import _core, _registry
 
 __all__ = [
     "ORDERS",
@@ -53,8 +53,8 @@ __all__ = [
     "run_config",
 ]
 
-ORDERS = _core.ORDERS
-OPS = ("alltoall", "allgather")
+ORDERS = _registry.ORDERS
+OPS = _registry.COLLECTIVES
 REPLAY_NAME = "zcoll_replay"
 ARENA_COLOUR_STRIDE = _core.ARENA_COLOUR_STRIDE  # the replay lays buffers out like the arena
 SEGMENT_FUNCTION = "zcoll_replay_segment"

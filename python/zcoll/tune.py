@@ -42,6 +42,7 @@ from mpi4py import MPI
 import zcoll
 
 from . import _context, _core, _tuning
+from ._registry import ORDERS
 from .bench.common import (
     KIB,
     MIB,
@@ -139,12 +140,12 @@ def distinct_orders(node_size: int, block: int) -> list[str]:
     Orders with the same schedule (row and Morton on 2 ranks, all of them on 1) run the same
     copies: timing both would only let noise pick between them."""
     seen, found = set(), []
-    for code in (_core.default_order(node_size, block), *range(len(_core.ORDERS))):
+    for code in (_core.default_order(node_size, block), *range(len(ORDERS))):
         blocks, bounds = _core.schedule(node_size, code)
         key = (blocks.tobytes(), bounds.tobytes())
         if key not in seen:
             seen.add(key)
-            found.append(_core.ORDERS[code])
+            found.append(ORDERS[code])
     return found
 
 
@@ -300,7 +301,7 @@ def builtin_candidate(block: int, node_size: int, sw: _Sweep) -> Candidate:
     """What order="auto", copy="auto" do without a table (for the summary)."""
     if 0 < node_size * block <= sw.eager_bytes:
         return Candidate("eager")
-    order = _core.ORDERS[_core.default_order(node_size, block)]
+    order = ORDERS[_core.default_order(node_size, block)]
     mode, threshold = sw.ctx.core.auto_copy_plan(block, node_size * block)
     return Candidate(order, mode, threshold if mode == "hybrid" else None)
 

@@ -17,8 +17,9 @@ from mpi4py import MPI
 
 from .. import _core
 from .._arena import empty, is_shared
-from .._collectives import COPY_CODES, ORDER_CODES, _option_error
+from .._collectives import _option_error
 from .._context import lookup
+from .._registry import COPY_CODES, ORDER_CODES
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "transfer"]
 

@@ -1,0 +1,162 @@
+/*
+ * Registry: the one list of zcoll's names and codes.
+ *
+ * Every enumeration that crosses a layer -- the operations a node context runs, the block
+ * orders, copy modes and kernels, barrier algorithms, schedule kinds -- is declared here with
+ * its names, in code order. The binding exports these lists to Python once (bind_registry.cpp);
+ * python/zcoll/_registry.py builds its lookup tables from them. Adding an operation or an
+ * order means adding one enumerator and one name here, and nothing is retyped elsewhere.
+ *
+ * Codes travel as small integers (descriptor bytes, Python ints), so each enum's values are
+ * 0..count-1 and index its name table. A few codes stand outside the enums: "auto" for an order
+ * or a copy mode, and the eager path, which a tuning rule may name in place of an order.
+ */
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace zcoll {
+
+// What a node context runs; every rank publishes one per call (see protocol.hpp).
+enum class op_code : std::uint8_t {
+  none = 0,       // no call published yet
+  error = 1,      // a rank found its own arguments invalid
+  allocate = 2,   // collective arena allocation
+  alltoall = 3,   // block j of rank i's send buffer -> block i of rank j's receive buffer
+  allgather = 4,  // rank i's send buffer -> block i of every receive buffer
+  barrier = 5,    // a node barrier
+  transfer = 6,   // global transpose of a distributed array (see transfer.hpp)
+};
+
+// Order in which the P x P block matrix of a collective is traversed (and then cut into P
+// contiguous segments, one per rank). Coordinates are (dst, src): row d of the matrix is rank
+// d's receive buffer.
+enum class block_order : std::uint8_t {
+  row = 0,      // row-major: each rank fills its own receive row (the papers' SH-Naive baseline)
+  column = 1,   // column-major: each rank pushes its own send row to every peer
+  morton = 2,   // Z-order; bit de-interleave for power-of-two P, balanced recursion otherwise
+  hilbert = 3,  // generalised Hilbert curve, defined for any P; consecutive blocks are neighbours
+};
+
+// How a copy treats the destination's cache lines (see copy.hpp).
+enum class copy_mode : std::uint8_t {
+  temporal = 0,   // ordinary stores (the C library's memcpy); best while the data fits in cache
+  streaming = 1,  // non-temporal stores for everything past the alignment head
+  hybrid = 2,     // temporal for the first `threshold` bytes of each block, streaming after
+};
+
+// Instruction set of the streaming-copy kernel (see copy.hpp).
+enum class copy_isa : std::uint8_t {
+  portable = 0,  // memcpy: no streaming store on this CPU/architecture
+  sse2 = 1,      // 16-byte movntdq
+  avx2 = 2,      // 32-byte vmovntdq
+  avx512 = 3,    // 64-byte vmovntdq (AVX-512F)
+};
+
+// Node barrier algorithm (HPDC'13 §3). All wait with spin -> yield -> futex and bounded time.
+enum class barrier_kind : std::uint8_t {
+  flat = 0,           // each rank bumps its own line and polls everyone's: no shared hot line,
+                      // and the line also carries the call's descriptor (one transfer per peer)
+  central = 1,        // one shared arrival counter + generation word: O(1) reads per rank
+  dissemination = 2,  // ceil(log2 P) rounds of pairwise flags: O(log P) depth, no shared line
+};
+
+// Which blocks of the P x P matrix a schedule visits (see schedule.hpp).
+enum class schedule_kind : std::uint8_t {
+  full = 0,         // every block: out-of-place alltoall and allgather
+  swap = 1,         // each off-diagonal pair once, as (max, min): in-place alltoall
+  offdiagonal = 2,  // every off-diagonal block: in-place allgather
+};
+
+// Order code meaning "auto" where orders travel as integers (block_order values otherwise).
+inline constexpr int auto_order = -1;
+// Order code of the eager path (not a public order: tuning rules and the tuner name it).
+inline constexpr int eager_order = -2;
+// Mode code meaning "auto" where copy modes travel as integers (copy_mode values otherwise).
+inline constexpr int auto_copy = -1;
+
+// The names of an enumeration, indexed by value. Specialised once per enum below.
+template <class Enum>
+struct registry;
+
+template <>
+struct registry<op_code> {
+  static constexpr std::array<std::string_view, 7> names{
+      "none", "error", "allocate", "alltoall", "allgather", "barrier", "transfer"};
+  // How error messages name a call of each operation ("rank 1 called an arena allocation").
+  static constexpr std::array<std::string_view, 7> descriptions{
+      "nothing", "an invalid call", "an arena allocation", "alltoall", "allgather", "barrier",
+      "transfer"};
+};
+template <>
+struct registry<block_order> {
+  static constexpr std::array<std::string_view, 4> names{"row", "column", "morton", "hilbert"};
+};
+template <>
+struct registry<copy_mode> {
+  static constexpr std::array<std::string_view, 3> names{"temporal", "streaming", "hybrid"};
+};
+template <>
+struct registry<copy_isa> {
+  static constexpr std::array<std::string_view, 4> names{"portable", "sse2", "avx2", "avx512"};
+};
+template <>
+struct registry<barrier_kind> {
+  static constexpr std::array<std::string_view, 3> names{"flat", "central", "dissemination"};
+};
+template <>
+struct registry<schedule_kind> {
+  static constexpr std::array<std::string_view, 3> names{"full", "swap", "offdiagonal"};
+};
+
+// Number of values of `Enum`.
+template <class Enum>
+inline constexpr int count_of = static_cast<int>(registry<Enum>::names.size());
+
+// The name of `value`.
+template <class Enum>
+constexpr std::string_view name_of(Enum value) noexcept {
+  return registry<Enum>::names[static_cast<std::size_t>(value)];
+}
+
+// Whether `code` is a value of `Enum`.
+template <class Enum>
+constexpr bool is_code(int code) noexcept {
+  return code >= 0 && code < count_of<Enum>;
+}
+
+// The value named `name`, or nullopt.
+template <class Enum>
+constexpr std::optional<Enum> parse_name(std::string_view name) noexcept {
+  for (int i = 0; i < count_of<Enum>; ++i)
+    if (registry<Enum>::names[static_cast<std::size_t>(i)] == name) return static_cast<Enum>(i);
+  return std::nullopt;
+}
+
+// The names of `Enum` joined by `separator` ("row|column|...").
+template <class Enum>
+std::string joined_names(std::string_view separator) {
+  std::string text;
+  for (const std::string_view name : registry<Enum>::names)
+    text.append(text.empty() ? "" : separator).append(name);
+  return text;
+}
+
+// The collectives that tuning tables and online tuning know, each with its own rule table
+// (tuned_index: 0, 1, ...), in this order.
+inline constexpr std::array<op_code, 2> tuned_collectives{op_code::alltoall, op_code::allgather};
+inline constexpr int no_rules = -1;
+
+// Index of `op`'s rule table, or no_rules.
+constexpr int tuned_index(op_code op) noexcept {
+  for (std::size_t i = 0; i < tuned_collectives.size(); ++i)
+    if (tuned_collectives[i] == op) return static_cast<int>(i);
+  return no_rules;
+}
+
+}  // namespace zcoll
