@@ -9,6 +9,8 @@ void register_registry(pybind11::module_& m);
 void register_arena(pybind11::module_& m);
 void register_copy(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);
+void register_transfer(pybind11::module_& m);
+void register_tuning(pybind11::module_& m);
 void register_schedule(pybind11::module_& m);
 void register_topology(pybind11::module_& m);
 }  // namespace zcoll::bind

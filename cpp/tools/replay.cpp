@@ -232,7 +232,11 @@ replay_options parse_arguments(int argc, char** argv) {
   if (!have_op) usage_error("--op is required");
   if (o.p < 1 || o.p > 4096) usage_error("--p must be in 1..4096");
   if (o.block < 1 || o.block > (std::size_t{1} << 30)) usage_error("--block must be in 1..2^30");
-  if (!parse_order(order, o.p, o.block, &o.order))
+  if (order == auto_name)
+    o.order = default_order(o.p, o.block);
+  else if (const auto named = parse_name<block_order>(order))
+    o.order = *named;
+  else
     usage_error("unknown --order '" + std::string(order) + "'");
   return o;
 }

@@ -73,6 +73,11 @@ enum class schedule_kind : std::uint8_t {
   offdiagonal = 2,  // every off-diagonal block: in-place allgather
 };
 
+// The name of "let zcoll choose" for an order or a copy mode, and of the eager path where a
+// tuning rule names it in place of an order.
+inline constexpr std::string_view auto_name = "auto";
+inline constexpr std::string_view eager_name = "eager";
+
 // Order code meaning "auto" where orders travel as integers (block_order values otherwise).
 inline constexpr int auto_order = -1;
 // Order code of the eager path (not a public order: tuning rules and the tuner name it).

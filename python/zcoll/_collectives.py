@@ -7,7 +7,7 @@ from mpi4py import MPI
 
 from . import _core
 from ._context import Context, _by_handle, lookup
-from ._registry import COPY_CODES, COPY_MODES, ORDER_CODES, ORDERS
+from ._registry import COPY_CODES, ORDER_CODES
 
 __all__ = ["IN_PLACE", "allgather", "alltoall"]
 
@@ -18,17 +18,10 @@ _core._set_in_place(IN_PLACE)
 _P2P_TAG = 0x7A0C
 
 
-def _code(codes: dict, value) -> int | None:
-    return codes.get(value) if type(value) is str else None
-
-
 def _option_error(order, copy) -> ValueError | None:
-    """What is wrong with the `order` and `copy` arguments, if anything."""
-    if _code(ORDER_CODES, order) is None:
-        return ValueError(f"order must be 'auto' or one of {list(ORDERS)}, got {order!r}")
-    if _code(COPY_CODES, copy) is None:
-        return ValueError(f"copy must be 'auto' or one of {list(COPY_MODES)}, got {copy!r}")
-    return None
+    """The engine's error for these ``order=`` / ``copy=`` values, or None when both are valid."""
+    message = _core.option_error(order, copy)
+    return None if message is None else ValueError(message)
 
 
 def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
@@ -85,17 +78,13 @@ def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: i
     ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
 
 
-def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, order, copy) -> None:
-    """Hierarchical path: agree across nodes, node-local blocks in the arena, the rest by MPI."""
-    kind, message, block, code = ctx.core.check(opname, sendbuf, recvbuf, str(order))
-    error = None if kind is None else (TypeError if kind == "type" else ValueError)(message)
-    error = error or _option_error(order, copy)  # check() has vetted `order` already
-    dt = recvbuf.dtype if isinstance(recvbuf, np.ndarray) else None
-    # The order as asked for: "auto" may resolve differently on nodes of different sizes
-    # (tuning rules are per node size), and each node runs only its own part.
-    ctx.agree(opname, error, (block, str(dt), sendbuf is IN_PLACE, str(order)))
+def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_code: int) -> None:
+    """Hierarchical path: every rank's call record agreed on across nodes, then node-local
+    blocks through the arena and the rest by MPI point-to-point."""
+    ctx.agree(opname, ctx.core.record(opname, sendbuf, recvbuf, code, copy_code))
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    ctx.core.execute(opname, send, recvbuf, block, code, COPY_CODES[copy])
+    getattr(ctx.core, opname)(send, recvbuf, code, copy_code)
+    block = recvbuf.nbytes // ctx.size
     _exchange_remote(ctx, opname, send, recvbuf, block)
 
 
@@ -107,15 +96,15 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
         ctx = lookup(comm)
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, opname, sendbuf)
-    if ctx.multi_node:
-        _multi_node(ctx, opname, sendbuf, recvbuf, order, copy)
-        return recvbuf
     # The hot path: dict lookups inline (a helper call per argument costs ~0.1 us a call).
     code = ORDER_CODES.get(order) if type(order) is str else None
     copy_code = COPY_CODES.get(copy) if type(copy) is str else None
     if code is None or copy_code is None:
         ctx.fail(opname, _option_error(order, copy))
-    ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
+    if ctx.multi_node:
+        _multi_node(ctx, opname, sendbuf, recvbuf, code, copy_code)
+    else:
+        ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
     return recvbuf
 
 

@@ -9,7 +9,6 @@ engine itself never calls MPI.
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import time
 import weakref
@@ -29,7 +28,6 @@ __all__ = [
     "set_timeout",
 ]
 
-_RECORD_BYTES = 512  # one rank's record in the cross-node argument check
 _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
 # order="auto" moves calls of at most this many bytes per rank through the one-barrier eager
 # path (two copies, one barrier) rather than the ordered one-copy schedule (two barriers).
@@ -233,58 +231,43 @@ class Context:
 
     def allocate(self, nbytes: int) -> _core.ArenaBlock:
         """Collective arena allocation (ranks on other nodes allocate in their own arena)."""
-        if self.multi_node:
-            self.agree("empty", None)  # pairs with a failing rank's agree() in fail()
+        if self.multi_node:  # pairs with a failing rank's agree() in fail()
+            self.agree("empty", _core.op_record("allocate"))
         return self.core.allocate(nbytes)
 
     def fail(self, opname: str, exc: Exception) -> NoReturn:
         """Publish a local argument error; raises the same error on every rank."""
         message = f"zcoll.{opname}: {exc}"
+        type_error = isinstance(exc, TypeError)
         if self.multi_node:
-            self.agree(opname, exc)
-        self.core.fail(
-            _core.OPS.get(opname, _core.OPS["barrier"]), isinstance(exc, TypeError), message
-        )
-        raise AssertionError("unreachable: NodeContext.fail raises")
+            self.agree(opname, _core.error_record(type_error, message))
+        else:
+            self.core.fail(type_error, message)
+        raise AssertionError("unreachable: a published error raises on every rank")
 
     def raise_together(self, opname: str, exc: Exception | None) -> None:
         """Collective: every rank raises the first rank's error if any rank has one (`exc`
         is this rank's, or None), else every rank returns. One node barrier on one node."""
-        if self.multi_node:
-            self.agree(opname, exc)
-        elif exc is not None:
+        if exc is not None:
             self.fail(opname, exc)
+        if self.multi_node:
+            self.agree(opname, _core.op_record("barrier"))
         else:
             self.core.barrier()
 
-    def agree(self, opname: str, exc: Exception | None, signature: tuple = ()) -> None:
-        """Multi-node only: every rank learns every rank's local error and call signature
-        ``(block bytes, dtype, in place, order)`` and raises the same error as the others.
+    def agree(self, opname: str, record: bytes) -> None:
+        """Multi-node only: every rank learns every rank's call record (this rank's is
+        `record`, from the engine) and raises the error the ranks of one node would raise
+        for those calls -- the same on every rank -- or returns.
 
         One non-blocking allgather of fixed-size records on the private dup, waited for with
-        the same bound as the node barrier."""
+        the same bound as the node barrier; the engine compares them."""
         self.check_unbroken()
-        error = None if exc is None else [isinstance(exc, TypeError), str(exc)[:300]]
-        mine = np.zeros(_RECORD_BYTES, np.uint8)
-        data = json.dumps([opname, error, list(signature)]).encode()[:_RECORD_BYTES]
-        mine[: len(data)] = np.frombuffer(data, np.uint8)
-        everything = np.empty((self.size, _RECORD_BYTES), np.uint8)
+        mine = np.frombuffer(record, np.uint8).copy()
+        everything = np.empty((self.size, mine.size), np.uint8)
         request = self._p2p.Iallgather([mine, MPI.BYTE], [everything, MPI.BYTE])
         self.wait_bounded([request], f"zcoll.{opname} (agreeing on arguments across nodes)")
-        records = [json.loads(bytes(row).rstrip(b"\0")) for row in everything]
-        for rank, (_, err, _) in enumerate(records):
-            if err is not None:
-                kind = TypeError if err[0] else ValueError
-                raise kind(f"[rank {rank}] zcoll.{opname}: {err[1]}")
-        first_op, _, first = records[0]
-        for rank, (op, _, sig) in enumerate(records):
-            if op != first_op:
-                raise ValueError(
-                    f"zcoll: ranks called different operations at once: rank 0 called "
-                    f"{first_op}, rank {rank} called {op}"
-                )
-            if sig != first:
-                raise _mismatch(opname, rank, first, sig)
+        _core.agree(everything, self.rank)
 
     def wait_bounded(self, requests: list, what: str, peers: list | None = None) -> None:
         """Wait for MPI requests at most the zcoll timeout; then raise PeerError naming the
@@ -328,28 +311,6 @@ class Context:
 
 _by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when the comm is freed
 _keyval = None
-
-
-def _mismatch(opname: str, rank: int, first: tuple, sig: tuple) -> Exception:
-    """The error the node engine would raise for these disagreeing call signatures."""
-    what = f"zcoll.{opname}: "
-    (block0, dtype0, in_place0, order0), (block, dtype, in_place, order) = first, sig
-    if in_place != in_place0:
-        return ValueError(
-            what + f"IN_PLACE must be used by all ranks or none (rank 0 and rank {rank} differ)"
-        )
-    if dtype != dtype0:
-        return TypeError(
-            what + f"dtypes differ between ranks: rank 0 has {dtype0}, rank {rank} has {dtype}"
-        )
-    if block != block0:
-        return ValueError(
-            what + f"block sizes differ between ranks: rank 0 has {block0} bytes per block, "
-            f"rank {rank} has {block}"
-        )
-    return ValueError(
-        what + f"order differs between ranks: rank 0 uses {order0!r}, rank {rank} uses {order!r}"
-    )
 
 
 def _delete_attribute(comm, keyval, ctx) -> None:  # noqa: ARG001 - MPI callback signature

@@ -272,25 +272,15 @@ def transfer(
     `axis_b`; see :class:`Transfer` for `shape`. Both must be C-contiguous arena arrays.
     """
     ctx = lookup(comm)
-    option_error = _option_error(order, copy)
+    if error := _option_error(order, copy):
+        ctx.fail("transfer", error)
     shape = [int(n) for n in shape]
-    if not ctx.multi_node:
-        if option_error:
-            ctx.fail("transfer", option_error)
-        ctx.core.transfer(src, dst, shape, axis_a, axis_b, ORDER_CODES[order], COPY_CODES[copy])
-        return
-    error = option_error
-    if error is None and not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
-        error = TypeError("zcoll.transfer: expected numpy.ndarray arrays")
-    elif error is None:
-        kind, message, signature = ctx.core.check_transfer(
-            src, dst, shape, axis_a, axis_b, ctx.rank
-        )
-        if kind is not None:
-            error = (TypeError if kind == "type" else ValueError)(message)
-    ctx.agree("transfer", error, () if error else (signature, str(dst.dtype)))
-    ctx.core.transfer(src, dst, shape, axis_a, axis_b, ORDER_CODES[order], COPY_CODES[copy])
-    _transfer_remote(ctx, src, dst, shape, axis_a, axis_b)
+    codes = (ORDER_CODES[order], COPY_CODES[copy])
+    if ctx.multi_node:
+        ctx.agree("transfer", ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, *codes))
+    ctx.core.transfer(src, dst, shape, axis_a, axis_b, *codes)
+    if ctx.multi_node:
+        _transfer_remote(ctx, src, dst, shape, axis_a, axis_b)
 
 
 def _transfer_remote(ctx, src, dst, shape, a: int, b: int) -> None:

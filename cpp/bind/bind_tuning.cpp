@@ -1,0 +1,102 @@
+// What "auto" resolves to on a NodeContext (auto_policy.hpp, copy_choice.hpp): tuning rules,
+// the copy threshold and cache size, and read-outs for the tuner, bench and tests.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.hpp"
+#include "zcoll/exchange.hpp"
+
+namespace py = pybind11;
+
+namespace zcoll::bind {
+
+namespace {
+
+// The tuned collective named `name`.
+op_code tuned_op(const std::string& name) {
+  const auto op = parse_name<op_code>(name);
+  if (!op || tuned_index(*op) == no_rules)
+    throw std::invalid_argument("op must be one of " + [] {
+      std::string names;
+      for (const op_code o : tuned_collectives)
+        names.append(names.empty() ? "" : ", ").append(name_of(o));
+      return names;
+    }() + ", got '" + name + "'");
+  return *op;
+}
+
+// One tuning rule as Python passes it: (min_block, max_block or None, order code, copy code,
+// fixed hybrid threshold or None).
+using rule_tuple =
+    std::tuple<std::size_t, std::optional<std::size_t>, int, int, std::optional<std::size_t>>;
+
+void set_tuning_rules(node_context& ctx, const std::string& op,
+                      const std::vector<rule_tuple>& rules) {
+  std::vector<order_rule> orders;
+  std::vector<copy_rule> copies;
+  for (const auto& [min_block, max_block, order, copy, threshold] : rules) {
+    block_range range{min_block, max_block.value_or(block_range{}.max_block)};
+    orders.push_back({range, order});
+    copies.push_back({range, copy, threshold.value_or(0), threshold.has_value()});
+  }
+  ctx.set_tuning_rules(tuned_op(op), std::move(orders), std::move(copies));
+}
+
+}  // namespace
+
+void register_tuning(py::module_& m) {
+  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
+      m.attr("NodeContext"));
+  cls.def("set_tuning_rules", &set_tuning_rules, py::arg("op"), py::arg("rules"),
+          "Tuning-table rules of op: (min_block, max_block or None, order code, copy code, "
+          "fixed threshold or None) each; replaces earlier ones. Local: same on every node rank.");
+  cls.def(
+      "auto_order",
+      [](const node_context& ctx, const std::string& op, std::size_t block, std::size_t received) {
+        const auto_choice c = ctx.policy().resolve(tuned_op(op), block, received);
+        return py::make_tuple(std::string(c.eager ? eager_name : name_of(c.order)), c.from_rule);
+      },
+      py::arg("op"), py::arg("block_bytes"), py::arg("received_bytes"),
+      "(order or 'eager', decided by a tuning rule) of order='auto' for such a call.");
+  cls.def(
+      "auto_copy_plan",
+      [](node_context& ctx, std::size_t block, std::size_t received, const std::string& op) {
+        auto& policy = ctx.policy();
+        const copy_plan p =
+            policy.copy().peek(block, policy.touched_bytes(received), tuned_index(tuned_op(op)));
+        return py::make_tuple(std::string(name_of(p.mode)), p.threshold);
+      },
+      py::arg("block_bytes"), py::arg("received_bytes"), py::arg("op") = "alltoall",
+      "(mode, threshold) copy='auto' uses now for op's blocks of this size, each rank "
+      "receiving received_bytes.");
+  cls.def(
+      "set_copy_threshold",
+      [](node_context& ctx, std::size_t bytes) { ctx.policy().copy().set_threshold(bytes); },
+      py::arg("nbytes"), "Initial hybrid-copy threshold of copy='auto' (forgets tuning).");
+  cls.def(
+      "set_copy_cache",
+      [](node_context& ctx, std::size_t bytes) { ctx.policy().copy().set_cache_bytes(bytes); },
+      py::arg("nbytes"), "copy='auto' keeps calls moving at most this much on the node temporal.");
+  cls.def_property_readonly(
+      "copy_cache", [](node_context& ctx) { return ctx.policy().copy().cache_bytes(); });
+  cls.def(
+      "copy_threshold",
+      [](node_context& ctx, std::size_t block) {
+        return ctx.policy().copy().threshold_for(block);
+      },
+      py::arg("block_bytes"),
+      "The hybrid threshold copy='auto' uses (or is trying) for blocks of this size.");
+  cls.def_property_readonly("eager_bytes", &node_context::eager_bytes,
+                            "Largest per-rank receive size of the eager path (0: none).");
+  m.def(
+      "default_order",
+      [](int p, std::size_t block_bytes) { return static_cast<int>(default_order(p, block_bytes)); },
+      py::arg("p"), py::arg("block_bytes"), "Order code used for order='auto'.");
+}
+
+}  // namespace zcoll::bind

@@ -1,0 +1,82 @@
+/*
+ * Argument checks: the one place where a call's arguments are judged.
+ *
+ * Every entry point checks its own rank's arguments here, locally and without throwing: a rank
+ * that finds an error must still take part in the call, publish the error, and let every rank
+ * raise it together (see protocol.hpp). So a check returns a verdict -- the kind of error (which
+ * the binding maps to TypeError or ValueError) and its message -- rather than throwing. What
+ * needs the other ranks (sizes, dtypes and orders that must agree) is checked by the protocol
+ * over the ranks' published calls.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "zcoll/registry.hpp"
+#include "zcoll/transfer.hpp"
+
+namespace zcoll {
+
+// Kind of a locally detected argument error; maps to a Python exception type.
+enum class arg_error : std::uint8_t { none = 0, value = 1, type = 2 };
+
+// The element type as NumPy describes it; only equality matters to the core.
+struct dtype_id {
+  std::uint32_t kind = 0;      // dtype.char
+  std::uint32_t itemsize = 0;  // bytes
+  friend bool operator==(const dtype_id&, const dtype_id&) = default;
+};
+
+// A NumPy array as the binding sees it (no Python types in the core).
+struct array_view {
+  const void* data = nullptr;
+  std::size_t nbytes = 0;
+  std::size_t size = 0;  // elements
+  int ndim = 0;
+  std::size_t first_dim = 0;            // shape[0]; 0 when ndim == 0
+  const std::int64_t* shape = nullptr;  // ndim extents, valid during the call
+  dtype_id dtype;
+  bool c_contiguous = true;
+  bool writeable = true;
+  bool has_objects = false;
+};
+
+// Outcome of the local (this rank only) argument checks of one call.
+struct local_check {
+  arg_error error = arg_error::none;
+  std::string message;          // why, when error != none
+  std::size_t block_bytes = 0;  // bytes per block, when the arguments are fine
+  bool ok() const noexcept { return error == arg_error::none; }
+};
+
+local_check type_error(std::string message);
+local_check value_error(std::string message);
+
+// Checks one rank's buffers for `op` (alltoall or allgather) on a communicator of `comm_size`
+// ranks; `send` is nullptr for an in-place call.
+local_check check_local_args(op_code op, int comm_size, const array_view* send,
+                             const array_view& recv);
+
+// Checks one rank's arrays for a transfer of geometry `g` as rank `comm_rank`: `send` aligned in
+// axis a, `recv` aligned in axis b, both C-contiguous with the local shapes `g` implies.
+local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const array_view& send,
+                                const array_view& recv);
+
+// Checks the order and copy codes of a call (a block_order value or auto_order; with
+// `eager_allowed`, eager_order too; a copy_mode value or auto_copy). Keeps an earlier error.
+local_check check_codes(local_check check, int order, int copy, bool eager_allowed);
+
+// The message for an `order=` or `copy=` value (its Python repr) that names no order or mode:
+// "order must be 'auto' or one of ['row', ...], got 'zigzag'". `what` is "order" or "copy".
+std::string bad_option_message(std::string_view what, std::string_view repr);
+
+// How messages show a dtype: 'd' (8 bytes).
+std::string dtype_text(const dtype_id& d);
+
+// How messages name an order code: the eager path is what "auto" chose.
+std::string order_text(int order);
+
+}  // namespace zcoll

@@ -1,0 +1,71 @@
+/*
+ * Node segments: the shared memory one node context has met, and how a call reaches it.
+ *
+ * A context creates data segments collectively (leader creates, announces the name in the
+ * control header, every rank maps it and reserves its partition, barrier, leader unlinks), for
+ * three uses: the arena that zcoll.empty allocates from (grown by doubling partitions up to
+ * 64 MiB), a staging area for buffers that are not in the arena (one extra copy on each side
+ * and one extra barrier: the documented cost of passing plain NumPy arrays), and the eager
+ * slots of small calls. It also remembers segments created by other contexts of this process
+ * (a dup or split of the allocating communicator), so their arrays are used in place: a buffer
+ * is published as (segment id, offset), valid only when every rank of this context has mapped
+ * that segment.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "zcoll/arena.hpp"
+#include "zcoll/protocol.hpp"
+
+namespace zcoll {
+
+class node_segments {
+ public:
+  // `protocol` must outlive this object; it carries the segment announcements.
+  node_segments(call_protocol& protocol, int rank, int size, std::vector<std::int32_t> pids);
+
+  // Collective: a new segment of one `partition_bytes` partition per node rank.
+  std::shared_ptr<data_segment> create(std::size_t partition_bytes);
+  // Collective: every node rank allocates `bytes` (may differ per rank) in the arena.
+  std::shared_ptr<arena_block> allocate(std::size_t bytes);
+  // Collective: makes the staging area hold at least `bytes` per rank.
+  void reserve_staging(std::size_t bytes);
+  // Node rank `rank`'s staging partition (after reserve_staging).
+  std::byte* staging(int rank) const noexcept { return staging_->partition(rank); }
+
+  // Where [p, p + bytes) is, in terms every rank of this context can resolve ({0, 0} when it
+  // is not in a segment that all of them have mapped).
+  buffer_ref locate(const void* p, std::size_t bytes);
+  // The address of a buffer a peer published; marks the protocol broken if it is unknown.
+  std::byte* resolve(const buffer_ref& ref);
+  // A view of `bytes` at `ref` (published by a peer); keeps the mapping alive.
+  std::shared_ptr<arena_block> view(const buffer_ref& ref, std::size_t bytes);
+
+  std::size_t bytes_in_use() const { return allocator_->bytes_in_use(); }
+  std::size_t count() const noexcept { return known_.size(); }
+  // Forgets every segment; arrays built on them stay valid.
+  void close() noexcept;
+
+ private:
+  struct known_segment {
+    std::shared_ptr<data_segment> seg;
+    bool shared_by_all;  // every rank of this context has it mapped (so peers can resolve it)
+  };
+  const known_segment& remember(std::shared_ptr<data_segment> seg);
+
+  call_protocol& protocol_;
+  int rank_;
+  int size_;
+  std::vector<std::int32_t> sorted_pids_;
+  std::shared_ptr<detail::partition_allocator> allocator_;
+  std::vector<known_segment> known_;                  // every segment this context has met
+  std::vector<std::shared_ptr<data_segment>> owned_;  // segments this context created
+  std::shared_ptr<data_segment> staging_;
+  std::size_t next_partition_bytes_;
+};
+
+}  // namespace zcoll
