@@ -66,8 +66,9 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
                                 const array_view& recv);
 
 // Checks the order and copy codes of a call (a block_order value or auto_order; with
-// `eager_allowed`, eager_order too; a copy_mode value or auto_copy). Keeps an earlier error.
-local_check check_codes(local_check check, int order, int copy, bool eager_allowed);
+// `eager_allowed`, eager_order too; a copy_mode value or auto_copy); sets `check` to the error
+// unless it holds one already. Returns check.ok().
+bool check_codes(local_check& check, int order, int copy, bool eager_allowed);
 
 // The message for an `order=` or `copy=` value (its Python repr) that names no order or mode:
 // "order must be 'auto' or one of ['row', ...], got 'zigzag'". `what` is "order" or "copy".

@@ -55,9 +55,8 @@ void node_context::setup_eager(std::size_t bytes) {
 
 local_check node_context::prepare(op_code op, const array_view* send, const array_view& recv,
                                   int order, int copy, collective_args* args) const {
-  local_check check = check_codes(check_local_args(op, config_.comm_size, send, recv), order,
-                                  copy, true);
-  if (!check.ok()) return check;
+  local_check check = check_local_args(op, config_.comm_size, send, recv);
+  if (!check_codes(check, order, copy, true)) return check;
   if (order == auto_order) {
     const auto_choice c = policy_.resolve(op, check.block_bytes, recv.nbytes);
     args->order = c.order;
@@ -94,9 +93,9 @@ void node_context::run(op_code op, const array_view* send, const array_view& rec
 
 call_record node_context::describe(op_code op, const array_view* send, const array_view& recv,
                                    int order, int copy) const {
-  const local_check check = check_codes(check_local_args(op, config_.comm_size, send, recv),
-                                        order, copy, false);
-  if (!check.ok()) return error_record(check.error, call_name(op) + check.message);
+  local_check check = check_local_args(op, config_.comm_size, send, recv);
+  if (!check_codes(check, order, copy, false))
+    return error_record(check.error, call_name(op) + check.message);
   call_record r;
   r.call.op = op;
   r.call.order = static_cast<std::int8_t>(order);

@@ -17,8 +17,9 @@ constexpr const char* transfer_prefix = "zcoll.transfer: ";
 call_record node_context::describe_transfer(const transfer_geometry& g, const array_view& send,
                                             const array_view& recv, int order, int copy) const {
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
-  const local_check check = check_codes(check_transfer_args(g, me, send, recv), order, copy, false);
-  if (!check.ok()) return error_record(check.error, transfer_prefix + check.message);
+  local_check check = check_transfer_args(g, me, send, recv);
+  if (!check_codes(check, order, copy, false))
+    return error_record(check.error, transfer_prefix + check.message);
   call_record r;
   r.call.op = op_code::transfer;
   r.call.order = static_cast<std::int8_t>(order);
@@ -30,8 +31,8 @@ call_record node_context::describe_transfer(const transfer_geometry& g, const ar
 void node_context::run_transfer(const transfer_geometry& g, const array_view& send,
                                 const array_view& recv, int order, int copy) {
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
-  const local_check check = check_codes(check_transfer_args(g, me, send, recv), order, copy, false);
-  if (!check.ok()) fail(check.error, transfer_prefix + check.message);
+  local_check check = check_transfer_args(g, me, send, recv);
+  if (!check_codes(check, order, copy, false)) fail(check.error, transfer_prefix + check.message);
   const block_order o = order == auto_order ? default_order(config_.size, check.block_bytes)
                                             : static_cast<block_order>(order);
   execute_transfer(g, send, recv, o, copy);
