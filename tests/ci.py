@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Staged test driver: lint, C++ unit tests, MPI test suite.
+
+    python3 tests/ci.py                        # lint, cpp, mpi
+    python3 tests/ci.py --stages cpp           # only the C++ unit tests
+    python3 tests/ci.py --no-lint -- -n 2 4    # arguments after -- go to tests/run_mpi.py
+
+Stages run in order and every selected stage runs even when an earlier one failed:
+
+  lint  pre-commit run --all-files --show-diff-on-failure (skipped, with a note, when the
+        repository has no .pre-commit-config.yaml)
+  cpp   configures build/cpp-tests with -DZCOLL_BUILD_TESTS=ON (needs doctest: apt install
+        doctest-dev), builds the unit tests with 2 jobs and runs ctest --output-on-failure
+  mpi   python tests/run_mpi.py [arguments after --]
+
+Each stage prints its name and wall time. The exit status is non-zero when any stage failed.
+The last line is "N passed, N failed, N skipped": ctest's test counts plus run_mpi's; a stage
+that failed without a failed test to show for it (lint, a build error, a crash) counts as one
+failure, so that line alone tells whether the run was good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("lint", "cpp", "mpi")
+SUMMARY_RE = re.compile(r"^\s*(\d+) passed, (\d+) failed, (\d+) skipped\s*$")
+CTEST_SUMMARY_RE = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
+
+
+@dataclass
+class StageResult:
+    name: str
+    status: str = "passed"  # passed, failed, skipped
+    seconds: float = 0.0
+    note: str = ""
+    counts: dict[str, int] = field(default_factory=lambda: {"passed": 0, "failed": 0, "skipped": 0})
+
+
+def banner(text: str) -> None:
+    print(f"\n===== {text}", flush=True)
+
+
+def run(cmd: list[str], **kwargs) -> int:
+    """Runs `cmd` from the repository root with output passed through; returns its status."""
+    print("$ " + " ".join(str(c) for c in cmd), flush=True)
+    try:
+        return subprocess.run(cmd, cwd=kwargs.pop("cwd", ROOT), **kwargs).returncode
+    except FileNotFoundError as exc:
+        print(f"ci.py: {exc}", flush=True)
+        return 127
+
+
+def stage_lint(result: StageResult, _args: argparse.Namespace) -> None:
+    if not (ROOT / ".pre-commit-config.yaml").exists():
+        result.status, result.note = "skipped", "no .pre-commit-config.yaml"
+        print("lint: no .pre-commit-config.yaml in the repository, nothing to run", flush=True)
+        return
+    exe = shutil.which("pre-commit")
+    cmd = [exe] if exe else [sys.executable, "-m", "pre_commit"]
+    if run([*cmd, "run", "--all-files", "--show-diff-on-failure"]) != 0:
+        result.status, result.note = "failed", "pre-commit reported problems"
+
+
+def pybind11_cmake_dir() -> str | None:
+    """pybind11's CMake package directory, for the top-level CMakeLists.txt's find_package."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-m", "pybind11", "--cmakedir"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def ctest_counts(junit: Path, log: str) -> dict[str, int] | None:
+    """Test counts from ctest's JUnit file, else from its "N% tests passed" line."""
+    if junit.exists():
+        try:
+            cases = list(ET.parse(junit).getroot().iter("testcase"))
+        except ET.ParseError:
+            cases = []
+        if cases:
+            counts = {"passed": 0, "failed": 0, "skipped": 0}
+            for case in cases:
+                status = case.get("status", "run")
+                if case.find("failure") is not None or case.find("error") is not None:
+                    counts["failed"] += 1
+                elif case.find("skipped") is not None or status in ("disabled", "notrun"):
+                    counts["skipped"] += 1
+                else:
+                    counts["passed"] += 1
+            return counts
+    match = CTEST_SUMMARY_RE.search(log)
+    if match:
+        failed, total = int(match.group(2)), int(match.group(3))
+        return {"passed": total - failed, "failed": failed, "skipped": 0}
+    return None
+
+
+def tee(cmd: list[str], cwd: Path) -> tuple[int, str]:
+    """Runs `cmd`, echoing its output as it comes; returns its status and the whole output."""
+    print("$ " + " ".join(str(c) for c in cmd), flush=True)
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+        )
+    except FileNotFoundError as exc:
+        print(f"ci.py: {exc}", flush=True)
+        return 127, ""
+    lines = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        lines.append(line)
+    return proc.wait(), "".join(lines)
+
+
+def stage_cpp(result: StageResult, args: argparse.Namespace) -> None:
+    build = (ROOT / args.build_dir).resolve()
+    configure = [
+        "cmake",
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build),
+        "-DZCOLL_BUILD_TESTS=ON",
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DPython_EXECUTABLE={sys.executable}",
+    ]
+    pybind11_dir = pybind11_cmake_dir()
+    if pybind11_dir:
+        configure.append(f"-Dpybind11_DIR={pybind11_dir}")
+    if run(configure) != 0:
+        result.status = "failed"
+        result.note = "CMake configure failed (doctest missing? apt-get install doctest-dev)"
+        return
+    build_cmd = ["cmake", "--build", str(build), "--target", "zcoll_cpp_tests"]
+    if run([*build_cmd, "--parallel", str(args.jobs)]) != 0:
+        result.status, result.note = "failed", "build failed"
+        return
+    junit = build / "ctest-junit.xml"
+    junit.unlink(missing_ok=True)
+    code, log = tee(
+        [
+            "ctest",
+            "--test-dir",
+            str(build),
+            "--output-on-failure",
+            "--parallel",
+            str(args.jobs),
+            "--output-junit",
+            str(junit),
+        ],
+        cwd=ROOT,
+    )
+    counts = ctest_counts(junit, log)
+    if counts is not None:
+        result.counts = counts
+    if code != 0 or counts is None or counts["failed"] or not counts["passed"]:
+        result.status = "failed"
+        result.note = f"ctest exit {code}" + ("" if counts else ", no test counts found")
+
+
+def stage_mpi(result: StageResult, args: argparse.Namespace) -> None:
+    code, log = tee([sys.executable, str(ROOT / "tests" / "run_mpi.py"), *args.mpi_args], cwd=ROOT)
+    for line in reversed(log.splitlines()):
+        match = SUMMARY_RE.match(line)
+        if match:
+            passed, failed, skipped = (int(g) for g in match.groups())
+            result.counts = {"passed": passed, "failed": failed, "skipped": skipped}
+            break
+    else:
+        result.note = "no summary line from run_mpi.py"
+    if code != 0 or result.note:
+        result.status = "failed"
+        result.note = result.note or f"run_mpi.py exit {code}"
+
+
+RUNNERS = {"lint": stage_lint, "cpp": stage_cpp, "mpi": stage_mpi}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ours, extra = argv, []
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, extra = argv[:cut], argv[cut + 1 :]
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Arguments after -- are passed to tests/run_mpi.py.",
+    )
+    parser.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help="comma-separated stages to run, in this order: lint,cpp,mpi (default: all)",
+    )
+    parser.add_argument("--no-lint", action="store_true", help="skip the lint stage")
+    parser.add_argument(
+        "--build-dir",
+        default="build/cpp-tests",
+        help="C++ test build directory (default: %(default)s)",
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="build and ctest jobs (default: 2)")
+    args = parser.parse_args(ours)
+    wanted = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown or not wanted:
+        parser.error(f"unknown stage(s) {', '.join(unknown) or '(none given)'}; pick from {STAGES}")
+    args.selected = [s for s in STAGES if s in wanted]
+    args.mpi_args = extra
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    results = []
+    for name in args.selected:
+        result = StageResult(name)
+        banner(f"stage {name}")
+        t0 = time.monotonic()
+        if name == "lint" and args.no_lint:
+            result.status, result.note = "skipped", "--no-lint"
+            print("lint: skipped (--no-lint)", flush=True)
+        else:
+            try:
+                RUNNERS[name](result, args)
+            except Exception as exc:  # a driver bug must not hide the other stages
+                result.status, result.note = "failed", f"{type(exc).__name__}: {exc}"
+        result.seconds = time.monotonic() - t0
+        c = result.counts
+        print(
+            f"===== stage {name}: {result.status} in {result.seconds:.1f} s"
+            + (f" ({result.note})" if result.note else "")
+            + f"; {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped",
+            flush=True,
+        )
+        results.append(result)
+
+    banner("summary")
+    totals = {"passed": 0, "failed": 0, "skipped": 0}
+    for r in results:
+        c = r.counts
+        print(
+            f"{r.name:5} {r.status:8} {r.seconds:8.1f} s  "
+            f"{c['passed']:5} passed {c['failed']:4} failed {c['skipped']:4} skipped"
+            + (f"  {r.note}" if r.note else "")
+        )
+        for k in totals:
+            totals[k] += c[k]
+        if r.status == "failed" and not c["failed"]:
+            totals["failed"] += 1  # a failed stage always shows in the closing line
+    failed = any(r.status == "failed" for r in results)
+    print(f"total {sum(r.seconds for r in results):.1f} s; {'FAILED' if failed else 'OK'}")
+    print(f"{totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
