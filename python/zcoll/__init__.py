@@ -8,6 +8,8 @@ Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot p
 
 from __future__ import annotations
 
+from importlib.metadata import version as _distribution_version
+
 from . import _copy  # noqa: F401  (applies ZCOLL_COPY_ISA)
 from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
@@ -18,7 +20,7 @@ from ._schedule import Schedule, schedule
 from ._topology import RankPlacement, Topology, topology
 from ._tuning import get_tuning, load_tuning, set_tuning, tuning_path
 
-__version__ = "0.1.0"
+__version__ = _distribution_version("zcoll")  # pyproject.toml's version, the one place
 
 __all__ = [
     "COPY_MODES",
