@@ -13,8 +13,12 @@ py::object& in_place_sentinel() {
 
 }  // namespace
 
-bool is_in_place(const py::object& obj) { return obj.is(in_place_sentinel()); }
-void set_in_place(py::object sentinel) { in_place_sentinel() = std::move(sentinel); }
+bool is_in_place(const py::object& obj) {
+  return obj.is(in_place_sentinel());
+}
+void set_in_place(py::object sentinel) {
+  in_place_sentinel() = std::move(sentinel);
+}
 
 std::string type_name(const py::handle& obj) {
   return py::str(py::type::of(obj).attr("__name__")).cast<std::string>();

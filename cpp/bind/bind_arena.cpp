@@ -17,8 +17,9 @@ void register_arena(py::module_& m) {
                                /*readonly=*/false);
       })
       .def_property_readonly("nbytes", &arena_block::size)
-      .def_property_readonly("address",
-                             [](const arena_block& b) { return reinterpret_cast<std::uintptr_t>(b.data()); });
+      .def_property_readonly("address", [](const arena_block& b) {
+        return reinterpret_cast<std::uintptr_t>(b.data());
+      });
 
   py::class_<shm_segment, std::shared_ptr<shm_segment>>(m, "SharedSegment",
                                                         "A mapped POSIX shared-memory object.")
@@ -37,7 +38,8 @@ void register_arena(py::module_& m) {
       [](std::uintptr_t address, std::size_t nbytes) {
         return in_arena(reinterpret_cast<const void*>(address), nbytes);
       },
-      py::arg("address"), py::arg("nbytes"), "True when [address, address+nbytes) is in the arena.");
+      py::arg("address"), py::arg("nbytes"),
+      "True when [address, address+nbytes) is in the arena.");
   m.attr("SEGMENT_PREFIX") = segment_prefix;
   // Rank r's arena arrays start r * this (mod 4096) bytes into its pages (see arena.hpp).
   m.attr("ARENA_COLOUR_STRIDE") = detail::partition_allocator::colour_stride;

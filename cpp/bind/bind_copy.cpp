@@ -44,8 +44,7 @@ void copy_arrays(py::array dst, const py::array& src, const std::string& mode,
     throw py::value_error("zcoll copy: threshold must be >= 0, got " + std::to_string(threshold));
   if (repeat < 1)
     throw py::value_error("zcoll copy: repeat must be >= 1, got " + std::to_string(repeat));
-  const copy_plan how{parse_or_raise<copy_mode>(mode, "mode"),
-                      static_cast<std::size_t>(threshold)};
+  const copy_plan how{parse_or_raise<copy_mode>(mode, "mode"), static_cast<std::size_t>(threshold)};
   if (!(dst.flags() & py::array::c_style) || !(src.flags() & py::array::c_style))
     throw py::value_error("zcoll copy: dst and src must be C-contiguous");
   if (!dst.writeable()) throw py::value_error("zcoll copy: dst is read-only");
@@ -94,8 +93,7 @@ void register_copy(py::module_& m) {
   m.def(
       "select_copy_isa",
       [](const std::string& name) {
-        const copy_isa isa =
-            parse_or_raise<copy_isa>(name, "copy kernel");
+        const copy_isa isa = parse_or_raise<copy_isa>(name, "copy kernel");
         if (!select_isa(isa))
           throw py::value_error("zcoll copy: this CPU cannot run the '" + name +
                                 "' copy kernel (available: " + available_text() + ")");

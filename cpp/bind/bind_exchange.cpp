@@ -61,7 +61,9 @@ std::string convert(const py::object& send, const py::object& recv, call_arrays*
   return {};
 }
 
-std::string call_prefix(op_code op) { return "zcoll." + std::string(name_of(op)) + ": "; }
+std::string call_prefix(op_code op) {
+  return "zcoll." + std::string(name_of(op)) + ": ";
+}
 
 [[noreturn]] void fail_everywhere(node_context& ctx, op_code op, const std::string& why) {
   py::gil_scoped_release release;
@@ -69,8 +71,8 @@ std::string call_prefix(op_code op) { return "zcoll." + std::string(name_of(op))
 }
 
 // Runs alltoall or allgather; the engine checks everything the conversion did not.
-void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-         int order, int copy) {
+void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int order,
+         int copy) {
   call_arrays a;
   if (std::string why = convert(send, recv, &a); !why.empty()) fail_everywhere(ctx, op, why);
   gil_released_on_block gil(ctx, a.recv_view.nbytes);
@@ -159,9 +161,8 @@ void register_exchange(py::module_& m) {
       .def(
           "record",
           [](const node_context& ctx, const std::string& op, const py::object& send,
-             const py::object& recv, int order, int copy) {
-            return as_bytes(describe(ctx, op, send, recv, order, copy));
-          },
+             const py::object& recv, int order,
+             int copy) { return as_bytes(describe(ctx, op, send, recv, order, copy)); },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
           py::arg("copy") = auto_copy,
           "Local: this rank's call record of a collective, for agree() across nodes.")

@@ -28,7 +28,8 @@ void register_schedule(py::module_& m) {
       "schedule",
       [](int p, int order, const std::string& kind) {
         const schedule s = schedule_named(p, order, kind);
-        py::array_t<std::int32_t> blocks({static_cast<py::ssize_t>(s.blocks.size()), py::ssize_t{2}});
+        py::array_t<std::int32_t> blocks(
+            {static_cast<py::ssize_t>(s.blocks.size()), py::ssize_t{2}});
         auto b = blocks.mutable_unchecked<2>();
         for (std::size_t k = 0; k < s.blocks.size(); ++k) {
           b(static_cast<py::ssize_t>(k), 0) = s.blocks[k].dst;
@@ -41,13 +42,15 @@ void register_schedule(py::module_& m) {
         return py::make_tuple(blocks, starts);
       },
       py::arg("p"), py::arg("order"), py::arg("kind") = "full",
-      "(blocks, starts): the (dst, src) blocks in order; rank r copies blocks[starts[r]:starts[r+1]].");
+      "(blocks, starts): the (dst, src) blocks in order; rank r copies "
+      "blocks[starts[r]:starts[r+1]].");
   m.def(
       "morton_decode",
       [](std::uint64_t code) {
         return py::make_tuple(detail::morton_decode_dst(code), detail::morton_decode_src(code));
       },
-      py::arg("code"), "(dst, src) of a Morton code: dst from the odd bits, src from the even bits.");
+      py::arg("code"),
+      "(dst, src) of a Morton code: dst from the odd bits, src from the even bits.");
   m.def("have_bmi2", &detail::have_bmi2, "Whether the CPU has BMI2 (pext) for Morton decoding.");
 }
 

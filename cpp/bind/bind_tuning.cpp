@@ -82,20 +82,20 @@ void register_tuning(py::module_& m) {
       "set_copy_cache",
       [](node_context& ctx, std::size_t bytes) { ctx.policy().copy().set_cache_bytes(bytes); },
       py::arg("nbytes"), "copy='auto' keeps calls moving at most this much on the node temporal.");
-  cls.def_property_readonly(
-      "copy_cache", [](node_context& ctx) { return ctx.policy().copy().cache_bytes(); });
+  cls.def_property_readonly("copy_cache",
+                            [](node_context& ctx) { return ctx.policy().copy().cache_bytes(); });
   cls.def(
       "copy_threshold",
-      [](node_context& ctx, std::size_t block) {
-        return ctx.policy().copy().threshold_for(block);
-      },
+      [](node_context& ctx, std::size_t block) { return ctx.policy().copy().threshold_for(block); },
       py::arg("block_bytes"),
       "The hybrid threshold copy='auto' uses (or is trying) for blocks of this size.");
   cls.def_property_readonly("eager_bytes", &node_context::eager_bytes,
                             "Largest per-rank receive size of the eager path (0: none).");
   m.def(
       "default_order",
-      [](int p, std::size_t block_bytes) { return static_cast<int>(default_order(p, block_bytes)); },
+      [](int p, std::size_t block_bytes) {
+        return static_cast<int>(default_order(p, block_bytes));
+      },
       py::arg("p"), py::arg("block_bytes"), "Order code used for order='auto'.");
 }
 

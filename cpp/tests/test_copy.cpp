@@ -60,14 +60,14 @@ void for_each_isa(Body body) {
     if (!zcoll::isa_available(isa)) continue;
     REQUIRE(zcoll::select_isa(isa));
     REQUIRE(zcoll::active_isa() == isa);
-    INFO("isa " << zcoll::copy_isa_name(isa));
+    INFO("isa " << zcoll::name_of(isa));
     body(isa);
   }
   REQUIRE(zcoll::select_isa(zcoll::best_isa()));
 }
 
 std::string plan_name(const copy_plan& plan) {
-  std::string s(zcoll::copy_mode_name(plan.mode));
+  std::string s(zcoll::name_of(plan.mode));
   if (plan.mode == copy_mode::hybrid) s += " T=" + std::to_string(plan.threshold);
   return s;
 }
@@ -97,20 +97,20 @@ std::vector<copy_plan> plans_for(std::size_t n) {
 }  // namespace
 
 TEST_CASE("mode and isa names") {
-  CHECK(zcoll::copy_mode_name(copy_mode::temporal) == "temporal");
-  CHECK(zcoll::copy_mode_name(copy_mode::streaming) == "streaming");
-  CHECK(zcoll::copy_mode_name(copy_mode::hybrid) == "hybrid");
-  CHECK(zcoll::copy_isa_name(copy_isa::portable) == "portable");
-  CHECK(zcoll::copy_isa_name(copy_isa::sse2) == "sse2");
-  CHECK(zcoll::copy_isa_name(copy_isa::avx2) == "avx2");
-  CHECK(zcoll::copy_isa_name(copy_isa::avx512) == "avx512");
+  CHECK(zcoll::name_of(copy_mode::temporal) == "temporal");
+  CHECK(zcoll::name_of(copy_mode::streaming) == "streaming");
+  CHECK(zcoll::name_of(copy_mode::hybrid) == "hybrid");
+  CHECK(zcoll::name_of(copy_isa::portable) == "portable");
+  CHECK(zcoll::name_of(copy_isa::sse2) == "sse2");
+  CHECK(zcoll::name_of(copy_isa::avx2) == "avx2");
+  CHECK(zcoll::name_of(copy_isa::avx512) == "avx512");
 }
 
 TEST_CASE("isa availability matches the CPU and selection sticks") {
   CHECK(zcoll::active_isa() == zcoll::best_isa());  // the default before any select_isa
   CHECK(zcoll::isa_available(copy_isa::portable));
-  CHECK_FALSE(zcoll::isa_available(static_cast<copy_isa>(zcoll::copy_isa_count)));
-  CHECK_FALSE(zcoll::select_isa(static_cast<copy_isa>(zcoll::copy_isa_count)));
+  CHECK_FALSE(zcoll::isa_available(static_cast<copy_isa>(zcoll::count_of<zcoll::copy_isa>)));
+  CHECK_FALSE(zcoll::select_isa(static_cast<copy_isa>(zcoll::count_of<zcoll::copy_isa>)));
 #if defined(__x86_64__)
   CHECK(zcoll::isa_available(copy_isa::sse2));
   CHECK(zcoll::isa_available(copy_isa::avx2) == cpu_flag("avx2"));
@@ -135,7 +135,7 @@ namespace {
 // All 64 x 64 source/destination alignments, lengths 0..300, every plan, with one kernel.
 void alignment_sweep(copy_isa isa) {
   if (!zcoll::isa_available(isa)) {
-    MESSAGE("this CPU does not run " << zcoll::copy_isa_name(isa) << ": nothing to test");
+    MESSAGE("this CPU does not run " << zcoll::name_of(isa) << ": nothing to test");
     return;
   }
   constexpr std::size_t max_n = 300, pad = 64;

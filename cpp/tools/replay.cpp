@@ -247,9 +247,11 @@ replay_options parse_arguments(int argc, char** argv) {
 
 // The measured region: rank r's part of the collective. A C name, so that valgrind's
 // --toggle-collect can name it exactly.
-extern "C" [[gnu::noinline]] void zcoll_replay_segment(
-    std::span<const zcoll::block_coord> segment, zcoll::op_code op, bool in_place,
-    std::size_t block, std::byte* const* send, std::byte* const* recv, const int* comm_ranks) {
+extern "C" [[gnu::noinline]] void zcoll_replay_segment(std::span<const zcoll::block_coord> segment,
+                                                       zcoll::op_code op, bool in_place,
+                                                       std::size_t block, std::byte* const* send,
+                                                       std::byte* const* recv,
+                                                       const int* comm_ranks) {
   zcoll::copy_segment(segment, op, in_place, block, send, recv, comm_ranks,
                       zcoll::copy_plan{zcoll::copy_mode::temporal, 0});
 }
@@ -278,9 +280,11 @@ int main(int argc, char** argv) {
         bad += check_receive(o, b, d, bad);
     std::printf("%.*s %.*s p=%d block=%zu in_place=%d blocks=%zu%s\n",
                 static_cast<int>(name_of(o.op).size()), name_of(o.op).data(),
-                static_cast<int>(name_of(o.order).size()), name_of(o.order).data(), o.p, o.block, o.in_place ? 1 : 0,
-                sched.blocks.size(),
-                !o.verify ? "" : bad ? " verify=FAILED" : " verify=ok");
+                static_cast<int>(name_of(o.order).size()), name_of(o.order).data(), o.p, o.block,
+                o.in_place ? 1 : 0, sched.blocks.size(),
+                !o.verify ? ""
+                : bad     ? " verify=FAILED"
+                          : " verify=ok");
     return bad ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "zcoll_replay: %s\n", e.what());

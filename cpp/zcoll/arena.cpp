@@ -69,7 +69,7 @@ std::shared_ptr<shm_segment> shm_segment::create(std::size_t bytes) {
 std::shared_ptr<shm_segment> shm_segment::attach(const std::string& name, std::size_t bytes) {
   const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) throw_errno(errno, "shm_open(" + name + ") for attach failed");
-  struct stat st {};
+  struct stat st{};
   if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < bytes) {
     ::close(fd);
     throw_errno(EINVAL, "shared segment " + name + " is smaller than announced");
@@ -193,7 +193,8 @@ void partition_allocator::release(std::uint64_t segment, std::size_t offset,
     auto [it, inserted] = part.free.emplace(offset, length);
     if (!inserted) return;  // double free: ignore rather than corrupt
     in_use_ -= length;
-    if (auto next = std::next(it); next != part.free.end() && it->first + it->second == next->first) {
+    if (auto next = std::next(it);
+        next != part.free.end() && it->first + it->second == next->first) {
       it->second += next->second;
       part.free.erase(next);
     }

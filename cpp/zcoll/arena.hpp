@@ -60,7 +60,9 @@ class shm_segment {
 // Prefix of every segment name zcoll creates (so leak checks can grep /dev/shm for it).
 inline constexpr const char* segment_prefix = "zcoll";
 std::size_t page_size() noexcept;
-constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept { return (n + to - 1) / to * to; }
+constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {
+  return (n + to - 1) / to * to;
+}
 
 // A segment holding one partition per node rank, plus who mapped it.
 struct data_segment {

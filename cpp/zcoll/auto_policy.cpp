@@ -12,7 +12,8 @@ block_order default_order(int p, std::size_t block_bytes) noexcept {
 void auto_policy::set_rules(op_code op, std::vector<order_rule> orders,
                             std::vector<copy_rule> copies) {
   const int table = tuned_index(op);
-  if (table == no_rules) throw std::invalid_argument("zcoll: " + std::string(name_of(op)) + " has no tuning rules");
+  if (table == no_rules)
+    throw std::invalid_argument("zcoll: " + std::string(name_of(op)) + " has no tuning rules");
   for (const order_rule& r : orders)
     if (r.order != auto_order && r.order != eager_order && !is_code<block_order>(r.order))
       throw std::invalid_argument("zcoll: unknown order code in a tuning rule");

@@ -75,8 +75,8 @@ class auto_policy {
   void timed_copies(op_code op, std::size_t block, int copy, std::size_t received,
                     std::size_t bytes, Copies&& copies) {
     bool tuning = false;
-    const copy_plan how = copy_.choose(copy, block, touched_bytes(received), &tuning,
-                                       tuned_index(op));
+    const copy_plan how =
+        copy_.choose(copy, block, touched_bytes(received), &tuning, tuned_index(op));
     if (!tuning) {
       copies(how);
       return;

@@ -76,8 +76,8 @@ void wake_all(std::atomic<std::uint32_t>& word, std::atomic<std::uint32_t>& slee
 
 node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint64_t>* entered,
                            std::size_t stride_words, detail::barrier_rank_words* words, int rank,
-                           int size, std::vector<int> comm_ranks,
-                           std::vector<std::int32_t> pids, barrier_kind kind, wait_options options)
+                           int size, std::vector<int> comm_ranks, std::vector<std::int32_t> pids,
+                           barrier_kind kind, wait_options options)
     : shared_(shared),
       entered_(entered),
       stride_(stride_words),
@@ -107,9 +107,15 @@ void node_barrier::wait() {
   entered(rank_, target).store(target, std::memory_order_seq_cst);
   if (size_ > 1) {
     switch (kind_) {
-      case barrier_kind::flat: wait_flat(target); break;
-      case barrier_kind::central: wait_central(target); break;
-      case barrier_kind::dissemination: wait_dissemination(target); break;
+      case barrier_kind::flat:
+        wait_flat(target);
+        break;
+      case barrier_kind::central:
+        wait_central(target);
+        break;
+      case barrier_kind::dissemination:
+        wait_dissemination(target);
+        break;
     }
   }
   count_ = target;
@@ -167,9 +173,8 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
     if (ready()) return;
     ::sched_yield();
   }
-  const auto deadline =
-      clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
-                              std::chrono::duration<double>(options_.timeout_s));
+  const auto deadline = clock_type::now() + std::chrono::duration_cast<clock_type::duration>(
+                                                std::chrono::duration<double>(options_.timeout_s));
   for (;;) {
     sleepers.fetch_add(1, std::memory_order_seq_cst);
     const std::uint32_t seen = word.load(std::memory_order_seq_cst);
@@ -190,16 +195,15 @@ std::uint64_t node_barrier::arrivals(int r) const noexcept {
 
 bool node_barrier::any_laggard_dead(std::uint64_t target) const {
   for (int r = 0; r < size_; ++r)
-    if (arrivals(r) < target &&
-        detail::process_is_dead(pids_[static_cast<std::size_t>(r)]))
+    if (arrivals(r) < target && detail::process_is_dead(pids_[static_cast<std::size_t>(r)]))
       return true;
   return false;
 }
 
 void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) {
   std::int32_t none = 0;
-  shared_->gave_up.compare_exchange_strong(
-      none, comm_ranks_[static_cast<std::size_t>(rank_)] + 1, std::memory_order_acq_rel);
+  shared_->gave_up.compare_exchange_strong(none, comm_ranks_[static_cast<std::size_t>(rank_)] + 1,
+                                           std::memory_order_acq_rel);
   shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);  // wake sleepers: they must fail
   wake_all(shared_->doorbell, shared_->sleepers);
   wake_all(shared_->generation, shared_->sleepers);

@@ -34,7 +34,7 @@ inline constexpr int max_dissemination_rounds = 16;  // P <= 65536
 
 // Shared by all ranks: the central barrier's counter and the futex words.
 struct alignas(cache_line) barrier_shared {
-  std::atomic<std::uint64_t> arrived;     // central: arrivals since the context was created
+  std::atomic<std::uint64_t> arrived;  // central: arrivals since the context was created
   char pad0[cache_line - sizeof(std::uint64_t)];
   std::atomic<std::uint32_t> generation;  // central: barriers completed (mod 2^32); futex word
   std::atomic<std::uint32_t> sleepers;    // ranks asleep on `generation` or `doorbell`
@@ -42,7 +42,7 @@ struct alignas(cache_line) barrier_shared {
   char pad1[cache_line - 3 * sizeof(std::uint32_t)];
   // Set by the first rank that gives up waiting (dead or missing peer): a rank that arrives
   // later must fail too rather than pass a barrier its peers have left. Written once.
-  std::atomic<std::int32_t> gave_up;      // 0, or 1 + communicator rank of that rank
+  std::atomic<std::int32_t> gave_up;  // 0, or 1 + communicator rank of that rank
   char pad2[cache_line - sizeof(std::int32_t)];
 };
 

@@ -4,8 +4,12 @@
 
 namespace zcoll {
 
-local_check type_error(std::string message) { return {arg_error::type, std::move(message), 0}; }
-local_check value_error(std::string message) { return {arg_error::value, std::move(message), 0}; }
+local_check type_error(std::string message) {
+  return {arg_error::type, std::move(message), 0};
+}
+local_check value_error(std::string message) {
+  return {arg_error::value, std::move(message), 0};
+}
 
 std::string dtype_text(const dtype_id& d) {
   std::ostringstream out;

@@ -165,7 +165,7 @@ bool cpu_has(copy_isa isa) noexcept {
 }
 
 constexpr std::array<stream_fn, count_of<copy_isa>> kernels{&stream_portable, &stream_sse2,
-                                                        &stream_avx2, &stream_avx512};
+                                                            &stream_avx2, &stream_avx512};
 
 #else  // no streaming store: every kernel is memcpy
 
@@ -174,7 +174,7 @@ bool cpu_has(copy_isa isa) noexcept {
 }
 
 constexpr std::array<stream_fn, count_of<copy_isa>> kernels{&stream_portable, &stream_portable,
-                                                        &stream_portable, &stream_portable};
+                                                            &stream_portable, &stream_portable};
 
 #endif
 

@@ -7,8 +7,8 @@ namespace zcoll {
 
 namespace {
 
-constexpr int runs_per_candidate = 3;      // best of this many timed calls per threshold
-constexpr double required_gain = 0.97;     // a halving must save at least 3% to be kept
+constexpr int runs_per_candidate = 3;   // best of this many timed calls per threshold
+constexpr double required_gain = 0.97;  // a halving must save at least 3% to be kept
 constexpr std::size_t smallest_threshold = std::size_t{4} << 10;  // below: pure streaming
 
 }  // namespace

@@ -7,8 +7,8 @@
  * development VM, streaming already wins 1.2-1.4x when the data fills the whole 32 MiB), and blocks
  * smaller than the hybrid threshold T, are copied with ordinary stores (in cache, streaming
  * stores are slower: measured 21 GB/s against memcpy's 35-90 GB/s below 4 MiB on the
- * development VM), larger ones with the hybrid copy -- the first T bytes of each block temporal, the
- * rest streaming. T starts at L2 size / ranks per node and is refined at run time the way the
+ * development VM), larger ones with the hybrid copy -- the first T bytes of each block temporal,
+ * the rest streaming. T starts at L2 size / ranks per node and is refined at run time the way the
  * paper's get_runtime_threshold does: while halving T makes this rank's copies faster (per
  * byte, best of a few calls), halve it again (down to pure streaming); then keep the best. The
  * refinement is remembered per block-size class (powers of two) and is local to each rank:
@@ -46,9 +46,8 @@ struct block_range {
 // The rule of `rules` (sorted by min_block, disjoint) whose range holds `block`, or nullptr.
 template <class Rule>
 const Rule* find_rule(const std::vector<Rule>& rules, std::size_t block) noexcept {
-  auto after = std::upper_bound(rules.begin(), rules.end(), block, [](std::size_t b, const Rule& r) {
-    return b < r.range.min_block;
-  });
+  auto after = std::upper_bound(rules.begin(), rules.end(), block,
+                                [](std::size_t b, const Rule& r) { return b < r.range.min_block; });
   if (after == rules.begin()) return nullptr;
   const Rule& r = *(after - 1);
   return r.range.contains(block) ? &r : nullptr;

@@ -17,7 +17,9 @@ const context_config& checked(const context_config& c) {
   return c;
 }
 
-std::string call_name(op_code op) { return "zcoll." + std::string(name_of(op)) + ": "; }
+std::string call_name(op_code op) {
+  return "zcoll." + std::string(name_of(op)) + ": ";
+}
 
 }  // namespace
 
@@ -27,7 +29,9 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
       segments_(protocol_, config_.rank, config_.size, config_.pids),
       policy_(config_.size) {}
 
-node_context::~node_context() { close(); }
+node_context::~node_context() {
+  close();
+}
 
 void node_context::close() noexcept {
   if (protocol_.closed()) return;

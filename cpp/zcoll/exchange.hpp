@@ -60,9 +60,7 @@ struct collective_args {
 class node_context {
  public:
   // Bytes of the control segment for `size` node ranks (created and shared by the caller).
-  static std::size_t control_bytes(int size) noexcept {
-    return call_protocol::control_bytes(size);
-  }
+  static std::size_t control_bytes(int size) noexcept { return call_protocol::control_bytes(size); }
 
   node_context(std::shared_ptr<shm_segment> control, context_config config);
   ~node_context();
@@ -127,8 +125,8 @@ class node_context {
   void execute_eager(const collective_args& args);
   void stage_in(const collective_args& args, std::size_t send_part, const buffer_ref& my_send,
                 const buffer_ref& my_recv);
-  void execute_transfer(const transfer_geometry& g, const array_view& send,
-                        const array_view& recv, block_order order, int copy);
+  void execute_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
+                        block_order order, int copy);
   // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
   // cannot stage; throws the same error on every rank when one is not in the arena.
   void resolve_all(const call_protocol::published& all, bool send_side,

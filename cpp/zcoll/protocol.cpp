@@ -18,7 +18,9 @@ std::string op_text(op_code op) {
   return std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]);
 }
 
-std::string rank_text(int rank) { return "rank " + std::to_string(rank); }
+std::string rank_text(int rank) {
+  return "rank " + std::to_string(rank);
+}
 
 // Whether the ranks' calls of `op` must agree on sizes, dtype and order.
 bool moves_data(op_code op) noexcept {
@@ -32,9 +34,7 @@ struct gathered_records {
   const call_descriptor& call(int j) const noexcept {
     return records[static_cast<std::size_t>(j)].call;
   }
-  const char* message(int j) const noexcept {
-    return records[static_cast<std::size_t>(j)].message;
-  }
+  const char* message(int j) const noexcept { return records[static_cast<std::size_t>(j)].message; }
   int rank(int j) const noexcept { return j; }
 };
 
@@ -64,16 +64,14 @@ void raise_rank_error(int rank, arg_error kind, const char* message) {
 
 void raise_different_ops(int rank0, op_code op0, int rank, op_code op) {
   throw usage_error("zcoll: ranks called different operations at once: " + rank_text(rank0) +
-                    " called " + op_text(op0) + ", " + rank_text(rank) + " called " +
-                    op_text(op));
+                    " called " + op_text(op0) + ", " + rank_text(rank) + " called " + op_text(op));
 }
 
 void raise_unexpected_op(op_code expected, op_code got) {
   throw usage_error("zcoll: expected " + op_text(expected) + ", peers called " + op_text(got));
 }
 
-void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d,
-                     int rank) {
+void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank) {
   if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
       d.order == ref.order)
     return;
@@ -86,15 +84,14 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
     throw type_mismatch(what + "dtypes differ between ranks: " + first + " has " +
                         dtype_text(ref.dtype) + ", " + other + " has " + dtype_text(d.dtype));
   if (d.block_bytes != ref.block_bytes && ref.op == op_code::transfer)
-    throw usage_error(what + "global shapes, axes or itemsizes differ between " + first +
-                      " and " + other);
+    throw usage_error(what + "global shapes, axes or itemsizes differ between " + first + " and " +
+                      other);
   if (d.block_bytes != ref.block_bytes)
     throw usage_error(what + "block sizes differ between ranks: " + first + " has " +
                       std::to_string(ref.block_bytes) + " bytes per block, " + other + " has " +
                       std::to_string(d.block_bytes));
   throw usage_error(what + "order differs between ranks: " + first + " uses '" +
-                    order_text(ref.order) + "', " + other + " uses '" + order_text(d.order) +
-                    "'");
+                    order_text(ref.order) + "', " + other + " uses '" + order_text(d.order) + "'");
 }
 
 }  // namespace detail
@@ -107,10 +104,10 @@ void agree(std::span<const call_record> records, op_code expected) {
 
 std::size_t call_protocol::control_bytes(int size) noexcept {
   const auto n = static_cast<std::size_t>(size);
-  return round_up(header_bytes + n * (2 * sizeof(detail::rank_line) +
-                                      sizeof(detail::barrier_rank_words) +
-                                      sizeof(detail::rank_slot)),
-                  page_size());
+  return round_up(
+      header_bytes + n * (2 * sizeof(detail::rank_line) + sizeof(detail::barrier_rank_words) +
+                          sizeof(detail::rank_slot)),
+      page_size());
 }
 
 call_protocol::call_protocol(std::shared_ptr<shm_segment> control, const context_config& config)
@@ -132,8 +129,8 @@ call_protocol::call_protocol(std::shared_ptr<shm_segment> control, const context
   static_assert(sizeof(detail::rank_line) % sizeof(std::atomic<std::uint64_t>) == 0);
   barrier_ = std::make_unique<node_barrier>(
       &header_->barrier, &lines_[0].entered,
-      sizeof(detail::rank_line) / sizeof(std::atomic<std::uint64_t>), barrier_words_, rank_,
-      size_, config.comm_ranks, config.pids, config.barrier, config.wait);
+      sizeof(detail::rank_line) / sizeof(std::atomic<std::uint64_t>), barrier_words_, rank_, size_,
+      config.comm_ranks, config.pids, config.barrier, config.wait);
 }
 
 void call_protocol::close() noexcept {

@@ -76,8 +76,7 @@ namespace detail {
 [[noreturn]] void raise_different_ops(int rank0, op_code op0, int rank, op_code op);
 [[noreturn]] void raise_unexpected_op(op_code expected, op_code got);
 // Throws when `d` (rank `rank`) differs from `ref` (rank `ref_rank`) in what must agree.
-void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d,
-                     int rank);
+void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank);
 }  // namespace detail
 
 // The verdict over every rank's call. `Calls` has size(), call(j) -> const call_descriptor&,
@@ -92,8 +91,7 @@ void check_calls(const Calls& calls, op_code expected) {
       detail::raise_rank_error(calls.rank(j), calls.call(j).error, calls.message(j));
   for (int j = 1; j < n; ++j)
     if (calls.call(j).op != calls.call(0).op)
-      detail::raise_different_ops(calls.rank(0), calls.call(0).op, calls.rank(j),
-                                  calls.call(j).op);
+      detail::raise_different_ops(calls.rank(0), calls.call(0).op, calls.rank(j), calls.call(j).op);
   if (n && calls.call(0).op != expected) detail::raise_unexpected_op(expected, calls.call(0).op);
 }
 
@@ -153,9 +151,7 @@ class call_protocol {
       return lines[2 * static_cast<std::size_t>(r) + parity];
     }
     const call_descriptor& call(int r) const noexcept { return line(r).call; }
-    const char* message(int r) const noexcept {
-      return slots[static_cast<std::size_t>(r)].message;
-    }
+    const char* message(int r) const noexcept { return slots[static_cast<std::size_t>(r)].message; }
     int rank(int r) const noexcept { return comm_ranks[r]; }
   };
 
@@ -191,7 +187,6 @@ class call_protocol {
   std::size_t parity() const noexcept { return (barrier_->completed() + 1) & 1; }
 
  private:
-
   std::shared_ptr<shm_segment> control_;
   detail::control_header* header_ = nullptr;
   detail::rank_line* lines_ = nullptr;                   // two per node rank (by parity)

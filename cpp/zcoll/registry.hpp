@@ -95,8 +95,8 @@ struct registry<op_code> {
       "none", "error", "allocate", "alltoall", "allgather", "barrier", "transfer"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
   static constexpr std::array<std::string_view, 7> descriptions{
-      "nothing", "an invalid call", "an arena allocation", "alltoall", "allgather", "barrier",
-      "transfer"};
+      "nothing", "an invalid call", "an arena allocation", "alltoall", "allgather",
+      "barrier", "transfer"};
 };
 template <>
 struct registry<block_order> {

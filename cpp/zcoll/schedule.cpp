@@ -99,8 +99,12 @@ void morton_curve(int p, std::vector<block_coord>& out) {
   }
 }
 
-int sign(int v) noexcept { return (v > 0) - (v < 0); }
-int floor_half(int v) noexcept { return v >= 0 ? v / 2 : -((-v + 1) / 2); }
+int sign(int v) noexcept {
+  return (v > 0) - (v < 0);
+}
+int floor_half(int v) noexcept {
+  return v >= 0 ? v / 2 : -((-v + 1) / 2);
+}
 
 // Generalised Hilbert curve over the rectangle spanned by (ax, ay) and (bx, by) from (x, y);
 // x is the source (column), y the destination (row).
@@ -130,7 +134,9 @@ void gilbert(int x, int y, int ax, int ay, int bx, int by, std::vector<block_coo
   }
 }
 
-void hilbert_curve(int p, std::vector<block_coord>& out) { gilbert(0, 0, p, 0, 0, p, out); }
+void hilbert_curve(int p, std::vector<block_coord>& out) {
+  gilbert(0, 0, p, 0, 0, p, out);
+}
 
 schedule cut(int p, block_order order, std::vector<block_coord> blocks) {
   schedule s{p, order, std::move(blocks), {}};
@@ -147,11 +153,20 @@ std::vector<block_coord> block_curve(int p, block_order order) {
   std::vector<block_coord> out;
   out.reserve(static_cast<std::size_t>(p) * static_cast<std::size_t>(p));
   switch (order) {
-    case block_order::row: row_curve(p, out); break;
-    case block_order::column: column_curve(p, out); break;
-    case block_order::morton: morton_curve(p, out); break;
-    case block_order::hilbert: hilbert_curve(p, out); break;
-    default: throw std::invalid_argument("zcoll: unknown block order");
+    case block_order::row:
+      row_curve(p, out);
+      break;
+    case block_order::column:
+      column_curve(p, out);
+      break;
+    case block_order::morton:
+      morton_curve(p, out);
+      break;
+    case block_order::hilbert:
+      hilbert_curve(p, out);
+      break;
+    default:
+      throw std::invalid_argument("zcoll: unknown block order");
   }
   return out;
 }
@@ -162,7 +177,9 @@ std::pair<std::size_t, std::size_t> segment_of(std::size_t n, int parts, int ran
   return {n * r / k, n * (r + 1) / k};
 }
 
-schedule full_schedule(int p, block_order order) { return cut(p, order, block_curve(p, order)); }
+schedule full_schedule(int p, block_order order) {
+  return cut(p, order, block_curve(p, order));
+}
 
 schedule swap_schedule(int p, block_order order) {
   std::vector<block_coord> pairs;
@@ -180,9 +197,12 @@ schedule offdiagonal_schedule(int p, block_order order) {
 
 schedule make_schedule(schedule_kind kind, int p, block_order order) {
   switch (kind) {
-    case schedule_kind::full: return full_schedule(p, order);
-    case schedule_kind::swap: return swap_schedule(p, order);
-    case schedule_kind::offdiagonal: return offdiagonal_schedule(p, order);
+    case schedule_kind::full:
+      return full_schedule(p, order);
+    case schedule_kind::swap:
+      return swap_schedule(p, order);
+    case schedule_kind::offdiagonal:
+      return offdiagonal_schedule(p, order);
   }
   throw std::invalid_argument("zcoll: unknown schedule kind");
 }

@@ -52,8 +52,7 @@ buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
   for (const auto& known : known_) {
     const std::byte* base = known.seg->shm->data();
     const std::size_t size = known.seg->shm->size();
-    if (q < base || q > base + size || bytes > static_cast<std::size_t>(base + size - q))
-      continue;
+    if (q < base || q > base + size || bytes > static_cast<std::size_t>(base + size - q)) continue;
     if (!known.shared_by_all || !known.seg->owner_alive.load(std::memory_order_relaxed)) return {};
     return {known.seg->id, static_cast<std::uint64_t>(q - base)};
   }

@@ -37,7 +37,9 @@ const char* env_value(const char* name) noexcept {
   return v && *v ? v : nullptr;
 }
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+std::string errno_text(const char* what) {
+  return std::string(what) + ": " + std::strerror(errno);
+}
 
 // Applies HWLOC_SYNTHETIC, else HWLOC_XMLFILE, the way hwloc_topology_load would (same order),
 // but here so that we know whether hwloc accepted it: hwloc silently falls back to discovering
@@ -164,7 +166,9 @@ bool is_bound(hwloc_topology_t t) {
 
 }  // namespace detail
 
-const machine_topology& read_machine_topology() { return detail::loaded().machine; }
+const machine_topology& read_machine_topology() {
+  return detail::loaded().machine;
+}
 
 process_location locate_this_process() {
   process_location where;

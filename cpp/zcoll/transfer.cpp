@@ -73,7 +73,8 @@ transfer_block block_of(const transfer_geometry& g, int src, int dst) noexcept {
   std::copy_n(g.shape.begin(), g.ndim, blk.count.begin());
   blk.count[a] = to.count;
   blk.count[b] = from.count;
-  blk.src_offset = static_cast<std::size_t>(static_cast<std::int64_t>(to.start) * blk.src_strides[a]);
+  blk.src_offset =
+      static_cast<std::size_t>(static_cast<std::int64_t>(to.start) * blk.src_strides[a]);
   blk.dst_offset =
       static_cast<std::size_t>(static_cast<std::int64_t>(from.start) * blk.dst_strides[b]);
   return blk;
