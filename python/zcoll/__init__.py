@@ -11,12 +11,13 @@ from __future__ import annotations
 from . import _copy  # noqa: F401  (applies ZCOLL_COPY_ISA)
 from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
-from ._context import get_timeout, set_timeout
+from ._context import set_timeout, set_tuning
 from ._core import PeerError
 from ._registry import COPY_MODES, ORDERS
 from ._schedule import Schedule, schedule
+from ._settings import Settings, get_timeout, get_tuning, settings
 from ._topology import RankPlacement, Topology, topology
-from ._tuning import get_tuning, load_tuning, set_tuning, tuning_path
+from ._tuning import load_tuning, tuning_path
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "PeerError",
     "RankPlacement",
     "Schedule",
+    "Settings",
     "Topology",
     "__version__",
     "allgather",
@@ -41,6 +43,7 @@ __all__ = [
     "schedule",
     "set_timeout",
     "set_tuning",
+    "settings",
     "topology",
     "tuning_path",
     "zeros",

@@ -18,8 +18,10 @@ library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zco
 of each rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
 budget per measurement, so a whole sweep stays short. Only rank 0 prints and writes files.
 
-Modules: :mod:`.common` (sizes, timing loops, metadata, output), :mod:`.collectives`,
-:mod:`.fft`, :mod:`.copy`, :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
+Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing`, the cold
+loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
+:mod:`.fft`, :mod:`.copy`, :mod:`.cachemiss` (simulated cache misses of the block orders, no
+MPI), :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ from .cli import COMMANDS, main, parse_args
 from .collectives import (
     ALL_ORDERS,
     BANDWIDTH_BLOCKS,
-    MEMCPY_METHOD,
-    MPI_METHOD,
     CheckError,
     paired_bandwidth,
     parse_copy_modes,
@@ -40,8 +40,10 @@ from .collectives import (
 from .common import (
     COLD_ITERATIONS,
     KIB,
+    MEMCPY_METHOD,
     MIB,
     MIN_ITERATIONS,
+    MPI_METHOD,
     CacheFlusher,
     budget_cold_iterations,
     budget_iterations,
@@ -55,10 +57,10 @@ from .common import (
     parse_size,
     parse_sizes,
     powers_of_two,
-    write_outputs,
 )
 from .copy import run_copy
 from .fft import run_fft
+from .output import write_outputs
 from .plotting import load_results, plot_results, save_plot
 
 __all__ = [
