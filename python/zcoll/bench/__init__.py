@@ -2,7 +2,8 @@
 
 Latency of zcoll's collectives against MPI's (OSU style, or with cold caches as in TPDS'18
 Fig. 9), with the bandwidth of large blocks against a memcpy of the same bytes; zcoll.fft's
-parallel FFT against mpi4py-fft's; and the bandwidth of zcoll's copy kernels::
+parallel FFT against mpi4py-fft's; the bandwidth of zcoll's copy kernels; and the cache misses of
+its block orders, simulated under valgrind (no MPI needed)::
 
     mpiexec -n 8 python -m zcoll.bench alltoall
     mpiexec -n 8 python -m zcoll.bench allgather --sizes 8,4K,1M --orders row,hilbert --check
@@ -11,6 +12,7 @@ parallel FFT against mpi4py-fft's; and the bandwidth of zcoll's copy kernels::
     mpiexec -n 4 python -m zcoll.bench alltoall --method cold --max 64K
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
+    python -m zcoll.bench cachemiss --quick          # simulated cache misses, one process
 
 For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
 library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zcoll with each

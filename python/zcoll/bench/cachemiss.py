@@ -381,7 +381,7 @@ def measure(
     list of Measurement
         In the order of ``configs``.
     """
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or _settings.machine()["cpus"].value
     bar = _progress_bar(len(configs), progress)
     # The work runs in valgrind subprocesses: threads are enough to keep `jobs` of them going.
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:

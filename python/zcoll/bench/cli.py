@@ -205,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _RootParser(
         prog="python -m zcoll.bench",
         description="OSU-style latency of zcoll collectives against the MPI library's, "
-        "zcoll.fft against mpi4py-fft, and zcoll's copy kernels.",
+        "zcoll.fft against mpi4py-fft, zcoll's copy kernels, and the simulated cache misses "
+        "of its block orders.",
         epilog="Run under MPI, e.g.: mpiexec -n 8 python -m zcoll.bench alltoall",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
