@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import all_ranks_agree
-from zcoll import bench
+from zcoll import _timing, bench
 from zcoll.bench import collectives, common, plotting
 
 WORLD = MPI.COMM_WORLD
@@ -169,7 +169,7 @@ def test_zcoll_methods_naming():
 def test_measure_cold_counts_calls_and_flushes():
     calls = []
     flusher = common.CacheFlusher(WORLD)
-    _, llc = zcoll._tuning.cache_bytes()
+    llc = zcoll.settings().llc_bytes
     ranks_here = WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     share = 2 * llc // ranks_here.size
     ranks_here.Free()
@@ -314,7 +314,7 @@ class _Terminal(io.StringIO):
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     pytest.importorskip("tqdm")
     terminal = _Terminal()
-    monkeypatch.setattr(common, "_progress_stream", lambda: terminal)
+    monkeypatch.setattr(_timing, "_progress_stream", lambda: terminal)
     report = common.Reporter(WORLD, progress=True)
     report.start(2, "sweep")
     assert (report.bar is not None) == (WORLD.rank == 0)
@@ -329,7 +329,7 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
 
 def test_progress_without_tqdm(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "tqdm", None)
-    monkeypatch.setattr(common, "_progress_stream", lambda: _Terminal())
+    monkeypatch.setattr(_timing, "_progress_stream", lambda: _Terminal())
     report = common.Reporter(WORLD, progress=True)
     report.start(3, "sweep")
     assert report.bar is None

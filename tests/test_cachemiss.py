@@ -1,4 +1,4 @@
-"""zcoll_replay and python -m zcoll.cachemiss: the one-process schedule replay and its misses.
+"""zcoll_replay and python -m zcoll.bench cachemiss: the one-process schedule replay and its misses.
 
 The tool needs no MPI, so these tests run once, in the P = 1 run of the suite. The replay's
 --verify mode checks every received byte against a pattern of (source, destination, offset);
@@ -16,8 +16,9 @@ import subprocess
 import pytest
 from mpi4py import MPI
 
-from zcoll import cachemiss
-from zcoll.cachemiss import CacheGeometry, Config
+from zcoll import bench
+from zcoll.bench import cachemiss
+from zcoll.bench.cachemiss import CacheGeometry, Config
 
 pytestmark = pytest.mark.skipif(
     MPI.COMM_WORLD.size != 1, reason="one-process tool: tested in the P = 1 run only"
@@ -233,3 +234,48 @@ def test_cli_rejects_bad_options(capsys):
     with pytest.raises(SystemExit):
         cachemiss.main(["--skew", "100"])
     assert "multiple of 64" in capsys.readouterr().err
+
+
+# --- python -m zcoll.bench cachemiss ----------------------------------------------------------
+
+
+def test_bench_subcommand_explains_missing_valgrind(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert bench.main(["cachemiss", "--quick"]) == 2
+    assert "apt-get install valgrind" in capsys.readouterr().err
+
+
+def test_bench_subcommand_rejects_bad_options(capsys):
+    assert bench.main(["cachemiss", "--skew", "100"]) == 2
+    assert "multiple of 64" in capsys.readouterr().err
+    assert bench.main(["cachemiss", "--orders", "row,zigzag"]) == 2
+    assert "unknown ['zigzag']" in capsys.readouterr().err
+
+
+def test_bench_subcommand_help_lists_the_options(capsys):
+    assert bench.main(["cachemiss", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--quick", "--procs", "--blocks", "--orders", "--cache", "--warm", "--skew"):
+        assert option in out, option
+    assert bench.main(["--help"]) == 0
+    assert "cachemiss" in capsys.readouterr().out
+
+
+def test_replay_override(monkeypatch, tmp_path):
+    monkeypatch.setenv("ZCOLL_REPLAY", str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="ZCOLL_REPLAY=.*missing is not an executable"):
+        cachemiss.replay_binary()
+    monkeypatch.setenv("ZCOLL_REPLAY", "")
+    assert cachemiss.replay_binary().name == "zcoll_replay"
+
+
+@needs_valgrind
+def test_bench_subcommand_quick(tmp_path, capsys):
+    out = tmp_path / "quick.json"
+    argv = ["cachemiss", "--quick", "--cache", "paper", "--no-progress", "--json", str(out)]
+    assert bench.main(argv) == 0
+    assert "alltoall, P = 16" in capsys.readouterr().out
+    rows = json.loads(out.read_text())["results"]
+    assert {(x["op"], x["order"]) for x in rows} == {
+        (op, o) for op in cachemiss.OPS for o in ("row", "morton")
+    }

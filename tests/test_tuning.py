@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import COMM_KINDS, all_ranks_agree, random_bytes
-from zcoll import _context, _core, _tuning, tune
+from zcoll import _context, _core, _online, _tuning, tune
 
 WORLD = MPI.COMM_WORLD
 SMALL, LARGE = 8, 256 * 1024  # bytes per block: eager-sized, and past every copy threshold
@@ -336,7 +336,7 @@ def test_online_settles_and_never_changes_results(block, monkeypatch, tmp_path):
         p = c.size
         send = zcoll.empty(c, (p, block), np.uint8)
         want = np.empty_like(send)
-        trials = _tuning._Trial.RUNS * (len(_core.ORDERS) + 1)
+        trials = _online._Trial.RUNS * (len(_core.ORDERS) + 1)
         for call in range(trials + 3):
             send[...] = random_bytes(call * 97 + c.rank, p * block).reshape(p, block)
             c.Alltoall(send, want)

@@ -13,12 +13,13 @@ from importlib.metadata import version as _distribution_version
 from . import _copy  # noqa: F401  (applies ZCOLL_COPY_ISA)
 from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
-from ._context import get_timeout, set_timeout
+from ._context import set_timeout, set_tuning
 from ._core import PeerError
 from ._registry import COPY_MODES, ORDERS
 from ._schedule import Schedule, schedule
+from ._settings import Settings, get_timeout, get_tuning, settings
 from ._topology import RankPlacement, Topology, topology
-from ._tuning import get_tuning, load_tuning, set_tuning, tuning_path
+from ._tuning import load_tuning, tuning_path
 
 __version__ = _distribution_version("zcoll")  # pyproject.toml's version, the one place
 
@@ -29,6 +30,7 @@ __all__ = [
     "PeerError",
     "RankPlacement",
     "Schedule",
+    "Settings",
     "Topology",
     "__version__",
     "allgather",
@@ -43,6 +45,7 @@ __all__ = [
     "schedule",
     "set_timeout",
     "set_tuning",
+    "settings",
     "topology",
     "tuning_path",
     "zeros",

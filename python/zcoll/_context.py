@@ -12,56 +12,25 @@ import atexit
 import os
 import time
 import weakref
-from dataclasses import dataclass
 from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _tuning
-from ._registry import BARRIER_CODES
+from . import _core, _online, _settings, _tuning
+from ._registry import BARRIER_CODES, COLLECTIVES
+from ._settings import TUNING_MODES, get_timeout
 
 __all__ = [
     "Context",
     "context",
-    "get_timeout",
     "set_timeout",
+    "set_tuning",
 ]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
-# order="auto" moves calls of at most this many bytes per rank through the one-barrier eager
-# path (two copies, one barrier) rather than the ordered one-copy schedule (two barriers).
-# Measured crossover on a 2-core EPYC VM: ~4-8 KiB per rank at P=2; past 32 KiB when ranks
-# outnumber cores, where every barrier costs context switches.
-_DEFAULT_EAGER_BYTES = 4096
-_OVERSUBSCRIBED_EAGER_BYTES = 65536
 
 
-def _env_number(name: str, default, kind=int, *, positive: bool = False):
-    """The environment variable `name` as `kind` (int or float), else `default`."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        result = kind(value)
-    except ValueError:
-        raise ValueError(f"zcoll: {name}={value!r} is not a valid {kind.__name__}") from None
-    if result < 0 or (positive and not result > 0):
-        raise ValueError(
-            f"zcoll: {name} must be {'positive' if positive else '>= 0'}, got {value!r}"
-        )
-    return result
-
-
-@dataclass
-class _WaitSettings:
-    timeout: float = _env_number("ZCOLL_TIMEOUT", 60.0, float, positive=True)
-    yields: int = 64
-    oversubscribed_yields: int = 20000
-    sleep_slice: float = 0.02
-
-
-_wait = _WaitSettings()
 _live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
 
 
@@ -74,44 +43,53 @@ def set_timeout(seconds: float) -> None:
     seconds = float(seconds)
     if not seconds > 0:
         raise ValueError("zcoll.set_timeout: seconds must be positive")
-    _wait.timeout = seconds
+    _settings.override("timeout", seconds, "set_timeout")
     for ctx in list(_live_contexts):
+        ctx.settings = ctx.settings.replace("set_timeout", timeout=seconds)
         ctx._apply_wait()
 
 
-def get_timeout() -> float:
-    """Return the current peer-wait bound in seconds (see :func:`set_timeout`)."""
-    return _wait.timeout
+def set_tuning(mode: str) -> str:
+    """Choose how ``order="auto"`` and ``copy="auto"`` decide.
+
+    Local, but it must be the same on every rank: call it on every rank, between collectives.
+    Applies to existing and future communicators of this process.
+
+    Parameters
+    ----------
+    mode : {"table", "online", "off"}
+        "table" (the default, or ``ZCOLL_TUNING``): follow the tuning table where it has a
+        rule, the built-in rules elsewhere. "online": also, for calls no rule covers, try each
+        order (and the eager path where allowed) on the first calls of each block size and
+        keep the fastest (HINT's online selection; one small allreduce per block size).
+        "off": built-in rules only.
+
+    Returns
+    -------
+    str
+        The previous mode.
+    """
+    if mode not in TUNING_MODES:
+        raise ValueError(f"zcoll.set_tuning: mode must be one of {TUNING_MODES}, got {mode!r}")
+    previous = _settings.get_tuning()
+    _settings.override("tuning", mode, "set_tuning")
+    for ctx in list(_live_contexts):
+        ctx.settings = ctx.settings.replace("set_tuning", tuning=mode)
+        ctx.apply_tuning(mode)
+    return previous
 
 
-def _virtual_node_size() -> int:
-    value = os.environ.get("ZCOLL_VIRTUAL_NODE_SIZE", "0")
-    try:
-        size = int(value)
-    except ValueError:
-        raise ValueError(f"zcoll: ZCOLL_VIRTUAL_NODE_SIZE={value!r} is not an integer") from None
-    if size < 0:
-        raise ValueError("zcoll: ZCOLL_VIRTUAL_NODE_SIZE must be >= 0")
-    return size
-
-
-def _barrier_code() -> int:
-    name = os.environ.get("ZCOLL_BARRIER", "flat")
-    if name not in BARRIER_CODES:
-        raise ValueError(
-            f"zcoll: ZCOLL_BARRIER must be one of {sorted(BARRIER_CODES)}, got {name!r}"
-        )
-    return BARRIER_CODES[name]
-
-
-def _split_node(comm: MPI.Comm) -> MPI.Comm:
+def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> MPI.Comm:
     """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
-    into virtual nodes of ZCOLL_VIRTUAL_NODE_SIZE ranks so the multi-node path runs for real.
+    into virtual nodes of `virtual_node_size` ranks (default: ZCOLL_VIRTUAL_NODE_SIZE) so the
+    multi-node path runs for real.
 
     A rank's virtual node is its ``COMM_WORLD`` rank // k, the same for every communicator,
     so arena arrays allocated on one communicator are shared exactly as on a real node."""
+    k = virtual_node_size
+    if k is None:
+        k = _settings.read("virtual_node_size").value
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    k = _virtual_node_size()
     if k:
         virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
         node.Free()
@@ -146,10 +124,13 @@ class Context:
     """zcoll's state for one communicator: its node split and the C++ node context."""
 
     def __init__(self, comm: MPI.Comm) -> None:
+        # Every setting is read first, on every rank: a bad value raises everywhere, before any
+        # communication. The context keeps them (set_timeout and set_tuning update them).
+        self.settings = s = _settings.settings()
         self.size = comm.size
         self.rank = comm.rank
         self.handle = comm.handle
-        node = _split_node(comm)
+        node = _split_node(comm, s.virtual_node_size)
         try:
             self.node_size = node.size
             self.node_rank = node.rank
@@ -161,7 +142,7 @@ class Context:
         leaders = comm.allgather(self.local_ranks[0])
         self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
         self.multi_node = len(set(leaders)) > 1
-        self.oversubscribed = self.node_size > (os.cpu_count() or 1)
+        self.oversubscribed = self.node_size > s.cpus
         self._comm = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         self._broken = ""  # why the multi-node path failed, if it did
@@ -172,20 +153,17 @@ class Context:
             comm_size=self.size,
             comm_ranks=list(self.local_ranks),
             pids=pids,
-            barrier=_barrier_code(),
-            **self._wait_kwargs(),
+            barrier=BARRIER_CODES[s.barrier],
+            **s.wait_for(self.oversubscribed),
         )
-        eager = _OVERSUBSCRIBED_EAGER_BYTES if self.oversubscribed else _DEFAULT_EAGER_BYTES
-        self.core.setup_eager(_env_number("ZCOLL_EAGER_BYTES", eager))
-        l2, l3 = _tuning.cache_bytes()
-        self.core.set_copy_threshold(_env_number("ZCOLL_COPY_THRESHOLD", l2 // self.node_size))
-        self.core.set_copy_cache(l3)
+        self.core.setup_eager(s.eager_bytes_for(self.oversubscribed))
+        self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
+        self.core.set_copy_cache(s.llc_bytes)
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
-        mode = _tuning.get_tuning()  # on every rank first: a bad ZCOLL_TUNING raises everywhere
-        self.tuning_rules = _tuning.shared_rules(comm, mode)
-        self.online: _tuning.OnlineTuner | None = None
+        self.tuning_rules = _tuning.shared_rules(comm, s.tuning)
+        self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
-        self.apply_tuning(mode)
+        self.apply_tuning(s.tuning)
         _live_contexts.add(self)
 
     def apply_tuning(self, mode: str) -> None:
@@ -194,7 +172,7 @@ class Context:
         if self.core.closed:
             return
         rules = () if mode == "off" else self.tuning_rules
-        for op in _tuning.COLLECTIVES:
+        for op in COLLECTIVES:
             mine = [
                 r.engine_rule()
                 for r in rules
@@ -202,32 +180,19 @@ class Context:
             ]
             self.core.set_tuning_rules(op, mine)
         # The engine's entry point for each collective, bound once (looked up per call).
-        self.online = _tuning.OnlineTuner(self) if mode == "online" else None
+        self.online = _online.OnlineTuner(self) if mode == "online" else None
         self.engine = {
             op: self.online.engine(op) if self.online else getattr(self.core, op)
-            for op in _tuning.COLLECTIVES
+            for op in COLLECTIVES
         }
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""
         return self._p2p if self._p2p is not None else self._comm
 
-    def _wait_kwargs(self) -> dict:
-        spin = _env_number("ZCOLL_SPIN", 0 if self.oversubscribed else 4096)
-        # Oversubscribed ranks must hand their core to the rank they wait for: yield for long
-        # (as Open MPI's shared-memory transport does) before sleeping on the futex.
-        default_yields = _wait.oversubscribed_yields if self.oversubscribed else _wait.yields
-        yields = _env_number("ZCOLL_YIELDS", default_yields)
-        return {
-            "timeout": _wait.timeout,
-            "spin": spin,
-            "yields": yields,
-            "sleep_slice": _wait.sleep_slice,
-        }
-
     def _apply_wait(self) -> None:
         if not self.core.closed:
-            self.core.set_wait(**self._wait_kwargs())
+            self.core.set_wait(**self.settings.wait_for(self.oversubscribed))
 
     def allocate(self, nbytes: int) -> _core.ArenaBlock:
         """Collective arena allocation (ranks on other nodes allocate in their own arena)."""
@@ -279,12 +244,12 @@ class Context:
             if polls < _EAGER_POLLS:
                 continue
             waited = time.monotonic() - start
-            if waited >= _wait.timeout:
+            if waited >= get_timeout():
                 late = sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
                 who = f"rank(s) {late}" if late else "a peer on another node"
                 self._broken = (
                     f"zcoll: rank {self.rank}: {what}: {who} did not take part within "
-                    f"{_wait.timeout} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
+                    f"{get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
                 )
                 raise _core.PeerError(self._broken)
             # Yield first (a peer may need this core), sleep once the wait is clearly long.

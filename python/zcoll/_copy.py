@@ -9,18 +9,28 @@ or empty) for the default. A name that is unknown, or that this CPU cannot run, 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-from . import _core
+from . import _core, _settings
 
 __all__ = ["ENV_VAR", "select_from_environment"]
 
 #: The environment variable read at import.
-ENV_VAR = "ZCOLL_COPY_ISA"
+ENV_VAR = _settings.VARIABLES["copy_isa"].env
 
 
-def select_from_environment(environ: Mapping[str, str] = os.environ) -> str:
+def _select(reading: _settings.Reading) -> str:
+    if reading.value == "auto":
+        _core.select_copy_isa(_core.best_copy_isa())
+    else:
+        try:
+            _core.select_copy_isa(reading.value)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_VAR}={reading.text!r}: {exc}") from None
+    return _core.active_copy_isa()
+
+
+def select_from_environment(environ: Mapping[str, str] | None = None) -> str:
     """Select the streaming-copy kernel named by ``ZCOLL_COPY_ISA`` in `environ`.
 
     Parameters
@@ -38,16 +48,7 @@ def select_from_environment(environ: Mapping[str, str] = os.environ) -> str:
     ValueError
         If the variable names an unknown kernel or one this CPU cannot run.
     """
-    value = environ.get(ENV_VAR, "")
-    name = value.strip().lower()
-    if name in ("", "auto"):
-        _core.select_copy_isa(_core.best_copy_isa())
-    else:
-        try:
-            _core.select_copy_isa(name)
-        except ValueError as exc:
-            raise ValueError(f"{ENV_VAR}={value!r}: {exc}") from None
-    return _core.active_copy_isa()
+    return _select(_settings.read("copy_isa", environ))
 
 
-select_from_environment()
+_select(_settings.current("copy_isa"))  # the value read at import

@@ -1,4 +1,5 @@
-"""Tuning tables and online tuning: what ``order="auto"`` and ``copy="auto"`` pick.
+"""Tuning tables: what ``order="auto"`` and ``copy="auto"`` follow -- the file format, its
+validation, loading, and sharing over a communicator.
 
 A tuning table is a versioned JSON file written by ``python -m zcoll.tune`` (see
 :mod:`zcoll.tune`), keyed like MPICH's collective selection files: for each collective and
@@ -6,9 +7,8 @@ number of ranks per node, disjoint ranges of block sizes (bytes per block, both 
 with the order (or the eager path) and the copy mode that were fastest there on this machine.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
-(platformdirs). ``ZCOLL_TUNING`` (or :func:`set_tuning`): ``table`` (the default: use a table
-when there is one), ``online`` (a table, and HINT's online selection of the order for calls no
-rule covers), ``off`` (built-in rules only).
+(platformdirs). The mode (``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: ``table``, ``online``,
+``off``) is a setting (:mod:`zcoll._settings`); online selection lives in :mod:`zcoll._online`.
 
 The order must be the same on every rank, so ranks never read the file on their own: rank 0
 of a communicator loads it when the communicator's zcoll context is created and broadcasts its
@@ -21,88 +21,39 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-import platform
 import socket
-import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 from mpi4py import MPI
 
-from . import _core
-from ._registry import (
-    COLLECTIVES,
-    COPY_CODES,
-    ORDER_CODES,
-    ORDERS,
-    RULE_COPIES,
-    RULE_ORDER_CODES,
-    RULE_ORDERS,
-)
+from . import _settings
+from ._registry import COLLECTIVES, COPY_CODES, RULE_COPIES, RULE_ORDER_CODES, RULE_ORDERS
 
 __all__ = [
-    "COLLECTIVES",
-    "COPY_CODES",
     "FORMAT",
-    "MODES",
-    "ORDER_CODES",
-    "RULE_ORDER_CODES",
     "VERSION",
-    "OnlineTuner",
     "TuningError",
     "TuningRule",
     "TuningTable",
-    "cache_bytes",
     "current_machine",
-    "get_tuning",
     "load_tuning",
-    "set_tuning",
     "shared_rules",
     "tuning_path",
 ]
 
 FORMAT = "zcoll-tuning"
 VERSION = 1
-FILE_ENV = "ZCOLL_TUNING_FILE"
-MODE_ENV = "ZCOLL_TUNING"
-MODES = ("table", "online", "off")
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
 _RULE_KEYS = {"collective", "ranks_per_node", "min_block", "max_block", "order", "copy"}
-_CACHE_FALLBACK = (512 * 1024, 8 * 1024 * 1024)
 
 
 class TuningError(ValueError):
     """A tuning table is malformed, of another format version, or made on another machine."""
-
-
-@functools.cache
-def cache_bytes() -> tuple[int, int]:
-    """(L2 of a core, last-level cache) on this machine (hwloc): the hybrid-copy threshold
-    starts at L2 / ranks per node; calls that fit in the LLC stay temporal."""
-    try:
-        caches = _core.machine_topology()
-    except (RuntimeError, OSError):
-        return _CACHE_FALLBACK
-    l2 = int(caches.get("l2") or _CACHE_FALLBACK[0])
-    return l2, int(caches.get("l3") or l2)
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "cpu model"):
-                    return value.strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @functools.cache
@@ -115,13 +66,13 @@ def current_machine() -> dict:
         ``host``, ``cpu_model``, ``l2_bytes``, ``l3_bytes`` (hwloc) and ``cpus``. A table is
         used only where ``cpu_model``, ``l2_bytes`` and ``l3_bytes`` match.
     """
-    l2, l3 = cache_bytes()
+    facts = _settings.machine()
     return {
         "host": socket.gethostname(),
-        "cpu_model": _cpu_model(),
-        "l2_bytes": l2,
-        "l3_bytes": l3,
-        "cpus": os.cpu_count() or 1,
+        "cpu_model": facts["cpu_model"].value,
+        "l2_bytes": facts["l2_bytes"].value,
+        "l3_bytes": facts["llc_bytes"].value,
+        "cpus": facts["cpus"].value,
     }
 
 
@@ -282,12 +233,7 @@ def tuning_path() -> Path:
         ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
         (``platformdirs.user_cache_dir("zcoll")``, e.g. ``~/.cache/zcoll/tuning.json``).
     """
-    named = os.environ.get(FILE_ENV)
-    if named:
-        return Path(named).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("zcoll")) / "tuning.json"
+    return _settings.read("tuning_file").value
 
 
 def load_tuning(
@@ -336,56 +282,6 @@ def _load_cached(path: str, mtime_ns: int, size: int, inode: int) -> TuningTable
     return TuningTable.from_json(doc)
 
 
-# --- mode --------------------------------------------------------------------------------------
-
-
-@functools.cache
-def _mode_from_environment() -> str:
-    value = os.environ.get(MODE_ENV, "").strip().lower() or "table"
-    if value not in MODES:
-        raise ValueError(f"zcoll: {MODE_ENV} must be one of {MODES}, got {value!r}")
-    return value
-
-
-_mode_override: list[str] = []  # set_tuning's choice, if any
-
-
-def get_tuning() -> str:
-    """Return the tuning mode: "table", "online" or "off" (see :func:`set_tuning`)."""
-    return _mode_override[-1] if _mode_override else _mode_from_environment()
-
-
-def set_tuning(mode: str) -> str:
-    """Choose how ``order="auto"`` and ``copy="auto"`` decide.
-
-    Local, but it must be the same on every rank: call it on every rank, between collectives.
-    Applies to existing and future communicators of this process.
-
-    Parameters
-    ----------
-    mode : {"table", "online", "off"}
-        "table" (the default, or ``ZCOLL_TUNING``): follow the tuning table where it has a
-        rule, the built-in rules elsewhere. "online": also, for calls no rule covers, try each
-        order (and the eager path where allowed) on the first calls of each block size and
-        keep the fastest (HINT's online selection; one small allreduce per block size).
-        "off": built-in rules only.
-
-    Returns
-    -------
-    str
-        The previous mode.
-    """
-    if mode not in MODES:
-        raise ValueError(f"zcoll.set_tuning: mode must be one of {MODES}, got {mode!r}")
-    previous = get_tuning()
-    _mode_override[:] = [mode]
-    from ._context import _live_contexts  # noqa: PLC0415 - _context imports this module
-
-    for ctx in list(_live_contexts):
-        ctx.apply_tuning(mode)
-    return previous
-
-
 # --- sharing a table over a communicator -------------------------------------------------------
 
 
@@ -393,10 +289,11 @@ def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
     """This process's table rules, or () with a RuntimeWarning when it cannot be used."""
     if mode == "off":
         return ()
-    path = FILE_ENV
+    path = _settings.VARIABLES["tuning_file"].env
     try:
         path = tuning_path()
-        if not os.environ.get(FILE_ENV) and not path.exists():
+        named = _settings.read("tuning_file").text
+        if not named and not path.exists():
             return ()  # no table made yet: the ordinary case, nothing to say
         return load_tuning(path).rules
     except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
@@ -412,101 +309,3 @@ def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
     """Collective: rank 0's table rules (all node sizes) under `mode`, the same on every rank
     of `comm` (rank 0 reads the file; a table it cannot use gives () and a warning there)."""
     return comm.bcast(_rules_or_warn(mode) if comm.rank == 0 else None, root=0)
-
-
-# --- online selection (HINT section V-C) -------------------------------------------------------
-
-
-class _Trial:
-    """Timings of the candidates for one (collective, block size): RUNS calls each, in turn."""
-
-    RUNS = 3
-
-    def __init__(self, candidates: list[int]) -> None:
-        self.candidates = candidates
-        self.best = [math.inf] * len(candidates)
-        self.calls = 0
-
-    def next_code(self) -> int:
-        return self.candidates[self.calls // self.RUNS]
-
-    def record(self, seconds: float) -> bool:
-        """Record the last call's time; whether every candidate has had its runs."""
-        i = self.calls // self.RUNS
-        self.best[i] = min(self.best[i], seconds)
-        self.calls += 1
-        return self.calls == self.RUNS * len(self.candidates)
-
-
-class OnlineTuner:
-    """HINT's online order selection for one context's ``order="auto"`` calls.
-
-    For each (collective, block size) that no table rule covers, the first calls cycle through
-    the orders (and the eager path when the call fits it), ``_Trial.RUNS`` calls each, timing
-    each call; then one non-blocking allreduce (MAX over the ranks of each candidate's best
-    time, all ranks reaching it at the same call) picks the winner, kept for later calls. The
-    ranks make the same calls in the same order (collectives), so they step in lockstep; a call
-    that raises records nothing, on every rank. Every candidate gives the same result.
-    """
-
-    MAX_SIZES = 256  # block sizes tracked; later new sizes keep the built-in choice
-
-    def __init__(self, ctx) -> None:
-        self.ctx = ctx
-        # collective -> bytes received per call -> the trial, or the order code chosen
-        self.states: dict[str, dict[int, _Trial | int]] = {op: {} for op in COLLECTIVES}
-
-    def engine(self, opname: str):
-        """The context's entry point for `opname` with online selection in front of it."""
-        run = getattr(self.ctx.core, opname)
-        # On the per-call path: names bound here, one dict per collective keyed by an int.
-        states, auto, ndarray = self.states[opname], _core.AUTO_ORDER, np.ndarray
-
-        def tuned(sendbuf, recvbuf, code: int, copy: int) -> None:
-            if code != auto or not isinstance(recvbuf, ndarray):
-                return run(sendbuf, recvbuf, code, copy)
-            received = recvbuf.nbytes
-            state = states.get(received)
-            if state is None:
-                state = self._start(opname, received)
-            if type(state) is int:
-                return run(sendbuf, recvbuf, state, copy)
-            start = time.perf_counter()
-            run(sendbuf, recvbuf, state.next_code(), copy)
-            if state.record(time.perf_counter() - start):
-                states[received] = self._decide(state)
-            return None
-
-        return tuned
-
-    def _start(self, opname: str, received: int) -> _Trial | int:
-        core = self.ctx.core
-        block = received // self.ctx.size
-        _, from_rule = core.auto_order(opname, block, received)
-        tracked = sum(map(len, self.states.values()))
-        if from_rule or block == 0 or core.size < 2 or tracked >= self.MAX_SIZES:
-            state: _Trial | int = _core.AUTO_ORDER
-        else:
-            candidates = list(range(len(ORDERS)))
-            if received <= core.eager_bytes:
-                candidates.append(_core.EAGER_ORDER)
-            state = _Trial(candidates)
-        self.states[opname][received] = state
-        return state
-
-    def _decide(self, trial: _Trial) -> int:
-        mine = np.array(trial.best)
-        worst = np.empty_like(mine)
-        request = self.ctx.tuning_comm().Iallreduce(mine, worst, op=MPI.MAX)
-        self.ctx.wait_bounded([request], "zcoll online tuning (agreeing on the fastest order)")
-        return trial.candidates[int(np.argmin(worst))]
-
-    def choice(self, opname: str, block_bytes: int) -> str | None:
-        """The order chosen for blocks of `block_bytes` ("eager", an order, "auto" where the
-        table or the built-in rule decides), or None while still trying."""
-        state = self.states[opname].get(block_bytes * self.ctx.size)
-        if type(state) is not int:
-            return None
-        if state == _core.AUTO_ORDER:
-            return "auto"
-        return "eager" if state == _core.EAGER_ORDER else ORDERS[state]

@@ -7,8 +7,8 @@ Run it under MPI with as many ranks per node as the application will use::
     mpiexec -n 2 python -m zcoll.tune --quick --output /tmp/tuning.json
 
 For each collective and block size (bytes per block; default powers of two from 8 B to 4 MiB)
-every candidate runs on the node's ranks at once, timed OSU-style (the bench's
-:func:`~zcoll.bench.common.measure`: warm-up, barrier, timed loop, the largest mean over the
+every candidate runs on the node's ranks at once, timed OSU-style (as the bench, with
+:func:`~zcoll._timing.measure`: warm-up, barrier, timed loop, the largest mean over the
 ranks, in interleaved rounds, the best round counting): first each block order with a distinct
 schedule, with ordinary stores, and the eager path where a call fits
 it; then, for blocks of 64 KiB and more, the fastest order with streaming stores and with the
@@ -41,9 +41,9 @@ from mpi4py import MPI
 
 import zcoll
 
-from . import _context, _core, _tuning
-from ._registry import ORDERS
-from .bench.common import (
+from . import _context, _core, _settings, _tuning
+from ._registry import COLLECTIVES, COPY_CODES, ORDERS, RULE_ORDER_CODES
+from ._timing import (
     KIB,
     MIB,
     Reporter,
@@ -128,7 +128,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def _parse_collectives(text: str) -> list[str]:
-    return parse_choices(text, _tuning.COLLECTIVES, "collective(s)")
+    return parse_choices(text, COLLECTIVES, "collective(s)")
 
 
 # --- candidates and measurement ----------------------------------------------------------------
@@ -192,8 +192,8 @@ class _Sweep:
     def caller(self, collective: str, c: Candidate, send, recv):
         """A no-argument function that runs `c` once on the arena buffers."""
         run = getattr(self.ctx.core, collective)
-        order = _tuning.RULE_ORDER_CODES[c.order]
-        copy = _tuning.COPY_CODES[c.copy]
+        order = RULE_ORDER_CODES[c.order]
+        copy = COPY_CODES[c.copy]
         return lambda: run(send, recv, order, copy)
 
     def compare(self, collective: str, candidates, send, recv, block: int, report) -> dict:
@@ -416,7 +416,8 @@ def main(argv=None, comm: MPI.Comm | None = None) -> int:
 
 def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
     sw = _Sweep(world, node, args)
-    l2, l3 = _tuning.cache_bytes()
+    facts = _settings.machine()
+    l2, l3 = facts["l2_bytes"].value, facts["llc_bytes"].value
     report(
         f"zcoll.tune: {world.size} ranks, {node.size} per node; L2 {format_size(l2)}, "
         f"L3 {format_size(l3)}; eager path up to {format_size(sw.eager_bytes)} per rank, "

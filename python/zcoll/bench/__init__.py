@@ -2,7 +2,8 @@
 
 Latency of zcoll's collectives against MPI's (OSU style, or with cold caches as in TPDS'18
 Fig. 9), with the bandwidth of large blocks against a memcpy of the same bytes; zcoll.fft's
-parallel FFT against mpi4py-fft's; and the bandwidth of zcoll's copy kernels::
+parallel FFT against mpi4py-fft's; the bandwidth of zcoll's copy kernels; and the cache misses of
+its block orders, simulated under valgrind (no MPI needed)::
 
     mpiexec -n 8 python -m zcoll.bench alltoall
     mpiexec -n 8 python -m zcoll.bench allgather --sizes 8,4K,1M --orders row,hilbert --check
@@ -11,6 +12,7 @@ parallel FFT against mpi4py-fft's; and the bandwidth of zcoll's copy kernels::
     mpiexec -n 4 python -m zcoll.bench alltoall --method cold --max 64K
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
+    python -m zcoll.bench cachemiss --quick          # simulated cache misses, one process
 
 For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
 library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zcoll with each
@@ -18,8 +20,10 @@ library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zco
 of each rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
 budget per measurement, so a whole sweep stays short. Only rank 0 prints and writes files.
 
-Modules: :mod:`.common` (sizes, timing loops, metadata, output), :mod:`.collectives`,
-:mod:`.fft`, :mod:`.copy`, :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
+Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing`, the cold
+loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
+:mod:`.fft`, :mod:`.copy`, :mod:`.cachemiss` (simulated cache misses of the block orders, no
+MPI), :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
 """
 
 from __future__ import annotations
@@ -28,8 +32,6 @@ from .cli import COMMANDS, main, parse_args
 from .collectives import (
     ALL_ORDERS,
     BANDWIDTH_BLOCKS,
-    MEMCPY_METHOD,
-    MPI_METHOD,
     CheckError,
     paired_bandwidth,
     parse_copy_modes,
@@ -40,8 +42,10 @@ from .collectives import (
 from .common import (
     COLD_ITERATIONS,
     KIB,
+    MEMCPY_METHOD,
     MIB,
     MIN_ITERATIONS,
+    MPI_METHOD,
     CacheFlusher,
     budget_cold_iterations,
     budget_iterations,
@@ -55,10 +59,10 @@ from .common import (
     parse_size,
     parse_sizes,
     powers_of_two,
-    write_outputs,
 )
 from .copy import run_copy
 from .fft import run_fft
+from .output import write_outputs
 from .plotting import load_results, plot_results, save_plot
 
 __all__ = [

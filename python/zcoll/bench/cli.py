@@ -8,6 +8,7 @@ from typing import Callable
 
 from mpi4py import MPI
 
+from . import cachemiss
 from .collectives import add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
@@ -21,7 +22,13 @@ from .fft import (
     run_fft,
 )
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "main", "run_cachemiss"]
+
+
+def run_cachemiss(comm: MPI.Comm, args: argparse.Namespace) -> int:
+    """``cachemiss``: rank 0 replays (see :mod:`.cachemiss`); every rank returns its status."""
+    return comm.bcast(cachemiss.run(args) if comm.rank == 0 else None, root=0)
+
 
 #: Subcommand name -> (function(comm, args) -> exit status, help), with its options in
 #: ``_OPTIONS``.
@@ -30,6 +37,10 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
     "allgather": (run_collective, "zcoll.allgather vs comm.Allgather"),
     "fft": (run_fft, "zcoll.fft.PFFT vs mpi4py_fft.PFFT (3D, forward+backward)"),
     "copy": (run_copy, "copy bandwidth: memcpy, hybrid and streaming kernels, np.copyto"),
+    "cachemiss": (
+        run_cachemiss,
+        "simulated cache misses of the block orders (valgrind, one process; no MPI needed)",
+    ),
 }
 
 
@@ -174,12 +185,19 @@ def _copy_options() -> argparse.ArgumentParser:
     return options
 
 
+def _cachemiss_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    cachemiss.add_options(options)
+    return options
+
+
 #: Subcommand name -> function returning a parent parser with its options.
 _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "alltoall": _collective_options,
     "allgather": _collective_options,
     "fft": _fft_options,
     "copy": _copy_options,
+    "cachemiss": _cachemiss_options,
 }
 
 
@@ -187,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = _RootParser(
         prog="python -m zcoll.bench",
         description="OSU-style latency of zcoll collectives against the MPI library's, "
-        "zcoll.fft against mpi4py-fft, and zcoll's copy kernels.",
+        "zcoll.fft against mpi4py-fft, zcoll's copy kernels, and the simulated cache misses "
+        "of its block orders.",
         epilog="Run under MPI, e.g.: mpiexec -n 8 python -m zcoll.bench alltoall",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -198,6 +217,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Checks and defaults that argparse cannot express (calls ``parser.error`` on misuse)."""
+    if args.command == "cachemiss":
+        cachemiss.finish_args(parser, args)
+        return
     if args.command == "fft":
         try:
             args.grid = parse_grid(args.grid_text)

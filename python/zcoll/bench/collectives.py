@@ -29,8 +29,10 @@ from .common import (
     BENCH_METHODS,
     COLD_ITERATIONS,
     KIB,
+    MEMCPY_METHOD,
     MIB,
     MIN_ITERATIONS,
+    MPI_METHOD,
     CacheFlusher,
     Reporter,
     budget_cold_iterations,
@@ -51,8 +53,8 @@ from .common import (
     parse_sizes,
     times,
     where,
-    write_outputs,
 )
+from .output import write_outputs
 
 __all__ = [
     "ALL_ORDERS",
@@ -65,8 +67,6 @@ __all__ = [
     "zcoll_methods",
 ]
 
-MPI_METHOD = "MPI"
-MEMCPY_METHOD = "memcpy"
 BANDWIDTH_BLOCKS = 256 * KIB  # blocks from this size also get the paired bandwidth measurement
 ALL_ORDERS = (*zcoll.ORDERS, "auto")
 ALL_COPY_MODES = ("auto", *zcoll.COPY_MODES)

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from zcoll import _core
+from zcoll import _core, _settings
 
 from .common import (
     KIB,
@@ -30,8 +30,8 @@ from .common import (
     ratio,
     times,
     where,
-    write_outputs,
 )
+from .output import write_outputs
 
 __all__ = ["COPY_FIELDS", "CopyMethod", "copy_methods", "run_copy"]
 
@@ -41,7 +41,6 @@ COPY_TIME_BUDGET = 0.3  # default seconds of timed copies per measurement (over 
 COPY_LOOPS = 3  # timed loops per measurement; the fastest counts
 COPY_MIN_ITERATIONS = 2  # per timed loop
 COPY_MAX_ITERATIONS = 1_000_000
-COPY_FALLBACK_L2 = 512 * KIB  # hybrid threshold numerator when hwloc knows no L2
 COPYTO, TEMPORAL, HYBRID = "copyto", "memcpy", "hybrid"
 COPY_FIELDS = (
     "benchmark",
@@ -79,15 +78,12 @@ def hybrid_threshold(comm: MPI.Comm) -> tuple[int, str]:
     -------
     tuple
         The threshold in bytes and how it was obtained (for the report). Without an L2 size
-        from hwloc, 512 KiB / ranks on the node.
+        from hwloc, zcoll's fallback L2 size (512 KiB) / ranks on the node.
     """
     ranks_here = ranks_on_node(comm)
-    l2 = int(_core.machine_topology().get("l2", 0))
-    if l2 > 0:
-        return max(1, l2 // ranks_here), f"L2 {format_size(l2)} / {plural(ranks_here, 'rank')}"
-    return max(1, COPY_FALLBACK_L2 // ranks_here), (
-        f"L2 unknown: {format_size(COPY_FALLBACK_L2)} / {plural(ranks_here, 'rank')}"
-    )
+    l2, source = _settings.machine()["l2_bytes"]
+    known = "L2" if source == "hwloc" else "L2 unknown:"
+    return max(1, l2 // ranks_here), f"{known} {format_size(l2)} / {plural(ranks_here, 'rank')}"
 
 
 class CopyMethod:
@@ -288,8 +284,7 @@ def run_copy(comm: MPI.Comm, args: argparse.Namespace) -> int:
     else:
         threshold, why = hybrid_threshold(comm)
     methods = copy_methods(threshold, default_isa)
-    l3 = int(_core.machine_topology().get("l3", 0))
-    bound_bytes = max(64 * MIB, 4 * l3)
+    bound_bytes = max(64 * MIB, 4 * _settings.machine()["llc_bytes"].value)
     phases = [1] if comm.size == 1 else [1, comm.size]
 
     say(f"# zcoll.bench copy | {now} | host {socket.gethostname()} | {command}")

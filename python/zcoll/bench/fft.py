@@ -28,8 +28,8 @@ from .common import (
     ratio,
     times,
     where,
-    write_outputs,
 )
+from .output import write_outputs
 
 __all__ = ["FFT_FIELDS", "fft_grid_dims", "parse_fft_sizes", "parse_grid", "run_fft"]
 

@@ -10,7 +10,7 @@ import json
 import os
 from collections import defaultdict
 
-from .collectives import MEMCPY_METHOD, MPI_METHOD
+from .common import MEMCPY_METHOD, MPI_METHOD
 
 __all__ = ["load_results", "plot_results", "save_plot"]
 

@@ -1,6 +1,6 @@
 """Cache misses of zcoll's block orders: TPDS'18 Tables 1-2 for this machine.
 
-``python -m zcoll.cachemiss`` replays the schedule of one alltoall or allgather in one process
+``python -m zcoll.bench cachemiss`` replays the schedule of one alltoall or allgather in one process
 (``zcoll_replay``, installed in ``zcoll/bin``) under valgrind's cache simulator, for every
 collective, number of ranks P, block size and order asked for, and prints the L1 and last-level
 misses per rank in the layout of the paper's tables, with the ratio Morton / row.
@@ -36,7 +36,8 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from . import _core, _registry
+import zcoll
+from zcoll import _core, _registry, _settings
 
 __all__ = [
     "ORDERS",
@@ -45,11 +46,15 @@ __all__ = [
     "CacheGeometry",
     "Config",
     "Measurement",
+    "add_options",
+    "build_parser",
+    "finish_args",
     "host_geometry",
     "main",
     "measure",
     "parse_event_totals",
     "replay_binary",
+    "run",
     "run_config",
 ]
 
@@ -232,14 +237,11 @@ def replay_binary() -> Path:
     FileNotFoundError
         When it is not installed next to the package.
     """
-    override = os.environ.get("ZCOLL_REPLAY")
-    if override:
-        path = Path(override)
-        if not os.access(path, os.X_OK):
-            raise FileNotFoundError(f"ZCOLL_REPLAY={override} is not an executable file")
-        return path
-    import zcoll
-
+    override = _settings.read("replay")
+    if override.value is not None:
+        if not os.access(override.value, os.X_OK):
+            raise FileNotFoundError(f"ZCOLL_REPLAY={override.text} is not an executable file")
+        return override.value
     roots = [Path(p) for p in zcoll.__path__]
     # Editable installs keep the Python sources elsewhere than the installed files.
     roots += [Path(sysconfig.get_paths()[k]) / "zcoll" for k in ("platlib", "purelib")]
@@ -379,7 +381,7 @@ def measure(
     list of Measurement
         In the order of ``configs``.
     """
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or _settings.machine()["cpus"].value
     bar = _progress_bar(len(configs), progress)
     # The work runs in valgrind subprocesses: threads are enough to keep `jobs` of them going.
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -511,13 +513,21 @@ def _geometry(text: str) -> CacheGeometry:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+DESCRIPTION = (
+    "Simulated L1/L2 misses per rank of zcoll's block orders for alltoall and allgather "
+    "(TPDS'18 Tables 1-2), from a one-process replay under valgrind."
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m zcoll.cachemiss``."""
-    p = argparse.ArgumentParser(
-        prog="python -m zcoll.cachemiss",
-        description="Simulated L1/L2 misses per rank of zcoll's block orders for alltoall and "
-        "allgather (TPDS'18 Tables 1-2), from a one-process replay under valgrind.",
-    )
+    """The command line of ``python -m zcoll.bench cachemiss``."""
+    p = argparse.ArgumentParser(prog="python -m zcoll.bench cachemiss", description=DESCRIPTION)
+    add_options(p)
+    return p
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    """Add the options of ``python -m zcoll.bench cachemiss`` to `p`."""
     p.add_argument("--ops", type=_name_list(OPS), default=OPS, help="collectives (default both)")
     p.add_argument("--procs", type=_int_list, default=DEFAULT_PROCS, help="P values (16,64)")
     p.add_argument(
@@ -565,23 +575,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write the raw results as JSON")
     p.add_argument("--csv", metavar="PATH", help="write the raw results as CSV")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m zcoll.cachemiss``; returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Checks and defaults that argparse cannot express (``parser.error`` on misuse)."""
     if args.skew < 0 or args.skew % 64:
         parser.error(f"--skew must be a non-negative multiple of 64, got {args.skew}")
     if args.quick:
         args.procs, args.blocks, args.orders = QUICK["procs"], QUICK["blocks"], QUICK["orders"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m zcoll.bench cachemiss``; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    finish_args(parser, args)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Replay and report what `args` (see :func:`build_parser`) asks for; the exit status:
+    0, 1 when a replay failed, 2 when valgrind, the replay or the host's caches are missing."""
     try:
         valgrind_binary()
         replay_binary()
         d1, ll = PAPER_GEOMETRY if args.cache == "paper" else host_geometry()
     except (RuntimeError, FileNotFoundError) as e:
-        print(f"zcoll.cachemiss: {e}", file=sys.stderr)
+        print(f"zcoll.bench cachemiss: {e}", file=sys.stderr)
         return 2
     d1, ll = args.d1 or d1, args.ll or ll
     configs = [
@@ -608,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=False if args.no_progress else None,
         )
     except RuntimeError as e:
-        print(f"zcoll.cachemiss: {e}", file=sys.stderr)
+        print(f"zcoll.bench cachemiss: {e}", file=sys.stderr)
         return 1
     print(format_tables(results, args.orders))
     for line in target_report(results):
