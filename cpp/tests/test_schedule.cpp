@@ -174,8 +174,9 @@ TEST_CASE("block_curve rejects P < 1 and unknown orders") {
   CHECK_THROWS_AS(zcoll::block_curve(0, block_order::row), std::invalid_argument);
   CHECK_THROWS_AS(zcoll::block_curve(-3, block_order::hilbert), std::invalid_argument);
   CHECK_THROWS_AS(zcoll::full_schedule(0, block_order::morton), std::invalid_argument);
-  CHECK_THROWS_AS(zcoll::block_curve(4, static_cast<block_order>(zcoll::count_of<zcoll::block_order>)),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(
+      zcoll::block_curve(4, static_cast<block_order>(zcoll::count_of<zcoll::block_order>)),
+      std::invalid_argument);
 }
 
 TEST_CASE("full_schedule covers every block once in P balanced segments") {
