@@ -36,47 +36,39 @@ op_code op_named(const std::string& name) {
   return *op;
 }
 
-// The Python arguments of a collective as the engine takes them.
-struct call_arrays {
-  // A contiguous copy of sendbuf, when one was made. py::object, not py::array: a
-  // default-constructed py::array allocates an empty NumPy array (~0.15 us a call).
-  py::object send_copy;
-  array_view send_view, recv_view;
-  bool in_place = false;
-  const array_view* send_ptr() const noexcept { return in_place ? nullptr : &send_view; }
-};
-
-// Converts (sendbuf, recvbuf); the TypeError message when they cannot be, else "".
-std::string convert(const py::object& send, const py::object& recv, call_arrays* out) {
+// Converts (sendbuf, recvbuf) and returns ok(send view or nullptr in place, recv view), or
+// error(TypeError message) when they cannot be converted. A template, so that the per-call path
+// builds its views on the stack with nothing else around them.
+template <class Ok, class Error>
+auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&& error) {
   if (!py::isinstance<py::array>(recv))
-    return "recvbuf must be a numpy.ndarray, got " + type_name(recv);
-  out->recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
-  out->in_place = is_in_place(send);
-  if (out->in_place) return {};
-  if (send.is_none()) return "sendbuf is None (use zcoll.IN_PLACE)";
-  py::array contiguous = as_c_array(send);
-  if (!contiguous) return "sendbuf cannot be converted to a NumPy array";
-  out->send_view = view_of(contiguous);
-  if (!contiguous.is(send)) out->send_copy = std::move(contiguous);
-  return {};
+    return error("recvbuf must be a numpy.ndarray, got " + type_name(recv));
+  const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  if (is_in_place(send)) return ok(nullptr, recv_view);
+  if (send.is_none()) return error(std::string("sendbuf is None (use zcoll.IN_PLACE)"));
+  const py::array send_array = as_c_array(send);  // alive until the call returns
+  if (!send_array) return error(std::string("sendbuf cannot be converted to a NumPy array"));
+  const array_view send_view = view_of(send_array);
+  return ok(&send_view, recv_view);
 }
 
 std::string call_prefix(op_code op) {
   return "zcoll." + std::string(name_of(op)) + ": ";
 }
 
-[[noreturn]] void fail_everywhere(node_context& ctx, op_code op, const std::string& why) {
-  py::gil_scoped_release release;
-  ctx.fail(arg_error::type, call_prefix(op) + why);
-}
-
 // Runs alltoall or allgather; the engine checks everything the conversion did not.
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int order,
          int copy) {
-  call_arrays a;
-  if (std::string why = convert(send, recv, &a); !why.empty()) fail_everywhere(ctx, op, why);
-  gil_released_on_block gil(ctx, a.recv_view.nbytes);
-  ctx.run(op, a.send_ptr(), a.recv_view, order, copy);
+  with_views(
+      send, recv,
+      [&](const array_view* send_view, const array_view& recv_view) {
+        gil_released_on_block gil(ctx, recv_view.nbytes);
+        ctx.run(op, send_view, recv_view, order, copy);
+      },
+      [&](const std::string& why) {
+        py::gil_scoped_release release;
+        ctx.fail(arg_error::type, call_prefix(op) + why);
+      });
 }
 
 py::bytes as_bytes(const call_record& r) {
@@ -86,10 +78,12 @@ py::bytes as_bytes(const call_record& r) {
 call_record describe(const node_context& ctx, const std::string& name, const py::object& send,
                      const py::object& recv, int order, int copy) {
   const op_code op = op_named(name);
-  call_arrays a;
-  if (std::string why = convert(send, recv, &a); !why.empty())
-    return error_record(arg_error::type, call_prefix(op) + why);
-  return ctx.describe(op, a.send_ptr(), a.recv_view, order, copy);
+  return with_views(
+      send, recv,
+      [&](const array_view* send_view, const array_view& recv_view) {
+        return ctx.describe(op, send_view, recv_view, order, copy);
+      },
+      [&](const std::string& why) { return error_record(arg_error::type, call_prefix(op) + why); });
 }
 
 // Every rank's record (as gathered, rank order) -> the verdict, as the node path reaches it.

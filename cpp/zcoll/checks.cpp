@@ -129,15 +129,13 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
   return {arg_error::none, {}, send.nbytes / static_cast<std::size_t>(g.comm_size)};
 }
 
-bool check_codes(local_check& check, int order, int copy, bool eager_allowed) {
-  if (!check.ok()) return false;
-  const bool order_ok =
-      order == auto_order || is_code<block_order>(order) || (eager_allowed && order == eager_order);
-  if (!order_ok)
+void set_code_error(local_check& check, int order, int copy, bool eager_allowed) {
+  if (!check.ok()) return;
+  if (order != auto_order && !is_code<block_order>(order) &&
+      !(eager_allowed && order == eager_order))
     check = value_error("unknown order code " + std::to_string(order));
   else if (copy != auto_copy && !is_code<copy_mode>(copy))
     check = value_error("unknown copy code " + std::to_string(copy));
-  return check.ok();
 }
 
 std::string bad_option_message(std::string_view what, std::string_view repr) {

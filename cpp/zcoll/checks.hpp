@@ -65,10 +65,17 @@ local_check check_local_args(op_code op, int comm_size, const array_view* send,
 local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const array_view& send,
                                 const array_view& recv);
 
-// Checks the order and copy codes of a call (a block_order value or auto_order; with
-// `eager_allowed`, eager_order too; a copy_mode value or auto_copy); sets `check` to the error
-// unless it holds one already. Returns check.ok().
-bool check_codes(local_check& check, int order, int copy, bool eager_allowed);
+// Sets `check` to "unknown order/copy code" when `order` is not a block_order value or
+// auto_order (with `eager_allowed`, eager_order too) or `copy` not a copy_mode value or
+// auto_copy, unless it holds an error already. Returns check.ok(). Inline: every call runs it.
+void set_code_error(local_check& check, int order, int copy, bool eager_allowed);
+inline bool check_codes(local_check& check, int order, int copy, bool eager_allowed) {
+  const bool order_ok =
+      order == auto_order || is_code<block_order>(order) || (eager_allowed && order == eager_order);
+  if (check.ok() && order_ok && (copy == auto_copy || is_code<copy_mode>(copy))) return true;
+  set_code_error(check, order, copy, eager_allowed);
+  return check.ok();
+}
 
 // The message for an `order=` or `copy=` value (its Python repr) that names no order or mode:
 // "order must be 'auto' or one of ['row', ...], got 'zigzag'". `what` is "order" or "copy".

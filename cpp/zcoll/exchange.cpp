@@ -57,37 +57,37 @@ void node_context::setup_eager(std::size_t bytes) {
   policy_.set_eager_bytes(slot);
 }
 
-local_check node_context::prepare(op_code op, const array_view* send, const array_view& recv,
-                                  int order, int copy, collective_args* args) const {
-  local_check check = check_local_args(op, config_.comm_size, send, recv);
-  if (!check_codes(check, order, copy, true)) return check;
+void node_context::prepare(op_code op, const array_view* send, const array_view& recv, int order,
+                           int copy, local_check& check, collective_args& args) const {
   if (order == auto_order) {
     const auto_choice c = policy_.resolve(op, check.block_bytes, recv.nbytes);
-    args->order = c.order;
-    args->eager = c.eager;
+    args.order = c.order;
+    args.eager = c.eager;
   } else if (order == eager_order) {
-    if (!policy_.eager_fits(recv.nbytes))
-      return value_error("the eager path takes at most " + std::to_string(eager_bytes()) +
-                         " bytes per rank, this call receives " + std::to_string(recv.nbytes));
-    args->eager = true;
+    if (!policy_.eager_fits(recv.nbytes)) {
+      check = value_error("the eager path takes at most " + std::to_string(eager_bytes()) +
+                          " bytes per rank, this call receives " + std::to_string(recv.nbytes));
+      return;
+    }
+    args.eager = true;
   } else {
-    args->order = static_cast<block_order>(order);
+    args.order = static_cast<block_order>(order);
   }
-  args->op = op;
-  args->copy = copy;
-  args->send = send ? send->data : nullptr;
-  args->send_bytes = send ? send->nbytes : 0;
-  args->recv = const_cast<void*>(recv.data);
-  args->recv_bytes = recv.nbytes;
-  args->block_bytes = check.block_bytes;
-  args->dtype = recv.dtype;
-  return check;
+  args.op = op;
+  args.copy = copy;
+  args.send = send ? send->data : nullptr;
+  args.send_bytes = send ? send->nbytes : 0;
+  args.recv = const_cast<void*>(recv.data);
+  args.recv_bytes = recv.nbytes;
+  args.block_bytes = check.block_bytes;
+  args.dtype = recv.dtype;
 }
 
 void node_context::run(op_code op, const array_view* send, const array_view& recv, int order,
                        int copy) {
+  local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
-  const local_check check = prepare(op, send, recv, order, copy, &args);
+  if (check_codes(check, order, copy, true)) prepare(op, send, recv, order, copy, check, args);
   if (!check.ok()) fail(check.error, call_name(op) + check.message);
   if (args.eager)
     execute_eager(args);

@@ -118,9 +118,10 @@ class node_context {
   std::uint64_t calls() const noexcept { return protocol_.calls(); }
 
  private:
-  // The checked, resolved arguments of a call, or the local verdict against them.
-  local_check prepare(op_code op, const array_view* send, const array_view& recv, int order,
-                      int copy, collective_args* args) const;
+  // Fills `args` for a call whose local checks passed (`check`), resolving "auto"; sets
+  // `check` to the error when the call cannot run as asked (the eager path too small).
+  void prepare(op_code op, const array_view* send, const array_view& recv, int order, int copy,
+               local_check& check, collective_args& args) const;
   void execute(const collective_args& args);
   void execute_eager(const collective_args& args);
   void stage_in(const collective_args& args, std::size_t send_part, const buffer_ref& my_send,
