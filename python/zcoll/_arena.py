@@ -16,7 +16,7 @@ __all__ = ["empty", "empty_like", "is_shared", "peer_arrays", "zeros"]
 
 def _normalize_shape(shape) -> tuple[int, ...]:
     try:
-        dims = (operator.index(shape),)
+        dims: tuple[int, ...] = (operator.index(shape),)
     except TypeError:
         try:
             dims = tuple(operator.index(d) for d in shape)
@@ -63,7 +63,8 @@ def empty(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
     except (TypeError, ValueError) as exc:
         ctx.fail("empty", exc)
     block = ctx.allocate(nbytes)
-    return np.frombuffer(block, dtype=dt, count=prod(dims)).reshape(dims)
+    # memoryview: numpy's stubs take no buffer-protocol object; the view keeps the block alive.
+    return np.frombuffer(memoryview(block), dtype=dt, count=prod(dims)).reshape(dims)
 
 
 def zeros(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
@@ -133,5 +134,5 @@ def peer_arrays(comm: MPI.Comm, a: np.ndarray) -> list[np.ndarray | None]:
             continue
         dt = np.dtype(dtype)
         block = ctx.core.view(segment, offset, nbytes)
-        views.append(np.frombuffer(block, dtype=dt, count=prod(shape)).reshape(shape))
+        views.append(np.frombuffer(memoryview(block), dtype=dt, count=prod(shape)).reshape(shape))
     return views

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import numpy as np
 from mpi4py import MPI
 
@@ -24,6 +26,13 @@ def _option_error(order, copy) -> ValueError | None:
     return None if message is None else ValueError(message)
 
 
+def _fail_options(ctx: Context, opname: str, order, copy) -> NoReturn:
+    """Raise on every rank the engine's error for the invalid ``order=`` / ``copy=`` values."""
+    error = _option_error(order, copy)
+    assert error is not None  # only called when `order` or `copy` has no code
+    ctx.fail(opname, error)
+
+
 def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
     """Allocate the result in the arena (collective); errors are raised on every rank."""
     try:
@@ -43,7 +52,8 @@ def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
 def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     block = ctx.allocate(count * dtype.itemsize)
-    return np.frombuffer(block, dtype=dtype, count=count).reshape(shape)
+    # memoryview: numpy's stubs take no buffer-protocol object; the view keeps the block alive.
+    return np.frombuffer(memoryview(block), dtype=dtype, count=count).reshape(shape)
 
 
 def _byte_blocks(a: np.ndarray) -> np.ndarray:
@@ -100,7 +110,7 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
     code = ORDER_CODES.get(order) if type(order) is str else None
     copy_code = COPY_CODES.get(copy) if type(copy) is str else None
     if code is None or copy_code is None:
-        ctx.fail(opname, _option_error(order, copy))
+        _fail_options(ctx, opname, order, copy)
     if ctx.multi_node:
         _multi_node(ctx, opname, sendbuf, recvbuf, code, copy_code)
     else:

@@ -117,6 +117,7 @@ def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
         raise OSError(f"zcoll: could not share the node control segment: {failed}")
+    assert segment is not None  # every rank created or attached it, or all raised above
     return segment
 
 
@@ -143,7 +144,7 @@ class Context:
         self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
         self.multi_node = len(set(leaders)) > 1
         self.oversubscribed = self.node_size > s.cpus
-        self._comm = comm  # used by the multi-node path and online tuning only
+        self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         self._broken = ""  # why the multi-node path failed, if it did
         self.core = _core.NodeContext(
@@ -188,7 +189,9 @@ class Context:
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""
-        return self._p2p if self._p2p is not None else self._comm
+        comm = self._p2p if self._p2p is not None else self._comm
+        assert comm is not None, "the context is closed"
+        return comm
 
     def _apply_wait(self) -> None:
         if not self.core.closed:
@@ -230,6 +233,7 @@ class Context:
         self.check_unbroken()
         mine = np.frombuffer(record, np.uint8).copy()
         everything = np.empty((self.size, mine.size), np.uint8)
+        assert self._p2p is not None  # made in __init__ when multi_node
         request = self._p2p.Iallgather([mine, MPI.BYTE], [everything, MPI.BYTE])
         self.wait_bounded([request], f"zcoll.{opname} (agreeing on arguments across nodes)")
         _core.agree(everything, self.rank)
@@ -264,6 +268,7 @@ class Context:
 
     def p2p_comm(self) -> MPI.Comm:
         """Private duplicate of the communicator for inter-node blocks."""
+        assert self._p2p is not None  # made in __init__ when multi_node
         return self._p2p
 
     def close(self) -> None:
@@ -278,7 +283,7 @@ _by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when
 _keyval = None
 
 
-def _delete_attribute(comm, keyval, ctx) -> None:  # noqa: ARG001 - MPI callback signature
+def _delete_attribute(comm: MPI.Comm, keyval: int, ctx: Context) -> None:  # noqa: ARG001 - MPI callback signature
     if _by_handle.get(ctx.handle) is ctx:
         del _by_handle[ctx.handle]
     ctx.close()
@@ -302,7 +307,8 @@ def lookup(comm: MPI.Comm) -> Context:
 def context(comm: MPI.Comm) -> Context:
     """The zcoll context of `comm`, created collectively on first use."""
     try:
-        ctx = comm.Get_attr(_attribute_key())
+        # mpi4py's stub types every attribute value as `int | Any | None`; ours is a Context.
+        ctx: Context | None = comm.Get_attr(_attribute_key())  # type: ignore[assignment]
     except AttributeError:
         raise TypeError(
             f"zcoll: expected an mpi4py communicator, got {type(comm).__name__}"

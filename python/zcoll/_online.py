@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import final
 
 import numpy as np
 from mpi4py import MPI
@@ -18,6 +19,7 @@ from ._registry import COLLECTIVES, ORDERS
 __all__ = ["OnlineTuner"]
 
 
+@final  # so that `type(state) is not _Trial` narrows a state to int
 class _Trial:
     """Timings of the candidates for one (collective, block size): RUNS calls each, in turn."""
 
@@ -70,7 +72,7 @@ class OnlineTuner:
             state = states.get(received)
             if state is None:
                 state = self._start(opname, received)
-            if type(state) is int:
+            if type(state) is not _Trial:
                 return run(sendbuf, recvbuf, state, copy)
             start = time.perf_counter()
             run(sendbuf, recvbuf, state.next_code(), copy)

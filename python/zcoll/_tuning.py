@@ -26,6 +26,7 @@ import socket
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from mpi4py import MPI
 
@@ -173,6 +174,10 @@ class TuningTable:
         )
 
 
+@overload
+def _size(value, what: str, *, minimum: int = 0, optional: Literal[False] = False) -> int: ...
+@overload
+def _size(value, what: str, *, minimum: int = 0, optional: bool) -> int | None: ...
 def _size(value, what: str, *, minimum: int = 0, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
@@ -289,7 +294,7 @@ def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
     """This process's table rules, or () with a RuntimeWarning when it cannot be used."""
     if mode == "off":
         return ()
-    path = _settings.VARIABLES["tuning_file"].env
+    path: str | Path = _settings.VARIABLES["tuning_file"].env
     try:
         path = tuning_path()
         named = _settings.read("tuning_file").text

@@ -242,7 +242,7 @@ def sweep(sw: _Sweep, collective: str, sizes, report: Reporter) -> dict[int, dic
         send, recv = sw.buffers(collective, block)
         stage1 = order_candidates(block, sw.node.size, sw.eager_bytes)
         times = sw.compare(collective, stage1, send, recv, block, report)
-        best_order = min(times, key=times.get).order
+        best_order = min(times, key=times.__getitem__).order
         stage2 = copy_candidates(best_order, block, sw.base_threshold)
         if stage2:
             times.update(sw.compare(collective, stage2, send, recv, block, report))
@@ -291,7 +291,7 @@ def rules_from_winners(
 def winner(times: dict, builtin: Candidate) -> Candidate:
     """The fastest candidate, or BUILTIN when the built-in choice was measured and is within
     3% of it (noise must not fragment the table, and the built-in rule adapts at run time)."""
-    best = min(times, key=times.get)
+    best = min(times, key=times.__getitem__)
     if builtin in times and times[best] >= REQUIRED_GAIN * times[builtin]:
         return BUILTIN
     return best

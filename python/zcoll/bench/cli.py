@@ -202,7 +202,8 @@ _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _RootParser(
+    # Typed as a plain parser: typeshed wants add_parser's `parents` of the root's own class.
+    parser: argparse.ArgumentParser = _RootParser(
         prog="python -m zcoll.bench",
         description="OSU-style latency of zcoll collectives against the MPI library's, "
         "zcoll.fft against mpi4py-fft, zcoll's copy kernels, and the simulated cache misses "

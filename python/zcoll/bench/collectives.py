@@ -158,6 +158,7 @@ class Timer:
         """Timed calls for `call` with blocks of `block` bytes (the same on every rank)."""
         args = self.args
         if self.cold:
+            assert self.flusher is not None  # made when cold
             per_iteration = cold_iteration_seconds(self.comm, call.fn, call.buffers, self.flusher)
             count = args.iterations or COLD_ITERATIONS
             return budget_cold_iterations(count, args.time_budget, per_iteration)
@@ -173,6 +174,7 @@ class Timer:
     def seconds(self, call: Call, iterations: int, warmup: int) -> float:
         """Seconds per call, the largest over the ranks of each rank's mean; collective."""
         if self.cold:
+            assert self.flusher is not None  # made when cold
             return measure_cold(call.fn, iterations, warmup, self.comm, call.buffers, self.flusher)
         return measure(call.fn, iterations, warmup, self.comm)
 
@@ -408,7 +410,7 @@ def geomean_speedups(by_block: dict[int, dict[str, float]]) -> dict[str, float |
 
 
 def _describe_method(timer: Timer) -> str:
-    if not timer.cold:
+    if timer.flusher is None:  # not cold
         return "warm (OSU: warm-up calls, barrier, timed loop; max over ranks of the mean)"
     return (
         f"cold (TPDS'18 Fig. 9: before each timed call every rank sweeps "
@@ -520,7 +522,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "bench_method": args.method,
             "orders": list(args.orders),
             "copy_modes": list(args.copies),
-            "flush_bytes": timer.flusher.nbytes if timer.cold else None,
+            "flush_bytes": timer.flusher.nbytes if timer.flusher is not None else None,
             "paired_rounds": PAIRED_ROUNDS,
             "geomean_speedup_small": speedups["small"],
             "geomean_speedup_large": speedups["large"],

@@ -169,7 +169,7 @@ def _time_copy_on(comm: MPI.Comm, method: CopyMethod, dst, src, args) -> dict:
         method.run(dst, src, warmup)
     per_copy = comm.allreduce(_pilot_seconds(method, dst, src), op=MPI.MAX)
     iterations = _copy_iterations(args, per_copy)
-    best = None
+    best: dict[str, float] | None = None
     for _ in range(COPY_LOOPS):
         comm.Barrier()
         elapsed = _copy_seconds(method, dst, src, iterations)
@@ -181,6 +181,7 @@ def _time_copy_on(comm: MPI.Comm, method: CopyMethod, dst, src, args) -> dict:
         }
         if best is None or loop["gbps_aggregate"] > best["gbps_aggregate"]:
             best = loop
+    assert best is not None  # COPY_LOOPS >= 1
     return {**best, "iterations": iterations}
 
 
@@ -226,7 +227,7 @@ def measure_size(comm, args, size: int, methods, phases, say: Reporter, rows: li
     src, dst = _aligned_empty(size), _aligned_empty(size)
     src[...] = np.arange(size, dtype=np.uint64).astype(np.uint8)  # touched, not zero pages
     dst.fill(0)
-    results = {ranks: {} for ranks in phases}
+    results: dict[int, dict[str, dict]] = {ranks: {} for ranks in phases}
     default_isa = _core.active_copy_isa()
     for method in methods:
         if method.isa is not None:
@@ -297,7 +298,8 @@ def run_copy(comm: MPI.Comm, args: argparse.Namespace) -> int:
     say(f"# streaming, T = {format_size(threshold)} ({why}); nt-ISA: streaming (non-temporal)")
     say(f"# stores with that kernel. Kernels on this CPU: {kernels}; default {default_isa}.")
     say("# best NT: the best of hybrid and nt-* / memcpy (above 1: streaming wins).")
-    rows, tables = [], {ranks: [] for ranks in phases}
+    rows: list[dict] = []
+    tables: dict[int, list[tuple[int, dict[str, dict]]]] = {ranks: [] for ranks in phases}
     say.start(len(args.sizes) * len(methods) * len(phases), "copy")
     try:
         for size in args.sizes:

@@ -12,6 +12,8 @@ import math
 import socket
 import sys
 import time
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import numpy as np
 from mpi4py import MPI
@@ -42,6 +44,19 @@ FFT_TIME_BUDGET = 1.0  # default seconds per timed loop
 ZCOLL_FFT, MPI4PY_FFT = "zcoll", "mpi4py-fft"
 #: --check: largest relative 2-norm difference accepted, by the precision of the dtype
 FFT_TOLERANCE = {"double": 1e-10, "single": 1e-5}
+
+
+class FFTTimes(TypedDict):
+    """What :func:`time_fft` measures: seconds per pair (``fft`` / ``transpose`` None when
+    unknown) and the loop's counts."""
+
+    total: float
+    fft: float | None
+    transpose: float | None
+    iterations: int
+    warmup: int
+
+
 FFT_FIELDS = (
     "benchmark",
     "P",
@@ -164,6 +179,9 @@ class _FFTCase:
     plan's own ones where `explicit` is False)."""
 
     explicit = True
+    plan: Any  # zcoll.fft.PFFT or mpi4py_fft.PFFT
+    u: np.ndarray
+    u_hat: np.ndarray
 
     def forward(self) -> np.ndarray:
         if not self.explicit:
@@ -297,7 +315,7 @@ def check_fft(comm, zc: ZcollFFTCase, mc: Mpi4pyFFTCase | None, dtype) -> list[s
     return failures
 
 
-def time_fft(comm, case, args) -> dict[str, float | int | None]:
+def time_fft(comm, case, args) -> FFTTimes:
     """Time forward+backward pairs of `case`, as :func:`measure` times a collective.
 
     Every rank runs ``--warmup`` untimed pairs; without ``--iterations`` one more pair, timed
@@ -357,7 +375,7 @@ def fft_table_header() -> list[str]:
     ]
 
 
-def fft_table_row(n: int, z: dict, m: dict | None) -> str:
+def fft_table_row(n: int, z: Mapping[str, Any], m: Mapping[str, Any] | None) -> str:
     """One line of the fft table: zcoll's and mpi4py-fft's times (ms) and their ratios."""
     m = m or {"total": None, "fft": None, "transpose": None}
     total, transpose = ratio(m["total"], z["total"]), ratio(m["transpose"], z["transpose"])
@@ -415,7 +433,8 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
     say(f"# P={comm.size}, grid {grid_label(dims)}, zcoll backend {args.backend}; vs {than}")
     for line in fft_table_header():
         say(line)
-    rows, ratios = [], {"total": [], "transpose": []}
+    rows: list[dict[str, Any]] = []
+    ratios: dict[str, list[float | None]] = {"total": [], "transpose": []}
     say.start(len(args.sizes) * (2 if reference else 1), "fft")
     try:
         status = _sweep(comm, args, dtype, dims, reference, say, rows, ratios)

@@ -84,7 +84,7 @@ def plot_copy(document: dict, ax) -> None:
     series = defaultdict(list)
     for row in document["results"]:
         series[(row["method"], row["ranks"])].append((row["size_bytes"], row["gbps_per_rank"]))
-    colors = {}
+    colors: dict[str, str] = {}
     for (method, ranks), points in series.items():
         points.sort()
         color = colors.setdefault(method, f"C{len(colors) % 10}")

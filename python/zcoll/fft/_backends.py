@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from math import prod
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,7 @@ class NumpyBackend:
     folds_scaling = True
 
     def __init__(self) -> None:
-        self._module = np.fft
+        self._module: Any = np.fft  # or scipy.fft with workers (ScipyBackend): fftn, rfftn, ...
         self._has_out = "out" in inspect.signature(np.fft.fftn).parameters
 
     def _call(self, func, a, out, n: int, inverse: bool, factor: float, **kw):
@@ -156,7 +157,11 @@ def _c_strided(a: np.ndarray) -> bool:
     return a.strides == tuple(reversed(expected))
 
 
-BACKENDS = {"numpy": NumpyBackend, "scipy": ScipyBackend, "pyfftw": PyfftwBackend}
+BACKENDS: dict[str, type[NumpyBackend | PyfftwBackend]] = {
+    "numpy": NumpyBackend,
+    "scipy": ScipyBackend,
+    "pyfftw": PyfftwBackend,
+}
 
 
 def check_backend(name: str, options: dict) -> None:

@@ -56,7 +56,7 @@ class Subcomm(tuple):
     Collective over `comm`. :meth:`destroy` frees the communicators (also collective).
     """
 
-    def __new__(cls, comm: MPI.Comm, dims: Sequence[int]):
+    def __new__(cls, comm: MPI.Intracomm, dims: Sequence[int]):
         dims = MPI.Compute_dims(comm.size, fitting_dims(comm.size, dims))
         cart = comm.Create_cart(dims, reorder=False)
         subs = [cart.Sub([k == i for k in range(len(dims))]) for i in range(len(dims))]

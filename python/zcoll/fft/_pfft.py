@@ -40,32 +40,34 @@ class DistArray(np.ndarray):
 
     @property
     def pencil(self) -> Pencil:
-        return self._pencil
+        pencil = self._pencil
+        assert pencil is not None, "a DistArray made by newDistArray (or a view of one)"
+        return pencil
 
     @property
     def global_shape(self) -> tuple[int, ...]:
-        return self._pencil.shape
+        return self.pencil.shape
 
     @property
     def substart(self) -> tuple[int, ...]:
-        return self._pencil.substart
+        return self.pencil.substart
 
     @property
     def alignment(self) -> int:
         """The axis every rank holds whole."""
-        return self._pencil.axis
+        return self.pencil.axis
 
     @property
     def subcomm(self) -> tuple[MPI.Comm, ...]:
-        return self._pencil.subcomm
+        return self.pencil.subcomm
 
     @property
     def commsizes(self) -> tuple[int, ...]:
-        return tuple(c.size for c in self._pencil.subcomm)
+        return tuple(c.size for c in self.pencil.subcomm)
 
     def local_slice(self) -> tuple[slice, ...]:
         """Where this rank's part lies in the global array."""
-        return self._pencil.local_slice()
+        return self.pencil.local_slice()
 
     def redistribute(self, axis: int, out: DistArray | None = None) -> DistArray:
         """Collective: the same global array aligned in `axis` (a new arena array unless `out`).
@@ -73,7 +75,7 @@ class DistArray(np.ndarray):
         One global transpose over the communicator that distributes `axis`; a copy when
         `axis` is not distributed.
         """
-        target = self._pencil.pencil(axis)
+        target = self.pencil.pencil(axis)
         if out is None:
             out = _new(target, self.dtype)
         error = None
@@ -82,16 +84,18 @@ class DistArray(np.ndarray):
                 f"out must be an array of this rank's shape {target.subshape} aligned in axis "
                 f"{target.axis}"
             )
+        assert target.comm is not None  # a DistArray's pencils come with their communicator
         lookup(target.comm).raise_together("fft.redistribute", error)
         if target.subcomm[self.alignment].size == 1:
             out[...] = self
             return out
-        self._pencil.transfer(target, self.dtype).forward(self, out)
+        self.pencil.transfer(target, self.dtype).forward(self, out)
         return out
 
 
 def _new(pencil: Pencil, dtype) -> DistArray:
     """Collective over the grid: an arena array of `pencil`'s local shape."""
+    assert pencil.comm is not None  # PFFT's pencils come with their communicator
     a = empty(pencil.comm, pencil.subshape, dtype).view(DistArray)
     a._pencil = pencil
     return a
@@ -154,7 +158,7 @@ class PFFT:
 
     def __init__(
         self,
-        comm: MPI.Comm,
+        comm: MPI.Intracomm,
         shape: Sequence[int],
         axes: Sequence[int] | None = None,
         dtype=float,
@@ -211,10 +215,10 @@ class PFFT:
             if grid_ is not None:
                 _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
             check_backend(backend, options)
-            if error := _option_error(*exchange_options):
-                raise error
+            if option_error := _option_error(*exchange_options):
+                raise option_error
             mine = (shape, axes_, str(dt), grid_, backend, exchange_options)
-            error = None
+            error: str | None = None
         except (TypeError, ValueError) as exc:
             mine, error = None, f"{type(exc).__name__}: {exc}"
         everyone = comm.allgather((mine, error))
@@ -365,6 +369,7 @@ class PFFT:
         for i, step in enumerate(self._steps):
             dst = out if i == last else self._work[i]
             if step.kind == "transfer":
+                assert step.transfer is not None  # every transfer step has its Transfer
                 self._timed("transpose", step.transfer.forward, a, dst)
             elif step.kind == "r2c":
                 self._timed("fft", be.r2c, a, dst, step.axes, factors[i])
@@ -379,11 +384,14 @@ class PFFT:
             # Step i's inverse writes the layout step i read: step i-1's output, or the input.
             dst = out if i == 0 else self._work[i - 1]
             if step.kind == "transfer":
+                assert step.transfer is not None  # every transfer step has its Transfer
                 self._timed("transpose", step.transfer.backward, a, dst)
             elif step.kind == "r2c":
-                if a is not self._work[0]:
-                    self._work[0][...] = a  # c2r may destroy its input
-                    a = self._work[0]
+                work = self._work[0]
+                assert work is not None  # an r2c step is step 0, with a work array of its own
+                if a is not work:
+                    work[...] = a  # c2r may destroy its input
+                    a = work
                 self._timed("fft", be.c2r, a, dst, step.axes, factors[i])
             else:
                 self._timed("fft", be.c2c, a, dst, step.axes, True, factors[i])
