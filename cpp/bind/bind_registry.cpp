@@ -35,6 +35,8 @@ void register_registry(py::module_& m) {
   for (std::size_t i = 0; i < tuned_collectives.size(); ++i)
     tuned[i] = py::str(std::string(name_of(tuned_collectives[i])));
   m.attr("TUNED_COLLECTIVES") = tuned;
+  m.attr("AUTO_NAME") = py::str(std::string(auto_name));
+  m.attr("EAGER_NAME") = py::str(std::string(eager_name));
   m.attr("AUTO_ORDER") = auto_order;
   m.attr("EAGER_ORDER") = eager_order;
   m.attr("AUTO_COPY") = auto_copy;

@@ -9,6 +9,7 @@ from mpi4py import MPI
 
 from . import _core, _registry
 from ._context import Context, _by_handle, lookup
+from ._registry import AUTO
 
 __all__ = ["IN_PLACE", "allgather", "alltoall"]
 
@@ -49,7 +50,7 @@ def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
             raise ValueError("sendbuf must have at least one dimension")
     except (TypeError, ValueError) as exc:
         ctx.fail(opname, exc)
-    shape = send.shape if opname == "alltoall" else (ctx.size, *send.shape)
+    shape = send.shape if opname == _registry.ALLTOALL else (ctx.size, *send.shape)
     return _arena_array(ctx, shape, send.dtype)
 
 
@@ -76,7 +77,7 @@ def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: i
         return
     rb = _byte_blocks(recv)
     in_place = send is IN_PLACE
-    if opname == "alltoall":
+    if opname == _registry.ALLTOALL:
         sb = rb if in_place else _byte_blocks(np.ascontiguousarray(send))
         outgoing = {r: sb[r * block : (r + 1) * block] for r in remote}
         if in_place:  # what goes out must be saved before it is overwritten
@@ -123,7 +124,7 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
 
 
 def alltoall(
-    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto", copy: str = "auto"
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
 ) -> np.ndarray:
     """All-to-all personalised exchange, as ordered block copies in shared memory.
 
@@ -174,11 +175,11 @@ def alltoall(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
-    return _exchange("alltoall", comm, sendbuf, recvbuf, order, copy)
+    return _exchange(_registry.ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
 def allgather(
-    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = "auto", copy: str = "auto"
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
 ) -> np.ndarray:
     """Gather every rank's `sendbuf` on every rank, as ordered copies in shared memory.
 
@@ -209,4 +210,4 @@ def allgather(
     -----
     Costs as for :func:`alltoall`.
     """
-    return _exchange("allgather", comm, sendbuf, recvbuf, order, copy)
+    return _exchange(_registry.ALLGATHER, comm, sendbuf, recvbuf, order, copy)

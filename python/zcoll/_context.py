@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _online, _settings, _tuning
-from ._registry import BARRIER_CODES, COLLECTIVES
+from ._registry import ALLOCATE, BARRIER, BARRIER_CODES, COLLECTIVES
 from ._settings import TUNING_MODES, get_timeout
 
 __all__ = [
@@ -200,7 +200,7 @@ class Context:
     def allocate(self, nbytes: int) -> _core.ArenaBlock:
         """Collective arena allocation (ranks on other nodes allocate in their own arena)."""
         if self.multi_node:  # pairs with a failing rank's agree() in fail()
-            self.agree("empty", _core.op_record("allocate"))
+            self.agree("empty", _core.op_record(ALLOCATE))
         return self.core.allocate(nbytes)
 
     def fail(self, opname: str, exc: Exception) -> NoReturn:
@@ -219,7 +219,7 @@ class Context:
         if exc is not None:
             self.fail(opname, exc)
         if self.multi_node:
-            self.agree(opname, _core.op_record("barrier"))
+            self.agree(opname, _core.op_record(BARRIER))
         else:
             self.core.barrier()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from . import _core, _settings
+from ._registry import AUTO
 
 __all__ = ["ENV_VAR", "select_from_environment"]
 
@@ -20,7 +21,7 @@ ENV_VAR = _settings.VARIABLES["copy_isa"].env
 
 
 def _select(reading: _settings.Reading) -> str:
-    if reading.value == "auto":
+    if reading.value == AUTO:
         _core.select_copy_isa(_core.best_copy_isa())
     else:
         try:

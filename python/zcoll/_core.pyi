@@ -13,6 +13,8 @@ BARRIERS: tuple[str, ...]
 SCHEDULE_KINDS: tuple[str, ...]
 OPS: dict[str, int]
 TUNED_COLLECTIVES: tuple[str, ...]
+AUTO_NAME: str
+EAGER_NAME: str
 AUTO_ORDER: int
 EAGER_ORDER: int
 AUTO_COPY: int

@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._registry import COLLECTIVES, ORDERS
+from ._registry import AUTO, COLLECTIVES, EAGER, ORDERS
 
 __all__ = ["OnlineTuner"]
 
@@ -111,5 +111,5 @@ class OnlineTuner:
         if type(state) is not int:
             return None
         if state == _core.AUTO_ORDER:
-            return "auto"
-        return "eager" if state == _core.EAGER_ORDER else ORDERS[state]
+            return AUTO
+        return EAGER if state == _core.EAGER_ORDER else ORDERS[state]

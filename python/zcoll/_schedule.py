@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
-from ._registry import ORDERS, SCHEDULE_KINDS
+from ._registry import FULL, ORDERS, SCHEDULE_KINDS
 
 __all__ = ["SCHEDULE_KINDS", "Schedule", "schedule"]
 
@@ -76,7 +76,7 @@ class Schedule:
         return np.repeat(np.arange(self.p), np.diff(self.starts))
 
 
-def schedule(p: int, order: str, kind: str = "full") -> Schedule:
+def schedule(p: int, order: str, kind: str = FULL) -> Schedule:
     """Compute the block schedule zcoll's collectives use for `p` ranks and `order`.
 
     Parameters

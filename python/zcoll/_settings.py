@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Any, Callable, NamedTuple
 
 from . import _core
-from ._registry import BARRIERS
+from ._registry import AUTO, BARRIERS, FLAT
 
 __all__ = [
     "SLEEP_SLICE",
@@ -112,7 +112,7 @@ def _tuning_mode(name: str, text: str) -> str:
 
 
 def _copy_isa(name: str, text: str) -> str:  # noqa: ARG001 - the kernel is checked when selected
-    return text.strip().lower() or "auto"
+    return text.strip().lower() or AUTO
 
 
 def _path_or_default(default: Callable[[], Path | None]):
@@ -150,9 +150,7 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             "import",
             "seconds a rank waits for a peer before PeerError",
         ),
-        "barrier": _Variable(
-            "ZCOLL_BARRIER", _barrier, "flat", "context", "node barrier algorithm"
-        ),
+        "barrier": _Variable("ZCOLL_BARRIER", _barrier, FLAT, "context", "node barrier algorithm"),
         "eager_bytes": _Variable(
             "ZCOLL_EAGER_BYTES",
             _Number(),
@@ -427,7 +425,7 @@ def _shown(name: str, value) -> str:
         return f"{value:g} s"
     if name in ("l2_bytes", "llc_bytes"):
         return _bytes_text(value)
-    if name == "copy_isa" and value == "auto":
+    if name == "copy_isa" and value == AUTO:
         return f"auto ({_core.best_copy_isa()})"
     return str(value)
 

@@ -31,7 +31,14 @@ from typing import Literal, overload
 from mpi4py import MPI
 
 from . import _settings
-from ._registry import COLLECTIVES, COPY_CODES, RULE_COPIES, RULE_ORDER_CODES, RULE_ORDERS
+from ._registry import (
+    COLLECTIVES,
+    COPY_CODES,
+    HYBRID,
+    RULE_COPIES,
+    RULE_ORDER_CODES,
+    RULE_ORDERS,
+)
 
 __all__ = [
     "FORMAT",
@@ -207,7 +214,7 @@ def _parse_rule(index: int, rule) -> TuningRule:
     low = _size(rule["min_block"], f"{where}: min_block")
     high = _size(rule["max_block"], f"{where}: max_block", minimum=low, optional=True)
     threshold = _size(rule.get("threshold"), f"{where}: threshold", optional=True)
-    if threshold is not None and rule["copy"] != "hybrid":
+    if threshold is not None and rule["copy"] != HYBRID:
         raise TuningError(f"{where}: a threshold needs copy 'hybrid', got {rule['copy']!r}")
     ranks = rule["ranks_per_node"]
     if type(ranks) is not int or not 1 <= ranks <= 1 << 20:

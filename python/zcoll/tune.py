@@ -42,7 +42,19 @@ from mpi4py import MPI
 import zcoll
 
 from . import _context, _core, _settings, _tuning
-from ._registry import COLLECTIVES, COPY_CODES, ORDERS, RULE_ORDER_CODES
+from ._registry import (
+    ALLTOALL,
+    AUTO,
+    COLLECTIVES,
+    COPY_CODES,
+    EAGER,
+    HYBRID,
+    ORDERS,
+    ROW,
+    RULE_ORDER_CODES,
+    STREAMING,
+    TEMPORAL,
+)
 from ._timing import (
     KIB,
     MIB,
@@ -75,20 +87,20 @@ class Candidate:
     """One way to run a call: an order (or "eager"), a copy mode and a hybrid threshold."""
 
     order: str
-    copy: str = "temporal"
+    copy: str = TEMPORAL
     threshold: int | None = None
 
     def label(self) -> str:
-        if self.order == "auto":
+        if self.order == AUTO:
             return "built-in"
-        if self.order == "eager":
-            return "eager"
+        if self.order == EAGER:
+            return EAGER
         if self.threshold is not None:
             return f"{self.order}/{self.copy} T={format_size(self.threshold)}"
         return f"{self.order}/{self.copy}"
 
 
-BUILTIN = Candidate("auto", "auto")
+BUILTIN = Candidate(AUTO, AUTO)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,19 +166,19 @@ def order_candidates(block: int, node_size: int, eager_bytes: int) -> list[Candi
     fits it."""
     found = [Candidate(order) for order in distinct_orders(node_size, block)]
     if 0 < node_size * block <= eager_bytes:
-        found.append(Candidate("eager"))
+        found.append(Candidate(EAGER))
     return found
 
 
 def copy_candidates(order: str, block: int, base_threshold: int) -> list[Candidate]:
     """Stage 2 (large blocks): `order` with streaming stores and hybrid thresholds T0, T0/2..."""
-    if block < COPY_SWEEP_BLOCKS or order == "eager":
+    if block < COPY_SWEEP_BLOCKS or order == EAGER:
         return []
-    found = [Candidate(order, "streaming")]
+    found = [Candidate(order, STREAMING)]
     for step in range(HYBRID_STEPS):
         t = base_threshold >> step
         if SMALLEST_THRESHOLD <= t < block:
-            found.append(Candidate(order, "hybrid", t))
+            found.append(Candidate(order, HYBRID, t))
     return found
 
 
@@ -183,7 +195,7 @@ class _Sweep:
 
     def buffers(self, collective: str, block: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.node.size
-        send_shape = (p, block) if collective == "alltoall" else (block,)
+        send_shape = (p, block) if collective == ALLTOALL else (block,)
         send = zcoll.empty(self.node, send_shape, np.uint8)
         send[...] = self.node.rank  # owner's first touch
         recv = zcoll.zeros(self.node, (p, block), np.uint8)
@@ -255,7 +267,7 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
     """How many timed loops :func:`sweep` runs (for the progress bar)."""
     p, eager, base = sw.node.size, sw.eager_bytes, sw.base_threshold
     per_size = [
-        len(order_candidates(b, p, eager)) + len(copy_candidates("row", b, base)) for b in sizes
+        len(order_candidates(b, p, eager)) + len(copy_candidates(ROW, b, base)) for b in sizes
     ]
     return len(collectives) * sum(per_size) * sw.repeats
 
@@ -300,10 +312,10 @@ def winner(times: dict, builtin: Candidate) -> Candidate:
 def builtin_candidate(block: int, node_size: int, sw: _Sweep) -> Candidate:
     """What order="auto", copy="auto" do without a table (for the summary)."""
     if 0 < node_size * block <= sw.eager_bytes:
-        return Candidate("eager")
+        return Candidate(EAGER)
     order = ORDERS[_core.default_order(node_size, block)]
     mode, threshold = sw.ctx.core.auto_copy_plan(block, node_size * block)
-    return Candidate(order, mode, threshold if mode == "hybrid" else None)
+    return Candidate(order, mode, threshold if mode == HYBRID else None)
 
 
 # --- the table file ----------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import zcoll
 from zcoll import _core, _registry, _settings
+from zcoll._registry import MORTON, ROW
 
 __all__ = [
     "ORDERS",
@@ -65,7 +66,7 @@ ARENA_COLOUR_STRIDE = _core.ARENA_COLOUR_STRIDE  # the replay lays buffers out l
 SEGMENT_FUNCTION = "zcoll_replay_segment"
 DEFAULT_PROCS = (16, 64)
 DEFAULT_BLOCKS = (8, 64, 512, 4096, 32768)  # the rows of TPDS'18 Tables 1-2 up to 32 KiB
-QUICK = {"procs": (16,), "blocks": (8, 512), "orders": ("row", "morton")}
+QUICK = {"procs": (16,), "blocks": (8, 512), "orders": (ROW, MORTON)}
 TARGET = {"p": 64, "max_block": 512, "ratio": 0.6}  # issue #5: morton <= 0.6 x row
 RUN_TIMEOUT_S = 900
 
@@ -424,7 +425,7 @@ def format_tables(results: Iterable[Measurement], orders: Sequence[str]) -> str:
 
 
 def _table(op: str, p: int, blocks: Sequence[int], orders: Sequence[str], by_key: dict) -> list:
-    ratio = "row" in orders and "morton" in orders
+    ratio = ROW in orders and MORTON in orders
     group = list(orders) + (["m/row"] if ratio else [])
     width = 9
     group_width = width * len(group)
@@ -461,14 +462,14 @@ def target_report(results: Iterable[Measurement]) -> list:
             if k[0] == op
             and k[1] == TARGET["p"]
             and k[2] <= TARGET["max_block"]
-            and k[3] == "morton"
-            and (op, k[1], k[2], "row") in by_key
+            and k[3] == MORTON
+            and (op, k[1], k[2], ROW) in by_key
         )
         if not keys:
             continue
         parts = []
         for k in keys:
-            r = _ratio(by_key[k].d1_per_rank, by_key[(op, k[1], k[2], "row")].d1_per_rank)
+            r = _ratio(by_key[k].d1_per_rank, by_key[(op, k[1], k[2], ROW)].d1_per_rank)
             parts.append(f"{_human(k[2])}: {r:.2f} {'ok' if r <= TARGET['ratio'] else 'MISSED'}")
         lines.append(
             f"target {op} P={TARGET['p']} L1 morton/row <= {TARGET['ratio']}: " + ", ".join(parts)

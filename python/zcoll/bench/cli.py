@@ -8,6 +8,8 @@ from typing import Callable
 
 from mpi4py import MPI
 
+from zcoll._registry import ALLGATHER, ALLTOALL
+
 from . import cachemiss
 from .collectives import add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
@@ -33,8 +35,8 @@ def run_cachemiss(comm: MPI.Comm, args: argparse.Namespace) -> int:
 #: Subcommand name -> (function(comm, args) -> exit status, help), with its options in
 #: ``_OPTIONS``.
 COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] = {
-    "alltoall": (run_collective, "zcoll.alltoall vs comm.Alltoall"),
-    "allgather": (run_collective, "zcoll.allgather vs comm.Allgather"),
+    ALLTOALL: (run_collective, "zcoll.alltoall vs comm.Alltoall"),
+    ALLGATHER: (run_collective, "zcoll.allgather vs comm.Allgather"),
     "fft": (run_fft, "zcoll.fft.PFFT vs mpi4py_fft.PFFT (3D, forward+backward)"),
     "copy": (run_copy, "copy bandwidth: memcpy, hybrid and streaming kernels, np.copyto"),
     "cachemiss": (
@@ -193,8 +195,8 @@ def _cachemiss_options() -> argparse.ArgumentParser:
 
 #: Subcommand name -> function returning a parent parser with its options.
 _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
-    "alltoall": _collective_options,
-    "allgather": _collective_options,
+    ALLTOALL: _collective_options,
+    ALLGATHER: _collective_options,
     "fft": _fft_options,
     "copy": _copy_options,
     "cachemiss": _cachemiss_options,

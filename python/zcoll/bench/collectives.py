@@ -24,6 +24,7 @@ from mpi4py import MPI
 
 import zcoll
 from zcoll import _context, _core
+from zcoll._registry import ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
 
 from .common import (
     BENCH_METHODS,
@@ -68,8 +69,8 @@ __all__ = [
 ]
 
 BANDWIDTH_BLOCKS = 256 * KIB  # blocks from this size also get the paired bandwidth measurement
-ALL_ORDERS = (*zcoll.ORDERS, "auto")
-ALL_COPY_MODES = ("auto", *zcoll.COPY_MODES)
+ALL_ORDERS = (*ORDERS, AUTO)
+ALL_COPY_MODES = (AUTO, *COPY_MODES)
 SMALL_BLOCKS = 16 * KIB  # summary: geometric mean over blocks <= this ...
 LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
 PAIRED_ROUNDS = 7  # rounds of the paired bandwidth measurement: best zcoll method, then memcpy
@@ -194,7 +195,7 @@ class BlockCase:
 
     def __init__(self, comm, collective: str, block: int, methods, rng) -> None:
         nranks = comm.size
-        send_shape = (nranks, block) if collective == "alltoall" else (block,)
+        send_shape = (nranks, block) if collective == ALLTOALL else (block,)
         recv_shape = (nranks, block)
         self.comm, self.collective, self.block = comm, collective, block
         self.zsend = zcoll.empty(comm, send_shape, np.uint8)
@@ -215,7 +216,7 @@ class BlockCase:
     def memcpy_call(self) -> Call:
         """Every rank copies as many bytes as it receives, from one private array to another."""
         src, dst = np.array(self.mrecv), np.empty_like(self.mrecv)
-        return Call(functools.partial(_core.copy, dst, src, "temporal"), (src, dst))
+        return Call(functools.partial(_core.copy, dst, src, TEMPORAL), (src, dst))
 
     def check(self, methods) -> list[str]:
         """Run MPI once, then each zcoll method once, and compare the results bit for bit.
@@ -247,7 +248,7 @@ def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, 
         "iterations": iterations,
         "warmup": warmup,
         "order": method.order if method else None,
-        "copy": method.copy if method else ("temporal" if name == MEMCPY_METHOD else None),
+        "copy": method.copy if method else (TEMPORAL if name == MEMCPY_METHOD else None),
         "bench_method": args.method,
         "rounds": 1,
     }
@@ -331,7 +332,7 @@ def auto_copy_label(comm: MPI.Comm, block: int) -> str:
     """The copy mode ``copy="auto"`` uses on this rank for such calls (after the sweep's
     run-time tuning): ``temporal`` or ``hybrid T=256 KiB``."""
     mode, threshold = _context.context(comm).core.auto_copy_plan(block, comm.size * block)
-    return mode if mode == "temporal" else f"{mode} T={format_size(threshold)}"
+    return mode if mode == TEMPORAL else f"{mode} T={format_size(threshold)}"
 
 
 # --- reporting ---------------------------------------------------------------------------------
@@ -547,7 +548,7 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
         "--copy",
         dest="copies",
         type=parse_copy_modes,
-        default=["auto"],
+        default=[AUTO],
         metavar="MODE[,MODE...]",
         help="zcoll copy mode(s): auto, temporal, streaming, hybrid; several give one method "
         "per (order, mode), named order/mode (default auto)",

@@ -14,6 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 from zcoll import _core, _settings
+from zcoll._registry import HYBRID, PORTABLE, STREAMING, TEMPORAL
 
 from .common import (
     KIB,
@@ -41,7 +42,7 @@ COPY_TIME_BUDGET = 0.3  # default seconds of timed copies per measurement (over 
 COPY_LOOPS = 3  # timed loops per measurement; the fastest counts
 COPY_MIN_ITERATIONS = 2  # per timed loop
 COPY_MAX_ITERATIONS = 1_000_000
-COPYTO, TEMPORAL, HYBRID = "copyto", "memcpy", "hybrid"
+COPYTO, MEMCPY = "copyto", "memcpy"  # method names of this bench
 COPY_FIELDS = (
     "benchmark",
     "P",
@@ -108,11 +109,11 @@ def copy_methods(threshold: int, default_isa: str) -> list[CopyMethod]:
     """copyto, memcpy, hybrid (default kernel), then streaming with each streaming kernel."""
     methods = [
         CopyMethod(COPYTO, None, None),
-        CopyMethod(TEMPORAL, "temporal", None),
-        CopyMethod(HYBRID, "hybrid", default_isa, threshold),
+        CopyMethod(MEMCPY, TEMPORAL, None),
+        CopyMethod(HYBRID, HYBRID, default_isa, threshold),
     ]
     methods += [
-        CopyMethod(f"nt-{isa}", "streaming", isa) for isa in _core.copy_isas() if isa != "portable"
+        CopyMethod(f"nt-{isa}", STREAMING, isa) for isa in _core.copy_isas() if isa != PORTABLE
     ]
     return methods
 
@@ -198,8 +199,8 @@ def copy_table_row(size: int, gbps: dict[str, float], methods: list[CopyMethod])
     """Bandwidths, the fastest method, and best streaming (hybrid or nt-*) / memcpy."""
     cells = "".join(_gbps(gbps.get(m.name)) for m in methods)
     best = max(gbps, key=gbps.__getitem__)
-    streaming = [v for m, v in gbps.items() if m not in (COPYTO, TEMPORAL)]
-    best_nt = ratio(max(streaming), gbps.get(TEMPORAL)) if streaming else None
+    streaming = [v for m, v in gbps.items() if m not in (COPYTO, MEMCPY)]
+    best_nt = ratio(max(streaming), gbps.get(MEMCPY)) if streaming else None
     return f"{format_size(size):>9}{cells}{best:>10}{times(best_nt):>9}"
 
 
@@ -209,7 +210,7 @@ def memcpy_bound(comm: MPI.Comm, args, nbytes: int) -> dict[str, float]:
     src, dst = _aligned_empty(nbytes), _aligned_empty(nbytes)
     src.fill(0x5A)
     dst.fill(0)
-    method = CopyMethod(TEMPORAL, "temporal", None)
+    method = CopyMethod(MEMCPY, TEMPORAL, None)
     bound = {"bytes": nbytes, "one": time_copy(comm, method, dst, src, args, 1)["gbps_aggregate"]}
     if comm.size > 1:
         bound["all"] = time_copy(comm, method, dst, src, args, comm.size)["gbps_aggregate"]
@@ -258,7 +259,7 @@ def copy_row(comm, size: int, method: CopyMethod, ranks: int, result: dict) -> d
         "method": method.name,
         "mode": method.mode or "numpy",
         "isa": method.isa,
-        "threshold": method.threshold if method.mode == "hybrid" else None,
+        "threshold": method.threshold if method.mode == HYBRID else None,
         **result,
     }
 

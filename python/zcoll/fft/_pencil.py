@@ -19,7 +19,7 @@ from .. import _core
 from .._arena import empty, is_shared
 from .._collectives import _option_error
 from .._context import lookup
-from .._registry import COPY_CODES, ORDER_CODES
+from .._registry import AUTO, COPY_CODES, ORDER_CODES, TRANSFER
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "transfer"]
 
@@ -135,7 +135,7 @@ class Pencil:
         return Pencil(self.subcomm, shape, self.axis, self.comm)
 
     def transfer(
-        self, other: Pencil, dtype, *, order: str = "auto", copy: str = "auto", staging=True
+        self, other: Pencil, dtype, *, order: str = AUTO, copy: str = AUTO, staging=True
     ) -> Transfer:
         """Collective: the transfer from this pencil to `other` (aligned in another axis);
         made once per (axis, dtype, order, copy, staging) and kept."""
@@ -203,8 +203,8 @@ class Transfer:
         axis_a: int,
         axis_b: int,
         *,
-        order="auto",
-        copy="auto",
+        order=AUTO,
+        copy=AUTO,
         staging=True,
     ) -> None:
         self.comm = comm
@@ -264,7 +264,7 @@ def _filled(work: np.ndarray, src) -> np.ndarray:
 
 
 def transfer(
-    comm, src, dst, shape, axis_a: int, axis_b: int, *, order: str = "auto", copy: str = "auto"
+    comm, src, dst, shape, axis_a: int, axis_b: int, *, order: str = AUTO, copy: str = AUTO
 ) -> None:
     """Collective: global transpose of arena arrays (the engine behind :class:`Transfer`).
 
@@ -273,11 +273,11 @@ def transfer(
     """
     ctx = lookup(comm)
     if error := _option_error(order, copy):
-        ctx.fail("transfer", error)
+        ctx.fail(TRANSFER, error)
     shape = [int(n) for n in shape]
     codes = (ORDER_CODES[order], COPY_CODES[copy])
     if ctx.multi_node:
-        ctx.agree("transfer", ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, *codes))
+        ctx.agree(TRANSFER, ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, *codes))
     ctx.core.transfer(src, dst, shape, axis_a, axis_b, *codes)
     if ctx.multi_node:
         _transfer_remote(ctx, src, dst, shape, axis_a, axis_b)

@@ -13,6 +13,7 @@ from mpi4py import MPI
 from .._arena import empty
 from .._collectives import _option_error
 from .._context import lookup
+from .._registry import AUTO
 from ._backends import check_backend, get_backend
 from ._pencil import Pencil, Subcomm, Transfer, fitting_dims
 
@@ -166,8 +167,8 @@ class PFFT:
         backend: str = "numpy",
         *,
         collapse: bool = True,
-        order: str = "auto",
-        copy: str = "auto",
+        order: str = AUTO,
+        copy: str = AUTO,
         **backend_options,
     ) -> None:
         if not isinstance(comm, MPI.Comm):
