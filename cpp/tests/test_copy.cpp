@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.hpp"
 #include "zcoll/copy.hpp"
 
 using zcoll::copy_isa;
@@ -23,15 +24,6 @@ namespace {
 constexpr copy_isa all_isas[] = {copy_isa::portable, copy_isa::sse2, copy_isa::avx2,
                                  copy_isa::avx512};
 constexpr std::byte guard{0xA5};
-
-bool cpu_flag(const std::string& flag) {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("flags", 0) == 0)
-      return (line + " ").find(" " + flag + " ") != std::string::npos;
-  return false;
-}
 
 std::vector<std::byte> random_bytes(std::size_t n, unsigned seed) {
   std::mt19937 rng(seed);
@@ -113,11 +105,11 @@ TEST_CASE("isa availability matches the CPU and selection sticks") {
   CHECK_FALSE(zcoll::select_isa(static_cast<copy_isa>(zcoll::count_of<zcoll::copy_isa>)));
 #if defined(__x86_64__)
   CHECK(zcoll::isa_available(copy_isa::sse2));
-  CHECK(zcoll::isa_available(copy_isa::avx2) == cpu_flag("avx2"));
-  CHECK(zcoll::isa_available(copy_isa::avx512) == cpu_flag("avx512f"));
+  CHECK(zcoll::isa_available(copy_isa::avx2) == zcoll_test::cpu_flag("avx2"));
+  CHECK(zcoll::isa_available(copy_isa::avx512) == zcoll_test::cpu_flag("avx512f"));
   copy_isa expect = copy_isa::sse2;
-  if (cpu_flag("avx2")) expect = copy_isa::avx2;
-  if (cpu_flag("avx512f")) expect = copy_isa::avx512;
+  if (zcoll_test::cpu_flag("avx2")) expect = copy_isa::avx2;
+  if (zcoll_test::cpu_flag("avx512f")) expect = copy_isa::avx512;
   CHECK(zcoll::best_isa() == expect);
 #endif
   for (copy_isa isa : all_isas) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "test_util.hpp"
 #include "zcoll/options.hpp"
 #include "zcoll/schedule.hpp"
 
@@ -132,15 +133,6 @@ bool is_subsequence(const std::vector<block_coord>& sub, const std::vector<block
         pos[static_cast<std::size_t>(sub[i].dst * p + sub[i].src)])
       return false;
   return true;
-}
-
-bool cpu_flag(const std::string& flag) {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("flags", 0) == 0)
-      return (line + " ").find(" " + flag + " ") != std::string::npos;
-  return false;
 }
 
 }  // namespace
@@ -277,7 +269,7 @@ TEST_CASE("morton decode agrees with a reference de-interleave") {
 
 TEST_CASE("have_bmi2 matches /proc/cpuinfo") {
 #if defined(__x86_64__)
-  CHECK(zcoll::detail::have_bmi2() == cpu_flag("bmi2"));
+  CHECK(zcoll::detail::have_bmi2() == zcoll_test::cpu_flag("bmi2"));
 #else
   CHECK_FALSE(zcoll::detail::have_bmi2());
 #endif

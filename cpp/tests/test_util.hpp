@@ -10,11 +10,22 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace zcoll_test {
+
+// Whether /proc/cpuinfo lists `flag` (e.g. "bmi2", "avx2") for this CPU.
+inline bool cpu_flag(const std::string& flag) {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0)
+      return (line + " ").find(" " + flag + " ") != std::string::npos;
+  return false;
+}
 
 // Runs `body` in a forked child, which leaves with _exit(body()) (1 + ... on exceptions), so
 // neither doctest's reporter nor any destructor of the parent's objects runs there.
