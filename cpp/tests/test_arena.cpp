@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -161,6 +162,10 @@ TEST_CASE("arena: reserve backs a range without growing the object") {
   auto again = shm_segment::attach(seg->name(), bytes);  // still exactly `bytes` long
   CHECK(again->size() == bytes);
   CHECK_THROWS_AS(shm_segment::attach(seg->name(), bytes + 1), std::system_error);
+  // A range past the end is refused (posix_fallocate would silently grow the object).
+  CHECK_THROWS_AS(seg->reserve(bytes - 1, 2), std::out_of_range);
+  CHECK_THROWS_AS(seg->reserve(bytes + 1, 1), std::out_of_range);
+  CHECK(shm_segment::attach(seg->name(), bytes)->size() == bytes);
 }
 
 TEST_CASE("arena: a forked process sees the parent's writes and vice versa") {
@@ -261,6 +266,32 @@ TEST_CASE("arena: partition allocator first fit with colouring") {
   alloc.release(seg->id, e->second, 64);
   alloc.release(seg->id, e->second, 64);
   CHECK(alloc.bytes_in_use() == 64);
+  // ... also when the block was merged into a neighbouring free range in between (y freed,
+  // then x, which absorbs y's range; freeing y again must change nothing).
+  {
+    auto hole = alloc.allocate(64);  // fills e's range, so x, y, z come out adjacent
+    auto x = alloc.allocate(64);
+    auto y = alloc.allocate(64);
+    auto z = alloc.allocate(64);
+    REQUIRE((hole && x && y && z));
+    REQUIRE(y->second == x->second + 64);
+    const std::size_t before = alloc.bytes_in_use();
+    alloc.release(seg->id, y->second, 64);
+    alloc.release(seg->id, x->second, 64);  // merges with y's free range
+    alloc.release(seg->id, y->second, 64);  // y is inside that range now: a double free
+    CHECK(alloc.bytes_in_use() == before - 128);
+    auto p1 = alloc.allocate(64);
+    auto p2 = alloc.allocate(64);
+    REQUIRE((p1 && p2));
+    CHECK(p1->second != p2->second);  // no two live allocations share memory
+    CHECK(p1->second != z->second);
+    CHECK(p2->second != z->second);
+    alloc.release(seg->id, p1->second, 64);
+    alloc.release(seg->id, p2->second, 64);
+    alloc.release(seg->id, z->second, 64);
+    CHECK(alloc.bytes_in_use() == before - 192);
+    alloc.release(seg->id, hole->second, 64);
+  }
   // Releasing into a segment this allocator does not own changes nothing.
   alloc.release(0x9999, f->second, 64);
   CHECK(alloc.bytes_in_use() == 64);

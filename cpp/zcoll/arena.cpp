@@ -85,6 +85,8 @@ shm_segment::~shm_segment() {
 
 void shm_segment::reserve(std::size_t offset, std::size_t bytes) {
   if (bytes == 0) return;
+  if (offset > size_ || bytes > size_ - offset)  // posix_fallocate would grow the object
+    throw std::out_of_range("zcoll: cannot reserve bytes past the end of a shared segment");
   const int err = ::posix_fallocate(fd_, static_cast<off_t>(offset), static_cast<off_t>(bytes));
   if (err != 0)
     throw_errno(err, "cannot reserve " + std::to_string(bytes) +
@@ -190,8 +192,15 @@ void partition_allocator::release(std::uint64_t segment, std::size_t offset,
   std::lock_guard lock(mutex_);
   for (auto& part : partitions_) {
     if (part.seg->id != segment) continue;
-    auto [it, inserted] = part.free.emplace(offset, length);
-    if (!inserted) return;  // double free: ignore rather than corrupt
+    // A range that overlaps free space is a double free (perhaps of a block that has since
+    // been merged with its neighbours): ignore it rather than corrupt the free list.
+    const auto after = part.free.lower_bound(offset);
+    if (after != part.free.end() && after->first < offset + length) return;
+    if (after != part.free.begin()) {
+      const auto before = std::prev(after);
+      if (before->first + before->second > offset) return;
+    }
+    const auto it = part.free.emplace_hint(after, offset, length);
     in_use_ -= length;
     if (auto next = std::next(it);
         next != part.free.end() && it->first + it->second == next->first) {

@@ -39,7 +39,8 @@ class shm_segment {
   shm_segment(const shm_segment&) = delete;
   shm_segment& operator=(const shm_segment&) = delete;
 
-  // Backs [offset, offset + bytes) with memory now; throws std::system_error (ENOSPC) if full.
+  // Backs [offset, offset + bytes) with memory now; throws std::system_error (ENOSPC) if full,
+  // std::out_of_range if the range passes the end of the segment.
   void reserve(std::size_t offset, std::size_t bytes);
   // Removes the name; the mapping stays valid. Idempotent.
   void unlink() noexcept;

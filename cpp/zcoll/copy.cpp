@@ -279,8 +279,6 @@ void swap_bytes(void* a, void* b, std::size_t n) noexcept {
 
 namespace {
 
-constexpr int max_box_dims = 16;
-
 struct box_axis {
   std::uint64_t count;
   std::int64_t dst_stride, src_stride;

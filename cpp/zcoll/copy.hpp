@@ -55,10 +55,13 @@ void copy_bytes(void* dst, const void* src, std::size_t n, const copy_plan& how)
 // Exchanges the contents of two non-overlapping ranges through a small stack buffer.
 void swap_bytes(void* a, void* b, std::size_t n) noexcept;
 
-// Copies a box of `ndim` axes with extents `count` between two strided arrays of `itemsize`-byte
-// elements (strides in bytes, may differ on each side). Axes that are contiguous on both sides
-// are merged, so C-ordered sub-blocks copy as a few long runs; `how` applies to the box as one
-// block (hybrid: its first `threshold` bytes temporal). No fence.
+// Most axes copy_box takes.
+inline constexpr int max_box_dims = 16;
+
+// Copies a box of `ndim` (<= max_box_dims) axes with extents `count` between two strided arrays of
+// `itemsize`-byte elements (strides in bytes, may differ on each side). Axes that are contiguous on
+// both sides are merged, so C-ordered sub-blocks copy as a few long runs; `how` applies to the box
+// as one block (hybrid: its first `threshold` bytes temporal). No fence.
 void copy_box(std::byte* dst, const std::int64_t* dst_strides, const std::byte* src,
               const std::int64_t* src_strides, const std::uint64_t* count, int ndim,
               std::size_t itemsize, const copy_plan& how = {}) noexcept;

@@ -10,6 +10,8 @@ namespace zcoll {
 
 namespace {
 
+static_assert(max_transfer_dims <= max_box_dims, "a transfer block must fit copy_box");
+
 constexpr const char* transfer_prefix = "zcoll.transfer: ";
 
 }  // namespace
