@@ -1,4 +1,4 @@
-// NumPy arrays as the engine sees them: conversion only, no checks (those are the engine's).
+// NumPy arrays (and call records) as the engine sees them: conversion only, no checks.
 // Header-only: these run on every call and are inlined into the binding's entry points.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "zcoll/checks.hpp"
+#include "zcoll/protocol.hpp"
 
 namespace zcoll::bind {
 
@@ -72,6 +73,11 @@ inline pybind11::array as_c_array(const pybind11::object& obj) {
   py::array a = py::array::ensure(obj, py::array::c_style);
   if (!a) PyErr_Clear();
   return a;
+}
+
+// A call record as the bytes ranks on other nodes exchange (see protocol.hpp).
+inline pybind11::bytes record_bytes(const call_record& r) {
+  return pybind11::bytes(reinterpret_cast<const char*>(&r), sizeof r);
 }
 
 }  // namespace zcoll::bind

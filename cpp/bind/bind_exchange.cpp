@@ -71,10 +71,6 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
       });
 }
 
-py::bytes as_bytes(const call_record& r) {
-  return py::bytes(reinterpret_cast<const char*>(&r), sizeof r);
-}
-
 call_record describe(const node_context& ctx, const std::string& name, const py::object& send,
                      const py::object& recv, int order, int copy) {
   const op_code op = op_named(name);
@@ -98,15 +94,18 @@ void agree_on(const py::buffer& records, int rank) {
   agree(all, all[static_cast<std::size_t>(rank)].call.op);
 }
 
+// Whether `value` is a str naming "auto" or a value of `Enum`.
+template <class Enum>
+bool names_auto_or(const py::object& value) {
+  if (!PyUnicode_CheckExact(value.ptr())) return false;
+  const auto name = value.cast<std::string>();
+  return name == auto_name || parse_name<Enum>(name).has_value();
+}
+
 std::optional<std::string> option_error(const py::object& order, const py::object& copy) {
-  auto names = [](const py::object& v, auto parse) {
-    if (!PyUnicode_CheckExact(v.ptr())) return false;
-    const auto s = v.cast<std::string>();
-    return s == auto_name || parse(s);
-  };
-  if (!names(order, [](const std::string& s) { return parse_name<block_order>(s).has_value(); }))
+  if (!names_auto_or<block_order>(order))
     return bad_option_message("order", py::repr(order).cast<std::string>());
-  if (!names(copy, [](const std::string& s) { return parse_name<copy_mode>(s).has_value(); }))
+  if (!names_auto_or<copy_mode>(copy))
     return bad_option_message("copy", py::repr(copy).cast<std::string>());
   return std::nullopt;
 }
@@ -156,7 +155,7 @@ void register_exchange(py::module_& m) {
           "record",
           [](const node_context& ctx, const std::string& op, const py::object& send,
              const py::object& recv, int order,
-             int copy) { return as_bytes(describe(ctx, op, send, recv, order, copy)); },
+             int copy) { return record_bytes(describe(ctx, op, send, recv, order, copy)); },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
           py::arg("copy") = auto_copy,
           "Local: this rank's call record of a collective, for agree() across nodes.")
@@ -211,7 +210,7 @@ void register_exchange(py::module_& m) {
   m.def(
       "error_record",
       [](bool type_error, const std::string& message) {
-        return as_bytes(error_record(type_error ? arg_error::type : arg_error::value, message));
+        return record_bytes(error_record(type_error ? arg_error::type : arg_error::value, message));
       },
       py::arg("type_error"), py::arg("message"),
       "The call record of a rank whose arguments are invalid (TypeError when type_error).");
@@ -220,7 +219,7 @@ void register_exchange(py::module_& m) {
       [](const std::string& op) {
         call_record r;
         r.call.op = op_named(op);
-        return as_bytes(r);
+        return record_bytes(r);
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
   m.def("agree", &agree_on, py::arg("records"), py::arg("rank"),

@@ -32,42 +32,45 @@ transfer_geometry make_geometry(const std::vector<std::uint64_t>& shape, int axi
 
 constexpr const char* not_arrays = "zcoll.transfer: expected numpy.ndarray arrays, got ";
 
-// The type name of whichever of `send`, `recv` is not an ndarray, or "".
-std::string non_array(const py::object& send, const py::object& recv) {
+// Converts a transfer's arrays and returns ok(geometry, send view, recv view), or
+// error(TypeError message) when one of them is not an ndarray (as with_views in
+// bind_exchange.cpp).
+template <class Ok, class Error>
+auto with_transfer_views(const node_context& ctx, const py::object& send, const py::object& recv,
+                         const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, Ok&& ok,
+                         Error&& error) {
   for (const py::object* a : {&send, &recv})
-    if (!py::isinstance<py::array>(*a)) return type_name(*a);
-  return {};
+    if (!py::isinstance<py::array>(*a)) return error(not_arrays + type_name(*a));
+  const array_view send_view = view_of(py::reinterpret_borrow<py::array>(send));
+  const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  return ok(make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size),
+            send_view, recv_view);
 }
 
 void transfer(node_context& ctx, const py::object& send, const py::object& recv,
               const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order,
               int copy) {
-  if (const std::string bad = non_array(send, recv); !bad.empty()) {
-    py::gil_scoped_release release;
-    ctx.fail(arg_error::type, not_arrays + bad);
-  }
-  const array_view send_view = view_of(py::reinterpret_borrow<py::array>(send));
-  const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
-  const transfer_geometry g =
-      make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size);
-  gil_released_on_block gil(ctx, recv_view.nbytes);
-  ctx.run_transfer(g, send_view, recv_view, order, copy);
+  with_transfer_views(
+      ctx, send, recv, shape, axis_a, axis_b,
+      [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
+        gil_released_on_block gil(ctx, recv_view.nbytes);
+        ctx.run_transfer(g, send_view, recv_view, order, copy);
+      },
+      [&](const std::string& why) {
+        py::gil_scoped_release release;
+        ctx.fail(arg_error::type, why);
+      });
 }
 
 py::bytes transfer_record(const node_context& ctx, const py::object& send, const py::object& recv,
                           const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
                           int order, int copy) {
-  call_record r;
-  if (const std::string bad = non_array(send, recv); !bad.empty()) {
-    r = error_record(arg_error::type, not_arrays + bad);
-  } else {
-    const array_view send_view = view_of(py::reinterpret_borrow<py::array>(send));
-    const array_view recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
-    const transfer_geometry g =
-        make_geometry(shape, axis_a, axis_b, recv_view.dtype.itemsize, ctx.config().comm_size);
-    r = ctx.describe_transfer(g, send_view, recv_view, order, copy);
-  }
-  return py::bytes(reinterpret_cast<const char*>(&r), sizeof r);
+  return record_bytes(with_transfer_views(
+      ctx, send, recv, shape, axis_a, axis_b,
+      [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
+        return ctx.describe_transfer(g, send_view, recv_view, order, copy);
+      },
+      [](const std::string& why) { return error_record(arg_error::type, why); }));
 }
 
 }  // namespace

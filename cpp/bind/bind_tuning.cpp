@@ -21,12 +21,7 @@ namespace {
 op_code tuned_op(const std::string& name) {
   const auto op = parse_name<op_code>(name);
   if (!op || tuned_index(*op) == no_rules)
-    throw std::invalid_argument("op must be one of " + [] {
-      std::string names;
-      for (const op_code o : tuned_collectives)
-        names.append(names.empty() ? "" : ", ").append(name_of(o));
-      return names;
-    }() + ", got '" + name + "'");
+    throw std::invalid_argument("op must be one of " + tuned_names(", ") + ", got '" + name + "'");
   return *op;
 }
 

@@ -167,14 +167,12 @@ std::size_t check_receive(const replay_options& o, const rank_buffers& b, std::s
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
-  std::string ops;
-  for (const op_code op : tuned_collectives) ops.append(ops.empty() ? "" : "|").append(name_of(op));
   std::fprintf(stderr,
                "zcoll_replay: %s\n"
                "usage: zcoll_replay --op %s --order %s|auto"
                " --p P --block BYTES [--in-place] [--warm none|own] [--evict-bytes BYTES]"
                " [--skew BYTES] [--verify [--skip-rank R]]\n",
-               message.c_str(), ops.c_str(), joined_names<block_order>("|").c_str());
+               message.c_str(), tuned_names("|").c_str(), joined_names<block_order>("|").c_str());
   std::exit(2);
 }
 

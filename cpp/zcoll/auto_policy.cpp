@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "zcoll/checks.hpp"
+
 namespace zcoll {
 
 block_order default_order(int p, std::size_t block_bytes) noexcept {
@@ -15,10 +17,10 @@ void auto_policy::set_rules(op_code op, std::vector<order_rule> orders,
   if (table == no_rules)
     throw std::invalid_argument("zcoll: " + std::string(name_of(op)) + " has no tuning rules");
   for (const order_rule& r : orders)
-    if (r.order != auto_order && r.order != eager_order && !is_code<block_order>(r.order))
+    if (!valid_order_code(r.order, true))
       throw std::invalid_argument("zcoll: unknown order code in a tuning rule");
   for (const copy_rule& r : copies)
-    if (r.mode != auto_copy && !is_code<copy_mode>(r.mode))
+    if (!valid_copy_code(r.mode))
       throw std::invalid_argument("zcoll: unknown copy code in a tuning rule");
   sort_rules(orders);
   copy_.set_rules(table, std::move(copies));

@@ -131,10 +131,9 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
 
 void set_code_error(local_check& check, int order, int copy, bool eager_allowed) {
   if (!check.ok()) return;
-  if (order != auto_order && !is_code<block_order>(order) &&
-      !(eager_allowed && order == eager_order))
+  if (!valid_order_code(order, eager_allowed))
     check = value_error("unknown order code " + std::to_string(order));
-  else if (copy != auto_copy && !is_code<copy_mode>(copy))
+  else if (!valid_copy_code(copy))
     check = value_error("unknown copy code " + std::to_string(copy));
 }
 

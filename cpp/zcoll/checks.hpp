@@ -68,11 +68,16 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
 // Sets `check` to "unknown order/copy code" when `order` is not a block_order value or
 // auto_order (with `eager_allowed`, eager_order too) or `copy` not a copy_mode value or
 // auto_copy, unless it holds an error already. Returns check.ok(). Inline: every call runs it.
+inline bool valid_order_code(int order, bool eager_allowed) noexcept {
+  return order == auto_order || is_code<block_order>(order) ||
+         (eager_allowed && order == eager_order);
+}
+inline bool valid_copy_code(int copy) noexcept {
+  return copy == auto_copy || is_code<copy_mode>(copy);
+}
 void set_code_error(local_check& check, int order, int copy, bool eager_allowed);
 inline bool check_codes(local_check& check, int order, int copy, bool eager_allowed) {
-  const bool order_ok =
-      order == auto_order || is_code<block_order>(order) || (eager_allowed && order == eager_order);
-  if (check.ok() && order_ok && (copy == auto_copy || is_code<copy_mode>(copy))) return true;
+  if (check.ok() && valid_order_code(order, eager_allowed) && valid_copy_code(copy)) return true;
   set_code_error(check, order, copy, eager_allowed);
   return check.ok();
 }

@@ -157,6 +157,14 @@ std::string joined_names(std::string_view separator) {
 inline constexpr std::array<op_code, 2> tuned_collectives{op_code::alltoall, op_code::allgather};
 inline constexpr int no_rules = -1;
 
+// The tuned collectives' names joined by `separator` ("alltoall|allgather").
+inline std::string tuned_names(std::string_view separator) {
+  std::string text;
+  for (const op_code op : tuned_collectives)
+    text.append(text.empty() ? "" : separator).append(name_of(op));
+  return text;
+}
+
 // Index of `op`'s rule table, or no_rules.
 constexpr int tuned_index(op_code op) noexcept {
   for (std::size_t i = 0; i < tuned_collectives.size(); ++i)

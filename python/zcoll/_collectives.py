@@ -40,6 +40,16 @@ def _fail_options(ctx: Context, opname: str, order, copy) -> NoReturn:
     ctx.fail(opname, error)
 
 
+def option_codes(ctx: Context, opname: str, order, copy) -> tuple[int, int]:
+    """The engine codes of ``order=`` and ``copy=``; the engine's error on every rank when
+    either names no order or mode. (`_exchange` inlines the same lookups: per-call path.)"""
+    code = ORDER_CODES.get(order) if type(order) is str else None
+    copy_code = COPY_CODES.get(copy) if type(copy) is str else None
+    if code is None or copy_code is None:
+        _fail_options(ctx, opname, order, copy)
+    return code, copy_code
+
+
 def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
     """Allocate the result in the arena (collective); errors are raised on every rank."""
     try:
@@ -73,21 +83,22 @@ def _remote_ranks(ctx: Context) -> list[int]:
 
 
 def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
-    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup."""
+    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup
+    (`send`: IN_PLACE or a C-contiguous array)."""
     remote = _remote_ranks(ctx)
     if not remote or block == 0:
         return
     rb = _byte_blocks(recv)
     in_place = send is IN_PLACE
     if opname == _ALLTOALL:
-        sb = rb if in_place else _byte_blocks(np.ascontiguousarray(send))
+        sb = rb if in_place else _byte_blocks(send)
         outgoing = {r: sb[r * block : (r + 1) * block] for r in remote}
         if in_place:  # what goes out must be saved before it is overwritten
             outgoing = {r: b.copy() for r, b in outgoing.items()}
     else:
         mine = rb[ctx.rank * block : (ctx.rank + 1) * block]
         if not in_place:
-            mine = _byte_blocks(np.ascontiguousarray(send))
+            mine = _byte_blocks(send)
         outgoing = dict.fromkeys(remote, mine)
     comm = ctx.p2p_comm()
     reqs = [comm.Irecv([rb[r * block : (r + 1) * block], MPI.BYTE], r, _P2P_TAG) for r in remote]

@@ -17,9 +17,9 @@ from mpi4py import MPI
 
 from .. import _core
 from .._arena import empty, is_shared
-from .._collectives import _option_error
+from .._collectives import _option_error, option_codes
 from .._context import lookup
-from .._registry import AUTO, COPY_CODES, ORDER_CODES, TRANSFER
+from .._registry import AUTO, TRANSFER
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "transfer"]
 
@@ -272,10 +272,8 @@ def transfer(
     `axis_b`; see :class:`Transfer` for `shape`. Both must be C-contiguous arena arrays.
     """
     ctx = lookup(comm)
-    if error := _option_error(order, copy):
-        ctx.fail(TRANSFER, error)
+    codes = option_codes(ctx, TRANSFER, order, copy)
     shape = [int(n) for n in shape]
-    codes = (ORDER_CODES[order], COPY_CODES[copy])
     if ctx.multi_node:
         ctx.agree(TRANSFER, ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, *codes))
     ctx.core.transfer(src, dst, shape, axis_a, axis_b, *codes)
