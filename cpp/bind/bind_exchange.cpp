@@ -154,11 +154,18 @@ void register_exchange(py::module_& m) {
       .def(
           "record",
           [](const node_context& ctx, const std::string& op, const py::object& send,
-             const py::object& recv, int order,
-             int copy) { return record_bytes(describe(ctx, op, send, recv, order, copy)); },
+             const py::object& recv, int order, int copy, bool planned) {
+            call_record r = describe(ctx, op, send, recv, order, copy);
+            if (planned && r.call.op != op_code::error) {
+              r.call.target = r.call.op;
+              r.call.op = op_code::plan;
+            }
+            return record_bytes(r);
+          },
           py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
-          py::arg("copy") = auto_copy,
-          "Local: this rank's call record of a collective, for agree() across nodes.")
+          py::arg("copy") = auto_copy, py::arg("planned") = false,
+          "Local: this rank's call record of a collective (of a plan's creation when planned), "
+          "for agree() across nodes.")
       .def(
           "fail",
           [](node_context& ctx, bool type_error, const std::string& message) {

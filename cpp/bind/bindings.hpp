@@ -10,6 +10,7 @@ void register_arena(pybind11::module_& m);
 void register_copy(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);
 void register_transfer(pybind11::module_& m);
+void register_plan(pybind11::module_& m);
 void register_tuning(pybind11::module_& m);
 void register_schedule(pybind11::module_& m);
 void register_topology(pybind11::module_& m);

@@ -101,64 +101,112 @@ void node_barrier::check_nobody_gave_up() const {
                    "in time); its zcoll context is unusable");
 }
 
-void node_barrier::wait() {
+void node_barrier::arrive() {
   check_nobody_gave_up();
   const std::uint64_t target = count_ + 1;
+  pending_ = target;
+  flat_next_ = 0;
+  round_ = 0;
+  signalled_ = false;
   entered(rank_, target).store(target, std::memory_order_seq_cst);
+  if (size_ == 1) return;
+  switch (kind_) {
+    case barrier_kind::flat:
+      if (shared_->sleepers.load(std::memory_order_seq_cst) != 0) {
+        shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+        wake_all(shared_->doorbell, shared_->sleepers);
+      }
+      break;
+    case barrier_kind::central: {
+      const std::uint64_t before = shared_->arrived.fetch_add(1, std::memory_order_acq_rel);
+      if (before + 1 == target * static_cast<std::uint64_t>(size_)) {
+        shared_->generation.store(static_cast<std::uint32_t>(target), std::memory_order_seq_cst);
+        wake_all(shared_->generation, shared_->sleepers);
+      }
+      break;
+    }
+    case barrier_kind::dissemination:
+      progress_dissemination(target, false);
+      break;
+  }
+}
+
+bool node_barrier::all_entered(std::uint64_t target) {
+  for (; flat_next_ < size_; ++flat_next_)
+    if (entered(flat_next_, target).load(std::memory_order_acquire) < target) return false;
+  return true;
+}
+
+bool node_barrier::poll() {
+  const std::uint64_t target = pending_;
+  if (target == 0) return true;
+  bool done = size_ == 1;
+  if (!done) {
+    switch (kind_) {
+      case barrier_kind::flat:
+        done = all_entered(target);
+        break;
+      case barrier_kind::central:
+        done = reached(shared_->generation.load(std::memory_order_acquire),
+                       static_cast<std::uint32_t>(target));
+        break;
+      case barrier_kind::dissemination:
+        done = progress_dissemination(target, false);
+        break;
+    }
+  }
+  if (!done) {
+    check_nobody_gave_up();
+    if (any_laggard_dead(target)) raise_for_laggards(target, false);
+    return false;
+  }
+  count_ = target;
+  pending_ = 0;
+  return true;
+}
+
+void node_barrier::complete() {
+  const std::uint64_t target = pending_;
+  if (target == 0) return;
   if (size_ > 1) {
     switch (kind_) {
       case barrier_kind::flat:
-        wait_flat(target);
+        wait_until([&] { return all_entered(target); }, shared_->doorbell, shared_->sleepers,
+                   target);
         break;
-      case barrier_kind::central:
-        wait_central(target);
+      case barrier_kind::central: {
+        auto& word = shared_->generation;
+        const auto gen = static_cast<std::uint32_t>(target);
+        wait_until([&] { return reached(word.load(std::memory_order_acquire), gen); }, word,
+                   shared_->sleepers, target);
         break;
+      }
       case barrier_kind::dissemination:
-        wait_dissemination(target);
+        progress_dissemination(target, true);
         break;
     }
   }
   count_ = target;
+  pending_ = 0;
 }
 
-void node_barrier::wait_flat(std::uint64_t target) {
-  if (shared_->sleepers.load(std::memory_order_seq_cst) != 0) {
-    shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);
-    wake_all(shared_->doorbell, shared_->sleepers);
-  }
-  int next = 0;  // ranks below `next` are known to have arrived
-  auto all_arrived = [&] {
-    for (; next < size_; ++next)
-      if (entered(next, target).load(std::memory_order_acquire) < target) return false;
-    return true;
-  };
-  wait_until(all_arrived, shared_->doorbell, shared_->sleepers, target);
-}
-
-void node_barrier::wait_central(std::uint64_t target) {
-  const std::uint64_t before = shared_->arrived.fetch_add(1, std::memory_order_acq_rel);
-  const auto gen = static_cast<std::uint32_t>(target);
-  if (before + 1 == target * static_cast<std::uint64_t>(size_)) {
-    shared_->generation.store(gen, std::memory_order_seq_cst);
-    wake_all(shared_->generation, shared_->sleepers);
-    return;
-  }
-  auto& word = shared_->generation;
-  wait_until([&] { return reached(word.load(std::memory_order_acquire), gen); }, word,
-             shared_->sleepers, target);
-}
-
-void node_barrier::wait_dissemination(std::uint64_t target) {
+bool node_barrier::progress_dissemination(std::uint64_t target, bool block) {
   const auto gen = static_cast<std::uint32_t>(target);
   auto& mine = words_[rank_];
-  for (int round = 0, dist = 1; dist < size_; ++round, dist <<= 1) {
-    auto& partner = words_[(rank_ + dist) % size_];
-    partner.round_flag[round].fetch_add(1, std::memory_order_seq_cst);
-    wake_all(partner.round_flag[round], partner.sleepers);
-    auto& flag = mine.round_flag[round];
-    wait_until([&] { return reached(flag.load(std::memory_order_acquire), gen); }, flag,
-               mine.sleepers, target);
+  for (; (1 << round_) < size_; ++round_, signalled_ = false) {
+    if (!signalled_) {
+      auto& partner = words_[(rank_ + (1 << round_)) % size_];
+      partner.round_flag[round_].fetch_add(1, std::memory_order_seq_cst);
+      wake_all(partner.round_flag[round_], partner.sleepers);
+      signalled_ = true;
+    }
+    auto& flag = mine.round_flag[round_];
+    auto ready = [&] { return reached(flag.load(std::memory_order_acquire), gen); };
+    if (ready()) continue;
+    if (!block) return false;
+    wait_until(ready, flag, mine.sleepers, target);
   }
+  return true;
 }
 
 template <class Ready>

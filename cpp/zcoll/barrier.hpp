@@ -82,8 +82,19 @@ class node_barrier {
 
   // Blocks until every node rank has called wait() as often as this one. Everything this rank
   // wrote before is visible to every rank after. Throws peer_error naming the ranks that are
-  // dead, or missing after options.timeout_s.
-  void wait();
+  // dead, or missing after options.timeout_s. The same as arrive() then complete().
+  void wait() {
+    arrive();
+    complete();
+  }
+  // Split phase (a started persistent call): announce this rank's arrival at the next barrier
+  // without waiting; complete() waits for the others, poll() tells whether they are all there
+  // (it never blocks, and completes the barrier when they are). Between arrive() and the end of
+  // complete() no other barrier may start.
+  void arrive();
+  void complete();
+  bool poll();
+  bool arrived() const noexcept { return pending_ != 0; }
 
   std::uint64_t completed() const noexcept { return count_; }
   const wait_options& options() const noexcept { return options_; }
@@ -95,9 +106,10 @@ class node_barrier {
     return entered_[(2 * static_cast<std::size_t>(r) + (k & 1)) * stride_];
   }
   std::uint64_t arrivals(int r) const noexcept;  // barriers rank r has entered
-  void wait_flat(std::uint64_t target);
-  void wait_central(std::uint64_t target);
-  void wait_dissemination(std::uint64_t target);
+  bool all_entered(std::uint64_t target);
+  // Dissemination rounds from the current one; returns false instead of blocking when `block`
+  // is not set and a round's signal has not come yet.
+  bool progress_dissemination(std::uint64_t target, bool block);
   template <class Ready>
   void wait_until(Ready ready, std::atomic<std::uint32_t>& word,
                   std::atomic<std::uint32_t>& sleepers, std::uint64_t target);
@@ -115,7 +127,11 @@ class node_barrier {
   std::vector<std::int32_t> pids_;
   barrier_kind kind_;
   wait_options options_;
-  std::uint64_t count_ = 0;
+  std::uint64_t count_ = 0;    // barriers completed
+  std::uint64_t pending_ = 0;  // the barrier arrived at and not yet completed (0: none)
+  int flat_next_ = 0;          // flat: ranks below it are known to have arrived at `pending_`
+  int round_ = 0;              // dissemination: the round in progress
+  bool signalled_ = false;     // dissemination: this round's partner was signalled
   block_hook hook_;
 };
 

@@ -83,16 +83,13 @@ void node_context::prepare(op_code op, const array_view* send, const array_view&
   args.dtype = recv.dtype;
 }
 
-void node_context::run(op_code op, const array_view* send, const array_view& recv, int order,
-                       int copy) {
+collective_args node_context::checked_args(op_code op, const array_view* send,
+                                           const array_view& recv, int order, int copy) {
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
   if (check_codes(check, order, copy, true)) prepare(op, send, recv, order, copy, check, args);
   if (!check.ok()) fail(check.error, call_name(op) + check.message);
-  if (args.eager)
-    execute_eager(args);
-  else
-    execute(args);
+  return args;
 }
 
 call_record node_context::describe(op_code op, const array_view* send, const array_view& recv,

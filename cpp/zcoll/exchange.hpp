@@ -72,7 +72,17 @@ class node_context {
   // Collective: checks one rank's arguments of an alltoall or allgather, raises on every rank
   // if any rank's are wrong, else runs it. `order` is a block_order value, auto_order or
   // eager_order; `copy` a copy_mode value or auto_copy.
-  void run(op_code op, const array_view* send, const array_view& recv, int order, int copy);
+  void run(op_code op, const array_view* send, const array_view& recv, int order, int copy) {
+    const collective_args args = checked_args(op, send, recv, order, copy);
+    if (args.eager)
+      execute_eager(args);
+    else
+      execute(args);
+  }
+  // The local checks of such a call and what "auto" resolves to; when they fail, this rank
+  // publishes the error and every rank raises it (collective only then).
+  collective_args checked_args(op_code op, const array_view* send, const array_view& recv,
+                               int order, int copy);
   // Local: the record of such a call that ranks on other nodes compare (agree() in
   // protocol.hpp): the local verdict, or the call as asked ("auto" unresolved).
   call_record describe(op_code op, const array_view* send, const array_view& recv, int order,
@@ -117,6 +127,22 @@ class node_context {
   std::size_t segment_count() const noexcept { return segments_.count(); }
   std::uint64_t calls() const noexcept { return protocol_.calls(); }
 
+  // For persistent plans (plan.hpp), which run fixed calls on this context's protocol.
+  call_protocol& protocol() noexcept { return protocol_; }
+  node_segments& segments() noexcept { return segments_; }
+  // Node rank `rank`'s eager slot of barrier parity `parity`.
+  std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
+    return eager_->partition(rank) + parity * policy_.eager_bytes();
+  }
+  // The schedule this context uses for `op` (in place or not) and `order`.
+  const schedule& schedule_for(op_code op, bool in_place, block_order order);
+  // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
+  // cannot stage; throws the same error on every rank when one is not in the arena.
+  void resolve_all(const call_protocol::published& all, bool send_side,
+                   std::vector<std::byte*>* bases);
+  // A new plan id: plans are created collectively, so every rank numbers them alike.
+  std::uint64_t next_plan_id() noexcept { return ++plans_; }
+
  private:
   // Fills `args` for a call whose local checks passed (`check`), resolving "auto"; sets
   // `check` to the error when the call cannot run as asked (the eager path too small).
@@ -128,15 +154,6 @@ class node_context {
                 const buffer_ref& my_recv);
   void execute_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
                         block_order order, int copy);
-  // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
-  // cannot stage; throws the same error on every rank when one is not in the arena.
-  void resolve_all(const call_protocol::published& all, bool send_side,
-                   std::vector<std::byte*>* bases);
-  // The schedule this context uses for `op` (in place or not) and `order`.
-  const schedule& schedule_for(op_code op, bool in_place, block_order order);
-  std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
-    return eager_->partition(rank) + parity * policy_.eager_bytes();
-  }
 
   context_config config_;
   call_protocol protocol_;
@@ -145,6 +162,7 @@ class node_context {
   std::shared_ptr<data_segment> eager_;  // two slots of eager_bytes() per rank, by parity
   std::map<std::uint32_t, schedule> schedules_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
+  std::uint64_t plans_ = 0;                           // plans created
 };
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.

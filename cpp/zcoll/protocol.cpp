@@ -24,7 +24,8 @@ std::string rank_text(int rank) {
 
 // Whether the ranks' calls of `op` must agree on sizes, dtype and order.
 bool moves_data(op_code op) noexcept {
-  return op == op_code::alltoall || op == op_code::allgather || op == op_code::transfer;
+  return op == op_code::alltoall || op == op_code::allgather || op == op_code::transfer ||
+         op == op_code::plan;
 }
 
 // Records gathered from every communicator rank, as check_calls reads them.
@@ -73,10 +74,16 @@ void raise_unexpected_op(op_code expected, op_code got) {
 
 void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank) {
   if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
-      d.order == ref.order)
+      d.order == ref.order && d.target == ref.target)
     return;
-  const std::string what = "zcoll." + op_text(ref.op) + ": ";
+  const bool planned = ref.op == op_code::plan;
+  const std::string what =
+      "zcoll." + op_text(planned ? ref.target : ref.op) + (planned ? "_init: " : ": ");
   const std::string first = rank_text(ref_rank), other = rank_text(rank);
+  if (d.target != ref.target)
+    throw usage_error("zcoll: ranks planned different collectives at once: " + first +
+                      " planned " + op_text(ref.target) + ", " + other + " planned " +
+                      op_text(d.target));
   if (d.flag != ref.flag)
     throw usage_error(what + "IN_PLACE must be used by all ranks or none (" + first + " and " +
                       other + " differ)");
@@ -92,6 +99,15 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
                       std::to_string(d.block_bytes));
   throw usage_error(what + "order differs between ranks: " + first + " uses '" +
                     order_text(ref.order) + "', " + other + " uses '" + order_text(d.order) + "'");
+}
+
+void raise_different_plans(int rank0, const call_descriptor& d0, int rank,
+                           const call_descriptor& d) {
+  auto plan_text = [](const call_descriptor& c) {
+    return "plan #" + std::to_string(c.block_bytes) + " (" + op_text(c.target) + ")";
+  };
+  throw usage_error("zcoll: ranks ran different persistent plans at once: " + rank_text(rank0) +
+                    " ran " + plan_text(d0) + ", " + rank_text(rank) + " ran " + plan_text(d));
 }
 
 }  // namespace detail
@@ -136,6 +152,7 @@ call_protocol::call_protocol(std::shared_ptr<shm_segment> control, const context
 void call_protocol::close() noexcept {
   if (closed_) return;
   closed_ = true;
+  pending_ = nullptr;
   barrier_.reset();
   header_ = nullptr;
   lines_ = nullptr;
@@ -158,16 +175,38 @@ void call_protocol::check_usable() const {
 }
 
 void call_protocol::sync() {
-  store_fence();  // streaming stores are weakly ordered: make them visible before arriving
+  arrive(true);
+  complete();
+}
+
+template <class Step>
+auto call_protocol::marking_broken(Step step) {
   try {
-    barrier_->wait();
+    return step();
   } catch (const peer_error& e) {
     broken_reason_ = e.what();
     throw;
   }
 }
 
+void call_protocol::arrive(bool fence) {
+  check_usable();
+  if (fence) store_fence();  // streaming stores are weakly ordered: visible before arriving
+  marking_broken([&] { barrier_->arrive(); });
+}
+
+void call_protocol::complete() {
+  check_usable();
+  marking_broken([&] { barrier_->complete(); });
+}
+
+bool call_protocol::poll() {
+  check_usable();
+  return marking_broken([&] { return barrier_->poll(); });
+}
+
 detail::rank_line& call_protocol::next(op_code op) {
+  finish_pending();
   check_usable();
   ++calls_;
   auto& line = lines_[2 * static_cast<std::size_t>(rank_) + parity()];

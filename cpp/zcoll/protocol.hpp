@@ -54,8 +54,11 @@ struct call_descriptor {
   std::uint8_t flag = 0;  // collectives: in place; allocate: the request fits the partitions
   arg_error error = arg_error::none;
   dtype_id dtype;
-  std::uint64_t block_bytes = 0;  // bytes per block; allocate: bytes asked; transfer: signature
+  op_code target = op_code::none;  // plan and start: the collective planned
+  std::uint64_t block_bytes = 0;   // bytes per block; allocate: bytes asked; transfer: signature;
+                                   // start: the plan's id
 };
+static_assert(sizeof(call_descriptor) == 24, "the descriptor must fit the rank's hot line");
 
 inline constexpr std::size_t message_bytes = 240;
 
@@ -77,6 +80,8 @@ namespace detail {
 [[noreturn]] void raise_unexpected_op(op_code expected, op_code got);
 // Throws when `d` (rank `rank`) differs from `ref` (rank `ref_rank`) in what must agree.
 void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank);
+[[noreturn]] void raise_different_plans(int rank0, const call_descriptor& d0, int rank,
+                                        const call_descriptor& d);
 }  // namespace detail
 
 // The verdict over every rank's call. `Calls` has size(), call(j) -> const call_descriptor&,
@@ -100,6 +105,14 @@ template <class Calls>
 void check_arguments(const Calls& calls) {
   for (int j = 1; j < calls.size(); ++j)
     detail::check_same_call(calls.call(0), calls.rank(0), calls.call(j), calls.rank(j));
+}
+
+// Throws when the ranks' starts (check_calls passed for op_code::start) run different plans.
+template <class Calls>
+void check_same_plan(const Calls& calls) {
+  for (int j = 1; j < calls.size(); ++j)
+    if (calls.call(j).block_bytes != calls.call(0).block_bytes)
+      detail::raise_different_plans(calls.rank(0), calls.call(0), calls.rank(j), calls.call(j));
 }
 
 // Collective across nodes: the verdict over records gathered from every communicator rank
@@ -137,6 +150,17 @@ struct alignas(cache_line) control_header {
 
 }  // namespace detail
 
+// A call this rank has started but not finished: a started persistent plan, arrived at its
+// completion barrier. The protocol finishes it before this rank's next call of any kind, so
+// calls complete in the order they were started (MPI's rule for collectives).
+class pending_call {
+ public:
+  virtual void finish() = 0;
+
+ protected:
+  ~pending_call() = default;
+};
+
 class call_protocol {
  public:
   // Every rank's descriptor published at one barrier.
@@ -165,8 +189,27 @@ class call_protocol {
   detail::rank_line& next(op_code op);
   // Barrier; then every rank's descriptor of this call.
   published publish();
+  // Every rank's descriptor published at a completed barrier of parity `parity`.
+  published view(std::size_t parity) const noexcept {
+    return {lines_, slots_, comm_ranks_.data(), parity, size_};
+  }
   // Barrier (store fence first) that marks the protocol broken when it throws.
   void sync();
+  // The same in two phases (see node_barrier::arrive); complete() and poll() mark the protocol
+  // broken when they throw.
+  void arrive(bool fence);
+  void complete();
+  bool poll();
+  // The started call to finish before the next one (nullptr: none); see pending_call.
+  void set_pending(pending_call* call) noexcept { pending_ = call; }
+  pending_call* pending() const noexcept { return pending_; }
+  // Finishes the pending call, if any.
+  void finish_pending() {
+    if (pending_call* call = pending_) {
+      pending_ = nullptr;
+      call->finish();
+    }
+  }
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(arg_error kind, std::string_view message);
 
@@ -187,6 +230,9 @@ class call_protocol {
   std::size_t parity() const noexcept { return (barrier_->completed() + 1) & 1; }
 
  private:
+  template <class Step>
+  auto marking_broken(Step step);
+
   std::shared_ptr<shm_segment> control_;
   detail::control_header* header_ = nullptr;
   detail::rank_line* lines_ = nullptr;                   // two per node rank (by parity)
@@ -197,6 +243,7 @@ class call_protocol {
   std::vector<int> comm_ranks_;
   std::unique_ptr<node_barrier> barrier_;
   std::uint64_t calls_ = 0;
+  pending_call* pending_ = nullptr;
   bool closed_ = false;
   std::string broken_reason_;
 };

@@ -31,6 +31,8 @@ enum class op_code : std::uint8_t {
   allgather = 4,  // rank i's send buffer -> block i of every receive buffer
   barrier = 5,    // a node barrier
   transfer = 6,   // global transpose of a distributed array (see transfer.hpp)
+  plan = 7,       // creation of a persistent plan (see plan.hpp)
+  start = 8,      // a run of a persistent plan
 };
 
 // Order in which the P x P block matrix of a collective is traversed (and then cut into P
@@ -91,12 +93,13 @@ struct registry;
 
 template <>
 struct registry<op_code> {
-  static constexpr std::array<std::string_view, 7> names{
-      "none", "error", "allocate", "alltoall", "allgather", "barrier", "transfer"};
+  static constexpr std::array<std::string_view, 9> names{
+      "none",     "error", "allocate", "alltoall", "allgather",
+      "barrier",  "transfer", "plan", "start"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
-  static constexpr std::array<std::string_view, 7> descriptions{
+  static constexpr std::array<std::string_view, 9> descriptions{
       "nothing", "an invalid call", "an arena allocation", "alltoall", "allgather",
-      "barrier", "transfer"};
+      "barrier", "transfer", "a plan's creation", "a plan's run"};
 };
 template <>
 struct registry<block_order> {

@@ -15,6 +15,7 @@ from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import set_timeout, set_tuning
 from ._core import PeerError
+from ._plans import Plan, allgather_init, alltoall_init
 from ._registry import COPY_MODES, ORDERS
 from ._schedule import Schedule, schedule
 from ._settings import Settings, get_timeout, get_tuning, settings
@@ -28,13 +29,16 @@ __all__ = [
     "IN_PLACE",
     "ORDERS",
     "PeerError",
+    "Plan",
     "RankPlacement",
     "Schedule",
     "Settings",
     "Topology",
     "__version__",
     "allgather",
+    "allgather_init",
     "alltoall",
+    "alltoall_init",
     "empty",
     "empty_like",
     "get_timeout",

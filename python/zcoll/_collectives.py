@@ -50,8 +50,9 @@ def option_codes(ctx: Context, opname: str, order, copy) -> tuple[int, int]:
     return code, copy_code
 
 
-def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
-    """Allocate the result in the arena (collective); errors are raised on every rank."""
+def _new_recvbuf(ctx: Context, opname: str, sendbuf, label: str | None = None) -> np.ndarray:
+    """Allocate the result of `opname` in the arena (collective); errors are raised on every
+    rank, named after `label` (default `opname`)."""
     try:
         if sendbuf is IN_PLACE:
             raise ValueError("IN_PLACE needs recvbuf, which holds the data")
@@ -61,7 +62,7 @@ def _new_recvbuf(ctx: Context, opname: str, sendbuf) -> np.ndarray:
         if send.ndim == 0:
             raise ValueError("sendbuf must have at least one dimension")
     except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
+        ctx.fail(label or opname, exc)
     shape = send.shape if opname == _ALLTOALL else (ctx.size, *send.shape)
     return _arena_array(ctx, shape, send.dtype)
 

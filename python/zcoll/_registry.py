@@ -53,6 +53,8 @@ __all__ = [
     "SWAP",
     "TEMPORAL",
     "TRANSFER",
+    "PLAN",
+    "START",
 ]
 
 #: The value of ``order=`` and ``copy=`` that lets zcoll choose.
@@ -88,7 +90,7 @@ RULE_COPIES: tuple[str, ...] = tuple(COPY_CODES)
 
 # The members Python code names, in code order. Unpacking the C++ lists (rather than retyping
 # the strings) fails at import when the registry changes: extend the matching line then.
-NONE, ERROR, ALLOCATE, ALLTOALL, ALLGATHER, BARRIER, TRANSFER = OPS
+NONE, ERROR, ALLOCATE, ALLTOALL, ALLGATHER, BARRIER, TRANSFER, PLAN, START = OPS
 ROW, COLUMN, MORTON, HILBERT = ORDERS
 TEMPORAL, STREAMING, HYBRID = COPY_MODES
 PORTABLE, SSE2, AVX2, AVX512 = COPY_ISAS

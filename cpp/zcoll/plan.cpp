@@ -1,0 +1,228 @@
+#include "zcoll/plan.hpp"
+
+#include "zcoll/copy.hpp"
+#include "zcoll/error.hpp"
+
+namespace zcoll {
+
+namespace {
+
+bool any_private(const call_protocol::published& all, bool in_place) {
+  for (int j = 0; j < all.size(); ++j)
+    if ((!in_place && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+persistent_plan::persistent_plan(std::shared_ptr<node_context> ctx, op_code op,
+                                 const array_view* send, const array_view& recv, int order,
+                                 int copy)
+    : ctx_(std::move(ctx)),
+      protocol_(&ctx_->protocol()),
+      rank_(ctx_->config().rank),
+      size_(ctx_->config().size),
+      comm_ranks_(ctx_->config().comm_ranks) {
+  args_ = ctx_->checked_args(op, send, recv, order, copy);
+  agree_on_call();
+  if (!args_.eager && args_.block_bytes != 0) {
+    const bool in_place = args_.send == nullptr;
+    const auto seg = ctx_->schedule_for(op, in_place, args_.order).segment(rank_);
+    mine_.assign(seg.begin(), seg.end());
+    auto& chooser = ctx_->policy().copy();
+    bool tuning = false;
+    how_ = chooser.choose(args_.copy, args_.block_bytes,
+                          ctx_->policy().touched_bytes(args_.recv_bytes), &tuning, tuned_index(op));
+    refine_copy_ = tuning;
+  }
+  id_ = ctx_->next_plan_id();
+}
+
+persistent_plan::~persistent_plan() {
+  try {
+    finish();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a peer's failure has no one to go to here
+  }
+}
+
+void persistent_plan::agree_on_call() {
+  auto& segments = ctx_->segments();
+  const bool in_place = args_.send == nullptr;
+  auto describe = [&](detail::rank_line& line) {
+    line.call.target = args_.op;
+    line.call.order = static_cast<std::int8_t>(args_.eager ? eager_order : static_cast<int>(args_.order));
+    line.call.flag = in_place ? 1 : 0;
+    line.call.dtype = args_.dtype;
+    line.call.block_bytes = args_.block_bytes;
+  };
+  auto& line = protocol_->next(op_code::plan);
+  describe(line);
+  const bool ordered = !args_.eager && args_.block_bytes != 0;
+  if (ordered) {
+    if (!in_place) line.send = segments.locate(args_.send, args_.send_bytes);
+    line.recv = segments.locate(args_.recv, args_.recv_bytes);
+  }
+  auto all = protocol_->publish();
+  check_calls(all, op_code::plan);
+  check_arguments(all);
+  if (!ordered) return;
+  if (any_private(all, in_place)) {
+    // Every rank saw the same lines, so every rank takes this branch: shadows for private
+    // buffers (a collective allocation), then the buffers published again.
+    const std::size_t send_part =
+        !in_place && line.send.segment == 0 ? round_up(args_.send_bytes, 64) : 0;
+    const std::size_t recv_part = line.recv.segment == 0 ? args_.recv_bytes : 0;
+    shadow_ = segments.allocate(send_part + recv_part);
+    if (send_part) send_shadow_ = shadow_->data();
+    if (recv_part) recv_shadow_ = shadow_->data() + send_part;
+    auto& again = protocol_->next(op_code::plan);
+    describe(again);
+    if (!in_place)
+      again.send = segments.locate(send_shadow_ ? send_shadow_ : args_.send, args_.send_bytes);
+    again.recv = segments.locate(recv_shadow_ ? recv_shadow_ : args_.recv, args_.recv_bytes);
+    all = protocol_->publish();
+    check_calls(all, op_code::plan);
+  }
+  if (!in_place) ctx_->resolve_all(all, true, &send_bases_);
+  ctx_->resolve_all(all, false, &recv_bases_);
+}
+
+copy_plan persistent_plan::copy() const {
+  return how_;
+}
+
+void persistent_plan::check_not_freed() const {
+  if (state_ == state::freed) throw usage_error("zcoll: this plan was freed");
+}
+
+void persistent_plan::start() {
+  check_not_freed();
+  if (state_ == state::started)
+    throw usage_error("zcoll: this plan is already active (wait() for it before starting it again)");
+  auto& line = protocol_->next(op_code::start);  // finishes another started plan first
+  line.call.target = args_.op;
+  line.call.block_bytes = id_;
+  parity_ = protocol_->parity();
+  if (args_.eager) {
+    const bool in_place = args_.send == nullptr;
+    const auto* data = static_cast<const std::byte*>(in_place ? args_.recv : args_.send);
+    std::byte* slot = ctx_->eager_slot(rank_, parity_);
+    if (args_.op == op_code::alltoall) {
+      copy_bytes(slot, data, args_.recv_bytes);
+    } else {
+      const auto own = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]);
+      copy_bytes(slot, in_place ? data + own * args_.block_bytes : data, args_.block_bytes);
+    }
+    protocol_->arrive(false);
+  } else {
+    stage_in();
+    publish_start();
+    copy_blocks();
+    protocol_->arrive(true);
+  }
+  state_ = state::started;
+  protocol_->set_pending(this);
+}
+
+void persistent_plan::stage_in() noexcept {
+  if (send_shadow_) copy_bytes(send_shadow_, args_.send, args_.send_bytes);
+  if (args_.send != nullptr || !recv_shadow_) return;
+  if (args_.op == op_code::alltoall) {
+    copy_bytes(recv_shadow_, args_.recv, args_.recv_bytes);
+    return;
+  }
+  const std::size_t own =
+      static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]) * args_.block_bytes;
+  copy_bytes(recv_shadow_ + own, static_cast<const std::byte*>(args_.recv) + own,
+             args_.block_bytes);
+}
+
+void persistent_plan::publish_start() {
+  const auto all = protocol_->publish();
+  check_calls(all, op_code::start);
+  check_same_plan(all);
+}
+
+void persistent_plan::copy_blocks() {
+  if (mine_.empty()) return;
+  const bool in_place = args_.send == nullptr;
+  const std::size_t block = args_.block_bytes;
+  auto copies = [&](const copy_plan& how) {
+    copy_segment(mine_, args_.op, in_place, block, send_bases_.data(), recv_bases_.data(),
+                 comm_ranks_.data(), how);
+  };
+  if (!refine_copy_) {
+    copies(how_);
+    return;
+  }
+  auto& policy = ctx_->policy();
+  policy.timed_copies(args_.op, block, auto_copy, args_.recv_bytes, mine_.size() * block, copies);
+  bool tuning = false;
+  how_ = policy.copy().choose(auto_copy, block, policy.touched_bytes(args_.recv_bytes), &tuning,
+                              tuned_index(args_.op));
+  refine_copy_ = tuning;
+}
+
+void persistent_plan::finish() {
+  if (state_ != state::started) return;
+  state_ = state::idle;
+  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+  protocol_->complete();
+  after_barrier();
+}
+
+void persistent_plan::after_barrier() {
+  if (!args_.eager) {
+    if (recv_shadow_) copy_bytes(args_.recv, recv_shadow_, args_.recv_bytes);
+    return;
+  }
+  const auto all = protocol_->view(parity_);
+  check_calls(all, op_code::start);
+  check_same_plan(all);
+  pull_eager();
+}
+
+void persistent_plan::pull_eager() {
+  const std::size_t block = args_.block_bytes;
+  if (block == 0) return;
+  auto* recv = static_cast<std::byte*>(args_.recv);
+  const auto me = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]);
+  const bool alltoall = args_.op == op_code::alltoall;
+  for (int s = 0; s < size_; ++s) {
+    const std::byte* from = ctx_->eager_slot(s, parity_);
+    const auto src = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(s)]);
+    copy_bytes(recv + src * block, alltoall ? from + me * block : from, block);
+  }
+}
+
+void persistent_plan::wait() {
+  check_not_freed();
+  finish();
+}
+
+bool persistent_plan::test() {
+  check_not_freed();
+  if (state_ != state::started) return true;
+  if (!protocol_->poll()) return false;
+  state_ = state::idle;
+  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+  after_barrier();
+  return true;
+}
+
+void persistent_plan::free() {
+  if (state_ == state::freed) return;
+  struct release_at_exit {
+    persistent_plan& plan;
+    ~release_at_exit() {
+      plan.state_ = state::freed;
+      plan.shadow_.reset();
+      plan.send_bases_.clear();
+      plan.recv_bases_.clear();
+      plan.ctx_.reset();
+    }
+  } release{*this};
+  finish();
+}
+
+}  // namespace zcoll

@@ -1,0 +1,244 @@
+"""Persistent collectives: ``alltoall_init`` and ``allgather_init`` return a :class:`Plan`."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core
+from ._collectives import (
+    _ALLGATHER,
+    _ALLTOALL,
+    IN_PLACE,
+    _byte_blocks,
+    _new_recvbuf,
+    _remote_ranks,
+    option_codes,
+)
+from ._context import Context, lookup
+from ._registry import AUTO
+
+__all__ = ["Plan", "allgather_init", "alltoall_init"]
+
+# Tags of a plan's blocks between nodes: one per plan, so ranks that run different plans by
+# mistake never match each other's messages (they time out with PeerError instead).
+_PLAN_TAG_BASE = 0x10000
+_PLAN_TAG_SPAN = 0x10000
+
+
+class Plan(_core.Plan):
+    """A persistent collective: every check and decision made once, then run many times.
+
+    Made by :func:`alltoall_init` or :func:`allgather_init` (collective). The counterpart of
+    mpi4py's ``comm.Alltoall_init(...)`` -> ``MPI.Prequest``: ``start()`` then ``wait()`` (or
+    ``test()``) runs the collective once on the buffers given at creation; ``plan()`` does
+    both and returns `recvbuf`.
+
+    Attributes
+    ----------
+    sendbuf : numpy.ndarray or zcoll.IN_PLACE
+        The source, read on every run (write new data into it between runs).
+    recvbuf : numpy.ndarray
+        The result, complete after ``wait()`` (or a ``test()`` that returned True).
+    op : str
+        "alltoall" or "allgather".
+    order : str
+        What ``order="auto"`` resolved to: an order name, or "eager" (small calls: one barrier,
+        the data through per-rank slots).
+    copy : str
+        The copy mode of the block copies ("temporal" for eager plans); what ``copy="auto"``
+        resolved to, which may still change on the first runs while it times the hybrid
+        threshold.
+    active : bool
+        Started and not yet waited for.
+
+    Notes
+    -----
+    ``start()`` does this rank's share of the copies. On the ordered path it first waits for
+    every rank to start (one node barrier) and returns once its own copies are done; on the
+    eager path it copies this rank's data into its slot and returns at once. ``wait()`` waits
+    for the peers' copies (and, eager, pulls this rank's blocks). Between ``start()`` and
+    ``wait()`` the send buffer must not change and the receive buffer must not be read.
+
+    Any other zcoll call on the same communicator, including another plan's ``start()``,
+    first finishes a started plan: runs complete in the order they were started.
+
+    A plan holds its buffers (dropping your references is safe) and a shadow in the arena
+    for each buffer that is not (so a run costs one extra copy of that buffer, and no staging
+    barrier). ``free()`` is local; using a plan after ``free()``, after its communicator was
+    freed or after a peer died raises. A plan is a context manager that frees itself.
+    """
+
+    def __init__(
+        self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
+    ) -> None:
+        super().__init__(ctx.core, opname, sendbuf, recvbuf, order, copy)
+        self._ctx = ctx
+
+    @property
+    def copy(self) -> str:
+        return self.copy_mode
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return f"<zcoll.Plan #{self.id} (freed)>"
+        return (
+            f"<zcoll.Plan #{self.id} {self.op} order={self.order!r} copy={self.copy!r}"
+            f"{' active' if self.active else ''}>"
+        )
+
+
+class _MultiNodePlan(Plan):
+    """A plan on a communicator spanning several nodes: the node part in the engine, blocks
+    between nodes by persistent MPI point-to-point requests on the context's private dup."""
+
+    def __init__(
+        self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
+    ) -> None:
+        record = ctx.core.record(opname, sendbuf, recvbuf, order, copy, planned=True)
+        ctx.agree(f"{opname}_init", record)
+        super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
+        self._remote = _remote_ranks(ctx)
+        self._outgoing: list[tuple[np.ndarray, np.ndarray]] = []  # (saved copy, live block)
+        self._requests = self._remote_requests(ctx, opname, sendbuf, recvbuf)
+
+    def _remote_requests(self, ctx: Context, opname: str, sendbuf, recv: np.ndarray) -> list:
+        block = recv.nbytes // ctx.size
+        if not self._remote or block == 0:
+            return []
+        rb = _byte_blocks(recv)
+        in_place = sendbuf is IN_PLACE
+        sb = rb if in_place else _byte_blocks(sendbuf)
+        outgoing = {}
+        for r in self._remote:
+            if opname == _ALLTOALL:
+                live = sb[r * block : (r + 1) * block]
+            else:
+                live = rb[ctx.rank * block : (ctx.rank + 1) * block] if in_place else sb
+            if in_place and opname == _ALLTOALL:  # saved at start: a receive overwrites it
+                saved = live.copy()
+                self._outgoing.append((saved, live))
+                live = saved
+            outgoing[r] = live
+        comm = ctx.p2p_comm()
+        tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
+        reqs = [
+            comm.Recv_init([rb[r * block : (r + 1) * block], MPI.BYTE], r, tag)
+            for r in self._remote
+        ]
+        reqs += [comm.Send_init([outgoing[r], MPI.BYTE], r, tag) for r in self._remote]
+        return reqs
+
+    def start(self) -> None:
+        self._ctx.check_unbroken()
+        for saved, live in self._outgoing:
+            np.copyto(saved, live)
+        if self._requests:
+            MPI.Prequest.Startall(self._requests)
+        super().start()
+
+    def wait(self) -> None:
+        super().wait()
+        if self._requests and not MPI.Request.Testall(self._requests):
+            self._ctx.wait_bounded(
+                self._requests,
+                f"zcoll.{self.op} plan (blocks between nodes)",
+                peers=self._remote + self._remote,
+            )
+
+    def test(self) -> bool:
+        return super().test() and (not self._requests or MPI.Request.Testall(self._requests))
+
+    def __call__(self) -> np.ndarray:
+        self.start()
+        self.wait()
+        return self.recvbuf
+
+    def free(self) -> None:
+        if self.freed:
+            return
+        try:
+            if self.active or not MPI.Request.Testall(self._requests):
+                self.wait()
+        finally:
+            super().free()
+            for r in self._requests:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+            self._requests = []
+            self._outgoing = []
+
+
+def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
+    ctx = lookup(comm)
+    label = f"{opname}_init"
+    if recvbuf is None:
+        recvbuf = _new_recvbuf(ctx, opname, sendbuf, label)
+    code, copy_code = option_codes(ctx, label, order, copy)
+    kind = _MultiNodePlan if ctx.multi_node else Plan
+    return kind(ctx, opname, sendbuf, recvbuf, code, copy_code)
+
+
+def alltoall_init(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> Plan:
+    """A persistent :func:`alltoall`: checked and resolved once, run by ``plan()`` or
+    ``plan.start()`` / ``plan.wait()``.
+
+    Collective over `comm`; the counterpart of mpi4py's ``comm.Alltoall_init``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    sendbuf : numpy.ndarray or zcoll.IN_PLACE
+        As for :func:`alltoall`, but a C-contiguous ndarray: the plan reads it in place on
+        every run (no copy is made at creation).
+    recvbuf : numpy.ndarray, optional
+        As for :func:`alltoall`; allocated in the arena (collectively) when omitted.
+    order, copy : str
+        As for :func:`alltoall`; "auto" is resolved once, here (see :attr:`Plan.order`).
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, if any rank's arguments are invalid or disagree with the others'.
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout.
+
+    Examples
+    --------
+    >>> plan = zcoll.alltoall_init(comm, send, recv)       # doctest: +SKIP
+    >>> for step in range(steps):                          # doctest: +SKIP
+    ...     send[...] = produce(step)
+    ...     consume(plan())
+    """
+    return _plan(_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
+
+
+def allgather_init(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> Plan:
+    """A persistent :func:`allgather` (mpi4py's ``comm.Allgather_init``).
+
+    Collective over `comm`. Parameters, returns and errors as for :func:`alltoall_init`; the
+    semantics of each run are those of :func:`allgather`.
+    """
+    return _plan(_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
