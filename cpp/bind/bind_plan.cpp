@@ -1,8 +1,10 @@
 // Plan: a persistent collective (plan.hpp) with the arrays it runs on. The binding converts the
 // arrays once, keeps them alive as long as the plan, and releases the GIL whenever a run blocks.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "arrays.hpp"
@@ -121,6 +123,15 @@ void register_plan(py::module_& m) {
                              [](const bound_plan& b) { return name_of(b.plan->copy().mode); })
       .def_property_readonly("copy_threshold",
                              [](const bound_plan& b) { return b.plan->copy().threshold; });
+  m.def(
+      "plan_buffers_error",
+      [](const py::object& send, const py::object& recv) -> std::optional<std::string> {
+        std::string why = unusable(send, recv);
+        if (why.empty()) return std::nullopt;
+        return why;
+      },
+      py::arg("sendbuf"), py::arg("recvbuf"),
+      "Why these buffers cannot back a plan (None when they can): a plan never copies them.");
 }
 
 }  // namespace zcoll::bind

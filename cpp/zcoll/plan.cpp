@@ -173,13 +173,27 @@ void persistent_plan::finish() {
 
 void persistent_plan::after_barrier() {
   if (!args_.eager) {
-    if (recv_shadow_) copy_bytes(args_.recv, recv_shadow_, args_.recv_bytes);
+    if (recv_shadow_) copy_out();
     return;
   }
   const auto all = protocol_->view(parity_);
   check_calls(all, op_code::start);
   check_same_plan(all);
   pull_eager();
+}
+
+void persistent_plan::copy_out() noexcept {
+  const auto comm_size = static_cast<std::size_t>(ctx_->config().comm_size);
+  if (comm_size == static_cast<std::size_t>(size_)) {
+    copy_bytes(args_.recv, recv_shadow_, args_.recv_bytes);
+    return;
+  }
+  // Across nodes only the node's blocks came through the shadow; MPI wrote the others.
+  const std::size_t block = args_.block_bytes;
+  for (const int r : comm_ranks_) {
+    const std::size_t at = static_cast<std::size_t>(r) * block;
+    copy_bytes(static_cast<std::byte*>(args_.recv) + at, recv_shadow_ + at, block);
+  }
 }
 
 void persistent_plan::pull_eager() {

@@ -79,6 +79,7 @@ class persistent_plan final : public pending_call {
   void publish_start();
   void stage_in() noexcept;
   void copy_blocks();
+  void copy_out() noexcept;
   void pull_eager();
 
   std::shared_ptr<node_context> ctx_;

@@ -70,6 +70,8 @@ class Plan:
     @property
     def copy_threshold(self) -> int: ...
 
+def plan_buffers_error(sendbuf: Any, recvbuf: Any) -> str | None: ...
+
 class NodeContext:
     def __init__(
         self,

@@ -65,6 +65,11 @@ class Plan(_core.Plan):
     Any other zcoll call on the same communicator, including another plan's ``start()``,
     first finishes a started plan: runs complete in the order they were started.
 
+    On a communicator spanning several nodes, blocks between nodes travel by persistent MPI
+    point-to-point requests, one tag per plan: ranks of one node that run different plans
+    raise ValueError together, ranks on different nodes that do raise
+    :class:`zcoll.PeerError` after the timeout; nothing is corrupted either way.
+
     A plan holds its buffers (dropping your references is safe) and a shadow in the arena
     for each buffer that is not (so a run costs one extra copy of that buffer, and no staging
     barrier). ``free()`` is local; using a plan after ``free()``, after its communicator was
@@ -144,6 +149,8 @@ class _MultiNodePlan(Plan):
 
     def start(self) -> None:
         self._ctx.check_unbroken()
+        if self.freed or self.active or self._ctx.core.closed:
+            super().start()  # raises the engine's error before any message goes out
         for saved, live in self._outgoing:
             np.copyto(saved, live)
         if self._requests:
@@ -188,6 +195,8 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, opname, sendbuf, label)
     code, copy_code = option_codes(ctx, label, order, copy)
+    if (why := _core.plan_buffers_error(sendbuf, recvbuf)) is not None:
+        ctx.fail(label, TypeError(why))
     kind = _MultiNodePlan if ctx.multi_node else Plan
     return kind(ctx, opname, sendbuf, recvbuf, code, copy_code)
 
