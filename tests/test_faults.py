@@ -603,3 +603,74 @@ def test_job_with_a_killed_rank_ends_cleanly(tmp_path, victim):
         )
         for message in reports.values():
             assert re.search(rf"peer rank\(s\) {victim} \(pid \d+\) died", message), message
+
+
+def _timed_plan_run(plan, poll: bool) -> dict:
+    """One run of `plan` (start, then wait or a test() loop), timed like _timed_barrier."""
+    t0 = time.monotonic()
+    try:
+        plan.start()
+        if poll:
+            while not plan.test():
+                time.sleep(1e-4)
+        else:
+            plan.wait()
+        error = None
+    except zcoll.PeerError as exc:
+        error = str(exc)
+    return {"error": error, "t0": t0, "t1": time.monotonic()}
+
+
+def _plan_scenario(victim: int, eager: bool, poll: bool):
+    """A plan runs 5 times on every rank; then the victim waits to be killed and the others run
+    it twice more on the parent's "go", reporting both runs."""
+
+    def scenario(rank, ctx, up, down):
+        if eager:
+            ctx.setup_eager(4096)
+        count = 1 if eager else 10_000
+        send = np.full((3, count), rank, np.float64)
+        recv = np.empty_like(send)
+        plan = _core.Plan(ctx, "alltoall", send, recv, -1, -1)
+        for _ in range(5):
+            plan()
+        ok = bool((recv[:, 0] == np.arange(3)).all())
+        up.send({"kind": "rounds", "ok": ok, "order": plan.order})
+        if rank == victim:
+            _wait_for_exit(down)  # killed here
+            return
+        assert down.recv(120)["kind"] == "go"
+        first = _timed_plan_run(plan, poll)
+        again = _timed_plan_run(plan, poll)
+        up.send({"kind": "result", "first": first, "again": again, "broken": ctx.broken})
+        _wait_for_exit(down)
+
+    return scenario
+
+
+@alone
+@pytest.mark.parametrize("poll", [False, True], ids=["wait", "test"])
+@pytest.mark.parametrize("eager", [False, True], ids=["ordered", "eager"])
+@pytest.mark.parametrize("barrier", BARRIER_KINDS)
+def test_killed_peer_during_a_plan(barrier, eager, poll):
+    """Child 2 is SIGKILLed between runs of a persistent plan: children 0 and 1 get PeerError
+    "... 2 ... died" from their next run within 2 s (timeout 30 s), through wait() or a test()
+    loop, on both paths and every barrier; the run after that fails at once."""
+    victim = 2
+    with ForkedNode(3, _plan_scenario(victim, eager, poll), timeout=30.0,
+                    barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
+        rounds = [node.expect(rank, "rounds") for rank in range(3)]
+        assert all(r["ok"] for r in rounds), rounds
+        assert all((r["order"] == "eager") == eager for r in rounds), rounds
+        t_kill = node.kill(victim)
+        for rank in (0, 1):
+            node.send(rank, {"kind": "go"})
+        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        node.finish()
+    for rank, result in results.items():
+        message = result["first"]["error"]
+        assert message is not None, f"rank {rank}: a plan ran without rank 2"
+        assert re.search(rf"peer rank\(s\) {victim} \(pid {node.pids[victim]}\) died", message)
+        detected = result["first"]["t1"] - t_kill
+        assert detected < 2.0, f"rank {rank}: death noticed {detected:.2f} s after the kill"
+        _check_broken_afterwards(rank, result)

@@ -155,8 +155,8 @@ bool node_barrier::poll() {
         break;
     }
   }
-  if (!done) {
-    check_nobody_gave_up();
+  if (!done) {  // as wait_until does after each sleep, without the deadline
+    if (shared_->gave_up.load(std::memory_order_acquire) != 0) raise_for_laggards(target, true);
     if (any_laggard_dead(target)) raise_for_laggards(target, false);
     return false;
   }

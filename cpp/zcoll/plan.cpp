@@ -165,8 +165,7 @@ void persistent_plan::copy_blocks() {
 
 void persistent_plan::finish() {
   if (state_ != state::started) return;
-  state_ = state::idle;
-  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+  end_run();
   protocol_->complete();
   after_barrier();
 }
@@ -209,6 +208,11 @@ void persistent_plan::pull_eager() {
   }
 }
 
+void persistent_plan::end_run() noexcept {
+  state_ = state::idle;
+  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+}
+
 void persistent_plan::wait() {
   check_not_freed();
   finish();
@@ -217,9 +221,15 @@ void persistent_plan::wait() {
 bool persistent_plan::test() {
   check_not_freed();
   if (state_ != state::started) return true;
-  if (!protocol_->poll()) return false;
-  state_ = state::idle;
-  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+  bool done = false;
+  try {
+    done = protocol_->poll();
+  } catch (...) {  // a dead peer: this run is over, and the context is broken
+    end_run();
+    throw;
+  }
+  if (!done) return false;
+  end_run();
   after_barrier();
   return true;
 }

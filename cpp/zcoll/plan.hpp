@@ -72,6 +72,7 @@ class persistent_plan final : public pending_call {
   enum class state : std::uint8_t { idle, started, freed };
 
   void finish() override;
+  void end_run() noexcept;  // the started run is over (done or failed)
   void after_barrier();
   void check_not_freed() const;
   // Publishes the call, agrees on it, and resolves every rank's buffers (with shadows).
