@@ -7,6 +7,8 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "arrays.hpp"
@@ -109,6 +111,91 @@ std::optional<std::string> option_error(const py::object& order, const py::objec
     return bad_option_message("copy", py::repr(copy).cast<std::string>());
   return std::nullopt;
 }
+
+// The one-crossing call path: `fast_collective(op, comm, sendbuf, recvbuf, order, copy)` finds
+// the context of `comm` by its MPI handle in a table Python keeps (register_fast), turns the
+// option names into codes and runs the call, all in one crossing with no pybind11 dispatch. It
+// returns None, having done nothing, whenever the Python path must run instead: no registered
+// context (first call, several nodes, online tuning), or an option that names nothing (the
+// Python path raises the error on every rank).
+namespace fast_path {
+
+std::unordered_map<long long, std::shared_ptr<node_context>>& contexts() {
+  static auto* table = new std::unordered_map<long long, std::shared_ptr<node_context>>();
+  return *table;  // leaked: contexts may still be registered at interpreter teardown
+}
+
+constexpr int no_code = -100;
+
+// The code of an order or copy name: "auto" by identity (the interned default), others parsed.
+template <class Enum>
+int code_of(PyObject* name, PyObject* auto_str, int auto_code) {
+  if (name == auto_str) return auto_code;
+  if (!PyUnicode_CheckExact(name)) return no_code;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(name, &size);
+  if (!text) {
+    PyErr_Clear();
+    return no_code;
+  }
+  const std::string_view view(text, static_cast<std::size_t>(size));
+  if (view == auto_name) return auto_code;
+  const auto value = parse_name<Enum>(view);
+  return value ? static_cast<int>(*value) : no_code;
+}
+
+std::shared_ptr<node_context> context_of(PyObject* comm) {
+  static PyObject* handle_attr = PyUnicode_InternFromString("handle");
+  PyObject* handle = PyObject_GetAttr(comm, handle_attr);
+  if (!handle) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  const long long key = PyLong_AsLongLong(handle);
+  Py_DECREF(handle);
+  if (key == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  auto& table = contexts();
+  const auto it = table.find(key);
+  return it == table.end() ? nullptr : it->second;
+}
+
+PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "fast_collective(op, comm, sendbuf, recvbuf, order, copy)");
+    return nullptr;
+  }
+  try {
+    const long op = PyLong_AsLong(args[0]);
+    if (op != static_cast<long>(op_code::alltoall) && op != static_cast<long>(op_code::allgather)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "not a collective's code");
+      return nullptr;
+    }
+    const auto ctx = context_of(args[1]);
+    const int order = code_of<block_order>(args[4], auto_str, auto_order);
+    const int copy = code_of<copy_mode>(args[5], auto_str, auto_copy);
+    if (!ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
+    run(*ctx, static_cast<op_code>(op), py::reinterpret_borrow<py::object>(args[2]),
+        py::reinterpret_borrow<py::object>(args[3]), order, copy);
+    Py_INCREF(args[3]);
+    return args[3];
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+}
+
+PyMethodDef fast_collective_def = {
+    "fast_collective", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_collective)),
+    METH_FASTCALL,
+    "fast_collective(op, comm, sendbuf, recvbuf, order, copy): runs an alltoall or allgather on a "
+    "registered context in one crossing and returns recvbuf, or returns None having done "
+    "nothing when the Python path must run it."};
+
+}  // namespace fast_path
 
 }  // namespace
 
@@ -234,6 +321,20 @@ void register_exchange(py::module_& m) {
         "ranks of one node would raise for these calls, the same on every rank.");
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
+  m.def(
+      "register_fast",
+      [](long long handle, std::shared_ptr<node_context> ctx) {
+        if (ctx)
+          fast_path::contexts()[handle] = std::move(ctx);
+        else
+          fast_path::contexts().erase(handle);
+      },
+      py::arg("handle"), py::arg("context").none(true),
+      "Local: fast_collective runs calls on the communicator with this MPI handle on `context` "
+      "(None: no longer).");
+  m.add_object("fast_collective",
+               py::reinterpret_steal<py::object>(
+                   PyCFunction_NewEx(&fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));
   m.def("_set_in_place", &set_in_place,
         "Registers the object that means 'in place' as sendbuf (mpi4py's MPI.IN_PLACE).");
 }

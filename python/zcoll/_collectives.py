@@ -25,6 +25,11 @@ ORDER_CODES = _registry.ORDER_CODES
 COPY_CODES = _registry.COPY_CODES
 _ALLTOALL = _registry.ALLTOALL  # module globals: cheaper per call than _registry.ALLTOALL
 _ALLGATHER = _registry.ALLGATHER
+_ALLTOALL_CODE = _registry.OPS[_ALLTOALL]
+_ALLGATHER_CODE = _registry.OPS[_ALLGATHER]
+# One crossing into the engine for a call on a known single-node communicator with a recvbuf:
+# returns recvbuf, or None when the Python path (_exchange) must run the call.
+_fast = _core.fast_collective
 
 
 def _option_error(order, copy) -> ValueError | None:
@@ -189,6 +194,11 @@ def alltoall(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
+    if (
+        recvbuf is not None
+        and _fast(_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy) is not None
+    ):
+        return recvbuf
     return _exchange(_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -224,4 +234,9 @@ def allgather(
     -----
     Costs as for :func:`alltoall`.
     """
+    if (
+        recvbuf is not None
+        and _fast(_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy) is not None
+    ):
+        return recvbuf
     return _exchange(_ALLGATHER, comm, sendbuf, recvbuf, order, copy)

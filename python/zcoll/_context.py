@@ -186,6 +186,10 @@ class Context:
             op: self.online.engine(op) if self.online else getattr(self.core, op)
             for op in COLLECTIVES
         }
+        # The one-crossing path (_core.fast_collective) serves this communicator's calls
+        # unless they need Python: online tuning, or blocks between nodes.
+        fast = not self.online and not self.multi_node
+        _core.register_fast(self.handle, self.core if fast else None)
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""
@@ -272,6 +276,8 @@ class Context:
         return self._p2p
 
     def close(self) -> None:
+        if _by_handle.get(self.handle, self) is self:  # the handle may already name a new comm
+            _core.register_fast(self.handle, None)
         self.core.close()
         if self._p2p is not None and not MPI.Is_finalized():
             self._p2p.Free()
