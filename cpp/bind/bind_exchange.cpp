@@ -189,8 +189,8 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyMethodDef fast_collective_def = {
-    "fast_collective", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_collective)),
-    METH_FASTCALL,
+    "fast_collective",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_collective)), METH_FASTCALL,
     "fast_collective(op, comm, sendbuf, recvbuf, order, copy): runs an alltoall or allgather on a "
     "registered context in one crossing and returns recvbuf, or returns None having done "
     "nothing when the Python path must run it."};
@@ -333,8 +333,8 @@ void register_exchange(py::module_& m) {
       "Local: fast_collective runs calls on the communicator with this MPI handle on `context` "
       "(None: no longer).");
   m.add_object("fast_collective",
-               py::reinterpret_steal<py::object>(
-                   PyCFunction_NewEx(&fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(
+                   &fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));
   m.def("_set_in_place", &set_in_place,
         "Registers the object that means 'in place' as sendbuf (mpi4py's MPI.IN_PLACE).");
 }

@@ -49,8 +49,8 @@ std::string unusable(const py::object& send, const py::object& recv) {
 }
 
 std::unique_ptr<bound_plan> make_plan(const std::shared_ptr<node_context>& ctx,
-                                      const std::string& op_name, py::object send,
-                                      py::object recv, int order, int copy) {
+                                      const std::string& op_name, py::object send, py::object recv,
+                                      int order, int copy) {
   const auto op = parse_name<op_code>(op_name);
   if (!op || tuned_index(*op) == no_rules)
     throw std::invalid_argument("no collective is named '" + op_name + "'");
@@ -116,9 +116,9 @@ void register_plan(py::module_& m) {
       .def_property_readonly("id", [](const bound_plan& b) { return b.plan->id(); })
       .def_property_readonly("sendbuf", [](const bound_plan& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_plan& b) { return b.recv; })
-      .def_property_readonly("op",
-                             [](const bound_plan& b) { return name_of(b.plan->args().op); })
-      .def_property_readonly("order", [](const bound_plan& b) { return order_name(b.plan->args()); })
+      .def_property_readonly("op", [](const bound_plan& b) { return name_of(b.plan->args().op); })
+      .def_property_readonly("order",
+                             [](const bound_plan& b) { return order_name(b.plan->args()); })
       .def_property_readonly("copy_mode",
                              [](const bound_plan& b) { return name_of(b.plan->copy().mode); })
       .def_property_readonly("copy_threshold",

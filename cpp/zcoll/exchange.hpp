@@ -166,7 +166,7 @@ class node_context {
   std::shared_ptr<data_segment> eager_;  // two slots of eager_bytes() per rank, by parity
   std::map<std::uint32_t, schedule> schedules_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
-  std::uint64_t plans_ = 0;                           // plans created
+  std::uint64_t plans_ = 0;                          // plans created
 };
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.

@@ -50,7 +50,8 @@ void persistent_plan::agree_on_call() {
   const bool in_place = args_.send == nullptr;
   auto describe = [&](detail::rank_line& line) {
     line.call.target = args_.op;
-    line.call.order = static_cast<std::int8_t>(args_.eager ? eager_order : static_cast<int>(args_.order));
+    line.call.order =
+        static_cast<std::int8_t>(args_.eager ? eager_order : static_cast<int>(args_.order));
     line.call.flag = in_place ? 1 : 0;
     line.call.dtype = args_.dtype;
     line.call.block_bytes = args_.block_bytes;
@@ -98,7 +99,8 @@ void persistent_plan::check_not_freed() const {
 void persistent_plan::start() {
   check_not_freed();
   if (state_ == state::started)
-    throw usage_error("zcoll: this plan is already active (wait() for it before starting it again)");
+    throw usage_error(
+        "zcoll: this plan is already active (wait() for it before starting it again)");
   auto& line = protocol_->next(op_code::start);  // finishes another started plan first
   line.call.target = args_.op;
   line.call.block_bytes = id_;

@@ -90,7 +90,7 @@ class persistent_plan final : public pending_call {
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> comm_ranks_;
-  std::vector<block_coord> mine_;  // ordered path: this rank's schedule segment
+  std::vector<block_coord> mine_;                    // ordered path: this rank's schedule segment
   std::vector<std::byte*> send_bases_, recv_bases_;  // every node rank's buffers
   std::shared_ptr<arena_block> shadow_;              // arena copies of private buffers
   std::byte* send_shadow_ = nullptr;                 // null when the buffer is in the arena

@@ -81,9 +81,8 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
       "zcoll." + op_text(planned ? ref.target : ref.op) + (planned ? "_init: " : ": ");
   const std::string first = rank_text(ref_rank), other = rank_text(rank);
   if (d.target != ref.target)
-    throw usage_error("zcoll: ranks planned different collectives at once: " + first +
-                      " planned " + op_text(ref.target) + ", " + other + " planned " +
-                      op_text(d.target));
+    throw usage_error("zcoll: ranks planned different collectives at once: " + first + " planned " +
+                      op_text(ref.target) + ", " + other + " planned " + op_text(d.target));
   if (d.flag != ref.flag)
     throw usage_error(what + "IN_PLACE must be used by all ranks or none (" + first + " and " +
                       other + " differ)");
