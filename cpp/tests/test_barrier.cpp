@@ -344,3 +344,57 @@ TEST_CASE("barrier: set_options changes the bound of later waits") {
   CHECK_THROWS_AS(b.wait(), zcoll::peer_error);
   CHECK(seconds_since(t0) < 1.5);
 }
+
+TEST_CASE("barrier: split phase (arrive, poll, complete) never completes early") {
+  for (barrier_kind kind : all_kinds) {
+    for (int n : {2, 3, 5}) {
+      INFO(kind_name(kind) << " N=" << n);
+      shared_area s;
+      std::vector<std::int32_t> pids(static_cast<std::size_t>(n), ::getpid());
+      constexpr int rounds = 200;
+      std::atomic<int> bad_round{0};
+      std::vector<std::thread> threads;
+      for (int r = 0; r < n; ++r) {
+        threads.emplace_back([&, r] {
+          auto b = make_barrier(s.area, r, n, kind, quick(10.0), pids);
+          for (int k = 1; k <= rounds; ++k) {
+            s.area->arrived[k].fetch_add(1, std::memory_order_relaxed);
+            b.arrive();
+            if (!b.arrived()) bad_round = k;
+            // Odd ranks poll until done, even ranks block in complete().
+            if (r % 2) {
+              while (!b.poll()) std::this_thread::yield();
+            } else {
+              b.complete();
+            }
+            if (b.arrived() || b.completed() != static_cast<std::uint64_t>(k) ||
+                s.area->arrived[k].load(std::memory_order_relaxed) != static_cast<std::uint32_t>(n))
+              bad_round = k;
+          }
+        });
+      }
+      for (auto& t : threads) t.join();
+      CHECK(bad_round == 0);
+    }
+  }
+}
+
+TEST_CASE("barrier: poll before the others arrive says no, then completes") {
+  for (barrier_kind kind : all_kinds) {
+    INFO(kind_name(kind));
+    shared_area s;
+    std::vector<std::int32_t> pids{::getpid(), ::getpid()};
+    auto first = make_barrier(s.area, 0, 2, kind, quick(10.0), pids);
+    auto second = make_barrier(s.area, 1, 2, kind, quick(10.0), pids);
+    first.arrive();
+    CHECK_FALSE(first.poll());
+    CHECK_FALSE(first.poll());
+    CHECK(first.completed() == 0);
+    second.arrive();
+    CHECK(first.poll());
+    CHECK(first.completed() == 1);
+    CHECK(first.poll());  // nothing pending: done
+    second.complete();
+    CHECK(second.completed() == 1);
+  }
+}
