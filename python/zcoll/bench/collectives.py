@@ -713,6 +713,8 @@ def sweep_sizes(
                         file=sys.stderr,
                     )
                     return None
+            if case.mpi_persistent_missing:  # made for the probe, but not for this size
+                report(f"# {format_size(block)}: MPI_init n/a: {case.mpi_persistent_missing}")
             if args.persistent:
                 barrier = measure_barrier(comm, timer)
                 report.step(f"{format_size(block)} Barrier")
