@@ -163,6 +163,269 @@ def test_zcoll_methods_naming():
     assert [m.name for m in several] == ["morton/auto", "morton/temporal"]
 
 
+# --- --persistent ------------------------------------------------------------------------------
+
+
+def mpi_has_persistent(collective: str) -> bool:
+    """Whether this MPI library (through mpi4py) makes `collective`'s persistent request, probed
+    here directly, independently of the bench; the same answer on every rank."""
+    send = np.zeros(P if collective == "alltoall" else 1, np.uint8)
+    try:
+        request = getattr(WORLD, f"{collective.capitalize()}_init")(send, np.zeros(P, np.uint8))
+    except (NotImplementedError, AttributeError, MPI.Exception):
+        request = None
+    made = WORLD.allreduce(request is not None, op=MPI.LAND)
+    if request is not None:
+        request.Free()
+    return made
+
+
+def geometric_mean(values) -> float:
+    return float(np.exp(np.mean(np.log(values))))
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "allgather"])
+def test_persistent_side_by_side(collective, outdir, capsys):
+    files = {k: outdir / f"persistent.{k}" for k in ("json", "csv")} | {"plot": outdir / "p.png"}
+    argv = [collective, "--sizes", "8,100", "--orders", "row,auto", "--persistent", "--check"]
+    argv += FAST + [f"--{k}={v}" for k, v in files.items()]
+    assert run_main(argv) == 0
+    out = capsys.readouterr().out
+    has_init = mpi_has_persistent(collective)
+    methods = ["MPI", "row", "row_init", "auto", "auto_init"] + (["MPI_init"] if has_init else [])
+    expected = {(b, m) for b in (8, 100) for m in methods}
+    plan_orders = {*zcoll.ORDERS, "eager"}
+
+    def check():
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert len(rows) == len(expected)
+        for r in rows:
+            assert r["latency_us"] > 0 and r["iterations"] == 3 and r["warmup"] == 1
+            assert r["persistent"] == r["method"].endswith("_init"), r
+            zcoll_plan = r["method"] in ("row_init", "auto_init")
+            assert (r["plan_order"] in plan_orders) if zcoll_plan else r["plan_order"] is None
+            assert (r["plan_copy"] in zcoll.COPY_MODES) if zcoll_plan else r["plan_copy"] is None
+            if r["method"] in ("row", "row_init", "auto", "auto_init"):
+                assert r["order"] == r["method"].removesuffix("_init") and r["copy"] == "auto"
+            else:
+                assert r["order"] is None and r["copy"] is None
+        # order="row" is never resolved to anything else
+        assert all(r["plan_order"] == "row" for r in rows if r["method"] == "row_init")
+        latency = {(r["block_bytes"], r["method"]): r["latency_us"] for r in rows}
+
+        records = document["persistent"]
+        assert [r["block_bytes"] for r in records] == [8, 100]
+        for rec in records:
+            b = rec["block_bytes"]
+            plain, plan = rec["plain_method"], rec["persistent_method"]
+            assert plain in ("row", "auto") and plan in ("row_init", "auto_init")
+            assert rec["plain_us"] == min(latency[b, "row"], latency[b, "auto"])
+            assert rec["persistent_us"] == min(latency[b, "row_init"], latency[b, "auto_init"])
+            assert rec["plain_us"] == latency[b, plain]
+            assert rec["persistent_us"] == latency[b, plan]
+            assert rec["mpi_us"] == latency[b, "MPI"]
+            assert rec["barrier_us"] > 0 and rec["barrier_iterations"] == 3
+            assert rec["plain_speedup"] == pytest.approx(rec["mpi_us"] / rec["plain_us"])
+            assert rec["persistent_speedup"] == pytest.approx(rec["mpi_us"] / rec["persistent_us"])
+            assert rec["persistent_vs_plain"] == pytest.approx(
+                rec["plain_us"] / rec["persistent_us"]
+            )
+            assert rec["plan_order"] in plan_orders and rec["plan_copy"] in zcoll.COPY_MODES
+            if has_init:
+                assert rec["mpi_persistent_us"] == latency[b, "MPI_init"]
+                ratio = rec["mpi_persistent_us"] / rec["persistent_us"]
+                assert rec["persistent_vs_mpi_persistent"] == pytest.approx(ratio)
+            else:
+                assert rec["mpi_persistent_us"] is None
+                assert rec["persistent_vs_mpi_persistent"] is None
+
+        meta = document["metadata"]
+        assert meta["persistent"] is True and meta["orders"] == ["row", "auto"]
+        assert (meta["mpi_persistent"] is not None) == has_init
+        assert (meta["mpi_persistent_missing"] is None) == has_init
+        if not has_init:
+            assert f"{collective.capitalize()}_init" in meta["mpi_persistent_missing"]
+        for key in ("plain", "persistent"):
+            small = geometric_mean([rec[f"{key}_speedup"] for rec in records])
+            assert meta[f"geomean_speedup_{key}_small"] == pytest.approx(small)
+            assert meta[f"geomean_speedup_{key}_large"] is None  # no block >= 64 KiB
+        assert meta["geomean_speedup_small"] == pytest.approx(meta["geomean_speedup_plain_small"])
+        assert (meta["geomean_speedup_vs_mpi_persistent_small"] is not None) == has_init
+
+        table = read_csv(files["csv"])
+        assert {(int(r["block_bytes"]), r["method"]) for r in table} == expected
+        assert {r["method"] for r in table if r["persistent"] == "True"} == {
+            m for m in methods if m.endswith("_init")
+        }
+        assert_png(files["plot"])
+
+        # the table: one title line naming every column, then one line per block
+        lines = out.splitlines()
+        (title,) = [line for line in lines if line.split()[:3] == ["block", "Barrier", "MPI"]]
+        assert title.split() == ["block", "Barrier", "MPI", "(us)", "MPI_init", "row",
+                                 "row_init", "auto", "auto_init", "plain", "persistent", "vs",
+                                 "init"]  # fmt: skip
+        body = lines[lines.index(title) + 1 : lines.index(title) + 3]
+        for line, b in zip(body, (8, 100)):
+            cells = line.split()
+            # block (2 cells), Barrier, MPI, MPI_init, 4 methods, plain, persistent, vs init
+            assert cells[:2] == [str(b), "B"] and len(cells) == 12, line
+            assert (cells[4] == "n/a") != has_init and (cells[11] == "n/a") != has_init, line
+            record = records[(8, 100).index(b)]
+            assert cells[9] == f"{record['plain_speedup']:.2f}x", line
+            assert cells[10] == f"{record['persistent_speedup']:.2f}x", line
+        assert any(line.startswith("geomean speedup of best persistent plan over MPI:")
+                   for line in lines)  # fmt: skip
+
+    on_root(check)
+
+
+def test_persistent_options():
+    args = bench.parse_args(["alltoall", "--persistent"])
+    assert args.persistent and args.orders == ["auto"]
+    assert [(m.name, m.persistent) for m in args.methods] == [
+        ("auto", False),
+        ("auto_init", True),
+    ]
+    args = bench.parse_args(["allgather", "--persistent", "--orders", "morton", "--copy",
+                             "auto,temporal"])  # fmt: skip
+    assert [(m.name, m.order, m.copy, m.persistent) for m in args.methods] == [
+        ("morton/auto", "morton", "auto", False),
+        ("morton/auto_init", "morton", "auto", True),
+        ("morton/temporal", "morton", "temporal", False),
+        ("morton/temporal_init", "morton", "temporal", True),
+    ]
+    plain = bench.parse_args(["alltoall"])
+    assert not plain.persistent and plain.orders == list(collectives.ALL_ORDERS)
+    assert not any(m.persistent for m in plain.methods)
+    assert bench.is_persistent("MPI_init") and not bench.is_persistent("MPI")
+
+
+def test_plain_run_has_persistent_fields_unset(outdir):
+    out = outdir / "plain.json"
+    argv = ["alltoall", "--sizes", "8", "--orders", "auto"] + FAST + ["--json", str(out)]
+    assert run_main(argv) == 0
+
+    def check():
+        document = read_json(out)
+        assert {r["method"] for r in document["results"]} == {"MPI", "auto"}
+        assert all(r["persistent"] is False and r["plan_order"] is None
+                   for r in document["results"])  # fmt: skip
+        assert document["persistent"] == [] and document["metadata"]["persistent"] is False
+        assert document["metadata"]["geomean_speedup_persistent_small"] is None
+
+    on_root(check)
+
+
+class _EmulatedPrequest:
+    """A persistent request made of the blocking collective: what an MPI-4 library gives."""
+
+    def __init__(self, fn, sendbuf, recvbuf, freed: list) -> None:
+        self.fn, self.sendbuf, self.recvbuf, self.freed = fn, sendbuf, recvbuf, freed
+
+    def Start(self) -> None:
+        self.fn(self.sendbuf, self.recvbuf)
+
+    def Wait(self) -> None:
+        pass
+
+    def Free(self) -> None:
+        self.freed.append(self)
+
+
+def test_persistent_with_an_mpi4_library(outdir, monkeypatch):
+    # Open MPI 4.1 has no MPI_Alltoall_init: emulate one, to see the MPI_init column filled.
+    freed: list = []
+
+    def emulated_init(comm, collective, sendbuf, recvbuf):
+        fn = getattr(comm, collective.capitalize())
+        return _EmulatedPrequest(fn, sendbuf, recvbuf, freed), None
+
+    monkeypatch.setattr(collectives, "_mpi_persistent_init", emulated_init)
+    out = outdir / "mpi4.json"
+    argv = ["alltoall", "--sizes", "16,32", "--persistent", "--check"]
+    assert run_main(argv + FAST + ["--json", str(out)]) == 0
+    assert len(freed) == 3  # the probe's, then one per block size
+
+    def check():
+        document = read_json(out)
+        methods = {r["method"] for r in document["results"]}
+        assert methods == {"MPI", "MPI_init", "auto", "auto_init"}
+        for rec in document["persistent"]:
+            ratio = rec["mpi_persistent_us"] / rec["persistent_us"]
+            assert rec["persistent_vs_mpi_persistent"] == pytest.approx(ratio)
+        meta = document["metadata"]
+        assert meta["mpi_persistent"] == "comm.Alltoall_init"
+        assert meta["mpi_persistent_missing"] is None
+        vs = [rec["persistent_vs_mpi_persistent"] for rec in document["persistent"]]
+        assert meta["geomean_speedup_vs_mpi_persistent_small"] == pytest.approx(geometric_mean(vs))
+
+    on_root(check)
+
+
+def test_persistent_check_catches_a_wrong_plan(monkeypatch, capsys):
+    class IdlePlan:  # leaves the receive buffer as it was
+        order, copy = "row", "temporal"
+
+        def __init__(self, comm, send, recv, **kwargs):
+            self.recv, self.freed = recv, False
+
+        def __call__(self):
+            return self.recv
+
+        def free(self):
+            self.freed = True
+
+    monkeypatch.setattr(zcoll, "alltoall_init", IdlePlan)
+    argv = ["alltoall", "--sizes", "16", "--orders", "row", "--persistent", "--check"] + FAST
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err
+    if WORLD.rank == 0:
+        assert "check failed" in err and "row_init" in err and "row," not in err, err
+
+
+class _FakeComm:
+    """Enough of a communicator for collectives._mpi_persistent_init: rank `rank` of `size`,
+    whose peers report `peer_reasons`."""
+
+    def __init__(self, rank, outcome, peer_reasons) -> None:
+        self.rank, self.size, self.outcome, self.peers = (
+            rank,
+            1 + len(peer_reasons),
+            outcome,
+            peer_reasons,
+        )
+
+    def Alltoall_init(self, sendbuf, recvbuf):
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+    def allgather(self, value):
+        return [value, *self.peers]
+
+
+def test_mpi_persistent_init_is_all_or_nothing():
+    freed: list = []
+    request = _EmulatedPrequest(None, None, None, freed)
+    send = recv = np.zeros(2, np.uint8)
+    # made everywhere
+    got = collectives._mpi_persistent_init(_FakeComm(0, request, [None]), "alltoall", send, recv)
+    assert got == (request, None) and not freed
+    # missing everywhere: the same reason, no rank named
+    missing = NotImplementedError()
+    got = collectives._mpi_persistent_init(_FakeComm(0, missing, []), "alltoall", send, recv)
+    assert got[0] is None and got[1].startswith("comm.Alltoall_init: NotImplementedError")
+    assert "[rank" not in got[1]
+    # made here but not on rank 1: freed here, and rank 1's reason given
+    got = collectives._mpi_persistent_init(
+        _FakeComm(0, request, ["comm.Alltoall_init: MPI.Exception: no"]), "alltoall", send, recv
+    )
+    assert got == (None, "comm.Alltoall_init: MPI.Exception: no [rank 1]") and freed == [request]
+
+
 # --- cold-cache and budget helpers -------------------------------------------------------------
 
 
@@ -297,6 +560,29 @@ def test_plot_results_draws_one_line_per_method():
         assert list(lines["MPI"].get_ydata()) == [2.0, 8.0]
         assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
         assert "alltoall" in ax.get_title() and "P=2" in ax.get_title()
+
+    on_root(check)
+
+
+def test_plot_draws_persistent_methods_beside_their_twins():
+    def check():
+        from matplotlib.figure import Figure
+
+        document = _document()
+        for row in list(document["results"]):
+            if row["method"] in ("MPI", "row"):
+                twin = dict(row, method=row["method"] + "_init", latency_us=row["latency_us"] / 2)
+                document["results"].append(twin)
+        ax = Figure().add_subplot()
+        bench.plot_results(document, ax=ax)
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert set(lines) == {"MPI", "row", "morton", "MPI_init", "row_init"}
+        for name in ("MPI", "row"):
+            plain, plan = lines[name], lines[name + "_init"]
+            assert plan.get_linestyle() == "-." and plan.get_marker() == "x"
+            assert plan.get_color() == plain.get_color()
+        assert lines["row"].get_color() != lines["morton"].get_color()
+        assert lines["MPI"].get_linestyle() == "--" and lines["row"].get_linestyle() == "-"
 
     on_root(check)
 

@@ -10,6 +10,7 @@ its block orders, simulated under valgrind (no MPI needed)::
     mpiexec -n 8 python -m zcoll.bench alltoall --max 64K --json a2a.json --csv a2a.csv
     mpiexec -n 2 python -m zcoll.bench alltoall --sizes 1M,4M --copy temporal,hybrid --plot a.png
     mpiexec -n 4 python -m zcoll.bench alltoall --method cold --max 64K
+    mpiexec -n 2 python -m zcoll.bench alltoall --persistent --max 16K   # plans vs plain vs MPI
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
     python -m zcoll.bench cachemiss --quick          # simulated cache misses, one process
@@ -19,6 +20,9 @@ library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zco
 (block order, copy mode) on arena arrays -- the latency reported is the largest over the ranks
 of each rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
 budget per measurement, so a whole sweep stays short. Only rank 0 prints and writes files.
+``--persistent`` adds the persistent collectives beside the plain calls: a zcoll plan per method
+(``zcoll.alltoall_init``, run as ``plan()``), the MPI library's ``comm.Alltoall_init`` where it
+has one, and ``comm.Barrier`` for reference.
 
 Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing`, the cold
 loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
@@ -33,6 +37,8 @@ from .collectives import (
     ALL_ORDERS,
     BANDWIDTH_BLOCKS,
     CheckError,
+    is_persistent,
+    mpi_persistent_missing,
     paired_bandwidth,
     parse_copy_modes,
     parse_orders,
@@ -46,6 +52,8 @@ from .common import (
     MIB,
     MIN_ITERATIONS,
     MPI_METHOD,
+    MPI_PERSISTENT_METHOD,
+    PERSISTENT_SUFFIX,
     CacheFlusher,
     budget_cold_iterations,
     budget_iterations,
@@ -75,6 +83,8 @@ __all__ = [
     "MIB",
     "MIN_ITERATIONS",
     "MPI_METHOD",
+    "MPI_PERSISTENT_METHOD",
+    "PERSISTENT_SUFFIX",
     "CacheFlusher",
     "CheckError",
     "budget_cold_iterations",
@@ -82,11 +92,13 @@ __all__ = [
     "common_metadata",
     "default_iterations",
     "format_size",
+    "is_persistent",
     "load_results",
     "main",
     "measure",
     "measure_cold",
     "mpi_library",
+    "mpi_persistent_missing",
     "node_layout",
     "paired_bandwidth",
     "parse_args",

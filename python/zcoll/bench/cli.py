@@ -8,10 +8,10 @@ from typing import Callable
 
 from mpi4py import MPI
 
-from zcoll._registry import ALLGATHER, ALLTOALL
+from zcoll._registry import ALLGATHER, ALLTOALL, AUTO
 
 from . import cachemiss
-from .collectives import add_collective_options, run_collective, zcoll_methods
+from .collectives import ALL_ORDERS, add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
 from .fft import (
@@ -238,7 +238,9 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
             args.sizes = powers_of_two(args.min or 8, args.max or MIB)
             if not args.sizes:
                 parser.error("no power of two lies between --min and --max")
-        args.methods = zcoll_methods(args.orders, args.copies)
+        if args.orders is None:
+            args.orders = [AUTO] if args.persistent else list(ALL_ORDERS)
+        args.methods = zcoll_methods(args.orders, args.copies, args.persistent)
     if args.iterations is not None and args.iterations < 1:
         parser.error("--iterations must be at least 1")
     if args.warmup is not None and args.warmup < 0:

@@ -6,6 +6,13 @@ call, warm (OSU: warm-up, barrier, timed loop) or cold (TPDS'18 Fig. 9: caches f
 every timed call). For blocks of 256 KiB and more, also the bandwidth of the fastest zcoll
 method against a ``memcpy`` of the same bytes on every rank at once, the two timed in
 alternating rounds (see :func:`paired_bandwidth`).
+
+``--persistent`` adds the persistent collectives, each timed beside its plain twin: for every
+zcoll method a plan (``zcoll.alltoall_init`` run as ``plan()``, method ``NAME_init``), the MPI
+library's persistent request (``comm.Alltoall_init`` run as ``Start(); Wait()``, method
+``MPI_init``) where the library has one (MPI-4), and ``comm.Barrier`` for reference; the
+table then shows them side by side with the speedups of the plain call and of the plan over
+MPI (see :func:`persistent_record`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from .common import (
     MIB,
     MIN_ITERATIONS,
     MPI_METHOD,
+    MPI_PERSISTENT_METHOD,
+    PERSISTENT_SUFFIX,
     CacheFlusher,
     Reporter,
     budget_cold_iterations,
@@ -43,6 +52,7 @@ from .common import (
     common_metadata,
     default_iterations,
     format_size,
+    geomean,
     measure,
     measure_cold,
     median,
@@ -52,6 +62,7 @@ from .common import (
     parse_choices,
     parse_size,
     parse_sizes,
+    ratio,
     times,
     where,
 )
@@ -62,8 +73,12 @@ __all__ = [
     "FIELDS",
     "CheckError",
     "ZcollMethod",
+    "is_persistent",
+    "mpi_persistent_missing",
     "parse_copy_modes",
     "parse_orders",
+    "persistent_record",
+    "persistent_summary",
     "run_collective",
     "zcoll_methods",
 ]
@@ -76,7 +91,8 @@ LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
 PAIRED_ROUNDS = 7  # rounds of the paired bandwidth measurement: best zcoll method, then memcpy
 PAIRED_MIN_ITERATIONS = 5  # per timed loop of a round
 PAIRED_WARMUP = 2  # untimed calls before each timed loop of a round
-#: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema.
+#: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema,
+#: later ones are only ever appended.
 FIELDS = (
     "collective",
     "P",
@@ -89,6 +105,9 @@ FIELDS = (
     "copy",
     "bench_method",
     "rounds",
+    "persistent",  # a persistent method (NAME_init, MPI_init), not a plain call
+    "plan_order",  # zcoll plans: what order="auto" resolved to ("eager" included) ...
+    "plan_copy",  # ... and copy="auto" (after the timed runs); None on other rows
 )
 
 
@@ -108,25 +127,41 @@ def parse_copy_modes(text: str) -> list[str]:
 
 @dataclass(frozen=True)
 class ZcollMethod:
-    """One zcoll configuration timed as a method: a block order and a copy mode."""
+    """One zcoll configuration timed as a method: a block order and a copy mode, called plainly
+    (``zcoll.alltoall``) or through a persistent plan (``zcoll.alltoall_init``, run as
+    ``plan()``)."""
 
     name: str
     order: str
     copy: str
+    persistent: bool = False
 
 
-def zcoll_methods(orders: Sequence[str], copies: Sequence[str]) -> list[ZcollMethod]:
-    """One method per (order, copy) pair, order-major.
+def zcoll_methods(
+    orders: Sequence[str], copies: Sequence[str], persistent: bool = False
+) -> list[ZcollMethod]:
+    """One method per (order, copy) pair, order-major; with `persistent`, each followed by its
+    persistent twin.
 
     Named by the order alone when there is a single copy mode (``"morton"``), else
-    ``"order/copy"`` (``"morton/streaming"``).
+    ``"order/copy"`` (``"morton/streaming"``); a persistent twin adds ``"_init"``
+    (``"morton_init"``, ``"morton/streaming_init"``).
     """
     single = len(copies) == 1
-    return [
-        ZcollMethod(order if single else f"{order}/{copy}", order, copy)
-        for order in orders
-        for copy in copies
-    ]
+    methods = []
+    for order in orders:
+        for copy in copies:
+            name = order if single else f"{order}/{copy}"
+            methods.append(ZcollMethod(name, order, copy))
+            if persistent:
+                methods.append(ZcollMethod(name + PERSISTENT_SUFFIX, order, copy, True))
+    return methods
+
+
+def is_persistent(name: str) -> bool:
+    """Whether method `name` is persistent (``MPI_init``, ``auto_init``): no order or copy mode
+    name ends in ``_init``."""
+    return name.endswith(PERSISTENT_SUFFIX)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -134,11 +169,70 @@ def zcoll_methods(orders: Sequence[str], copies: Sequence[str]) -> list[ZcollMet
 
 @dataclass
 class Call:
-    """A method ready to run: the call, and this rank's own buffers it reads and writes (which
-    the cold method brings into cache before each timed call)."""
+    """A method ready to run: the call, this rank's own buffers it reads and writes (which
+    the cold method brings into cache before each timed call), and the one it writes its
+    result into (which ``--check`` compares with MPI's)."""
 
     fn: Callable[[], object]
     buffers: tuple[np.ndarray, ...]
+    result: np.ndarray | None = None
+
+
+def _start_wait(request: MPI.Prequest) -> Callable[[], None]:
+    """One run of an MPI persistent request, with as little Python around it as a plan's."""
+    start, wait = request.Start, request.Wait
+
+    def run() -> None:
+        start()
+        wait()
+
+    return run
+
+
+def _mpi_persistent_init(comm: MPI.Comm, collective: str, sendbuf, recvbuf):
+    """``comm.Alltoall_init(sendbuf, recvbuf)`` (or ``Allgather_init``): the MPI library's
+    persistent collective (MPI-4), made on every rank or on none. Collective.
+
+    Returns
+    -------
+    tuple
+        ``(request, None)``, or ``(None, reason)`` -- the same reason on every rank -- when
+        mpi4py or the library lacks it (NotImplementedError, AttributeError) or it fails
+        (``MPI.Exception``) on some rank.
+    """
+    name = f"comm.{collective.capitalize()}_init"
+    request, reason = None, None
+    try:
+        request = getattr(comm, f"{collective.capitalize()}_init")(sendbuf, recvbuf)
+    except (NotImplementedError, AttributeError, MPI.Exception) as exc:
+        reason = f"{name}: {type(exc).__name__}{f': {exc}' if str(exc) else ''}"
+        version = MPI.Get_version()
+        if version < (4, 0):
+            reason += (
+                f" (an MPI-{version[0]}.{version[1]} library; persistent collectives are MPI-4)"
+            )
+    reasons = comm.allgather(reason)
+    failed = next((r for r in reasons if r is not None), None)
+    if failed is not None:
+        if request is not None:
+            request.Free()
+        if any(r != failed for r in reasons):  # not the same everywhere: say where
+            failed += f" [rank {reasons.index(failed)}]"
+        return None, failed
+    return request, None
+
+
+def mpi_persistent_missing(comm: MPI.Comm, collective: str) -> str | None:
+    """Why the MPI library's persistent `collective` cannot be timed here, or None if it can.
+
+    Makes (and frees) one request on 1-byte blocks; the same answer on every rank. Collective.
+    """
+    nblocks = comm.size
+    send = np.zeros(nblocks if collective == ALLTOALL else 1, np.uint8)
+    request, reason = _mpi_persistent_init(comm, collective, send, np.zeros(nblocks, np.uint8))
+    if request is not None:
+        request.Free()
+    return reason
 
 
 class Timer:
@@ -191,9 +285,15 @@ class BlockCase:
     copies what a rank receives (P blocks) between two private arrays on every rank at once --
     the physical limit, with the same memory footprint as the collective (send and receive
     matrices of all ranks).
+
+    With `mpi_persistent`, the MPI library's persistent collective too (method ``MPI_init``,
+    on the same send buffer, into a receive buffer of its own); zcoll's persistent methods are
+    plans on the arena buffers of the plain ones. :meth:`close` frees the plans and requests.
     """
 
-    def __init__(self, comm, collective: str, block: int, methods, rng) -> None:
+    def __init__(
+        self, comm, collective: str, block: int, methods, rng, mpi_persistent: bool = False
+    ) -> None:
         nranks = comm.size
         send_shape = (nranks, block) if collective == ALLTOALL else (block,)
         recv_shape = (nranks, block)
@@ -205,40 +305,71 @@ class BlockCase:
         self.mrecv = np.zeros(recv_shape, np.uint8)
         mpi_fn = getattr(comm, collective.capitalize())
         mpi_call = functools.partial(mpi_fn, self.msend, self.mrecv)
-        self.calls = {MPI_METHOD: Call(mpi_call, (self.msend, self.mrecv))}
+        self.calls = {MPI_METHOD: Call(mpi_call, (self.msend, self.mrecv), self.mrecv)}
+        self.plans: dict[str, zcoll.Plan] = {}
+        self.requests: list[MPI.Prequest] = []
+        self.mpi_persistent_missing: str | None = None
+        if mpi_persistent:
+            precv = np.zeros(recv_shape, np.uint8)
+            request, self.mpi_persistent_missing = _mpi_persistent_init(
+                comm, collective, self.msend, precv
+            )
+            if request is not None:
+                self.requests.append(request)
+                call = Call(_start_wait(request), (self.msend, precv), precv)
+                self.calls[MPI_PERSISTENT_METHOD] = call
         zcoll_fn = getattr(zcoll, collective)
+        init_fn = getattr(zcoll, f"{collective}_init")
         for m in methods:
+            if m.persistent:
+                plan = init_fn(comm, self.zsend, self.zrecv, order=m.order, copy=m.copy)
+                self.plans[m.name] = plan
+                self.calls[m.name] = Call(plan, (self.zsend, self.zrecv), self.zrecv)
+                continue
             fn = functools.partial(
                 zcoll_fn, comm, self.zsend, self.zrecv, order=m.order, copy=m.copy
             )
-            self.calls[m.name] = Call(fn, (self.zsend, self.zrecv))
+            self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+
+    def close(self) -> None:
+        """Free the plans and MPI requests (local; the arrays go with the garbage collector)."""
+        for plan in self.plans.values():
+            plan.free()
+        for request in self.requests:
+            request.Free()
+        self.requests = []
 
     def memcpy_call(self) -> Call:
         """Every rank copies as many bytes as it receives, from one private array to another."""
         src, dst = np.array(self.mrecv), np.empty_like(self.mrecv)
         return Call(functools.partial(_core.copy, dst, src, TEMPORAL), (src, dst))
 
-    def check(self, methods) -> list[str]:
-        """Run MPI once, then each zcoll method once, and compare the results bit for bit.
+    def check(self) -> list[str]:
+        """Run MPI once, then every other method once (zcoll's, and MPI's persistent request),
+        and compare the results bit for bit.
 
-        The receive buffer is first set to the complement of MPI's result, so every byte must
+        Each receive buffer is first set to the complement of MPI's result, so every byte must
         be written. Collective; returns the names of the methods that differ on some rank, the
         same list on every rank.
         """
         self.calls[MPI_METHOD].fn()
         failed = []
-        for m in methods:
-            np.invert(self.mrecv, out=self.zrecv)
-            self.calls[m.name].fn()
-            same = bool(np.array_equal(self.zrecv, self.mrecv))
+        for name, call in self.calls.items():
+            if name == MPI_METHOD or call.result is None:
+                continue
+            np.invert(self.mrecv, out=call.result)
+            call.fn()
+            same = bool(np.array_equal(call.result, self.mrecv))
             if not self.comm.allreduce(same, op=MPI.LAND):
-                failed.append(m.name)
+                failed.append(name)
         return failed
 
 
 def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, args) -> dict:
-    """One JSON/CSV row: the original seven fields, then order, copy, bench_method, rounds."""
+    """One JSON/CSV row: the original seven fields, then order, copy, bench_method, rounds,
+    persistent, plan_order, plan_copy."""
     method = next((m for m in args.methods if m.name == name), None)
+    plan = case.plans.get(name)
     return {
         "collective": case.collective,
         "P": case.comm.size,
@@ -251,7 +382,18 @@ def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, 
         "copy": method.copy if method else (TEMPORAL if name == MEMCPY_METHOD else None),
         "bench_method": args.method,
         "rounds": 1,
+        "persistent": is_persistent(name),
+        "plan_order": plan.order if plan is not None else None,
+        "plan_copy": plan.copy if plan is not None else None,
     }
+
+
+def measure_barrier(comm: MPI.Comm, timer: Timer) -> tuple[float, int]:
+    """``comm.Barrier``'s latency (µs) and iteration count, timed as the methods are: the
+    reference for a collective's synchronisation cost. Collective."""
+    call = Call(comm.Barrier, ())
+    iterations = timer.iterations(call, 1)
+    return timer.seconds(call, iterations, timer.warmup(iterations)) * 1e6, iterations
 
 
 def measure_block(case: BlockCase, timer: Timer, args, report: Reporter) -> list[dict]:
@@ -338,9 +480,15 @@ def auto_copy_label(comm: MPI.Comm, block: int) -> str:
 # --- reporting ---------------------------------------------------------------------------------
 
 
-def best_order(latencies: dict[str, float]) -> str:
-    """Return the fastest zcoll method in `latencies` (method -> µs, MPI and memcpy included)."""
-    orders = (m for m in latencies if m not in (MPI_METHOD, MEMCPY_METHOD))
+def best_order(latencies: dict[str, float], persistent: bool = False) -> str:
+    """Return the fastest zcoll method in `latencies` (method -> µs, MPI and memcpy included):
+    among the plain calls, or with `persistent` among the plans (``NAME_init``)."""
+    orders = (
+        m
+        for m in latencies
+        if m not in (MPI_METHOD, MEMCPY_METHOD, MPI_PERSISTENT_METHOD)
+        and is_persistent(m) == persistent
+    )
     return min(orders, key=latencies.__getitem__)
 
 
@@ -363,6 +511,106 @@ def table_row(block: int, latencies: dict[str, float], names: Sequence[str]) -> 
     speedup = latencies[MPI_METHOD] / latencies[best]
     mpi = latencies[MPI_METHOD]
     return f"{format_size(block):>9}{mpi:11.2f}{cells}{best:>{width}}{speedup:8.2f}x"
+
+
+def persistent_header(collective: str, names: Sequence[str], missing: str | None) -> list[str]:
+    """Title lines of the ``--persistent`` table: what each column is, then the column titles."""
+    width = _width(names)
+    mpi_init = f"comm.{collective.capitalize()}_init(...) run as Start(); Wait()"
+    if missing:
+        mpi_init = f"n/a: {missing}"
+    titles = "".join(f"{name:>{width}}" for name in names)
+    return [
+        f"# NAME_init: zcoll.{collective}_init(...) run as plan(); MPI_init: {mpi_init}; "
+        "Barrier: comm.Barrier (reference)",
+        "# speedups: plain = MPI / fastest plain zcoll call, persistent = MPI / fastest plan, "
+        "vs init = MPI_init / fastest plan",
+        f"{'block':>9}{'Barrier':>9}{'MPI (us)':>11}{'MPI_init':>10}{titles}"
+        f"{'plain':>9}{'persistent':>12}{'vs init':>9}",
+    ]
+
+
+def persistent_row(record: dict, latencies: dict[str, float], names: Sequence[str]) -> str:
+    """One line of the ``--persistent`` table (see :func:`persistent_record`)."""
+    width = _width(names)
+    cells = "".join(f"{latencies[name]:{width}.2f}" for name in names)
+    mpi_init = record["mpi_persistent_us"]
+    mpi_init_cell = "n/a" if mpi_init is None else f"{mpi_init:.2f}"
+    return (
+        f"{format_size(record['block_bytes']):>9}{record['barrier_us']:9.2f}"
+        f"{record['mpi_us']:11.2f}{mpi_init_cell:>10}{cells}"
+        f"{times(record['plain_speedup']):>9}{times(record['persistent_speedup']):>12}"
+        f"{times(record['persistent_vs_mpi_persistent']):>9}"
+    )
+
+
+def persistent_record(case: BlockCase, latencies: dict[str, float], barrier) -> dict:
+    """The ``--persistent`` comparison for one block size (a record of the JSON's
+    ``"persistent"`` list).
+
+    Parameters
+    ----------
+    case : BlockCase
+        The block size's calls (its plans say what ``auto`` resolved to).
+    latencies : dict
+        Method -> µs for this block size (MPI, MPI_init where measured, zcoll's methods).
+    barrier : tuple
+        ``(µs, iterations)`` of ``comm.Barrier`` (:func:`measure_barrier`).
+
+    Returns
+    -------
+    dict
+        ``block_bytes``; ``plain_method`` and ``persistent_method``, the fastest plain zcoll
+        call and the fastest plan, with ``plain_us`` and ``persistent_us``; ``mpi_us``,
+        ``mpi_persistent_us`` (None where the library has no persistent collective),
+        ``barrier_us``, ``barrier_iterations``; the speedups ``plain_speedup`` (MPI / plain),
+        ``persistent_speedup`` (MPI / plan), ``persistent_vs_mpi_persistent`` (MPI_init /
+        plan, or None), ``persistent_vs_plain`` (plain / plan); ``plan_order``, ``plan_copy``.
+    """
+    plain, persistent = best_order(latencies), best_order(latencies, persistent=True)
+    mpi, mpi_init = latencies[MPI_METHOD], latencies.get(MPI_PERSISTENT_METHOD)
+    plan = case.plans[persistent]
+    return {
+        "block_bytes": case.block,
+        "plain_method": plain,
+        "persistent_method": persistent,
+        "plain_us": latencies[plain],
+        "persistent_us": latencies[persistent],
+        "mpi_us": mpi,
+        "mpi_persistent_us": mpi_init,
+        "barrier_us": barrier[0],
+        "barrier_iterations": barrier[1],
+        "plain_speedup": mpi / latencies[plain],
+        "persistent_speedup": mpi / latencies[persistent],
+        "persistent_vs_mpi_persistent": ratio(mpi_init, latencies[persistent]),
+        "persistent_vs_plain": latencies[plain] / latencies[persistent],
+        "plan_order": plan.order,
+        "plan_copy": plan.copy,
+    }
+
+
+def persistent_summary(records: Sequence[dict]) -> dict[str, float | None]:
+    """Geometric means of the ``--persistent`` speedups for small and for large blocks.
+
+    Returns
+    -------
+    dict
+        ``plain_small``, ``persistent_small``, ``vs_mpi_persistent_small`` over blocks <= 16 KiB
+        and the same with ``_large`` over blocks >= 64 KiB (MPI / fastest plain call, MPI /
+        fastest plan, MPI_init / fastest plan); None where no block (or no MPI_init) falls in
+        the range.
+    """
+    ranges = {"small": lambda b: b <= SMALL_BLOCKS, "large": lambda b: b >= LARGE_BLOCKS}
+    keys = {
+        "plain": "plain_speedup",
+        "persistent": "persistent_speedup",
+        "vs_mpi_persistent": "persistent_vs_mpi_persistent",
+    }
+    return {
+        f"{name}_{where_}": geomean(r[key] for r in records if within(r["block_bytes"]))
+        for name, key in keys.items()
+        for where_, within in ranges.items()
+    }
 
 
 def bandwidth_header(args) -> list[str]:
@@ -423,42 +671,71 @@ def _describe_method(timer: Timer) -> str:
 # --- the subcommand ----------------------------------------------------------------------------
 
 
-def _sweep_steps(args) -> int:
+def _sweep_steps(args, mpi_persistent: bool) -> int:
     paired = sum(block >= BANDWIDTH_BLOCKS for block in args.sizes)
-    return len(args.sizes) * (1 + len(args.methods)) + paired
+    references = 1 + (1 + int(mpi_persistent) if args.persistent else 0)  # MPI; Barrier, MPI_init
+    return len(args.sizes) * (references + len(args.methods)) + paired
 
 
-def sweep_sizes(comm, collective: str, args, timer: Timer, report: Reporter, names):
+@dataclass
+class Sweep:
+    """What :func:`sweep_sizes` measured."""
+
+    rows: list[dict]  # the JSON/CSV rows
+    by_block: dict[int, dict[str, float]]  # block -> {method: µs}
+    bandwidth: list[dict]  # the paired bandwidth records (blocks >= BANDWIDTH_BLOCKS)
+    persistent: list[dict]  # --persistent: one persistent_record per block
+
+
+def sweep_sizes(
+    comm, collective: str, args, timer: Timer, report: Reporter, names, mpi_persistent=False
+) -> Sweep | None:
     """Measure every block size of ``--sizes``, printing a table row after each.
 
-    Returns ``(rows, by_block, bandwidth)`` -- the JSON rows, block -> {method: µs}, the
-    paired bandwidth records -- or None (on every rank) if ``--check`` found a difference.
+    With ``--persistent``, also ``comm.Barrier`` and (where `mpi_persistent`) the MPI
+    library's persistent collective, for each block size before the methods.
+
+    Returns the :class:`Sweep`, or None (on every rank) if ``--check`` found a difference.
     """
     rng = np.random.default_rng(comm.rank)
-    rows, by_block, bandwidth = [], {}, []
+    sweep = Sweep([], {}, [], [])
     for block in args.sizes:
-        case = BlockCase(comm, collective, block, args.methods, rng)
-        if args.check:
-            failed = case.check(args.methods)
-            if failed:
-                report.close()
-                report(
-                    f"zcoll.bench: check failed: {collective} with {', '.join(failed)} differs "
-                    f"from MPI's result for {format_size(block)} blocks at P={comm.size}",
-                    file=sys.stderr,
-                )
-                return None
-        block_rows = measure_block(case, timer, args, report)
-        latencies = {row["method"]: row["latency_us"] for row in block_rows}
-        if block >= BANDWIDTH_BLOCKS:
-            record, memcpy_row = bandwidth_against_memcpy(case, timer, block_rows, args)
-            bandwidth.append(record)
-            block_rows.append(memcpy_row)
-            report.step(f"{format_size(block)} paired")
-        rows += block_rows
-        by_block[block] = latencies
-        report(table_row(block, latencies, names))
-    return rows, by_block, bandwidth
+        case = BlockCase(comm, collective, block, args.methods, rng, mpi_persistent)
+        try:
+            if args.check:
+                failed = case.check()
+                if failed:
+                    report.close()
+                    report(
+                        f"zcoll.bench: check failed: {collective} with {', '.join(failed)} "
+                        f"differs from MPI's result for {format_size(block)} blocks at "
+                        f"P={comm.size}",
+                        file=sys.stderr,
+                    )
+                    return None
+            if case.mpi_persistent_missing:  # made for the probe, but not for this size
+                report(f"# {format_size(block)}: MPI_init n/a: {case.mpi_persistent_missing}")
+            if args.persistent:
+                barrier = measure_barrier(comm, timer)
+                report.step(f"{format_size(block)} Barrier")
+            block_rows = measure_block(case, timer, args, report)
+            latencies = {row["method"]: row["latency_us"] for row in block_rows}
+            if block >= BANDWIDTH_BLOCKS:
+                record, memcpy_row = bandwidth_against_memcpy(case, timer, block_rows, args)
+                sweep.bandwidth.append(record)
+                block_rows.append(memcpy_row)
+                report.step(f"{format_size(block)} paired")
+            sweep.rows += block_rows
+            sweep.by_block[block] = latencies
+            if args.persistent:
+                record = persistent_record(case, latencies, barrier)
+                sweep.persistent.append(record)
+                report(persistent_row(record, latencies, names))
+            else:
+                report(table_row(block, latencies, names))
+        finally:
+            case.close()
+    return sweep
 
 
 def bandwidth_against_memcpy(case: BlockCase, timer: Timer, block_rows, args):
@@ -490,30 +767,51 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     report = Reporter(comm, args.progress)
     timer = Timer(comm, args, layout[2])
     names = [m.name for m in args.methods]
+    missing = mpi_persistent_missing(comm, collective) if args.persistent else None
 
     report(f"# zcoll.bench {collective} | {now} | host {socket.gethostname()} | {command}")
     report(f"# latency in us per call, {_describe_method(timer)}; P={comm.size}")
-    report(table_header(names))
-    report.start(_sweep_steps(args), collective)
+    if args.persistent:
+        for line in persistent_header(collective, names, missing):
+            report(line)
+    else:
+        report(table_header(names))
+    mpi_persistent = args.persistent and missing is None
+    report.start(_sweep_steps(args, mpi_persistent), collective)
     try:
-        sweep = sweep_sizes(comm, collective, args, timer, report, names)
+        sweep = sweep_sizes(comm, collective, args, timer, report, names, mpi_persistent)
     finally:
         report.close()
     if sweep is None:
         return 1
-    rows, by_block, bandwidth = sweep
 
-    if bandwidth:
+    if sweep.bandwidth:
         for line in bandwidth_header(args):
             report(line)
-        for record in bandwidth:
+        for record in sweep.bandwidth:
             report(bandwidth_row(record, args))
-    speedups = geomean_speedups(by_block)
-    report(
-        f"geomean speedup of best method over MPI: blocks <= {format_size(SMALL_BLOCKS)}: "
-        f"{times(speedups['small'])}, blocks >= {format_size(LARGE_BLOCKS)}: "
-        f"{times(speedups['large'])}"
+    speedups = geomean_speedups(sweep.by_block)
+    ranges = (
+        f"blocks <= {format_size(SMALL_BLOCKS)}: {{}}, blocks >= {format_size(LARGE_BLOCKS)}: {{}}"
     )
+    report(
+        "geomean speedup of best method over MPI: "
+        + ranges.format(times(speedups["small"]), times(speedups["large"]))
+    )
+    summary = persistent_summary(sweep.persistent)
+    if args.persistent:
+        report(
+            "geomean speedup of best persistent plan over MPI: "
+            + ranges.format(times(summary["persistent_small"]), times(summary["persistent_large"]))
+        )
+        note = " (no MPI_init: see the table's title)" if missing else ""
+        report(
+            "geomean speedup of best persistent plan over MPI_init: "
+            + ranges.format(
+                times(summary["vs_mpi_persistent_small"]), times(summary["vs_mpi_persistent_large"])
+            )
+            + note
+        )
     report(where(comm, layout))
     report(f"MPI library: {mpi_library()}")
     if comm.rank == 0:
@@ -527,8 +825,13 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "paired_rounds": PAIRED_ROUNDS,
             "geomean_speedup_small": speedups["small"],
             "geomean_speedup_large": speedups["large"],
+            "persistent": args.persistent,
+            "mpi_persistent": f"comm.{collective.capitalize()}_init" if mpi_persistent else None,
+            "mpi_persistent_missing": missing,
+            **{f"geomean_speedup_{key}": value for key, value in summary.items()},
         }
-        write_outputs(args, rows, metadata, FIELDS, {"bandwidth": bandwidth})
+        extra = {"bandwidth": sweep.bandwidth, "persistent": sweep.persistent}
+        write_outputs(args, sweep.rows, metadata, FIELDS, extra)
     return 0
 
 
@@ -541,8 +844,8 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--orders",
         type=parse_orders,
-        default=list(ALL_ORDERS),
-        help=f"zcoll block orders to time (default: {','.join(ALL_ORDERS)})",
+        help=f"zcoll block orders to time (default: {','.join(ALL_ORDERS)}; "
+        f"with --persistent: {AUTO})",
     )
     parser.add_argument(
         "--copy",
@@ -579,4 +882,12 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--check", action="store_true", help="first compare each method's result with MPI's"
+    )
+    parser.add_argument(
+        "--persistent",
+        action="store_true",
+        help="also time the persistent collectives beside the plain calls: a zcoll plan per "
+        "method (zcoll.alltoall_init run as plan(), named NAME_init), the MPI library's "
+        "comm.Alltoall_init (MPI_init, where it has one: MPI-4) and comm.Barrier for "
+        "reference, with the speedups of plain calls and plans over MPI",
     )

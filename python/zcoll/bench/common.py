@@ -44,6 +44,8 @@ __all__ = [
     "MIB",
     "MIN_ITERATIONS",
     "MPI_METHOD",
+    "MPI_PERSISTENT_METHOD",
+    "PERSISTENT_SUFFIX",
     "CacheFlusher",
     "Reporter",
     "budget_cold_iterations",
@@ -66,6 +68,10 @@ __all__ = [
 #: Method names of the references: the MPI library's collective, and a memcpy of its bytes.
 MPI_METHOD = "MPI"
 MEMCPY_METHOD = "memcpy"
+#: ``--persistent``: a persistent method is named after its plain twin with this suffix, as the
+#: calls are (``comm.Alltoall_init``, ``zcoll.alltoall_init``): "MPI_init", "auto_init".
+PERSISTENT_SUFFIX = "_init"
+MPI_PERSISTENT_METHOD = MPI_METHOD + PERSISTENT_SUFFIX
 COLD_ITERATIONS = 20  # cold-cache default: each iteration flushes tens of MiB
 COLD_MIN_ITERATIONS = 5  # the time budget never cuts a cold measurement below this
 FLUSH_FACTOR = 2  # a node's ranks together sweep this many times its last-level cache

@@ -10,7 +10,7 @@ import json
 import os
 from collections import defaultdict
 
-from .common import MEMCPY_METHOD, MPI_METHOD
+from .common import MEMCPY_METHOD, MPI_METHOD, PERSISTENT_SUFFIX
 
 __all__ = ["load_results", "plot_results", "save_plot"]
 
@@ -55,15 +55,24 @@ def _size_axis(axis) -> None:
 
 
 def plot_collective(document: dict, ax) -> None:
-    """Latency (µs) against block size per method on log-log axes; MPI dashed, memcpy dotted."""
+    """Latency (µs) against block size per method on log-log axes; MPI dashed, memcpy dotted;
+    a persistent method (``--persistent``: ``NAME_init``, ``MPI_init``) dash-dotted with
+    crosses, in the colour of its plain twin."""
     by_method = defaultdict(list)
     for row in document["results"]:
         by_method[row["method"]].append((row["block_bytes"], row["latency_us"]))
+    colors = {MPI_METHOD: "black", MEMCPY_METHOD: "grey"}
+    for method in by_method:  # plain methods first: a plan takes its twin's colour
+        if not method.endswith(PERSISTENT_SUFFIX):
+            colors.setdefault(method, f"C{(len(colors) - 2) % 10}")
     for method, points in by_method.items():
         points.sort()
-        style = {MPI_METHOD: "--", MEMCPY_METHOD: ":"}.get(method, "-")
-        color = {MPI_METHOD: "black", MEMCPY_METHOD: "grey"}.get(method)
-        ax.plot(*zip(*points), style, color=color, marker=".", label=method)
+        twin = method.removesuffix(PERSISTENT_SUFFIX)
+        persistent = twin != method
+        style = "-." if persistent else {MPI_METHOD: "--", MEMCPY_METHOD: ":"}.get(method, "-")
+        color = colors.get(twin)
+        marker = "x" if persistent else "."
+        ax.plot(*zip(*points), style, color=color, marker=marker, label=method)
     metadata = document["metadata"]
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
