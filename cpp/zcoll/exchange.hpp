@@ -120,9 +120,13 @@ class node_context {
   bool closed() const noexcept { return protocol_.closed(); }
   bool broken() const noexcept { return protocol_.broken(); }
   const context_config& config() const noexcept { return config_; }
-  void set_wait_options(const wait_options& w) noexcept { protocol_.barrier().set_options(w); }
+  void set_wait_options(const wait_options& w) noexcept {
+    if (!protocol_.closed()) protocol_.barrier().set_options(w);
+  }
   // Called before any wait of this context starts yielding or sleeping (see block_hook).
-  void set_block_hook(block_hook hook) noexcept { protocol_.barrier().set_block_hook(hook); }
+  void set_block_hook(block_hook hook) noexcept {
+    if (!protocol_.closed()) protocol_.barrier().set_block_hook(hook);
+  }
   std::size_t arena_bytes_in_use() const { return segments_.bytes_in_use(); }
   std::size_t segment_count() const noexcept { return segments_.count(); }
   std::uint64_t calls() const noexcept { return protocol_.calls(); }
@@ -162,7 +166,7 @@ class node_context {
   std::shared_ptr<data_segment> eager_;  // two slots of eager_bytes() per rank, by parity
   std::map<std::uint32_t, schedule> schedules_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
-  std::uint64_t plans_ = 0;                           // plans created
+  std::uint64_t plans_ = 0;                          // plans created
 };
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.

@@ -94,12 +94,11 @@ struct registry;
 template <>
 struct registry<op_code> {
   static constexpr std::array<std::string_view, 9> names{
-      "none",     "error", "allocate", "alltoall", "allgather",
-      "barrier",  "transfer", "plan", "start"};
+      "none", "error", "allocate", "alltoall", "allgather", "barrier", "transfer", "plan", "start"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
   static constexpr std::array<std::string_view, 9> descriptions{
-      "nothing", "an invalid call", "an arena allocation", "alltoall", "allgather",
-      "barrier", "transfer", "a plan's creation", "a plan's run"};
+      "nothing", "an invalid call", "an arena allocation", "alltoall",    "allgather",
+      "barrier", "transfer",        "a plan's creation",   "a plan's run"};
 };
 template <>
 struct registry<block_order> {
