@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import all_ranks_agree, random_bytes
-from zcoll.fft import PFFT, DistArray, Transfer, newDistArray
+from zcoll.fft import PFFT, DistArray, Transfer, TransferPlan, newDistArray, transfer, transfer_init
 
 REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
 FFT_DTYPES = [np.float64, np.complex128, np.float32, np.complex64]
@@ -554,6 +554,253 @@ def test_transfer_orders_and_communicators(world, comm, order):
     t.backward(b, a)
     ok &= np.array_equal(a, g[block(10, p, r)])
     all_ranks_agree(world, ok, f"Transfer order={order} on a comm of size {p}")
+
+
+# -- transfer plans: what a plain transfer gives, bit for bit ------------------------------------
+
+
+def transfer_arrays(comm, shape, axis_a, axis_b, dtype, seed):
+    """(source: this rank's part aligned in axis_a, in the arena; an arena array for the result;
+    the expected result) of the global array random_bytes(seed) of `shape`."""
+    p, r = comm.size, comm.rank
+    g = random_bytes(seed, int(np.prod(shape)) * np.dtype(dtype).itemsize).view(dtype)
+    g = g.reshape(shape)
+    part_a = [slice(None)] * len(shape)
+    part_a[axis_b] = block(shape[axis_b], p, r)
+    part_b = [slice(None)] * len(shape)
+    part_b[axis_a] = block(shape[axis_a], p, r)
+    src = zcoll.empty(comm, g[tuple(part_a)].shape, dtype)
+    src[...] = g[tuple(part_a)]
+    dst = zcoll.empty(comm, g[tuple(part_b)].shape, dtype)
+    dst[...] = np.zeros((), dtype)
+    return src, dst, g[tuple(part_b)]
+
+
+def plan_vs_plain(comm, shape, axis_a, axis_b, dtype, seed, **options) -> list[str]:
+    """Forward and backward plans against plain transfers, over three runs (plain call, start
+    and wait, start and test) with new data written into the source between runs."""
+    bad = []
+    src, dst, want = transfer_arrays(comm, shape, axis_a, axis_b, dtype, seed)
+    ref = zcoll.empty(comm, dst.shape, dtype)
+    back = zcoll.empty(comm, src.shape, dtype)
+    with (
+        transfer_init(comm, src, dst, shape, axis_a, axis_b, **options) as fwd,
+        transfer_init(comm, dst, back, shape, axis_b, axis_a, **options) as bwd,
+    ):
+        for run in range(3):
+            if run:
+                src[...] = random_bytes(seed + 100 * run, src.nbytes).view(dtype).reshape(src.shape)
+            transfer(comm, src, ref, shape, axis_a, axis_b, **options)
+            if run == 0:
+                got = fwd()
+            elif run == 1:
+                fwd.start()
+                fwd.wait()
+                got = fwd.dst
+            else:
+                fwd.start()
+                while not fwd.test():
+                    pass
+                got = fwd.dst
+            if got is not dst or dst.tobytes() != ref.tobytes():
+                bad.append(f"{shape} {axis_a}->{axis_b} run {run}: forward differs")
+            if run == 0 and dst.tobytes() != want.tobytes():
+                bad.append(f"{shape} {axis_a}->{axis_b}: forward differs from the global array")
+            bwd()
+            if back.tobytes() != src.tobytes():
+                bad.append(f"{shape} {axis_a}->{axis_b} run {run}: backward differs")
+    return bad
+
+
+@pytest.mark.parametrize("copy", ["auto", *zcoll.COPY_MODES])
+@pytest.mark.parametrize("dtype", TRANSFER_DTYPES, ids=dname)
+def test_transfer_plan_matches_transfer(world, dtype, copy):
+    bad = []
+    for tag, (shape, axis_a, axis_b) in enumerate(TRANSFER_CASES):
+        bad += plan_vs_plain(world, shape, axis_a, axis_b, dtype, 40 + tag, copy=copy)
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)} copy={copy}: {bad}")
+
+
+@pytest.mark.parametrize("order", ["auto", *zcoll.ORDERS])
+def test_transfer_plan_orders_and_communicators(world, comm, order):
+    bad = []
+    for tag, (shape, axis_a, axis_b) in enumerate(TRANSFER_CASES[:4] + TRANSFER_CASES[5:]):
+        bad += plan_vs_plain(comm, shape, axis_a, axis_b, np.complex64, 60 + tag, order=order)
+    all_ranks_agree(world, not bad, f"order={order} on a comm of size {comm.size}: {bad}")
+
+
+def test_transfer_plan_rebinding(world, comm):
+    """Each rank, alone, runs the plan on its own arrays or on others for one run."""
+    shape, axis_a, axis_b, dtype = (10, 7, 6), 0, 2, np.int32
+    src, dst, want = transfer_arrays(comm, shape, axis_a, axis_b, dtype, 71)
+    other_src = zcoll.empty(comm, src.shape, dtype)
+    other_src[...] = src
+    other_dst = zcoll.empty(comm, dst.shape, dtype)
+    bad = []
+    with transfer_init(comm, src, dst, shape, axis_a, axis_b) as plan:
+        for run in range(6):
+            choice = (comm.rank + run) % 6
+            run_src = [None, src, other_src, None, other_src, None][choice]
+            run_dst = [None, dst, None, other_dst, other_dst, dst][choice]
+            dst[...] = -1
+            other_dst[...] = -1
+            got = plan(run_src, run_dst)
+            into = dst if run_dst is None else run_dst
+            if got is not into or into.tobytes() != want.tobytes():
+                bad.append(f"run {run} (choice {choice}): wrong result")
+            if into is other_dst and (dst != -1).any():
+                bad.append(f"run {run} (choice {choice}): the plan's own dst was written")
+            plan.start(run_src, run_dst)  # the split run keeps the given arrays until wait
+            del run_src, run_dst
+            plan.wait()
+            if into.tobytes() != want.tobytes():
+                bad.append(f"run {run} (choice {choice}): wrong result after start/wait")
+    all_ranks_agree(world, not bad, f"comm of size {comm.size}: {bad}")
+
+
+def test_transfer_plan_object(world):
+    shape = (10, 7, 6)
+    src, dst, _ = transfer_arrays(world, shape, 2, 0, np.float64, 72)
+    plan = transfer_init(world, src, dst, shape, 2, 0, order="column", copy="temporal")
+    ok = isinstance(plan, TransferPlan) and plan.src is src and plan.dst is dst
+    ok &= plan.shape == list(shape) and (plan.axis_a, plan.axis_b) == (2, 0)
+    ok &= plan.order == "column" and plan.copy == "temporal" and not plan.active
+    ok &= "TransferPlan" in repr(plan) and "column" in repr(plan)
+    other = transfer_init(world, src, dst, shape, 2, 0)
+    ok &= other.id != plan.id and other.order in zcoll.ORDERS
+    plan.free()
+    other.free()
+    ok &= plan.freed and "freed" in repr(plan)
+    all_ranks_agree(world, ok, repr(plan))
+
+
+def test_transfer_plan_misuse(world):
+    shape = (10, 7, 6)
+    src, dst, want = transfer_arrays(world, shape, 2, 0, np.float64, 73)
+    plan = transfer_init(world, src, dst, shape, 2, 0)
+    plan.start()
+    kind, result = outcome(plan.start)  # local: every rank does the same
+    ok = kind == "ValueError" and "already active" in str(result) and plan.active
+    plan.wait()
+    plan.wait()  # nothing active
+    ok &= plan.test() and dst.tobytes() == want.tobytes()
+    plan.free()
+    for use in (plan, plan.start, plan.wait, plan.test):
+        kind, result = outcome(use)
+        ok &= kind == "ValueError" and "freed" in str(result)
+    plan.free()  # idempotent
+    with transfer_init(world, src, dst, shape, 2, 0) as scoped:
+        scoped()
+    ok &= scoped.freed
+    all_ranks_agree(world, ok, f"{kind}: {result}")
+
+
+def test_transfer_plan_after_comm_freed(world):
+    dup = world.Dup()
+    shape = (10, 7, 6)
+    src, dst, want = transfer_arrays(dup, shape, 2, 0, np.int64, 74)
+    plan = transfer_init(dup, src, dst, shape, 2, 0)
+    plan()
+    ok = dst.tobytes() == want.tobytes()
+    dup.Free()
+    kind, result = outcome(plan)
+    ok &= kind == "ValueError" and "closed" in str(result)
+    plan.free()
+    ok &= plan.freed
+    all_ranks_agree(world, ok, f"after comm.Free(): {kind} {result}")
+
+
+def test_transfer_plan_bad_arguments(world):
+    shape, p = (10, 7, 6), world.size
+    src, dst, want = transfer_arrays(world, shape, 2, 0, np.float64, 75)
+    private = np.empty(src.shape)
+    wrong = zcoll.empty(world, (src.shape[0] + 1, *src.shape[1:]), np.float64)
+    floats = zcoll.empty(world, dst.shape, np.float32)
+
+    def init(src_on_rank0=src, dst_on_rank0=dst, **options):
+        mine = (src_on_rank0, dst_on_rank0) if first(world) else (src, dst)
+        return lambda: transfer_init(world, *mine, shape, 2, 0, **options)
+
+    expect_everywhere(world, init(src_on_rank0=private), ValueError, "shared arena")
+    expect_everywhere(world, init(src_on_rank0=wrong), ValueError, "shape")
+    expect_everywhere(world, init(dst_on_rank0=floats), TypeError)
+    expect_everywhere(world, init(src_on_rank0=[1]), TypeError, "numpy.ndarray")
+    expect_everywhere(world, init(order="zigzag"), ValueError, "order")
+    if p > 1:
+        expect_everywhere(world, init(order="row" if first(world) else "column"), ValueError,
+                          "order differs")  # fmt: skip
+    plan = transfer_init(world, src, dst, shape, 2, 0)
+    other = zcoll.empty(world, dst.shape, np.float64)
+
+    def run(src_on_rank0=None, dst_on_rank0=None, dst_elsewhere=None):
+        mine = (src_on_rank0, dst_on_rank0) if first(world) else (None, dst_elsewhere)
+        return lambda: plan(*mine)
+
+    # A run's own arrays, unfit on rank 0 only: every rank raises, nothing is run.
+    expect_everywhere(world, run(dst_on_rank0=wrong), ValueError, "shape")
+    expect_everywhere(world, run(src_on_rank0=private), ValueError, "shared arena")
+    expect_everywhere(world, run(dst_on_rank0=np.empty(dst.shape), dst_elsewhere=other),
+                      ValueError, "shared arena")  # fmt: skip
+    expect_everywhere(world, run(src_on_rank0=floats), TypeError, "dtype")
+    expect_everywhere(world, run(src_on_rank0="x"), TypeError, "numpy.ndarray")
+    expect_everywhere(world, run(src_on_rank0=dst), ValueError)
+    if p > 1:
+        # Different plans at once, or a plan against a plain call: every rank raises.
+        twin = transfer_init(world, src, dst, shape, 2, 0)
+        expect_everywhere(world, lambda: (plan if first(world) else twin)(), ValueError,
+                          "different persistent plans")  # fmt: skip
+
+        def plan_or_plain():
+            if first(world):
+                return plan()
+            return transfer(world, src, dst, shape, 2, 0)
+
+        expect_everywhere(world, plan_or_plain, ValueError, "different")
+        twin.free()
+    dst[...] = 0
+    plan()
+    all_ranks_agree(world, dst.tobytes() == want.tobytes(), "the plan after errors")
+    plan.free()
+
+
+def test_pfft_transposes_are_plans(world, monkeypatch):
+    """PFFT's transposes run as the plans it made at construction: no plain transfer call."""
+    import zcoll.fft._pencil as pencil
+
+    def no_plain_transfer(*args, **kwargs):
+        raise AssertionError("PFFT made a plain transfer call")
+
+    monkeypatch.setattr(pencil, "transfer", no_plain_transfer)
+    shape = (9, 10, 13)
+    bad = []
+    for dtype, grid in ((np.complex128, None), (np.float64, (-1,)), (np.float32, None)):
+        fft = plan_or_error(PFFT, world, shape, dtype, grid=grid)
+        if fft is None:
+            continue
+        steps = [s for s in fft._steps if s.kind == "transfer"]
+        if world.size > 1 and not steps:
+            bad.append(f"{np.dtype(dtype)} {grid}: no transfer step at P={world.size}")
+        if any(not isinstance(p, TransferPlan) for s in steps for p in s.plans or [None]):
+            bad.append(f"{np.dtype(dtype)} {grid}: a transfer step without its plans")
+        bad += check_plan(world, fft, shape, dtype, None, grid, seed=81, input_kind="arena")
+        bad += check_plan(world, fft, shape, dtype, None, grid, seed=82)
+        fft.destroy()
+        if any(not p.freed for s in steps for p in s.plans or ()):
+            bad.append(f"{np.dtype(dtype)} {grid}: destroy() left a plan")
+    all_ranks_agree(world, not bad, str(bad))
+
+
+def test_transfer_free(world):
+    t = Transfer(world, (10, 7, 6), np.float64, 2, 0)
+    a = np.ones(t.subshape_a)
+    b = np.empty(t.subshape_b)
+    t.forward(a, b)
+    ok = bool((b == 1).all())
+    t.free()
+    t.free()
+    kind, result = outcome(lambda: t.forward(a, b))
+    ok &= kind == "ValueError" and "freed" in str(result)
+    all_ranks_agree(world, ok, f"{kind} {result}")
 
 
 # -- bad input: the same error on every rank ----------------------------------------------------

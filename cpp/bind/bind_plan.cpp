@@ -1,5 +1,4 @@
-// Plan: a persistent collective (plan.hpp) with the arrays it runs on. The binding converts the
-// arrays once, keeps them alive as long as the plan, and releases the GIL whenever a run blocks.
+// Plan: a persistent collective (plan.hpp) with the arrays it runs on (see plans.hpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -9,9 +8,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
-#include "gil.hpp"
-#include "zcoll/error.hpp"
-#include "zcoll/plan.hpp"
+#include "plans.hpp"
 
 namespace py = pybind11;
 
@@ -19,19 +16,7 @@ namespace zcoll::bind {
 
 namespace {
 
-// A plan and the Python objects behind its pointers.
-struct bound_plan {
-  std::unique_ptr<persistent_plan> plan;
-  py::object send;  // the array, or the in-place sentinel
-  py::object recv;
-  std::size_t bytes = 0;  // what a run receives on this rank (GIL release rule)
-
-  persistent_plan& usable() {
-    if (plan->freed()) throw usage_error("zcoll: this plan was freed");
-    return *plan;
-  }
-  node_context& context() { return *usable().context(); }
-};
+using bound_collective = bound_plan<persistent_plan>;
 
 // Why `send` / `recv` cannot back a plan (empty when they can). A plan keeps their addresses,
 // so they are never copied: a copy would not see what the caller writes between runs.
@@ -48,9 +33,9 @@ std::string unusable(const py::object& send, const py::object& recv) {
   return {};
 }
 
-std::unique_ptr<bound_plan> make_plan(const std::shared_ptr<node_context>& ctx,
-                                      const std::string& op_name, py::object send, py::object recv,
-                                      int order, int copy) {
+std::unique_ptr<bound_collective> make_plan(const std::shared_ptr<node_context>& ctx,
+                                            const std::string& op_name, py::object send,
+                                            py::object recv, int order, int copy) {
   const auto op = parse_name<op_code>(op_name);
   if (!op || tuned_index(*op) == no_rules)
     throw std::invalid_argument("no collective is named '" + op_name + "'");
@@ -63,7 +48,7 @@ std::unique_ptr<bound_plan> make_plan(const std::shared_ptr<node_context>& ctx,
   array_view send_view;
   const bool in_place = is_in_place(send);
   if (!in_place) send_view = view_of(py::reinterpret_borrow<py::array>(send));
-  auto bound = std::make_unique<bound_plan>();
+  auto bound = std::make_unique<bound_collective>();
   {
     py::gil_scoped_release release;
     bound->plan = std::make_unique<persistent_plan>(ctx, *op, in_place ? nullptr : &send_view,
@@ -75,13 +60,6 @@ std::unique_ptr<bound_plan> make_plan(const std::shared_ptr<node_context>& ctx,
   return bound;
 }
 
-template <class Step>
-auto blocking(bound_plan& b, Step step) {
-  persistent_plan& plan = b.usable();
-  gil_released_on_block gil(*plan.context(), b.bytes);
-  return step(plan);
-}
-
 std::string order_name(const collective_args& a) {
   return std::string(a.eager ? eager_name : name_of(a.order));
 }
@@ -89,40 +67,23 @@ std::string order_name(const collective_args& a) {
 }  // namespace
 
 void register_plan(py::module_& m) {
-  py::class_<bound_plan>(m, "Plan", "A persistent collective (see plan.hpp).")
-      .def(py::init(&make_plan), py::arg("context"), py::arg("op"), py::arg("sendbuf"),
-           py::arg("recvbuf"), py::arg("order"), py::arg("copy"))
+  py::class_<bound_collective> cls(m, "Plan", "A persistent collective (see plan.hpp).");
+  cls.def(py::init(&make_plan), py::arg("context"), py::arg("op"), py::arg("sendbuf"),
+          py::arg("recvbuf"), py::arg("order"), py::arg("copy"))
       .def("__call__",
-           [](bound_plan& b) {
+           [](bound_collective& b) {
              blocking(b, [](persistent_plan& p) { p.run(); });
              return b.recv;
            })
-      .def("start", [](bound_plan& b) { blocking(b, [](persistent_plan& p) { p.start(); }); })
-      .def("wait", [](bound_plan& b) { blocking(b, [](persistent_plan& p) { p.wait(); }); })
-      .def("test",
-           [](bound_plan& b) { return blocking(b, [](persistent_plan& p) { return p.test(); }); })
-      .def("free",
-           [](bound_plan& b) {
-             if (b.plan->freed()) return;
-             {
-               py::gil_scoped_release release;
-               b.plan->free();
-             }
-             b.send = py::none();
-             b.recv = py::none();
-           })
-      .def_property_readonly("active", [](const bound_plan& b) { return b.plan->active(); })
-      .def_property_readonly("freed", [](const bound_plan& b) { return b.plan->freed(); })
-      .def_property_readonly("id", [](const bound_plan& b) { return b.plan->id(); })
-      .def_property_readonly("sendbuf", [](const bound_plan& b) { return b.send; })
-      .def_property_readonly("recvbuf", [](const bound_plan& b) { return b.recv; })
-      .def_property_readonly("op", [](const bound_plan& b) { return name_of(b.plan->args().op); })
+      .def("start",
+           [](bound_collective& b) { blocking(b, [](persistent_plan& p) { p.start(); }); });
+  def_plan_runs(cls);
+  cls.def_property_readonly("sendbuf", [](const bound_collective& b) { return b.send; })
+      .def_property_readonly("recvbuf", [](const bound_collective& b) { return b.recv; })
+      .def_property_readonly("op",
+                             [](const bound_collective& b) { return name_of(b.plan->args().op); })
       .def_property_readonly("order",
-                             [](const bound_plan& b) { return order_name(b.plan->args()); })
-      .def_property_readonly("copy_mode",
-                             [](const bound_plan& b) { return name_of(b.plan->copy().mode); })
-      .def_property_readonly("copy_threshold",
-                             [](const bound_plan& b) { return b.plan->copy().threshold; });
+                             [](const bound_collective& b) { return order_name(b.plan->args()); });
   m.def(
       "plan_buffers_error",
       [](const py::object& send, const py::object& recv) -> std::optional<std::string> {

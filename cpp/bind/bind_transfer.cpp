@@ -1,15 +1,19 @@
-// Global transposes on a NodeContext (transfer.hpp, transfer_exec.cpp).
+// Global transposes on a NodeContext (transfer.hpp, transfer_exec.cpp), and TransferPlan: a
+// persistent transfer (transfer_plan.hpp) with the arrays it runs on (see plans.hpp).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "gil.hpp"
+#include "plans.hpp"
 #include "zcoll/exchange.hpp"
+#include "zcoll/transfer_plan.hpp"
 
 namespace py = pybind11;
 
@@ -30,11 +34,11 @@ transfer_geometry make_geometry(const std::vector<std::uint64_t>& shape, int axi
   return g;
 }
 
-constexpr const char* not_arrays = "zcoll.transfer: expected numpy.ndarray arrays, got ";
+constexpr const char* not_arrays = "expected numpy.ndarray arrays, got ";
 
 // Converts a transfer's arrays and returns ok(geometry, send view, recv view), or
-// error(TypeError message) when one of them is not an ndarray (as with_views in
-// bind_exchange.cpp).
+// error(TypeError message, without the call's name) when one of them is not an ndarray (as
+// with_views in bind_exchange.cpp).
 template <class Ok, class Error>
 auto with_transfer_views(const node_context& ctx, const py::object& send, const py::object& recv,
                          const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, Ok&& ok,
@@ -58,19 +62,95 @@ void transfer(node_context& ctx, const py::object& send, const py::object& recv,
       },
       [&](const std::string& why) {
         py::gil_scoped_release release;
-        ctx.fail(arg_error::type, why);
+        ctx.fail(arg_error::type, "zcoll.transfer: " + why);
       });
 }
 
-py::bytes transfer_record(const node_context& ctx, const py::object& send, const py::object& recv,
+py::bytes transfer_record(node_context& ctx, const py::object& send, const py::object& recv,
                           const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
-                          int order, int copy) {
+                          int order, int copy, bool planned) {
+  const char* name = planned ? "zcoll.transfer_init: " : "zcoll.transfer: ";
   return record_bytes(with_transfer_views(
       ctx, send, recv, shape, axis_a, axis_b,
       [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
-        return ctx.describe_transfer(g, send_view, recv_view, order, copy);
+        call_record r = ctx.describe_transfer(g, send_view, recv_view, order, copy);
+        if (!planned || r.call.op == op_code::error) return r;
+        // A plan keeps the arrays' addresses: they must be in the arena (the node part would
+        // raise on the nodes where one is not; this way every rank raises).
+        for (const array_view* a : {&send_view, &recv_view})
+          if (ctx.where(a->data, a->nbytes).segment == 0)
+            return error_record(
+                arg_error::value,
+                std::string(name) + (a == &send_view ? "the source" : "the destination") +
+                    " array is not in the shared arena (allocate it with zcoll.empty)");
+        r.call.target = r.call.op;
+        r.call.op = op_code::plan;
+        return r;
       },
-      [](const std::string& why) { return error_record(arg_error::type, why); }));
+      [&](const std::string& why) { return error_record(arg_error::type, name + why); }));
+}
+
+// -- TransferPlan ------------------------------------------------------------------------------
+
+using bound_transfer = bound_plan<transfer_plan>;
+
+std::unique_ptr<bound_transfer> make_transfer_plan(const std::shared_ptr<node_context>& ctx,
+                                                   py::object send, py::object recv,
+                                                   const std::vector<std::uint64_t>& shape,
+                                                   int axis_a, int axis_b, int order, int copy) {
+  auto bound = std::make_unique<bound_transfer>();
+  with_transfer_views(
+      *ctx, send, recv, shape, axis_a, axis_b,
+      [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
+        py::gil_scoped_release release;
+        bound->plan = std::make_unique<transfer_plan>(ctx, g, send_view, recv_view, order, copy);
+        bound->bytes = recv_view.nbytes;
+      },
+      [&](const std::string& why) {
+        py::gil_scoped_release release;
+        ctx->fail(arg_error::type, "zcoll.transfer_init: " + why);
+      });
+  bound->send = std::move(send);
+  bound->recv = std::move(recv);
+  return bound;
+}
+
+// Calls `use(send view or nullptr, recv view or nullptr)` with the arrays a run was given
+// (None: the plan's own), or `error(TypeError message)` when one is not an array.
+template <class Use, class Error>
+auto with_run_views(bound_transfer& b, const py::object& send, const py::object& recv, Use&& use,
+                    Error&& error) {
+  b.usable();
+  for (const py::object* a : {&send, &recv})
+    if (!a->is_none() && !py::isinstance<py::array>(*a))
+      return error("zcoll.transfer: " + std::string(not_arrays) + type_name(*a));
+  array_view send_view, recv_view;
+  if (!send.is_none()) send_view = view_of(py::reinterpret_borrow<py::array>(send));
+  if (!recv.is_none()) recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  return use(send.is_none() ? nullptr : &send_view, recv.is_none() ? nullptr : &recv_view);
+}
+
+// A run given something else than arrays: every rank raises.
+auto fail_run(bound_transfer& b) {
+  return [&b](const std::string& why) {
+    py::gil_scoped_release release;
+    b.plan->context()->fail(arg_error::type, why);
+  };
+}
+
+void start_transfer(bound_transfer& b, const py::object& send, const py::object& recv) {
+  if (send.is_none() && recv.is_none()) {
+    blocking(b, [](transfer_plan& p) { p.start(); });
+    return;
+  }
+  with_run_views(
+      b, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        blocking(b, [&](transfer_plan& p) { p.start(s, r); });
+      },
+      fail_run(b));
+  b.run_send = send;
+  b.run_recv = recv;
 }
 
 }  // namespace
@@ -83,7 +163,65 @@ void register_transfer(py::module_& m) {
           "Collective: the node's blocks of a global transpose (see transfer.hpp).");
   cls.def("transfer_record", &transfer_record, py::arg("src"), py::arg("dst"), py::arg("shape"),
           py::arg("axis_a"), py::arg("axis_b"), py::arg("order"), py::arg("copy") = auto_copy,
-          "Local: this rank's call record of a transfer, for agree() across nodes.");
+          py::arg("planned") = false,
+          "Local: this rank's call record of a transfer (of a transfer plan's creation when "
+          "planned), for agree() across nodes.");
+
+  py::class_<bound_transfer> plan(m, "TransferPlan",
+                                  "A persistent transfer (see transfer_plan.hpp).");
+  plan.def(py::init(&make_transfer_plan), py::arg("context"), py::arg("src"), py::arg("dst"),
+           py::arg("shape"), py::arg("axis_a"), py::arg("axis_b"), py::arg("order"),
+           py::arg("copy") = auto_copy)
+      .def(
+          "__call__",
+          [](bound_transfer& b, const py::object& send, const py::object& recv) {
+            if (send.is_none() && recv.is_none()) {
+              blocking(b, [](transfer_plan& p) { p.run(); });
+              return b.recv;
+            }
+            with_run_views(
+                b, send, recv,
+                [&](const array_view* s, const array_view* r) {
+                  blocking(b, [&](transfer_plan& p) {
+                    p.start(s, r);
+                    p.wait();
+                  });
+                },
+                fail_run(b));
+            return recv.is_none() ? b.recv : recv;
+          },
+          py::arg("src") = py::none(), py::arg("dst") = py::none(),
+          "Collective: one run; `src` / `dst` replace this rank's arrays for this run.")
+      .def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none())
+      .def(
+          "record",
+          [](bound_transfer& b, const py::object& send, const py::object& recv) {
+            return record_bytes(with_run_views(
+                b, send, recv,
+                [&](const array_view* s, const array_view* r) {
+                  return b.plan->describe_start(s, r);
+                },
+                [](const std::string& why) { return error_record(arg_error::type, why); }));
+          },
+          py::arg("src") = py::none(), py::arg("dst") = py::none(),
+          "Local: this rank's call record of a run on these arrays, for agree() across nodes.");
+  def_plan_runs(plan);
+  plan.def_property_readonly("src", [](const bound_transfer& b) { return b.send; })
+      .def_property_readonly("dst", [](const bound_transfer& b) { return b.recv; })
+      .def_property_readonly("order",
+                             [](const bound_transfer& b) { return name_of(b.plan->order()); })
+      .def_property_readonly("shape",
+                             [](const bound_transfer& b) {
+                               const transfer_geometry& g = b.plan->geometry();
+                               return std::vector<std::uint64_t>(g.shape.begin(),
+                                                                 g.shape.begin() + g.ndim);
+                             })
+      .def_property_readonly("axis_a",
+                             [](const bound_transfer& b) { return b.plan->geometry().axis_a; })
+      .def_property_readonly("axis_b",
+                             [](const bound_transfer& b) { return b.plan->geometry().axis_b; })
+      .def_property_readonly("copied_bytes",
+                             [](const bound_transfer& b) { return b.plan->copied_bytes(); });
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {

@@ -174,3 +174,63 @@ TEST_CASE("agree: matching calls pass; allocations may ask for different sizes")
   CHECK(message_of<usage_error>(allocs, op_code::barrier) ==
         "zcoll: expected barrier, peers called an arena allocation");
 }
+
+TEST_CASE("check_transfer_side: an array that stands in for one side of a transfer plan") {
+  transfer_geometry g;
+  g.ndim = 3;
+  g.shape = {10, 7, 6};
+  g.axis_a = 2;  // source: all of axis 2, rank 1's part of axis 0 (rows 4..6 of 10 over 3)
+  g.axis_b = 0;  // destination: all of axis 0, rank 1's part of axis 2 (2 of 6)
+  g.itemsize = 8;
+  g.comm_size = 3;
+  test_array src({3, 7, 6}, f8), dst({10, 7, 2}, f8), floats({3, 7, 6}, f4), wrong({4, 7, 6}, f8);
+  CHECK(check_transfer_side(g, 1, src.view, true, f8).ok());
+  CHECK(check_transfer_side(g, 1, dst.view, false, f8).ok());
+  local_check c = check_transfer_side(g, 1, floats.view, true, f8);
+  CHECK(c.error == arg_error::type);
+  CHECK(c.message == "the source array has dtype f4, the plan's arrays have dtype d8");
+  c = check_transfer_side(g, 1, wrong.view, true, f8);
+  CHECK(c.error == arg_error::value);
+  CHECK(c.message ==
+        "the source array has shape (4, 7, 6), this rank's part of the distributed array has "
+        "shape (3, 7, 6)");
+  c = check_transfer_side(g, 1, src.view, false, f8);  // the source's shape as a destination
+  CHECK(c.error == arg_error::value);
+  src.view.writeable = false;  // a read-only source is fine, a read-only destination is not
+  CHECK(check_transfer_side(g, 1, src.view, true, f8).ok());
+  dst.view.writeable = false;
+  CHECK(check_transfer_side(g, 1, dst.view, false, f8).message ==
+        "the destination array is read-only");
+  dst.view.writeable = true;
+  dst.view.c_contiguous = false;
+  CHECK(check_transfer_side(g, 1, dst.view, false, f8).message ==
+        "the destination array must be C-contiguous");
+}
+
+TEST_CASE("agree: runs of different persistent plans, and transfer plans of other geometries") {
+  auto start = [](std::uint64_t id) {
+    call_record r;
+    r.call.op = op_code::start;
+    r.call.target = op_code::transfer;
+    r.call.block_bytes = id;
+    return r;
+  };
+  std::vector<call_record> same{start(3), start(3), start(3)};
+  CHECK_NOTHROW(agree(same, op_code::start));
+  std::vector<call_record> different{start(3), start(3), start(4)};
+  CHECK(message_of<usage_error>(different, op_code::start) ==
+        "zcoll: ranks ran different persistent plans at once: rank 0 ran plan #3 (transfer), "
+        "rank 2 ran plan #4 (transfer)");
+  std::vector<call_record> plain{start(3), collective(op_code::transfer, 99)};
+  CHECK(message_of<usage_error>(plain, op_code::start) ==
+        "zcoll: ranks called different operations at once: rank 0 called a plan's run, rank 1 "
+        "called transfer");
+  auto planned = [](std::uint64_t signature) {
+    call_record r = collective(op_code::plan, signature);
+    r.call.target = op_code::transfer;
+    return r;
+  };
+  std::vector<call_record> geometries{planned(11), planned(12)};
+  CHECK(message_of<usage_error>(geometries, op_code::plan) ==
+        "zcoll.transfer_init: global shapes, axes or itemsizes differ between rank 0 and rank 1");
+}

@@ -341,6 +341,53 @@ TEST_CASE("copy_box matches a reference strided copy") {
   });
 }
 
+TEST_CASE("make_box simplifies once; copy_box of the shape copies the same bytes") {
+  const std::vector<box_case> cases = {
+      {{5, 7}, 8, {9, 11}, {6, 13}, {1, 1}, {1, 1}},
+      {{6, 10}, 4, {6, 10}, {6, 10}, {1, 1}, {1, 1}},
+      {{3, 17}, 4, {3, 34}, {3, 17}, {1, 2}, {1, 1}},
+      {{1, 4, 1}, 16, {2, 6, 3}, {2, 5, 2}, {1, 1, 1}, {1, 1, 1}},
+      {{2, 3, 4000}, 2, {2, 5, 4000}, {3, 3, 4003}, {1, 2, 1}, {1, 1, 1}},
+      {{3, 4, 5}, 2, {3, 4, 5}, {3, 4, 5}, {-1, 1, -1}, {1, -1, 1}},
+      {{1, 1, 1}, 24, {2, 2, 2}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}},
+      {{3, 0, 5}, 8, {3, 1, 5}, {3, 1, 5}, {1, 1, 1}, {1, 1, 1}},
+  };
+  unsigned seed = 500;
+  for (const auto& c : cases) {
+    const auto ss = strides_of(c.src_extent, c.src_step, c.itemsize);
+    const auto ds = strides_of(c.dst_extent, c.dst_step, c.itemsize);
+    const auto src =
+        random_bytes(static_cast<std::size_t>(array_bytes(c.src_extent, c.itemsize)), seed);
+    auto expect =
+        random_bytes(static_cast<std::size_t>(array_bytes(c.dst_extent, c.itemsize)), seed + 1);
+    auto dst = expect;
+    ++seed;
+    const std::int64_t so = origin(c, ss), dof = origin(c, ds);
+    const int ndim = static_cast<int>(c.count.size());
+    zcoll::copy_box(expect.data() + dof, ds.data(), src.data() + so, ss.data(), c.count.data(),
+                    ndim, c.itemsize);
+    const zcoll::box_shape box =
+        zcoll::make_box(ds.data(), ss.data(), c.count.data(), ndim, c.itemsize);
+    std::uint64_t elements = 1;
+    for (auto n : c.count) elements *= n;
+    CHECK(box.empty() == (elements == 0));
+    CHECK(box.bytes() == elements * c.itemsize);
+    CHECK(box.rank <= ndim);
+    for (const auto& plan :
+         {zcoll::copy_plan{copy_mode::temporal, 0}, zcoll::copy_plan{copy_mode::hybrid, 100}}) {
+      auto got = dst;
+      zcoll::copy_box(got.data() + dof, src.data() + so, box, plan);
+      CHECK(got == expect);
+    }
+  }
+  // Whole C arrays merge into a single run; a unit box into a single element.
+  const std::vector<std::uint64_t> whole{6, 10};
+  const std::vector<std::int64_t> strides{40, 4};
+  CHECK(zcoll::make_box(strides.data(), strides.data(), whole.data(), 2, 4).rank == 1);
+  const std::vector<std::uint64_t> unit{1, 1};
+  CHECK(zcoll::make_box(strides.data(), strides.data(), unit.data(), 2, 4).rank == 0);
+}
+
 TEST_CASE("copy_box with ndim 0 copies one element") {
   const std::uint64_t* no_count = nullptr;
   std::byte src[16], dst[16];

@@ -129,6 +129,19 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
   return {arg_error::none, {}, send.nbytes / static_cast<std::size_t>(g.comm_size)};
 }
 
+local_check check_transfer_side(const transfer_geometry& g, int comm_rank, const array_view& a,
+                                bool source, const dtype_id& dtype) {
+  const char* name = source ? "the source array" : "the destination array";
+  if (a.has_objects) return type_error(objects_message);
+  if (!(a.dtype == dtype))
+    return type_error(std::string(name) + " has dtype " + dtype_short(a.dtype) +
+                      ", the plan's arrays have dtype " + dtype_short(dtype));
+  const extents want = source ? g.shape_a(comm_rank) : g.shape_b(comm_rank);
+  if (auto e = check_transfer_array(a, name, want, g.ndim); !e.empty()) return value_error(e);
+  if (!source && !a.writeable) return value_error("the destination array is read-only");
+  return {};
+}
+
 void set_code_error(local_check& check, int order, int copy, bool eager_allowed) {
   if (!check.ok()) return;
   if (!valid_order_code(order, eager_allowed))

@@ -65,6 +65,12 @@ local_check check_local_args(op_code op, int comm_size, const array_view* send,
 local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const array_view& send,
                                 const array_view& recv);
 
+// Checks an array that stands in, for one run of a transfer plan, for rank `comm_rank`'s source
+// (`source`: aligned in axis a) or destination array (aligned in axis b): the plan's dtype
+// `dtype`, the local shape `g` implies, C-contiguous, and writeable for a destination.
+local_check check_transfer_side(const transfer_geometry& g, int comm_rank, const array_view& a,
+                                bool source, const dtype_id& dtype);
+
 // Sets `check` to "unknown order/copy code" when `order` is not a block_order value or
 // auto_order (with `eager_allowed`, eager_order too) or `copy` not a copy_mode value or
 // auto_copy, unless it holds an error already. Returns check.ok(). Inline: every call runs it.

@@ -279,11 +279,6 @@ void swap_bytes(void* a, void* b, std::size_t n) noexcept {
 
 namespace {
 
-struct box_axis {
-  std::uint64_t count;
-  std::int64_t dst_stride, src_stride;
-};
-
 // The box's axes without unit extents, outermost first, with axes that are contiguous on both
 // sides merged into one. Returns the number of axes left; 0 axes means a single element.
 int simplify(box_axis* axes, const std::int64_t* dst_strides, const std::int64_t* src_strides,
@@ -320,6 +315,28 @@ inline void copy_line(std::byte* dst, const std::byte* src, const box_axis& inne
   out.count_temporal(inner.count * itemsize);
 }
 
+// Copies `n` (>= 1) simplified axes.
+void copy_axes(std::byte* dst, const std::byte* src, const box_axis* axes, int n,
+               std::size_t itemsize, const copy_plan& how) noexcept {
+  const box_axis& inner = axes[n - 1];
+  block_writer out(how);  // the whole box is one block: hybrid's budget spans all its runs
+  // Odometer over the outer axes.
+  std::array<std::uint64_t, max_box_dims> index{};
+  for (;;) {
+    copy_line(dst, src, inner, itemsize, out);
+    int k = n - 2;
+    for (; k >= 0; --k) {
+      const box_axis& ax = axes[k];
+      dst += ax.dst_stride, src += ax.src_stride;
+      if (++index[static_cast<std::size_t>(k)] < ax.count) break;
+      index[static_cast<std::size_t>(k)] = 0;
+      dst -= ax.dst_stride * static_cast<std::int64_t>(ax.count);
+      src -= ax.src_stride * static_cast<std::int64_t>(ax.count);
+    }
+    if (k < 0) return;
+  }
+}
+
 }  // namespace
 
 void copy_box(std::byte* dst, const std::int64_t* dst_strides, const std::byte* src,
@@ -334,23 +351,38 @@ void copy_box(std::byte* dst, const std::int64_t* dst_strides, const std::byte* 
     std::memcpy(dst, src, itemsize);
     return;
   }
-  const box_axis& inner = axes[static_cast<std::size_t>(n - 1)];
-  block_writer out(how);  // the whole box is one block: hybrid's budget spans all its runs
-  // Odometer over the outer axes.
-  std::array<std::uint64_t, max_box_dims> index{};
-  for (;;) {
-    copy_line(dst, src, inner, itemsize, out);
-    int k = n - 2;
-    for (; k >= 0; --k) {
-      const box_axis& ax = axes[static_cast<std::size_t>(k)];
-      dst += ax.dst_stride, src += ax.src_stride;
-      if (++index[static_cast<std::size_t>(k)] < ax.count) break;
-      index[static_cast<std::size_t>(k)] = 0;
-      dst -= ax.dst_stride * static_cast<std::int64_t>(ax.count);
-      src -= ax.src_stride * static_cast<std::int64_t>(ax.count);
+  copy_axes(dst, src, axes.data(), n, itemsize, how);
+}
+
+std::size_t box_shape::bytes() const noexcept {
+  if (rank < 0) return 0;
+  std::size_t n = itemsize;
+  for (int k = 0; k < rank; ++k) n *= axes[static_cast<std::size_t>(k)].count;
+  return n;
+}
+
+box_shape make_box(const std::int64_t* dst_strides, const std::int64_t* src_strides,
+                   const std::uint64_t* count, int ndim, std::size_t itemsize) noexcept {
+  box_shape box;
+  box.itemsize = itemsize;
+  for (int k = 0; k < ndim; ++k)
+    if (count[k] == 0) {
+      box.rank = -1;
+      return box;
     }
-    if (k < 0) return;
+  box.rank =
+      simplify(box.axes.data(), dst_strides, src_strides, count, std::min(ndim, max_box_dims));
+  return box;
+}
+
+void copy_box(std::byte* dst, const std::byte* src, const box_shape& box,
+              const copy_plan& how) noexcept {
+  if (box.rank < 0) return;
+  if (box.rank == 0) {
+    std::memcpy(dst, src, box.itemsize);
+    return;
   }
+  copy_axes(dst, src, box.axes.data(), box.rank, box.itemsize, how);
 }
 
 }  // namespace zcoll

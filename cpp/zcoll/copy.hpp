@@ -19,6 +19,7 @@
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -65,5 +66,30 @@ inline constexpr int max_box_dims = 16;
 void copy_box(std::byte* dst, const std::int64_t* dst_strides, const std::byte* src,
               const std::int64_t* src_strides, const std::uint64_t* count, int ndim,
               std::size_t itemsize, const copy_plan& how = {}) noexcept;
+
+// One axis of a box copy: extent and byte strides on each side.
+struct box_axis {
+  std::uint64_t count = 0;
+  std::int64_t dst_stride = 0, src_stride = 0;
+};
+
+// A box copy with its axes simplified once (unit extents dropped, axes contiguous on both sides
+// merged, outermost first), for copies that repeat: persistent transfer plans.
+struct box_shape {
+  int rank = 0;  // axes left: 0 is a single element, -1 an empty box (nothing to copy)
+  std::size_t itemsize = 0;
+  std::array<box_axis, max_box_dims> axes{};
+  bool empty() const noexcept { return rank < 0; }
+  // Bytes the box holds.
+  std::size_t bytes() const noexcept;
+};
+
+// The simplified shape of copy_box's box (same arguments, no addresses).
+box_shape make_box(const std::int64_t* dst_strides, const std::int64_t* src_strides,
+                   const std::uint64_t* count, int ndim, std::size_t itemsize) noexcept;
+
+// copy_box on a box simplified by make_box: the same bytes, the same stores.
+void copy_box(std::byte* dst, const std::byte* src, const box_shape& box,
+              const copy_plan& how = {}) noexcept;
 
 }  // namespace zcoll

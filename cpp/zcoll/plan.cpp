@@ -15,34 +15,143 @@ bool any_private(const call_protocol::published& all, bool in_place) {
 
 }  // namespace
 
-persistent_plan::persistent_plan(std::shared_ptr<node_context> ctx, op_code op,
-                                 const array_view* send, const array_view& recv, int order,
-                                 int copy)
+// -- plan_base: the run machinery -------------------------------------------------------------
+
+plan_base::plan_base(std::shared_ptr<node_context> ctx, op_code target)
     : ctx_(std::move(ctx)),
       protocol_(&ctx_->protocol()),
       rank_(ctx_->config().rank),
       size_(ctx_->config().size),
-      comm_ranks_(ctx_->config().comm_ranks) {
+      comm_ranks_(ctx_->config().comm_ranks),
+      target_(target) {}
+
+void plan_base::finish_quietly() noexcept {
+  try {
+    finish();
+  } catch (...) {  // NOLINT(bugprone-empty-catch): a peer's failure has no one to go to here
+  }
+}
+
+void plan_base::choose_copy(op_code op, int copy, std::size_t block, std::size_t received,
+                            std::size_t copied) {
+  copy_op_ = op;
+  copy_block_ = block;
+  copy_received_ = received;
+  copy_bytes_ = copied;
+  auto& policy = ctx_->policy();
+  bool tuning = false;
+  how_ =
+      policy.copy().choose(copy, block, policy.touched_bytes(received), &tuning, tuned_index(op));
+  refine_copy_ = tuning;
+}
+
+void plan_base::check_not_freed() const {
+  if (state_ == state::freed) throw usage_error("zcoll: this plan was freed");
+}
+
+void plan_base::check_startable() const {
+  check_not_freed();
+  if (state_ == state::started)
+    throw usage_error(
+        "zcoll: this plan is already active (wait() for it before starting it again)");
+}
+
+void plan_base::start() {
+  check_startable();
+  auto& line = protocol_->next(op_code::start);  // finishes another started plan first
+  line.call.target = target_;
+  line.call.block_bytes = id_;
+  parity_ = protocol_->parity();
+  run_part(line);
+  state_ = state::started;
+  protocol_->set_pending(this);
+}
+
+void plan_base::ordered_part() {
+  const auto all = protocol_->publish();
+  check_calls(all, op_code::start);
+  check_same_plan(all);
+  bind(all);
+  if (copy_bytes_ != 0) copy_part();  // nothing to copy: nothing to time either
+  protocol_->arrive(true);
+}
+
+void plan_base::copy_part() {
+  if (!refine_copy_) {
+    copy_blocks(how_);
+    return;
+  }
+  auto& policy = ctx_->policy();
+  policy.timed_copies(copy_op_, copy_block_, auto_copy, copy_received_, copy_bytes_,
+                      [&](const copy_plan& how) { copy_blocks(how); });
+  bool tuning = false;
+  how_ = policy.copy().choose(auto_copy, copy_block_, policy.touched_bytes(copy_received_), &tuning,
+                              tuned_index(copy_op_));
+  refine_copy_ = tuning;
+}
+
+void plan_base::end_run() noexcept {
+  state_ = state::idle;
+  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
+}
+
+void plan_base::finish() {
+  if (state_ != state::started) return;
+  end_run();
+  protocol_->complete();
+  after_barrier();
+}
+
+void plan_base::wait() {
+  check_not_freed();
+  finish();
+}
+
+bool plan_base::test() {
+  check_not_freed();
+  if (state_ != state::started) return true;
+  bool done = false;
+  try {
+    done = protocol_->poll();
+  } catch (...) {  // a dead peer: this run is over, and the context is broken
+    end_run();
+    throw;
+  }
+  if (!done) return false;
+  end_run();
+  after_barrier();
+  return true;
+}
+
+void plan_base::free() {
+  if (state_ == state::freed) return;
+  struct release_at_exit {
+    plan_base& plan;
+    ~release_at_exit() {
+      plan.state_ = state::freed;
+      plan.release();
+      plan.ctx_.reset();
+    }
+  } release{*this};
+  finish();
+}
+
+// -- persistent_plan: alltoall and allgather ---------------------------------------------------
+
+persistent_plan::persistent_plan(std::shared_ptr<node_context> ctx, op_code op,
+                                 const array_view* send, const array_view& recv, int order,
+                                 int copy)
+    : plan_base(std::move(ctx), op) {
   args_ = ctx_->checked_args(op, send, recv, order, copy);
   agree_on_call();
   if (!args_.eager && args_.block_bytes != 0) {
     const bool in_place = args_.send == nullptr;
     const auto seg = ctx_->schedule_for(op, in_place, args_.order).segment(rank_);
     mine_.assign(seg.begin(), seg.end());
-    auto& chooser = ctx_->policy().copy();
-    bool tuning = false;
-    how_ = chooser.choose(args_.copy, args_.block_bytes,
-                          ctx_->policy().touched_bytes(args_.recv_bytes), &tuning, tuned_index(op));
-    refine_copy_ = tuning;
+    choose_copy(op, args_.copy, args_.block_bytes, args_.recv_bytes,
+                mine_.size() * args_.block_bytes);
   }
-  id_ = ctx_->next_plan_id();
-}
-
-persistent_plan::~persistent_plan() {
-  try {
-    finish();
-  } catch (...) {  // NOLINT(bugprone-empty-catch): a peer's failure has no one to go to here
-  }
+  numbered();
 }
 
 void persistent_plan::agree_on_call() {
@@ -88,27 +197,11 @@ void persistent_plan::agree_on_call() {
   ctx_->resolve_all(all, false, &recv_bases_);
 }
 
-copy_plan persistent_plan::copy() const {
-  return how_;
-}
-
-void persistent_plan::check_not_freed() const {
-  if (state_ == state::freed) throw usage_error("zcoll: this plan was freed");
-}
-
-void persistent_plan::start() {
-  check_not_freed();
-  if (state_ == state::started)
-    throw usage_error(
-        "zcoll: this plan is already active (wait() for it before starting it again)");
-  auto& line = protocol_->next(op_code::start);  // finishes another started plan first
-  line.call.target = args_.op;
-  line.call.block_bytes = id_;
-  parity_ = protocol_->parity();
+void persistent_plan::run_part(detail::rank_line& /*line*/) {
   if (args_.eager) {
     const bool in_place = args_.send == nullptr;
     const auto* data = static_cast<const std::byte*>(in_place ? args_.recv : args_.send);
-    std::byte* slot = ctx_->eager_slot(rank_, parity_);
+    std::byte* slot = ctx_->eager_slot(rank_, parity());
     if (args_.op == op_code::alltoall) {
       copy_bytes(slot, data, args_.recv_bytes);
     } else {
@@ -118,12 +211,8 @@ void persistent_plan::start() {
     protocol_->arrive(false);
   } else {
     stage_in();
-    publish_start();
-    copy_blocks();
-    protocol_->arrive(true);
+    ordered_part();
   }
-  state_ = state::started;
-  protocol_->set_pending(this);
 }
 
 void persistent_plan::stage_in() noexcept {
@@ -139,37 +228,10 @@ void persistent_plan::stage_in() noexcept {
              args_.block_bytes);
 }
 
-void persistent_plan::publish_start() {
-  const auto all = protocol_->publish();
-  check_calls(all, op_code::start);
-  check_same_plan(all);
-}
-
-void persistent_plan::copy_blocks() {
+void persistent_plan::copy_blocks(const copy_plan& how) noexcept {
   if (mine_.empty()) return;
-  const bool in_place = args_.send == nullptr;
-  const std::size_t block = args_.block_bytes;
-  auto copies = [&](const copy_plan& how) {
-    copy_segment(mine_, args_.op, in_place, block, send_bases_.data(), recv_bases_.data(),
-                 comm_ranks_.data(), how);
-  };
-  if (!refine_copy_) {
-    copies(how_);
-    return;
-  }
-  auto& policy = ctx_->policy();
-  policy.timed_copies(args_.op, block, auto_copy, args_.recv_bytes, mine_.size() * block, copies);
-  bool tuning = false;
-  how_ = policy.copy().choose(auto_copy, block, policy.touched_bytes(args_.recv_bytes), &tuning,
-                              tuned_index(args_.op));
-  refine_copy_ = tuning;
-}
-
-void persistent_plan::finish() {
-  if (state_ != state::started) return;
-  end_run();
-  protocol_->complete();
-  after_barrier();
+  copy_segment(mine_, args_.op, args_.send == nullptr, args_.block_bytes, send_bases_.data(),
+               recv_bases_.data(), comm_ranks_.data(), how);
 }
 
 void persistent_plan::after_barrier() {
@@ -177,7 +239,7 @@ void persistent_plan::after_barrier() {
     if (recv_shadow_) copy_out();
     return;
   }
-  const auto all = protocol_->view(parity_);
+  const auto all = protocol_->view(parity());
   check_calls(all, op_code::start);
   check_same_plan(all);
   pull_eager();
@@ -204,51 +266,16 @@ void persistent_plan::pull_eager() {
   const auto me = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]);
   const bool alltoall = args_.op == op_code::alltoall;
   for (int s = 0; s < size_; ++s) {
-    const std::byte* from = ctx_->eager_slot(s, parity_);
+    const std::byte* from = ctx_->eager_slot(s, parity());
     const auto src = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(s)]);
     copy_bytes(recv + src * block, alltoall ? from + me * block : from, block);
   }
 }
 
-void persistent_plan::end_run() noexcept {
-  state_ = state::idle;
-  if (protocol_->pending() == this) protocol_->set_pending(nullptr);
-}
-
-void persistent_plan::wait() {
-  check_not_freed();
-  finish();
-}
-
-bool persistent_plan::test() {
-  check_not_freed();
-  if (state_ != state::started) return true;
-  bool done = false;
-  try {
-    done = protocol_->poll();
-  } catch (...) {  // a dead peer: this run is over, and the context is broken
-    end_run();
-    throw;
-  }
-  if (!done) return false;
-  end_run();
-  after_barrier();
-  return true;
-}
-
-void persistent_plan::free() {
-  if (state_ == state::freed) return;
-  struct release_at_exit {
-    persistent_plan& plan;
-    ~release_at_exit() {
-      plan.state_ = state::freed;
-      plan.shadow_.reset();
-      plan.send_bases_.clear();
-      plan.recv_bases_.clear();
-      plan.ctx_.reset();
-    }
-  } release{*this};
-  finish();
+void persistent_plan::release() noexcept {
+  shadow_.reset();
+  send_bases_.clear();
+  recv_bases_.clear();
 }
 
 }  // namespace zcoll

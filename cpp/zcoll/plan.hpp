@@ -23,6 +23,11 @@
  * The plan ids published at every start make a mismatch (ranks running different plans, or a
  * plan against a plain call) an error on every rank instead of a corrupted buffer. After the
  * context is closed or broken (peer died) every use raises, as for plain calls.
+ *
+ * plan_base is that machinery (the run's states, the start line with the plan id, the split
+ * completion barrier, pending-call finishing, test, free, the copy plan and its refinement);
+ * persistent_plan (alltoall, allgather) and transfer_plan (transfer_plan.hpp: a global
+ * transpose) supply only this rank's part of a run and what follows the completion barrier.
  */
 #pragma once
 
@@ -35,16 +40,12 @@
 
 namespace zcoll {
 
-class persistent_plan final : public pending_call {
+// What every persistent plan shares: see the header comment. Not copyable; a derived class
+// resolves its call in its constructor, then calls numbered().
+class plan_base : public pending_call {
  public:
-  // Collective over the context's node ranks: checks and agrees on an alltoall or allgather
-  // call as node_context::run does (same errors), then resolves it. `send` is nullptr in place.
-  persistent_plan(std::shared_ptr<node_context> ctx, op_code op, const array_view* send,
-                  const array_view& recv, int order, int copy);
-  // Finishes a started run (a peer's failure is swallowed: a destructor cannot report it).
-  ~persistent_plan();
-  persistent_plan(const persistent_plan&) = delete;
-  persistent_plan& operator=(const persistent_plan&) = delete;
+  plan_base(const plan_base&) = delete;
+  plan_base& operator=(const plan_base&) = delete;
 
   // Collective: this rank's part of one run (see above). Throws when the plan is active.
   void start();
@@ -57,48 +58,108 @@ class persistent_plan final : public pending_call {
     start();
     wait();
   }
-  // Local: finishes an active run, then drops the shadows and the context. Later calls raise.
+  // Local: finishes an active run, then drops what the plan holds (buffers' addresses,
+  // shadows, the context). Later calls raise.
   void free();
 
   bool active() const noexcept { return state_ == state::started; }
   bool freed() const noexcept { return state_ == state::freed; }
   std::uint64_t id() const noexcept { return id_; }
-  const collective_args& args() const noexcept { return args_; }
   // The copy plan of the ordered path's block copies (what copy="auto" resolved to now).
-  copy_plan copy() const;
+  copy_plan copy() const noexcept { return how_; }
   const std::shared_ptr<node_context>& context() const noexcept { return ctx_; }
+
+ protected:
+  // `target`: the operation planned (alltoall, allgather, transfer), published at each start.
+  plan_base(std::shared_ptr<node_context> ctx, op_code target);
+  // Derived destructors call finish_quietly(): a base destructor cannot reach their hooks.
+  ~plan_base() = default;
+
+  // The plan is agreed on and resolved: it gets its id (the same on every rank).
+  void numbered() { id_ = ctx_->next_plan_id(); }
+  // Throws when the plan is freed or already active (local errors, before any publication).
+  void check_startable() const;
+  // Finishes a started run; a peer's failure is swallowed (for destructors).
+  void finish_quietly() noexcept;
+
+  // The copy plan for blocks of (mean) `block` bytes under mode code `copy`, in a run where
+  // each rank receives `received` bytes and this rank copies `copied`; `op` names the rule
+  // table (alltoall, allgather) or none (transfer).
+  void choose_copy(op_code op, int copy, std::size_t block, std::size_t received,
+                   std::size_t copied);
+  // The ordered path after the start line is written: the entry barrier, every rank's start
+  // checked (the same plan), bind(all), this rank's copies, arrival at the completion barrier.
+  void ordered_part();
+
+  // This rank's part of a run, its start line written (target and plan id): ends with this
+  // rank's arrival at the completion barrier.
+  virtual void run_part(detail::rank_line& line) = 0;
+  // Ordered path: every rank's start line is published and checked; the copies come next.
+  virtual void bind(const call_protocol::published& /*all*/) {}
+  // Ordered path: this rank's copies with `how` (no fence).
+  virtual void copy_blocks(const copy_plan& how) noexcept = 0;
+  // After the completion barrier (of parity parity()).
+  virtual void after_barrier() {}
+  // free(): drops what the derived plan holds; the context goes after it.
+  virtual void release() noexcept {}
+
+  std::size_t parity() const noexcept { return parity_; }
+
+  std::shared_ptr<node_context> ctx_;
+  call_protocol* protocol_ = nullptr;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<int> comm_ranks_;
 
  private:
   enum class state : std::uint8_t { idle, started, freed };
 
   void finish() override;
   void end_run() noexcept;  // the started run is over (done or failed)
-  void after_barrier();
   void check_not_freed() const;
+  void copy_part();
+
+  op_code target_;
+  std::uint64_t id_ = 0;
+  copy_plan how_;
+  bool refine_copy_ = false;  // copy="auto" still times its threshold: ask the policy each run
+  op_code copy_op_ = op_code::none;  // the rule table of the copy choice (see choose_copy)
+  std::size_t copy_block_ = 0, copy_received_ = 0, copy_bytes_ = 0;
+  std::size_t parity_ = 0;  // of the barrier a started run arrived at
+  state state_ = state::idle;
+};
+
+// A persistent alltoall or allgather.
+class persistent_plan final : public plan_base {
+ public:
+  // Collective over the context's node ranks: checks and agrees on an alltoall or allgather
+  // call as node_context::run does (same errors), then resolves it. `send` is nullptr in place.
+  persistent_plan(std::shared_ptr<node_context> ctx, op_code op, const array_view* send,
+                  const array_view& recv, int order, int copy);
+  // Finishes a started run (a peer's failure is swallowed: a destructor cannot report it).
+  ~persistent_plan() { finish_quietly(); }
+  persistent_plan(const persistent_plan&) = delete;
+  persistent_plan& operator=(const persistent_plan&) = delete;
+
+  const collective_args& args() const noexcept { return args_; }
+
+ private:
+  void run_part(detail::rank_line& line) override;
+  void copy_blocks(const copy_plan& how) noexcept override;
+  void after_barrier() override;
+  void release() noexcept override;
   // Publishes the call, agrees on it, and resolves every rank's buffers (with shadows).
   void agree_on_call();
-  void publish_start();
   void stage_in() noexcept;
-  void copy_blocks();
   void copy_out() noexcept;
   void pull_eager();
 
-  std::shared_ptr<node_context> ctx_;
-  call_protocol* protocol_ = nullptr;
   collective_args args_;
-  std::uint64_t id_ = 0;
-  int rank_ = 0;
-  int size_ = 1;
-  std::vector<int> comm_ranks_;
   std::vector<block_coord> mine_;                    // ordered path: this rank's schedule segment
   std::vector<std::byte*> send_bases_, recv_bases_;  // every node rank's buffers
   std::shared_ptr<arena_block> shadow_;              // arena copies of private buffers
   std::byte* send_shadow_ = nullptr;                 // null when the buffer is in the arena
   std::byte* recv_shadow_ = nullptr;
-  copy_plan how_;
-  bool refine_copy_ = false;  // copy="auto" still times its threshold: ask the policy each run
-  std::size_t parity_ = 0;    // of the barrier a started run arrived at
-  state state_ = state::idle;
 };
 
 }  // namespace zcoll

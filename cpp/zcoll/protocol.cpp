@@ -89,7 +89,8 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
   if (!(d.dtype == ref.dtype))
     throw type_mismatch(what + "dtypes differ between ranks: " + first + " has " +
                         dtype_text(ref.dtype) + ", " + other + " has " + dtype_text(d.dtype));
-  if (d.block_bytes != ref.block_bytes && ref.op == op_code::transfer)
+  if (d.block_bytes != ref.block_bytes &&
+      (ref.op == op_code::transfer || ref.target == op_code::transfer))
     throw usage_error(what + "global shapes, axes or itemsizes differ between " + first + " and " +
                       other);
   if (d.block_bytes != ref.block_bytes)
@@ -115,6 +116,7 @@ void agree(std::span<const call_record> records, op_code expected) {
   const gathered_records calls{records};
   check_calls(calls, expected);
   if (moves_data(expected)) check_arguments(calls);
+  if (expected == op_code::start) check_same_plan(calls);
 }
 
 std::size_t call_protocol::control_bytes(int size) noexcept {

@@ -116,7 +116,8 @@ void check_same_plan(const Calls& calls) {
 }
 
 // Collective across nodes: the verdict over records gathered from every communicator rank
-// (index = rank): check_calls, then check_arguments for calls that move data.
+// (index = rank): check_calls, then check_arguments for calls that move data, check_same_plan
+// for the runs of persistent plans.
 void agree(std::span<const call_record> records, op_code expected);
 
 namespace detail {

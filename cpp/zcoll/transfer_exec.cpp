@@ -45,9 +45,12 @@ void node_context::resolve_all(const call_protocol::published& all, bool send_si
   bases->assign(static_cast<std::size_t>(config_.size), nullptr);
   for (int j = 0; j < config_.size; ++j) {
     const buffer_ref& ref = send_side ? all.line(j).send : all.line(j).recv;
+    const call_descriptor& call = all.call(j);
+    const std::string what = call.op == op_code::plan ? std::string(name_of(call.target)) + "_init"
+                                                      : std::string(name_of(call.op));
     if (ref.segment == 0)
-      throw usage_error("zcoll." + std::string(name_of(all.call(j).op)) + ": " +
-                        protocol_.rank_name(j) + "'s " + (send_side ? "source" : "destination") +
+      throw usage_error("zcoll." + what + ": " + protocol_.rank_name(j) + "'s " +
+                        (send_side ? "source" : "destination") +
                         " array is not in the shared arena (allocate it with zcoll.empty)");
     (*bases)[static_cast<std::size_t>(j)] = segments_.resolve(ref);
   }

@@ -17,7 +17,18 @@ MPI). :class:`Transfer` exposes such a redistribution on its own.
 from __future__ import annotations
 
 from ._backends import BACKENDS
-from ._pencil import Pencil, Subcomm, Transfer
+from ._pencil import Pencil, Subcomm, Transfer, TransferPlan, transfer, transfer_init
 from ._pfft import PFFT, DistArray, newDistArray
 
-__all__ = ["BACKENDS", "PFFT", "DistArray", "Pencil", "Subcomm", "Transfer", "newDistArray"]
+__all__ = [
+    "BACKENDS",
+    "PFFT",
+    "DistArray",
+    "Pencil",
+    "Subcomm",
+    "Transfer",
+    "TransferPlan",
+    "newDistArray",
+    "transfer",
+    "transfer_init",
+]

@@ -5,25 +5,30 @@ is block-distributed over the ranks of ``subcomms[k]`` (a communicator of size 1
 axis is whole on every rank). A pencil is *aligned* in one axis, which is never distributed.
 A :class:`Transfer` moves the data from a pencil aligned in axis ``a`` to one aligned in axis
 ``b``: one global transpose over the communicator that distributes ``b``, executed by zcoll's
-ordered shared-memory engine as one strided copy per element on a node.
+ordered shared-memory engine as one strided copy per element on a node. A
+:class:`TransferPlan` (:func:`transfer_init`) is such a transpose between fixed arrays, checked
+and resolved once and run many times.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import TracebackType
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import _core
 from .._arena import empty, is_shared
-from .._collectives import _option_error, option_codes
-from .._context import lookup
+from .._collectives import _option_error, _remote_ranks, option_codes
+from .._context import Context, lookup
+from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN
 from .._registry import AUTO, TRANSFER
 
-__all__ = ["Pencil", "Subcomm", "Transfer", "transfer"]
+__all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
 
 _TRANSFER_TAG = 0x7A0D
+_TRANSFER_INIT = "transfer_init"
 
 
 def block_share(n: int, p: int, rank: int) -> tuple[int, int]:
@@ -186,13 +191,30 @@ class Transfer:
         Stores of the block copies, as for :func:`zcoll.alltoall`.
     staging : bool
         Allocate two arena work arrays through which arrays that are not C-contiguous arena
-        arrays are staged. Without them every array passed must be an arena array.
+        arrays are staged, and the persistent plans of both directions on them. Without them
+        every array passed must be an arena array, and each call is a plain :func:`transfer`.
 
     Notes
     -----
     Construction is collective (over `comm`). :meth:`forward` and :meth:`backward` are
     collective over `comm`. On a node the transpose is one strided copy per element from the
     source array into the destination array; arrays outside the arena cost one extra copy each.
+
+    With `staging`, each direction is a :class:`TransferPlan` built here between the work
+    arrays: every check, the agreement between ranks, the schedule, the copy mode and the
+    peers' addresses are settled once, and a call is one run (one crossing into the engine, two
+    node barriers, the copies). Each rank still decides alone, on every call, whether its
+    arrays go through the work arrays: an array that already is a C-contiguous arena array is
+    handed to the run in place of the work array (the plan's rebinding: the rank publishes its
+    address in the run's entry barrier, which it passes anyway), any other one is copied into
+    or out of the work array. So every rank always runs the same plan -- never a plan on one
+    rank and a plain transfer on another, which would raise -- without an extra barrier to
+    agree on staging and without an extra copy of arena arrays. On a communicator spanning
+    several nodes each call also agrees across nodes (one small allgather, as a plain transfer
+    does), and blocks between nodes go by MPI with subarray datatypes made at construction.
+
+    :meth:`forward_init` and :meth:`backward_init` make plans between arrays of your own (how
+    :class:`PFFT` runs its transposes); :meth:`free` frees the work arrays' plans.
     """
 
     def __init__(
@@ -220,11 +242,17 @@ class Transfer:
         self.subshape_a = self._subshape(self.axis_b)
         self.subshape_b = self._subshape(self.axis_a)
         lookup(comm)  # the context is made now, collectively, not inside a first call
-        self._work = None
+        self._work: tuple[np.ndarray, np.ndarray] | None = None
+        self._plans: tuple[TransferPlan, TransferPlan] | None = None
         if staging:
-            self._work = (
+            work = (
                 empty(comm, self.subshape_a, self.dtype),
                 empty(comm, self.subshape_b, self.dtype),
+            )
+            self._work = work
+            self._plans = (
+                self.forward_init(work[0], work[1]),
+                self.backward_init(work[1], work[0]),
             )
 
     def _subshape(self, distributed: int) -> tuple[int, ...]:
@@ -240,14 +268,34 @@ class Transfer:
         """The inverse of :meth:`forward`."""
         return self._run(array_b, array_a, self.axis_b, self.axis_a, 1)
 
+    def forward_init(self, array_a: np.ndarray, array_b: np.ndarray) -> TransferPlan:
+        """Collective: a persistent :meth:`forward` from `array_a` into `array_b` (C-contiguous
+        arena arrays of this rank's shapes); see :func:`transfer_init`."""
+        return transfer_init(self.comm, array_a, array_b, self.shape, self.axis_a, self.axis_b,
+                             order=self.order, copy=self.copy)  # fmt: skip
+
+    def backward_init(self, array_b: np.ndarray, array_a: np.ndarray) -> TransferPlan:
+        """Collective: a persistent :meth:`backward` from `array_b` into `array_a`."""
+        return transfer_init(self.comm, array_b, array_a, self.shape, self.axis_b, self.axis_a,
+                             order=self.order, copy=self.copy)  # fmt: skip
+
+    def free(self) -> None:
+        """Local: free the plans on the work arrays (later calls raise); idempotent."""
+        for plan in self._plans or ():
+            plan.free()
+
     def _run(self, src, dst, a: int, b: int, side: int) -> np.ndarray:
-        # Each rank decides alone whether to stage: the work arrays exist on every rank.
-        work = self._work
-        src_in = src if work is None or _shared(src) else _filled(work[side], src)
-        dst_in = dst if work is None or _shared(dst) else work[1 - side]
-        transfer(self.comm, src_in, dst_in, self.shape, a, b, order=self.order, copy=self.copy)
-        if dst_in is not dst:
-            dst[...] = dst_in
+        plans, work = self._plans, self._work
+        if plans is None or work is None:
+            transfer(self.comm, src, dst, self.shape, a, b, order=self.order, copy=self.copy)
+            return dst
+        # Each rank decides alone what goes through the work arrays; the plan runs either way
+        # (None: the plan's own array; an arena array: this run's, see the class notes).
+        src_in = src if _shared(src) or not _filled(work[side], src) else None
+        dst_in = dst if _shared(dst) or not _fits(dst, work[1 - side]) else None
+        plans[side].run(src_in, dst_in)
+        if dst_in is None:
+            dst[...] = work[1 - side]
         return dst
 
 
@@ -255,12 +303,20 @@ def _shared(a) -> bool:
     return isinstance(a, np.ndarray) and a.flags.c_contiguous and is_shared(a)
 
 
-def _filled(work: np.ndarray, src) -> np.ndarray:
+def _filled(work: np.ndarray, src) -> bool:
+    """Copy `src` into `work`; False when it cannot be (wrong shape or type: the run then gets
+    `src` itself, and its checks report the error on every rank)."""
     try:
         work[...] = src
     except (ValueError, TypeError):
-        return src  # wrong shape or type: let the collective check report it on every rank
-    return work
+        return False
+    return True
+
+
+def _fits(dst, work: np.ndarray) -> bool:
+    """Whether the result can be copied from `work` into `dst` after the run (if not, the run
+    gets `dst` itself, and its checks report why on every rank)."""
+    return isinstance(dst, np.ndarray) and dst.shape == work.shape and dst.flags.writeable
 
 
 def transfer(
@@ -310,3 +366,226 @@ def _transfer_remote(ctx, src, dst, shape, a: int, b: int) -> None:
         for t in types:
             t.Free()
         base.Free()
+
+
+def _subarray(base: MPI.Datatype, shape, axis: int, count: int, start: int) -> MPI.Datatype:
+    """The part of an array of `shape` with `axis` in [start, start + count)."""
+    sub = list(shape)
+    sub[axis] = count
+    starts = [0] * len(shape)
+    starts[axis] = start
+    return base.Create_subarray(list(shape), sub, starts).Commit()
+
+
+class TransferPlan(_core.TransferPlan):
+    """A persistent global transpose: checked and resolved once, run many times.
+
+    Made by :func:`transfer_init` (collective), or :meth:`Transfer.forward_init` /
+    :meth:`Transfer.backward_init`. ``plan()`` runs the transpose of `src` into `dst` given at
+    creation and returns `dst`; ``start()`` then ``wait()`` (or ``test()``) split a run in two,
+    as for :class:`zcoll.Plan`.
+
+    A run may replace this rank's arrays, for that run only: ``plan(src=a, dst=b)`` with
+    C-contiguous arena arrays of the same shapes and dtype (checked on this rank; an unfit one
+    raises on every rank). Each rank chooses alone: the others need not pass arrays.
+
+    Attributes
+    ----------
+    src, dst : numpy.ndarray
+        The plan's arrays on this rank.
+    shape : list of int
+        The global shape, as :func:`transfer` takes it.
+    axis_a, axis_b : int
+        The aligned axis of `src` and of `dst`.
+    order : str
+        What ``order="auto"`` resolved to.
+    copy : str
+        The copy mode of the box copies (what ``copy="auto"`` resolved to; it may change on
+        the first runs while it times the hybrid threshold).
+    active : bool
+        Started and not yet waited for.
+
+    Notes
+    -----
+    The plan holds its arrays. ``free()`` is local; using a plan after ``free()``, after its
+    communicator was freed or after a peer died raises. Ranks that run different plans, or a
+    plan against a plain call, raise ValueError together. A plan is a context manager that
+    frees itself. On a communicator spanning several nodes every run also agrees across nodes
+    (one small allgather, so errors and mismatched plans raise on every rank), and blocks
+    between nodes go by MPI point-to-point with subarray datatypes made at creation.
+    """
+
+    def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
+        super().__init__(ctx.core, src, dst, shape, axis_a, axis_b, order, copy)
+        self._ctx = ctx
+
+    def run(self, src=None, dst=None) -> None:
+        """Collective: one run (``start(src, dst)`` then ``wait()``)."""
+        super().__call__(src, dst)
+
+    @property
+    def copy(self) -> str:
+        return self.copy_mode
+
+    def __enter__(self) -> TransferPlan:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return f"<zcoll.fft.TransferPlan #{self.id} (freed)>"
+        return (
+            f"<zcoll.fft.TransferPlan #{self.id} {tuple(self.shape)} axis {self.axis_a}->"
+            f"{self.axis_b} order={self.order!r} copy={self.copy!r}"
+            f"{' active' if self.active else ''}>"
+        )
+
+
+class _MultiNodeTransferPlan(TransferPlan):
+    """A transfer plan on a communicator spanning several nodes: the node part in the engine;
+    blocks between nodes by MPI point-to-point on the context's private dup -- persistent
+    requests on the plan's arrays, fresh ones on arrays a run is given -- with subarray
+    datatypes made once. Every run first agrees across nodes."""
+
+    def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
+        record = ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, order, copy, True)
+        ctx.agree(_TRANSFER_INIT, record)
+        super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
+        self._base: MPI.Datatype | None = None
+        self._types: list[MPI.Datatype] = []
+        self._recv_types: list[tuple[int, MPI.Datatype]] = []  # (peer, its block of dst)
+        self._send_types: list[tuple[int, MPI.Datatype]] = []  # (peer, its block of src)
+        self._recvs: list[MPI.Prequest] = []  # persistent, on the plan's arrays
+        self._sends: list[MPI.Prequest] = []
+        self._running: list[MPI.Request] = []  # the current run's requests
+        self._peers: list[int] = []
+        self._tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
+        self._remote_types(ctx, src, dst, shape, axis_a, axis_b)
+
+    def _remote_types(self, ctx: Context, src, dst, shape, a: int, b: int) -> None:
+        remote = _remote_ranks(ctx)
+        if not remote:
+            return
+        self._base = base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
+        comm = ctx.p2p_comm()
+        for r in remote:
+            # Receive r's part of axis b into dst, send r's part of axis a from src: the blocks
+            # of _transfer_remote, empty ones left out alike on both sides.
+            count, start = block_share(shape[b], ctx.size, r)
+            if count and dst.size:
+                t = _subarray(base, dst.shape, b, count, start)
+                self._types.append(t)
+                self._recv_types.append((r, t))
+                self._recvs.append(comm.Recv_init([dst, 1, t], r, self._tag))
+            count, start = block_share(shape[a], ctx.size, r)
+            if count and src.size:
+                t = _subarray(base, src.shape, a, count, start)
+                self._types.append(t)
+                self._send_types.append((r, t))
+                self._sends.append(comm.Send_init([src, 1, t], r, self._tag))
+        self._peers = [r for r, _ in self._recv_types] + [r for r, _ in self._send_types]
+
+    def start(self, src=None, dst=None) -> None:
+        ctx = self._ctx
+        ctx.check_unbroken()
+        if self.freed or self.active or ctx.core.closed:
+            super().start(src, dst)  # raises the engine's error before any message goes out
+        ctx.agree(TRANSFER, self.record(src, dst))  # all ranks of all nodes go on, or none
+        running: list[MPI.Request] = []
+        if self._recvs:
+            if dst is None or dst is self.dst:
+                MPI.Prequest.Startall(self._recvs)
+                running += self._recvs
+            else:
+                comm = ctx.p2p_comm()
+                running += [comm.Irecv([dst, 1, t], r, self._tag) for r, t in self._recv_types]
+        if self._sends:
+            if src is None or src is self.src:
+                MPI.Prequest.Startall(self._sends)
+                running += self._sends
+            else:
+                comm = ctx.p2p_comm()
+                running += [comm.Isend([src, 1, t], r, self._tag) for r, t in self._send_types]
+        self._running = running
+        super().start(src, dst)
+
+    def wait(self) -> None:
+        super().wait()
+        self._finish_remote()
+
+    def _finish_remote(self) -> None:
+        if self._running and not MPI.Request.Testall(self._running):
+            self._ctx.wait_bounded(
+                self._running, "zcoll.transfer plan (blocks between nodes)", peers=self._peers
+            )
+        self._running = []
+
+    def test(self) -> bool:
+        if not super().test():
+            return False
+        if self._running and not MPI.Request.Testall(self._running):
+            return False
+        self._running = []
+        return True
+
+    def run(self, src=None, dst=None) -> None:
+        self.start(src, dst)
+        self.wait()
+
+    def __call__(self, src=None, dst=None):
+        self.run(src, dst)
+        return self.dst if dst is None else dst
+
+    def free(self) -> None:
+        if self.freed:
+            return
+        try:
+            if self.active or self._running:
+                self.wait()
+        finally:
+            super().free()
+            for req in self._recvs + self._sends:
+                if req != MPI.REQUEST_NULL:
+                    req.Free()
+            self._recvs, self._sends, self._running = [], [], []
+            if not MPI.Is_finalized():
+                for t in self._types:
+                    t.Free()
+                if self._base is not None:
+                    self._base.Free()
+            self._types, self._base = [], None
+
+
+def transfer_init(
+    comm, src, dst, shape, axis_a: int, axis_b: int, *, order: str = AUTO, copy: str = AUTO
+) -> TransferPlan:
+    """Collective: a persistent :func:`transfer` from `src` into `dst`.
+
+    Every check, the ranks' agreement, the block schedule, the copy mode and the addresses of
+    every rank's arrays are settled here, once; a run of the returned plan is the node barriers
+    and the copies. Arguments as for :func:`transfer`: `src` and `dst` are C-contiguous arena
+    arrays on every rank.
+
+    Returns
+    -------
+    TransferPlan
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, if any rank's arguments are invalid or disagree with the others'.
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout.
+    """
+    ctx = lookup(comm)
+    codes = option_codes(ctx, _TRANSFER_INIT, order, copy)
+    shape = [int(n) for n in shape]
+    kind = _MultiNodeTransferPlan if ctx.multi_node else TransferPlan
+    return kind(ctx, src, dst, shape, int(axis_a), int(axis_b), *codes)

@@ -15,7 +15,7 @@ from .._collectives import _option_error
 from .._context import lookup
 from .._registry import AUTO
 from ._backends import check_backend, get_backend
-from ._pencil import Pencil, Subcomm, Transfer, fitting_dims
+from ._pencil import Pencil, Subcomm, Transfer, TransferPlan, fitting_dims
 
 __all__ = ["PFFT", "DistArray", "newDistArray"]
 
@@ -109,6 +109,9 @@ class _Step:
     pencil: Pencil  # pencil of the step's output
     dtype: np.dtype  # dtype of the step's output
     transfer: Transfer | None = None
+    # transfer steps: the persistent transposes between the plan's work arrays, (forward,
+    # backward), made at construction
+    plans: tuple[TransferPlan, TransferPlan] | None = None
 
 
 class PFFT:
@@ -117,6 +120,9 @@ class PFFT:
     Collective over `comm`. The array is split over a Cartesian grid of processes (pencils by
     default); each global transpose between the 1D FFTs runs on zcoll's ordered
     shared-memory exchange, one strided copy per element on a node, and MPI between nodes.
+    Every transpose runs between the plan's own arena work arrays, so each is a persistent
+    :class:`~zcoll.fft.TransferPlan` made here (checks, agreement, schedule, copy mode and the
+    peers' addresses settled once): a transform runs them without any of that work.
 
     Parameters
     ----------
@@ -154,7 +160,8 @@ class PFFT:
     ``forward`` scales by ``1/prod(n)`` by default and ``backward`` does not, as in
     mpi4py-fft. Without an output array each call returns a new arena array, so a result is
     never overwritten by a later call. :attr:`timings` accumulates seconds spent in local FFTs
-    and in transposes. Call :meth:`destroy` (collective) to free the plan's communicators.
+    and in transposes. Call :meth:`destroy` (collective) to free the plan's transposes and
+    communicators.
     """
 
     def __init__(
@@ -275,6 +282,16 @@ class PFFT:
                 self._work.append(_new(step.pencil, step.dtype))
             else:
                 self._work.append(None)
+        # Every transfer step reads the previous step's work array and writes its own (the last
+        # step is an FFT), so both directions are persistent plans between fixed arrays.
+        for i, step in enumerate(steps):
+            if step.transfer is not None:
+                before, after = self._work[i - 1], self._work[i]
+                assert before is not None and after is not None  # 0 < i < len(steps) - 1
+                step.plans = (
+                    step.transfer.forward_init(before, after),
+                    step.transfer.backward_init(after, before),
+                )
         self._scales = self._normalizing_factors(shape)
         self._unscaled = [1.0] * len(steps)
         self._context = lookup(self.comm)
@@ -370,8 +387,10 @@ class PFFT:
         for i, step in enumerate(self._steps):
             dst = out if i == last else self._work[i]
             if step.kind == "transfer":
-                assert step.transfer is not None  # every transfer step has its Transfer
-                self._timed("transpose", step.transfer.forward, a, dst)
+                assert step.plans is not None  # made at construction
+                plan = step.plans[0]
+                assert a is plan.src and dst is plan.dst  # the work arrays it was made on
+                self._timed("transpose", plan)
             elif step.kind == "r2c":
                 self._timed("fft", be.r2c, a, dst, step.axes, factors[i])
             else:
@@ -385,8 +404,10 @@ class PFFT:
             # Step i's inverse writes the layout step i read: step i-1's output, or the input.
             dst = out if i == 0 else self._work[i - 1]
             if step.kind == "transfer":
-                assert step.transfer is not None  # every transfer step has its Transfer
-                self._timed("transpose", step.transfer.backward, a, dst)
+                assert step.plans is not None  # made at construction
+                plan = step.plans[1]
+                assert a is plan.src and dst is plan.dst  # the work arrays it was made on
+                self._timed("transpose", plan)
             elif step.kind == "r2c":
                 work = self._work[0]
                 assert work is not None  # an r2c step is step 0, with a work array of its own
@@ -402,7 +423,10 @@ class PFFT:
         self.timings = dict.fromkeys(self.timings, 0.0)
 
     def destroy(self) -> None:
-        """Collective: free the plan's communicators."""
+        """Collective: free the plan's transposes and communicators."""
+        for step in self._steps:
+            for plan in step.plans or ():
+                plan.free()
         self.subcomm.destroy()
 
 

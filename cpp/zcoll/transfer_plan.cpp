@@ -1,0 +1,149 @@
+#include "zcoll/transfer_plan.hpp"
+
+#include <string>
+
+#include "zcoll/auto_policy.hpp"
+
+namespace zcoll {
+
+namespace {
+
+constexpr const char* init_prefix = "zcoll.transfer_init: ";
+constexpr const char* run_prefix = "zcoll.transfer: ";
+
+}  // namespace
+
+transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
+                             const array_view& send, const array_view& recv, int order, int copy)
+    : plan_base(std::move(ctx), op_code::transfer), g_(g), dtype_(recv.dtype) {
+  const auto& cr = comm_ranks_;
+  const int me = cr[static_cast<std::size_t>(rank_)];
+  local_check check = check_transfer_args(g, me, send, recv);
+  if (!check_codes(check, order, copy, false)) ctx_->fail(check.error, init_prefix + check.message);
+  order_ = order == auto_order ? default_order(size_, check.block_bytes)
+                               : static_cast<block_order>(order);
+  own_send_ = static_cast<const std::byte*>(send.data);
+  own_recv_ = static_cast<const std::byte*>(recv.data);
+  send_bytes_ = send.nbytes;
+  recv_bytes_ = recv.nbytes;
+
+  auto& segments = ctx_->segments();
+  auto& line = protocol_->next(op_code::plan);
+  line.call.target = op_code::transfer;
+  line.call.order = static_cast<std::int8_t>(order_);
+  line.call.dtype = recv.dtype;
+  line.call.block_bytes = g.signature();
+  line.send = segments.locate(send.data, send.nbytes);
+  line.recv = segments.locate(recv.data, recv.nbytes);
+  const auto all = protocol_->publish();
+  check_calls(all, op_code::plan);
+  check_arguments(all);
+  ctx_->resolve_all(all, true, &send_bases_);  // the same error on every rank: all saw `all`
+  ctx_->resolve_all(all, false, &recv_bases_);
+  send_now_ = send_bases_;
+  recv_now_ = recv_bases_;
+
+  for (const block_coord& b : ctx_->schedule_for(op_code::transfer, false, order_).segment(rank_)) {
+    const transfer_block blk =
+        block_of(g, cr[static_cast<std::size_t>(b.src)], cr[static_cast<std::size_t>(b.dst)]);
+    const box_shape box = make_box(blk.dst_strides.data(), blk.src_strides.data(), blk.count.data(),
+                                   g.ndim, g.itemsize);
+    if (box.empty()) continue;
+    blocks_.push_back({b.src, b.dst, blk.src_offset, blk.dst_offset, box});
+    copied_ += box.bytes();
+  }
+  // Blocks differ in size: "auto" judges by the mean block, as for a plain transfer.
+  choose_copy(op_code::transfer, copy, recv.nbytes / static_cast<std::size_t>(g.comm_size),
+              recv.nbytes, copied_);
+  numbered();
+}
+
+local_check transfer_plan::check_run(const array_view* send, const array_view* recv,
+                                     buffer_ref* send_ref, buffer_ref* recv_ref) {
+  *send_ref = {};
+  *recv_ref = {};
+  if (!send && !recv) return {};
+  const int me = comm_ranks_[static_cast<std::size_t>(rank_)];
+  auto& segments = ctx_->segments();
+  for (const bool source : {true, false}) {
+    const array_view* a = source ? send : recv;
+    if (!a) continue;
+    local_check c = check_transfer_side(g_, me, *a, source, dtype_);
+    if (!c.ok()) return c;
+    if (a->data == (source ? own_send_ : own_recv_)) continue;  // the plan's own array
+    buffer_ref& ref = source ? *send_ref : *recv_ref;
+    ref = segments.locate(a->data, a->nbytes);
+    if (ref.segment == 0)
+      return value_error(std::string(source ? "the source" : "the destination") +
+                         " array is not in the shared arena (allocate it with zcoll.empty)");
+  }
+  // A run's destination must not overlap its source, whichever arrays they are.
+  const auto* s = static_cast<const std::byte*>(send ? send->data : own_send_);
+  const auto* r = static_cast<const std::byte*>(recv ? recv->data : own_recv_);
+  if (send_bytes_ && recv_bytes_ && s < r + recv_bytes_ && r < s + send_bytes_)
+    return value_error("the source and destination arrays overlap");
+  return {};
+}
+
+void transfer_plan::start(const array_view* send, const array_view* recv) {
+  check_startable();
+  buffer_ref send_ref, recv_ref;
+  const local_check c = check_run(send, recv, &send_ref, &recv_ref);
+  if (!c.ok()) ctx_->fail(c.error, run_prefix + c.message);
+  run_send_ = send_ref;
+  run_recv_ = recv_ref;
+  plan_base::start();
+}
+
+call_record transfer_plan::describe_start(const array_view* send, const array_view* recv) {
+  if (freed()) return error_record(arg_error::value, "zcoll: this plan was freed");
+  buffer_ref send_ref, recv_ref;
+  const local_check c = check_run(send, recv, &send_ref, &recv_ref);
+  if (!c.ok()) return error_record(c.error, run_prefix + c.message);
+  call_record r;
+  r.call.op = op_code::start;
+  r.call.target = op_code::transfer;
+  r.call.block_bytes = id();
+  return r;
+}
+
+void transfer_plan::run_part(detail::rank_line& line) {
+  line.send = run_send_;
+  line.recv = run_recv_;
+  run_send_ = {};
+  run_recv_ = {};
+  ordered_part();
+}
+
+void transfer_plan::bind(const call_protocol::published& all) {
+  bool rebound = false;
+  for (int j = 0; j < size_; ++j) {
+    const auto& l = all.line(j);
+    rebound |= (l.send.segment | l.recv.segment) != 0;
+  }
+  if (!rebound && !rebound_) return;  // the plan's own arrays, as in the previous run
+  auto& segments = ctx_->segments();
+  for (int j = 0; j < size_; ++j) {
+    const auto& l = all.line(j);
+    const auto k = static_cast<std::size_t>(j);
+    send_now_[k] = l.send.segment ? segments.resolve(l.send) : send_bases_[k];
+    recv_now_[k] = l.recv.segment ? segments.resolve(l.recv) : recv_bases_[k];
+  }
+  rebound_ = rebound;
+}
+
+void transfer_plan::copy_blocks(const copy_plan& how) noexcept {
+  for (const block& b : blocks_)
+    copy_box(recv_now_[static_cast<std::size_t>(b.dst)] + b.dst_offset,
+             send_now_[static_cast<std::size_t>(b.src)] + b.src_offset, b.box, how);
+}
+
+void transfer_plan::release() noexcept {
+  blocks_.clear();
+  send_bases_.clear();
+  recv_bases_.clear();
+  send_now_.clear();
+  recv_now_.clear();
+}
+
+}  // namespace zcoll
