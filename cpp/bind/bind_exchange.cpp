@@ -144,7 +144,29 @@ int code_of(PyObject* name, PyObject* auto_str, int auto_code) {
   return value ? static_cast<int>(*value) : no_code;
 }
 
-std::shared_ptr<node_context> context_of(PyObject* comm) {
+// The communicator object of the last call and its context. The object is held (a strong
+// reference), so its address cannot come back as another communicator; any change to the
+// table (a context registered, or gone when its communicator is freed) forgets it.
+struct last_call {
+  PyObject* comm = nullptr;
+  std::shared_ptr<node_context> ctx;
+  void forget() {
+    Py_CLEAR(comm);
+    ctx.reset();
+  }
+  void remember(PyObject* c, std::shared_ptr<node_context> context) {
+    Py_INCREF(c);
+    Py_XSETREF(comm, c);
+    ctx = std::move(context);
+  }
+};
+
+last_call& last() {
+  static auto* cache = new last_call();  // leaked, like the table
+  return *cache;
+}
+
+std::shared_ptr<node_context> context_by_handle(PyObject* comm) {
   static PyObject* handle_attr = PyUnicode_InternFromString("handle");
   PyObject* handle = PyObject_GetAttr(comm, handle_attr);
   if (!handle) {
@@ -160,6 +182,22 @@ std::shared_ptr<node_context> context_of(PyObject* comm) {
   auto& table = contexts();
   const auto it = table.find(key);
   return it == table.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<node_context> context_of(PyObject* comm) {
+  last_call& cached = last();
+  if (comm == cached.comm) return cached.ctx;
+  auto ctx = context_by_handle(comm);
+  if (ctx) cached.remember(comm, ctx);
+  return ctx;
+}
+
+void register_context(long long handle, std::shared_ptr<node_context> ctx) {
+  last().forget();
+  if (ctx)
+    contexts()[handle] = std::move(ctx);
+  else
+    contexts().erase(handle);
 }
 
 PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -321,17 +359,10 @@ void register_exchange(py::module_& m) {
         "ranks of one node would raise for these calls, the same on every rank.");
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
-  m.def(
-      "register_fast",
-      [](long long handle, std::shared_ptr<node_context> ctx) {
-        if (ctx)
-          fast_path::contexts()[handle] = std::move(ctx);
-        else
-          fast_path::contexts().erase(handle);
-      },
-      py::arg("handle"), py::arg("context").none(true),
-      "Local: fast_collective runs calls on the communicator with this MPI handle on `context` "
-      "(None: no longer).");
+  m.def("register_fast", &fast_path::register_context, py::arg("handle"),
+        py::arg("context").none(true),
+        "Local: fast_collective runs calls on the communicator with this MPI handle on `context` "
+        "(None: no longer).");
   m.add_object("fast_collective",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                    &fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));
