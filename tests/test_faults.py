@@ -189,6 +189,15 @@ class ForkedNode:
         self.killed.add(rank)
         return t
 
+    def kill_and_go(self, victim: int, timeout: float = 20.0) -> tuple[float, dict[int, dict]]:
+        """SIGKILL `victim`, send "go" to every other child and collect their "result"
+        messages; returns (time of the kill, {rank: result})."""
+        t_kill = self.kill(victim)
+        survivors = [r for r in range(self.n) if r != victim]
+        for rank in survivors:
+            self.send(rank, {"kind": "go"})
+        return t_kill, {rank: self.expect(rank, "result", timeout=timeout) for rank in survivors}
+
     def reap(self, pid: int) -> int:
         _, status = os.waitpid(pid, 0)
         self.reaped[pid] = status
@@ -424,10 +433,7 @@ def test_peer_killed_before_first_barrier():
     with ForkedNode(3, _dies_before_joining, timeout=30.0) as node:
         for rank in range(3):
             node.expect(rank, "built")
-        t_kill = node.kill(2)
-        for rank in (0, 1):
-            node.send(rank, {"kind": "go"})
-        results = {rank: node.expect(rank, "result", timeout=40) for rank in (0, 1)}
+        t_kill, results = node.kill_and_go(2, timeout=40)
         node.finish()
     for result in results.values():
         message = result["first"]["error"]
@@ -443,10 +449,7 @@ def test_peer_dead_before_building_its_context():
     with ForkedNode(3, _dies_before_joining, timeout=5.0, absent=frozenset({2})) as node:
         for rank in range(3):
             node.expect(rank, "built")
-        t_kill = node.kill(2)
-        for rank in (0, 1):
-            node.send(rank, {"kind": "go"})
-        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        t_kill, results = node.kill_and_go(2)
         node.finish()
     for rank, result in results.items():
         message = result["first"]["error"]
@@ -662,10 +665,7 @@ def test_killed_peer_during_a_plan(barrier, eager, poll):
         rounds = [node.expect(rank, "rounds") for rank in range(3)]
         assert all(r["ok"] for r in rounds), rounds
         assert all((r["order"] == "eager") == eager for r in rounds), rounds
-        t_kill = node.kill(victim)
-        for rank in (0, 1):
-            node.send(rank, {"kind": "go"})
-        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        t_kill, results = node.kill_and_go(victim)
         node.finish()
     for rank, result in results.items():
         message = result["first"]["error"]

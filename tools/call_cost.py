@@ -14,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _collectives, _core
+from zcoll import _collectives, _context, _core
 from zcoll._context import lookup
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     plan = zcoll.alltoall_init(comm, send, recv)
     steps = [
         ("comm.handle (mpi4py property)", lambda: comm.handle),
-        ("context lookup by handle (Python dict)", lambda: _collectives._by_handle[comm.handle]),
+        ("context lookup by handle (Python dict)", lambda: _context._by_handle[comm.handle]),
         ("order name -> code (dict, type check)", lambda: _collectives.ORDER_CODES.get("auto")),
         ("NodeContext.alltoall(send, recv, -1, -1) (pybind11)", lambda: engine(send, recv, -1, -1)),
         (

@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
-from ._context import Context, _by_handle, lookup
+from ._context import Context, lookup
 from ._registry import AUTO
 
 __all__ = ["IN_PLACE", "allgather", "alltoall"]
@@ -18,12 +18,9 @@ IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
 _P2P_TAG = 0x7A0C
-# The registry's name -> code tables, bound by assignment: a `from ._registry import` binding
-# made each lookup on the per-call path slower (8-byte alltoall on COMM_SELF, CPython 3.11:
-# 665 ns against 560 ns a call, measured with process_time, best of 9 x 30000 calls).
 ORDER_CODES = _registry.ORDER_CODES
 COPY_CODES = _registry.COPY_CODES
-_ALLTOALL = _registry.ALLTOALL  # module globals: cheaper per call than _registry.ALLTOALL
+_ALLTOALL = _registry.ALLTOALL
 _ALLGATHER = _registry.ALLGATHER
 _ALLTOALL_CODE = _registry.OPS[_ALLTOALL]
 _ALLGATHER_CODE = _registry.OPS[_ALLGATHER]
@@ -47,7 +44,7 @@ def _fail_options(ctx: Context, opname: str, order, copy) -> NoReturn:
 
 def option_codes(ctx: Context, opname: str, order, copy) -> tuple[int, int]:
     """The engine codes of ``order=`` and ``copy=``; the engine's error on every rank when
-    either names no order or mode. (`_exchange` inlines the same lookups: per-call path.)"""
+    either names no order or mode."""
     code = ORDER_CODES.get(order) if type(order) is str else None
     copy_code = COPY_CODES.get(copy) if type(copy) is str else None
     if code is None or copy_code is None:
@@ -88,27 +85,32 @@ def _remote_ranks(ctx: Context) -> list[int]:
     return [r for r in range(ctx.size) if ctx.node_of[r] != mine]
 
 
+def remote_blocks(ctx: Context, opname: str, send, recv: np.ndarray, block: int):
+    """The blocks of `recv` that ranks on other nodes fill, and the live blocks this rank sends
+    them (`send`: IN_PLACE or a C-contiguous array), each a {rank: byte view}; for an in-place
+    alltoall the outgoing views alias `recv` and must be copied before anything is received."""
+    remote = _remote_ranks(ctx)
+    rb = _byte_blocks(recv)
+    incoming = {r: rb[r * block : (r + 1) * block] for r in remote}
+    if opname == _ALLTOALL:
+        sb = rb if send is IN_PLACE else _byte_blocks(send)
+        return incoming, {r: sb[r * block : (r + 1) * block] for r in remote}
+    mine = rb[ctx.rank * block : (ctx.rank + 1) * block] if send is IN_PLACE else _byte_blocks(send)
+    return incoming, dict.fromkeys(remote, mine)
+
+
 def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
     """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup
     (`send`: IN_PLACE or a C-contiguous array)."""
-    remote = _remote_ranks(ctx)
-    if not remote or block == 0:
+    incoming, outgoing = remote_blocks(ctx, opname, send, recv, block)
+    if not incoming or block == 0:
         return
-    rb = _byte_blocks(recv)
-    in_place = send is IN_PLACE
-    if opname == _ALLTOALL:
-        sb = rb if in_place else _byte_blocks(send)
-        outgoing = {r: sb[r * block : (r + 1) * block] for r in remote}
-        if in_place:  # what goes out must be saved before it is overwritten
-            outgoing = {r: b.copy() for r, b in outgoing.items()}
-    else:
-        mine = rb[ctx.rank * block : (ctx.rank + 1) * block]
-        if not in_place:
-            mine = _byte_blocks(send)
-        outgoing = dict.fromkeys(remote, mine)
+    if send is IN_PLACE and opname == _ALLTOALL:  # saved before it is overwritten
+        outgoing = {r: b.copy() for r, b in outgoing.items()}
     comm = ctx.p2p_comm()
-    reqs = [comm.Irecv([rb[r * block : (r + 1) * block], MPI.BYTE], r, _P2P_TAG) for r in remote]
-    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in remote]
+    reqs = [comm.Irecv([b, MPI.BYTE], r, _P2P_TAG) for r, b in incoming.items()]
+    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in incoming]
+    remote = list(incoming)
     ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
 
 
@@ -123,18 +125,12 @@ def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_cod
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
-    """The body of every collective: find the context, then the node engine does the rest."""
-    try:
-        ctx = _by_handle[comm.handle]  # the hot path of lookup(), inlined
-    except (KeyError, AttributeError):
-        ctx = lookup(comm)
+    """The Python path of every collective, for what `_fast` leaves to it: a first call, no
+    `recvbuf`, several nodes, online tuning, or an invalid option (raised on every rank)."""
+    ctx = lookup(comm)
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, opname, sendbuf)
-    # The hot path: dict lookups inline (a helper call per argument costs ~0.1 us a call).
-    code = ORDER_CODES.get(order) if type(order) is str else None
-    copy_code = COPY_CODES.get(copy) if type(copy) is str else None
-    if code is None or copy_code is None:
-        _fail_options(ctx, opname, order, copy)
+    code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:
         _multi_node(ctx, opname, sendbuf, recvbuf, code, copy_code)
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -12,10 +13,10 @@ from ._collectives import (
     _ALLGATHER,
     _ALLTOALL,
     IN_PLACE,
-    _byte_blocks,
     _new_recvbuf,
     _remote_ranks,
     option_codes,
+    remote_blocks,
 )
 from ._context import Context, lookup
 from ._registry import AUTO
@@ -28,7 +29,53 @@ _PLAN_TAG_BASE = 0x10000
 _PLAN_TAG_SPAN = 0x10000
 
 
-class Plan(_core.Plan):
+_P = TypeVar("_P", bound="PlanMixin")
+
+
+class PlanMixin:
+    """What every plan class adds to its engine class: ``copy``, the context manager (which
+    frees the plan) and ``repr``. `_kind` names the class in ``repr``; `_summary` says what
+    the plan moves."""
+
+    _kind = "zcoll.Plan"
+
+    if TYPE_CHECKING:  # provided by the engine class the plan derives from
+        copy_mode: str
+        order: str
+        id: int
+        freed: bool
+        active: bool
+
+        def free(self) -> None: ...
+
+    def _summary(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def copy(self) -> str:
+        return self.copy_mode
+
+    def __enter__(self: _P) -> _P:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return f"<{self._kind} #{self.id} (freed)>"
+        return (
+            f"<{self._kind} #{self.id} {self._summary()} order={self.order!r} "
+            f"copy={self.copy!r}{' active' if self.active else ''}>"
+        )
+
+
+class Plan(PlanMixin, _core.Plan):
     """A persistent collective: every check and decision made once, then run many times.
 
     Made by :func:`alltoall_init` or :func:`allgather_init` (collective). The counterpart of
@@ -82,28 +129,8 @@ class Plan(_core.Plan):
         super().__init__(ctx.core, opname, sendbuf, recvbuf, order, copy)
         self._ctx = ctx
 
-    @property
-    def copy(self) -> str:
-        return self.copy_mode
-
-    def __enter__(self) -> Plan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.free()
-
-    def __repr__(self) -> str:
-        if self.freed:
-            return f"<zcoll.Plan #{self.id} (freed)>"
-        return (
-            f"<zcoll.Plan #{self.id} {self.op} order={self.order!r} copy={self.copy!r}"
-            f"{' active' if self.active else ''}>"
-        )
+    def _summary(self) -> str:
+        return self.op
 
 
 class _MultiNodePlan(Plan):
@@ -122,29 +149,16 @@ class _MultiNodePlan(Plan):
 
     def _remote_requests(self, ctx: Context, opname: str, sendbuf, recv: np.ndarray) -> list:
         block = recv.nbytes // ctx.size
-        if not self._remote or block == 0:
+        incoming, outgoing = remote_blocks(ctx, opname, sendbuf, recv, block)
+        if not incoming or block == 0:
             return []
-        rb = _byte_blocks(recv)
-        in_place = sendbuf is IN_PLACE
-        sb = rb if in_place else _byte_blocks(sendbuf)
-        outgoing = {}
-        for r in self._remote:
-            if opname == _ALLTOALL:
-                live = sb[r * block : (r + 1) * block]
-            else:
-                live = rb[ctx.rank * block : (ctx.rank + 1) * block] if in_place else sb
-            if in_place and opname == _ALLTOALL:  # saved at start: a receive overwrites it
-                saved = live.copy()
-                self._outgoing.append((saved, live))
-                live = saved
-            outgoing[r] = live
+        if sendbuf is IN_PLACE and opname == _ALLTOALL:  # saved at start: a receive overwrites it
+            self._outgoing = [(live.copy(), live) for live in outgoing.values()]
+            outgoing = {r: saved for r, (saved, _) in zip(outgoing, self._outgoing)}
         comm = ctx.p2p_comm()
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        reqs = [
-            comm.Recv_init([rb[r * block : (r + 1) * block], MPI.BYTE], r, tag)
-            for r in self._remote
-        ]
-        reqs += [comm.Send_init([outgoing[r], MPI.BYTE], r, tag) for r in self._remote]
+        reqs = [comm.Recv_init([b, MPI.BYTE], r, tag) for r, b in incoming.items()]
+        reqs += [comm.Send_init([outgoing[r], MPI.BYTE], r, tag) for r in incoming]
         return reqs
 
     def start(self) -> None:

@@ -13,7 +13,6 @@ and resolved once and run many times.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 
 import numpy as np
 from mpi4py import MPI
@@ -22,7 +21,7 @@ from .. import _core
 from .._arena import empty, is_shared
 from .._collectives import _option_error, _remote_ranks, option_codes
 from .._context import Context, lookup
-from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN
+from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
 from .._registry import AUTO, TRANSFER
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
@@ -377,7 +376,7 @@ def _subarray(base: MPI.Datatype, shape, axis: int, count: int, start: int) -> M
     return base.Create_subarray(list(shape), sub, starts).Commit()
 
 
-class TransferPlan(_core.TransferPlan):
+class TransferPlan(PlanMixin, _core.TransferPlan):
     """A persistent global transpose: checked and resolved once, run many times.
 
     Made by :func:`transfer_init` (collective), or :meth:`Transfer.forward_init` /
@@ -415,6 +414,8 @@ class TransferPlan(_core.TransferPlan):
     between nodes go by MPI point-to-point with subarray datatypes made at creation.
     """
 
+    _kind = "zcoll.fft.TransferPlan"
+
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         super().__init__(ctx.core, src, dst, shape, axis_a, axis_b, order, copy)
         self._ctx = ctx
@@ -423,29 +424,8 @@ class TransferPlan(_core.TransferPlan):
         """Collective: one run (``start(src, dst)`` then ``wait()``)."""
         super().__call__(src, dst)
 
-    @property
-    def copy(self) -> str:
-        return self.copy_mode
-
-    def __enter__(self) -> TransferPlan:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.free()
-
-    def __repr__(self) -> str:
-        if self.freed:
-            return f"<zcoll.fft.TransferPlan #{self.id} (freed)>"
-        return (
-            f"<zcoll.fft.TransferPlan #{self.id} {tuple(self.shape)} axis {self.axis_a}->"
-            f"{self.axis_b} order={self.order!r} copy={self.copy!r}"
-            f"{' active' if self.active else ''}>"
-        )
+    def _summary(self) -> str:
+        return f"{tuple(self.shape)} axis {self.axis_a}->{self.axis_b}"
 
 
 class _MultiNodeTransferPlan(TransferPlan):
