@@ -7,8 +7,8 @@ namespace zcoll {
 
 namespace {
 
-constexpr int runs_per_candidate = 3;   // best of this many timed calls per threshold
-constexpr double required_gain = 0.97;  // a halving must save at least 3% to be kept
+constexpr int runs_per_candidate = 3;   // best of this many timed calls per candidate
+constexpr double required_gain = 0.97;  // a halving, or hybrid over temporal, must save 3%
 constexpr std::size_t smallest_threshold = std::size_t{4} << 10;  // below: pure streaming
 
 }  // namespace
@@ -18,8 +18,11 @@ void copy_chooser::set_threshold(std::size_t bytes) {
   classes_.clear();
 }
 
+// Quarter octaves: the bit length and the two bits below the leading one.
 int copy_chooser::class_of(std::size_t block_bytes) noexcept {
-  return static_cast<int>(std::bit_width(block_bytes));
+  const int width = std::bit_width(block_bytes);
+  const int below = width > 3 ? width - 3 : 0;
+  return 4 * width + static_cast<int>((block_bytes >> below) & 3);
 }
 
 void copy_chooser::set_rules(int table, std::vector<copy_rule> rules) {
@@ -46,15 +49,15 @@ copy_plan copy_chooser::choose(int mode, std::size_t block_bytes, std::size_t no
   *tuning = false;
   if (mode != auto_copy) return {static_cast<copy_mode>(mode), threshold_};
   if (const auto plan = fixed_plan(table, block_bytes, node_bytes)) return *plan;
-  return refining(block_bytes, tuning);
+  return refined(block_bytes, tuning);
 }
 
-copy_plan copy_chooser::refining(std::size_t block_bytes, bool* tuning) {
+copy_plan copy_chooser::refined(std::size_t block_bytes, bool* tuning) {
   auto [it, fresh] = classes_.try_emplace(class_of(block_bytes));
   size_class& c = it->second;
   if (fresh) c.candidate = threshold_;
   *tuning = !c.settled;
-  return {copy_mode::hybrid, c.settled ? c.best : c.candidate};
+  return plan_of(c.current());
 }
 
 void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes,
@@ -62,33 +65,44 @@ void copy_chooser::record(std::size_t block_bytes, const copy_plan& plan, std::s
   auto it = classes_.find(class_of(block_bytes));
   if (it == classes_.end() || it->second.settled || bytes == 0) return;
   size_class& c = it->second;
-  if (plan.threshold != c.candidate) return;
+  const std::size_t tried = plan.mode == copy_mode::temporal ? whole_block : plan.threshold;
+  if (tried != c.candidate) return;
   const double cost = seconds / static_cast<double>(bytes);
   if (c.runs == 0 || cost < c.candidate_cost) c.candidate_cost = cost;
-  if (++c.runs < runs_per_candidate) return;
-  if (c.best_cost == 0 || c.candidate_cost < required_gain * c.best_cost) {
-    c.best = c.candidate;
-    c.best_cost = c.candidate_cost;
-    if (c.candidate == 0) {
-      c.settled = true;
-      return;
-    }
-    c.candidate = c.candidate / 2 < smallest_threshold ? 0 : c.candidate / 2;
-    c.runs = 0;
+  if (++c.runs == runs_per_candidate) advance(c);
+}
+
+// The halving sequence T, T/2, ... (then 0: pure streaming) goes on while each step saves
+// `required_gain`; then ordinary stores are timed, and the hybrid copy must beat them by as much.
+void copy_chooser::advance(size_class& c) noexcept {
+  c.runs = 0;
+  if (c.candidate == whole_block) {
+    c.best = c.hybrid_cost < required_gain * c.candidate_cost ? c.hybrid : whole_block;
+    c.settled = true;
     return;
   }
-  c.settled = true;  // halving stopped helping: keep the best
+  const bool gained = c.hybrid_cost == 0 || c.candidate_cost < required_gain * c.hybrid_cost;
+  if (gained) {
+    c.hybrid = c.candidate;
+    c.hybrid_cost = c.candidate_cost;
+  }
+  if (gained && c.candidate != 0)
+    c.candidate = c.candidate / 2 < smallest_threshold ? 0 : c.candidate / 2;
+  else
+    c.candidate = whole_block;
 }
 
 copy_plan copy_chooser::peek(std::size_t block_bytes, std::size_t node_bytes, int table) const {
   if (const auto plan = fixed_plan(table, block_bytes, node_bytes)) return *plan;
-  return {copy_mode::hybrid, threshold_for(block_bytes)};
+  auto it = classes_.find(class_of(block_bytes));
+  return plan_of(it == classes_.end() ? threshold_ : it->second.current());
 }
 
 std::size_t copy_chooser::threshold_for(std::size_t block_bytes) const {
   auto it = classes_.find(class_of(block_bytes));
   if (it == classes_.end()) return threshold_;
-  return it->second.settled ? it->second.best : it->second.candidate;
+  const std::size_t t = it->second.current();
+  return t == whole_block ? block_bytes : t;
 }
 
 }  // namespace zcoll

@@ -1,18 +1,26 @@
 /*
  * Copy choice: which copy mode a collective's block copies use (see copy.hpp).
  *
- * The caller may name a mode; "auto" follows HINT (§V-E, Alg. 4): a call whose data fits
- * in the last-level cache (what the node's ranks read and write together <= 3/4 of the LLC: the
- * rest holds code, other data and, on a VM, other tenants' lines; measured at P=2 on the
- * development VM, streaming already wins 1.2-1.4x when the data fills the whole 32 MiB), and blocks
- * smaller than the hybrid threshold T, are copied with ordinary stores (in cache, streaming
- * stores are slower: measured 21 GB/s against memcpy's 35-90 GB/s below 4 MiB on the
- * development VM), larger ones with the hybrid copy -- the first T bytes of each block temporal,
- * the rest streaming. T starts at L2 size / ranks per node and is refined at run time the way the
- * paper's get_runtime_threshold does: while halving T makes this rank's copies faster (per
- * byte, best of a few calls), halve it again (down to pure streaming); then keep the best. The
- * refinement is remembered per block-size class (powers of two) and is local to each rank:
- * copy modes change no result, so ranks need not agree on them.
+ * The caller may name a mode; "auto" follows HINT (§V-E, Alg. 4) with one addition: ordinary
+ * stores stay a candidate to the end, so "auto" never settles on a mode slower than them.
+ *
+ * Fixed part: a call whose data (what the node's ranks read and write together) fills at most
+ * half of the last-level cache, and blocks smaller than the hybrid threshold T, are copied with
+ * ordinary stores. Measured on the development VM (python -m zcoll.bench crossover, 32 MiB L3,
+ * three runs): ordinary stores were the fastest mode, or within 5%, at 1/2 LLC for P = 1 and 2
+ * (1.1-2.1x faster than the hybrid copy at P = 2); the crossover to the hybrid copy lay at
+ * 0.6 LLC for P = 1 and anywhere between 3/4 and 3/2 of the LLC for P = 2, moving from run to run
+ * with the load of the VM's neighbours; beyond 3/2 the hybrid copy won 1.3-1.7x in every run.
+ *
+ * Run-time part, everywhere else: HINT's get_runtime_threshold, then all-temporal. The hybrid
+ * copy (the first T bytes of each block temporal, the rest streaming) starts at T = L2 size /
+ * ranks per node; while halving T makes this rank's copies faster (per byte, best of a few
+ * calls), it is halved again (down to pure streaming). Then the same calls with ordinary stores
+ * (T = the whole block); the hybrid copy is kept only if it beat them by the margin halvings
+ * need, so in the uncertain band auto settles on whichever the machine favours now. What was
+ * learned is kept per size class (quarter octaves of the block size: at P = 2 ordinary stores
+ * won at 4 MiB blocks and lost 1.3x at 6 MiB) and is local to each rank: copy modes change no
+ * result, so ranks need not agree on them. Bounded: at most log2(T / 4 KiB) + 3 candidates.
  *
  * A tuning table (python -m zcoll.tune) may replace the built-in rule for ranges of block sizes,
  * per collective: a rule names a mode, and for "hybrid" either a fixed T (what the sweep found
@@ -81,7 +89,7 @@ class copy_chooser {
  public:
   // T: the initial hybrid threshold in bytes (forgets what was learned).
   void set_threshold(std::size_t bytes);
-  // The LLC size: calls moving at most 3/4 of it on the node stay temporal under "auto".
+  // The LLC size: calls moving at most half of it on the node stay temporal under "auto".
   void set_cache_bytes(std::size_t bytes) noexcept { cache_bytes_ = bytes; }
   std::size_t cache_bytes() const noexcept { return cache_bytes_; }
 
@@ -95,35 +103,47 @@ class copy_chooser {
                    int table = no_rules);
   // This rank copied `bytes` under `plan` in `seconds` (a call choose() marked as tuning).
   void record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes, double seconds);
-  // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying.
+  // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying
+  // (`block_bytes` for ordinary stores: T = the whole block).
   std::size_t threshold_for(std::size_t block_bytes) const;
   // What "auto" uses now for such a call (like choose(), without starting any tuning).
   copy_plan peek(std::size_t block_bytes, std::size_t node_bytes, int table = no_rules) const;
 
  private:
+  // Threshold of the all-temporal candidate: T = the whole block.
+  static constexpr std::size_t whole_block = std::numeric_limits<std::size_t>::max();
   struct size_class {
-    std::size_t candidate = 0;  // threshold being tried
+    std::size_t candidate = 0;  // threshold being tried (whole_block: ordinary stores)
     double candidate_cost = 0;  // best seconds per byte seen with it (0: none yet)
     int runs = 0;               // calls timed with it
-    std::size_t best = 0;       // best threshold so far
-    double best_cost = 0;       // its cost (0: none yet)
+    std::size_t hybrid = 0;     // fastest threshold of the halving sequence so far
+    double hybrid_cost = 0;     // its cost (0: none yet)
+    std::size_t best = 0;       // what was settled on
     bool settled = false;
+    std::size_t current() const noexcept { return settled ? best : candidate; }
   };
   static int class_of(std::size_t block_bytes) noexcept;
+  static copy_plan plan_of(std::size_t threshold) noexcept {
+    return threshold == whole_block ? copy_plan{copy_mode::temporal, 0}
+                                    : copy_plan{copy_mode::hybrid, threshold};
+  }
   bool fits_in_cache(std::size_t node_bytes) const noexcept {
-    return node_bytes / 3 <= cache_bytes_ / 4;
+    return node_bytes <= cache_bytes_ / 2;
   }
   const copy_rule* rule_for(int table, std::size_t block_bytes) const noexcept {
     if (table < 0 || rules_[table].empty()) return nullptr;
     const copy_rule* r = find_rule(rules_[table], block_bytes);
     return r && r->mode != auto_copy ? r : nullptr;
   }
+  // Takes the timing of the candidate a class tried `runs_per_candidate` times: the next
+  // candidate, or settles.
+  static void advance(size_class& c) noexcept;
   // The plan "auto" uses without refining T (a rule's fixed mode or threshold, or the built-in
   // temporal case), or nullopt when it refines T.
   std::optional<copy_plan> fixed_plan(int table, std::size_t block_bytes,
                                       std::size_t node_bytes) const noexcept;
-  // The hybrid plan of blocks of `block_bytes` while refining T (starts refining if new).
-  copy_plan refining(std::size_t block_bytes, bool* tuning);
+  // The plan of blocks of `block_bytes` under the run-time refinement (starts it if new).
+  copy_plan refined(std::size_t block_bytes, bool* tuning);
 
   std::size_t threshold_ = std::size_t{256} << 10;
   std::size_t cache_bytes_ = 0;

@@ -1,0 +1,193 @@
+// copy="auto" (copy_choice.hpp): the fixed rule at the cache boundary, and the run-time
+// refinement driven with synthetic timings -- which candidates it tries, in what order, what it
+// settles on, and that it never settles on something slower than ordinary stores.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "zcoll/copy_choice.hpp"
+
+using zcoll::copy_chooser;
+using zcoll::copy_mode;
+using zcoll::copy_plan;
+
+namespace {
+
+constexpr std::size_t kib = std::size_t{1} << 10;
+constexpr std::size_t mib = kib << 10;
+constexpr std::size_t llc = 32 * mib;
+constexpr std::size_t start_threshold = 512 * kib;
+constexpr std::size_t block = 4 * mib;
+constexpr std::size_t beyond_half = llc / 2 + 1;  // node bytes: past the fixed temporal rule
+constexpr int runs_per_candidate = 3;
+
+// Seconds per byte of a plan.
+using cost_model = std::function<double(const copy_plan&)>;
+
+copy_chooser make_chooser() {
+  copy_chooser c;
+  c.set_threshold(start_threshold);
+  c.set_cache_bytes(llc);
+  return c;
+}
+
+// A readable key for a plan: -1 for ordinary stores, else the hybrid threshold.
+long long key(const copy_plan& p) {
+  return p.mode == copy_mode::temporal ? -1 : static_cast<long long>(p.threshold);
+}
+
+struct drive_result {
+  std::vector<long long> tried;  // each candidate once, in the order tried
+  int timed_calls = 0;
+  copy_plan settled;
+};
+
+// Runs "auto" calls of `bytes`-byte blocks, timed by `cost`, until the chooser stops asking for
+// timings (at most `limit` calls).
+drive_result drive(copy_chooser& c, const cost_model& cost, std::size_t bytes = block,
+                   int limit = 200) {
+  drive_result r;
+  for (int call = 0; call < limit; ++call) {
+    bool tuning = false;
+    const copy_plan plan = c.choose(zcoll::auto_copy, bytes, beyond_half, &tuning);
+    if (!tuning) break;
+    if (r.tried.empty() || r.tried.back() != key(plan)) r.tried.push_back(key(plan));
+    c.record(bytes, plan, bytes, cost(plan) * static_cast<double>(bytes));
+    ++r.timed_calls;
+  }
+  r.settled = c.peek(bytes, beyond_half);
+  return r;
+}
+
+// Costs from a table keyed like key(); `temporal` for ordinary stores.
+cost_model table(double temporal, std::map<std::size_t, double> hybrid, double otherwise) {
+  return [=](const copy_plan& p) {
+    if (p.mode == copy_mode::temporal) return temporal;
+    const auto it = hybrid.find(p.threshold);
+    return it == hybrid.end() ? otherwise : it->second;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("calls filling at most half the LLC, and blocks below T, stay temporal untimed") {
+  copy_chooser c = make_chooser();
+  bool tuning = true;
+  CHECK(key(c.choose(zcoll::auto_copy, block, llc / 2, &tuning)) == -1);
+  CHECK_FALSE(tuning);
+  CHECK(key(c.choose(zcoll::auto_copy, start_threshold - 1, 4 * llc, &tuning)) == -1);
+  CHECK_FALSE(tuning);
+  // Past half the LLC the refinement starts, with HINT's first candidate.
+  const copy_plan first = c.choose(zcoll::auto_copy, block, llc / 2 + 1, &tuning);
+  CHECK(tuning);
+  CHECK(first.mode == copy_mode::hybrid);
+  CHECK(first.threshold == start_threshold);
+}
+
+TEST_CASE("a named mode is used as is and never timed") {
+  copy_chooser c = make_chooser();
+  bool tuning = true;
+  const copy_plan p = c.choose(static_cast<int>(copy_mode::streaming), block, 4 * llc, &tuning);
+  CHECK(p.mode == copy_mode::streaming);
+  CHECK_FALSE(tuning);
+}
+
+TEST_CASE("ordinary stores fastest: auto settles on them after one halving") {
+  copy_chooser c = make_chooser();
+  const auto r = drive(c, table(1.0, {}, 1.3));
+  // T, T/2 (no gain: the halving sequence stops), then ordinary stores.
+  CHECK(r.tried == std::vector<long long>{512 * kib, 256 * kib, -1});
+  CHECK(r.timed_calls == 3 * runs_per_candidate);
+  CHECK(r.settled.mode == copy_mode::temporal);
+  CHECK(c.threshold_for(block) == block);  // T = the whole block
+}
+
+TEST_CASE("a hybrid threshold inside the sequence wins when it beats ordinary stores") {
+  copy_chooser c = make_chooser();
+  const auto r = drive(c, table(1.0, {{512 * kib, 0.9}, {256 * kib, 0.8}, {128 * kib, 0.7}}, 0.75));
+  CHECK(r.tried == std::vector<long long>{512 * kib, 256 * kib, 128 * kib, 64 * kib, -1});
+  CHECK(r.settled.mode == copy_mode::hybrid);
+  CHECK(r.settled.threshold == 128 * kib);
+  CHECK(c.threshold_for(block) == 128 * kib);
+}
+
+TEST_CASE("pure streaming wins when every halving helps") {
+  copy_chooser c = make_chooser();
+  // Cost falls with T all the way down: 512 KiB ... 4 KiB, then 0 (streaming).
+  const auto r = drive(c, [](const copy_plan& p) {
+    if (p.mode == copy_mode::temporal) return 2.0;
+    return 0.01 + static_cast<double>(p.threshold) / static_cast<double>(start_threshold);
+  });
+  REQUIRE(r.tried.size() == 10);  // 512, 256, ..., 4 KiB (8), 0, ordinary stores
+  CHECK(r.tried[8] == 0);
+  CHECK(r.tried.back() == -1);
+  CHECK(r.settled.mode == copy_mode::hybrid);
+  CHECK(r.settled.threshold == 0);
+}
+
+TEST_CASE("the hybrid copy must beat ordinary stores by 3%") {
+  copy_chooser near = make_chooser();
+  CHECK(drive(near, table(1.0, {{512 * kib, 0.98}}, 1.2)).settled.mode == copy_mode::temporal);
+  copy_chooser clear = make_chooser();
+  CHECK(drive(clear, table(1.0, {{512 * kib, 0.96}}, 1.2)).settled.mode == copy_mode::hybrid);
+}
+
+TEST_CASE("each candidate counts its best call: one slow call does not decide") {
+  copy_chooser c = make_chooser();
+  int temporal_calls = 0;
+  const auto r = drive(c, [&](const copy_plan& p) {
+    if (p.mode == copy_mode::temporal) return ++temporal_calls == 1 ? 10.0 : 1.0;
+    return 1.2;
+  });
+  CHECK(r.settled.mode == copy_mode::temporal);
+}
+
+TEST_CASE("random timings: bounded, and never settled on anything slower than ordinary stores") {
+  for (unsigned seed = 1; seed <= 200; ++seed) {
+    CAPTURE(seed);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> cost(0.5, 1.5);
+    std::map<long long, double> costs;  // a fixed cost per candidate
+    copy_chooser c = make_chooser();
+    const auto r = drive(c, [&](const copy_plan& p) {
+      auto [it, fresh] = costs.try_emplace(key(p), 0.0);
+      if (fresh) it->second = cost(rng);
+      return it->second;
+    });
+    // log2(512 KiB / 4 KiB) + 3 candidates at most.
+    CHECK(r.timed_calls <= 10 * runs_per_candidate);
+    CHECK(r.tried.back() == -1);  // ordinary stores are always timed last
+    const double settled = costs.at(key(r.settled));
+    CHECK(settled <= costs.at(-1));
+    if (r.settled.mode == copy_mode::hybrid) CHECK(settled < 0.97 * costs.at(-1));
+  }
+}
+
+TEST_CASE("size classes are quarter octaves: 4 MiB and 6 MiB blocks learn apart") {
+  copy_chooser c = make_chooser();
+  drive(c, table(1.0, {}, 1.3), 4 * mib);
+  bool tuning = false;
+  CHECK(key(c.choose(zcoll::auto_copy, 4 * mib + 512 * kib, beyond_half, &tuning)) == -1);
+  CHECK_FALSE(tuning);  // same class as 4 MiB
+  const copy_plan six = c.choose(zcoll::auto_copy, 6 * mib, beyond_half, &tuning);
+  CHECK(tuning);
+  CHECK(key(six) == static_cast<long long>(start_threshold));
+}
+
+TEST_CASE("timings of another plan are ignored, and a new threshold forgets what was learned") {
+  copy_chooser c = make_chooser();
+  bool tuning = false;
+  c.choose(zcoll::auto_copy, block, beyond_half, &tuning);
+  for (int i = 0; i < 10; ++i)
+    c.record(block, copy_plan{copy_mode::hybrid, 12345}, block, 1.0);  // not the candidate
+  CHECK(c.threshold_for(block) == start_threshold);
+  drive(c, table(1.0, {}, 1.3));
+  CHECK(c.peek(block, beyond_half).mode == copy_mode::temporal);
+  c.set_threshold(64 * kib);
+  CHECK(c.peek(block, beyond_half).threshold == 64 * kib);
+  CHECK(c.threshold_for(block) == 64 * kib);
+}
