@@ -316,19 +316,18 @@ def test_bad_copy_mode_raises_everywhere(comm):
 
 def test_auto_copy_stays_temporal_only_while_the_call_fits_half_the_llc(world):
     """copy="auto": a call whose node footprint (send + receive of every node rank) is at most
-    half the LLC stays temporal; one that fills more of it is refined at run time, starting
-    with the hybrid copy."""
-    ctx = zcoll._context.context(world)
-    block = 1 << 20  # above any default T (L2 / ranks per node)
-    received = world.size * block
-    footprint = 2 * received * ctx.node_size
-    core, cache = ctx.core, ctx.core.copy_cache
-    core.set_copy_threshold(core.copy_threshold(0))  # forgets what earlier calls settled on
-    try:
-        core.set_copy_cache(2 * footprint)  # the call fills half of it
-        fits = core.auto_copy_plan(block, received)[0]
-        core.set_copy_cache(2 * footprint - 64)  # the call fills a little more than half
-        fills = core.auto_copy_plan(block, received)[0]
-    finally:
-        core.set_copy_cache(cache)
-    all_ranks_agree(world, (fits, fills) == ("temporal", "hybrid"), f"{fits}, {fills}")
+    half the LLC stays temporal, untimed; one that fills more of it is refined at run time,
+    ordinary stores first (copy_threshold says T = the whole block while they are timed). On
+    COMM_SELF, where each rank's call is its node's whole footprint."""
+    block = 64 * 1024
+    send = zcoll.empty(MPI.COMM_SELF, (1, block), np.uint8)
+    footprint = 2 * block
+    seen: list = []
+    with hybrid_threshold(MPI.COMM_SELF, 16 * 1024) as core:
+        for cache in (2 * footprint, 2 * footprint - 64):  # filled: half, a little more
+            core.set_copy_cache(cache)
+            seen.append(core.auto_copy_plan(block, block)[0])
+            zcoll.alltoall(MPI.COMM_SELF, send, order="row")
+            seen.append(core.copy_threshold(block))
+    want = ["temporal", 16 * 1024, "temporal", block]
+    all_ranks_agree(world, seen == want, f"{seen} != {want}")

@@ -6,25 +6,30 @@
  *
  * Fixed part: a call whose data (what the node's ranks read and write together) fills at most
  * half of the last-level cache, and blocks smaller than the hybrid threshold T, are copied with
- * ordinary stores. Measured on the development VM (python -m zcoll.bench crossover, 32 MiB L3,
- * three runs): ordinary stores were the fastest mode, or within 5%, at 1/2 LLC for P = 1 and 2
- * (1.1-2.1x faster than the hybrid copy at P = 2); the crossover to the hybrid copy lay at
- * 0.6 LLC for P = 1 and anywhere between 3/4 and 3/2 of the LLC for P = 2, moving from run to run
- * with the load of the VM's neighbours; beyond 3/2 the hybrid copy won 1.3-1.7x in every run.
+ * ordinary stores. Measured on the development VM (python -m zcoll.bench crossover; 1 MiB L2,
+ * 32 MiB L3; 27-39 runs a point): at 1/2 LLC ordinary stores were the fastest mode in 35 of 39
+ * runs at P = 1 (the hybrid copy 1.14x slower, median) and in 27 of 27 at P = 2 (1.43x). The
+ * crossover lay near 0.6 LLC at P = 1 (a tie at 5/8; the hybrid copy 1.2x faster at 3/4) and
+ * between 1 and 5/4 LLC at P = 2 (ordinary stores fastest in 25 of 39 runs at 1, 2 of 12 at
+ * 5/4), and it moves with the load on the VM's shared cache and memory (hybrid / temporal
+ * ranged over 0.50-1.51 at P = 2, 4 MiB blocks): beyond 1/2 LLC, measure.
  *
- * Run-time part, everywhere else: HINT's get_runtime_threshold, then all-temporal. The hybrid
- * copy (the first T bytes of each block temporal, the rest streaming) starts at T = L2 size /
- * ranks per node; while halving T makes this rank's copies faster (per byte, best of a few
- * calls), it is halved again (down to pure streaming). Then the same calls with ordinary stores
- * (T = the whole block); the hybrid copy is kept only if it beat them by the margin halvings
- * need, so in the uncertain band auto settles on whichever the machine favours now. What was
- * learned is kept per size class (quarter octaves of the block size: at P = 2 ordinary stores
- * won at 4 MiB blocks and lost 1.3x at 6 MiB) and is local to each rank: copy modes change no
- * result, so ranks need not agree on them. Bounded: at most log2(T / 4 KiB) + 3 candidates.
+ * Run-time part, everywhere else, on the first calls of each size class: ordinary stores, then
+ * HINT's get_runtime_threshold. Ordinary stores (T = the whole block) are timed first, over
+ * more calls than the others need (their calls speed up one by one as the data settles into
+ * the cache). Then the hybrid copy (the first T bytes of each block temporal, the rest
+ * streaming) from T = L2 size / ranks per node, halved while that makes this rank's copies 3%
+ * faster (CPU seconds per byte, best of a few calls), down to pure streaming. Its best is kept
+ * only if it beats ordinary stores by 3%, and again when they are timed a second time, so in
+ * the uncertain band auto settles on whichever the machine favours now. What was learned is
+ * kept per size class (quarter octaves of the block size: at P = 2 ordinary stores won at 4 MiB
+ * blocks and lost 1.3x at 6 MiB) and is local to each rank: copy modes change no result, so
+ * ranks need not agree on them. Bounded: at most log2(T / 4 KiB) + 2 hybrid candidates of 3
+ * timed calls, and 16 or 32 with ordinary stores.
  *
  * A tuning table (python -m zcoll.tune) may replace the built-in rule for ranges of block sizes,
  * per collective: a rule names a mode, and for "hybrid" either a fixed T (what the sweep found
- * fastest, no run-time refinement) or none (refine from T as above). Calls no rule covers, and
+ * fastest, no run-time refinement) or none (the run-time part above). Calls no rule covers, and
  * transfers, keep the built-in rule. Rules are a short sorted vector, searched only under "auto".
  */
 #pragma once
@@ -104,7 +109,7 @@ class copy_chooser {
   // This rank copied `bytes` under `plan` in `seconds` (a call choose() marked as tuning).
   void record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes, double seconds);
   // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying
-  // (`block_bytes` for ordinary stores: T = the whole block).
+  // (`block_bytes` for ordinary stores: T = the whole block); T for sizes it has not seen.
   std::size_t threshold_for(std::size_t block_bytes) const;
   // What "auto" uses now for such a call (like choose(), without starting any tuning).
   copy_plan peek(std::size_t block_bytes, std::size_t node_bytes, int table = no_rules) const;
@@ -113,14 +118,13 @@ class copy_chooser {
   // Threshold of the all-temporal candidate: T = the whole block.
   static constexpr std::size_t whole_block = std::numeric_limits<std::size_t>::max();
   struct size_class {
-    std::size_t candidate = 0;  // threshold being tried (whole_block: ordinary stores)
-    double candidate_cost = 0;  // best seconds per byte seen with it (0: none yet)
-    int runs = 0;               // calls timed with it
-    std::size_t hybrid = 0;     // fastest threshold of the halving sequence so far
-    double hybrid_cost = 0;     // its cost (0: none yet)
-    std::size_t best = 0;       // what was settled on
+    std::size_t candidate = whole_block;  // threshold being tried, or settled on
+    double candidate_cost = 0;            // best seconds per byte seen with it
+    int runs = 0;                         // calls timed with it
+    double temporal_cost = 0;             // ordinary stores' cost
+    std::size_t hybrid = 0;               // fastest threshold of the halving sequence so far
+    double hybrid_cost = 0;               // its cost (0: none yet)
     bool settled = false;
-    std::size_t current() const noexcept { return settled ? best : candidate; }
   };
   static int class_of(std::size_t block_bytes) noexcept;
   static copy_plan plan_of(std::size_t threshold) noexcept {
@@ -135,9 +139,9 @@ class copy_chooser {
     const copy_rule* r = find_rule(rules_[table], block_bytes);
     return r && r->mode != auto_copy ? r : nullptr;
   }
-  // Takes the timing of the candidate a class tried `runs_per_candidate` times: the next
+  // Takes the timing of the candidate a class has tried its number of times: the next
   // candidate, or settles.
-  static void advance(size_class& c) noexcept;
+  void advance(size_class& c) const noexcept;
   // The plan "auto" uses without refining T (a rule's fixed mode or threshold, or the built-in
   // temporal case), or nullopt when it refines T.
   std::optional<copy_plan> fixed_plan(int table, std::size_t block_bytes,
