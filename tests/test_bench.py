@@ -254,20 +254,23 @@ def test_crossover_block_sizes():
     assert crossover.block_sizes([], [1e-9], 4, 4, llc) == [4096]
 
 
-def test_crossover_compare_uses_per_round_ratios():
+def test_crossover_compare():
     seconds = {
         "temporal": [1.0, 2.0, 1.0],
         "streaming": [3.0, 3.0, 3.0],
-        "hybrid": [1.5, 1.5, 1.5],
+        "hybrid": [1.5, 0.9, 1.5],  # the fastest loop of all fixed modes
         "auto": [1.0, 1.0, 2.0],
         "MPI": [2.0, 2.0, 4.0],
     }
     verdict = crossover.compare(seconds)
-    assert verdict.best_fixed == "temporal"
-    assert verdict.vs_best == pytest.approx(1.0)  # per round: 1, 2, 0.5
-    assert verdict.vs_best_range == (0.5, 2.0)
-    assert verdict.vs_mpi == pytest.approx(2.0) and verdict.meets()
-    seconds["auto"] = [1.1, 2.2, 1.1]  # 0.91x the best fixed mode in every round
+    assert verdict.best_fixed == "hybrid"
+    assert verdict.vs_best == pytest.approx(0.9) and verdict.vs_mpi == pytest.approx(2.0)
+    assert verdict.vs_best_rounds == pytest.approx(0.9)  # per round: 1.5, 0.9, 0.75
+    assert verdict.vs_mpi_rounds == pytest.approx(2.0)
+    assert not verdict.meets()  # auto 0.9x the best fixed mode
+    seconds["auto"] = [0.9, 1.0, 2.0]
+    assert crossover.compare(seconds).meets()
+    seconds["MPI"] = [1.3, 1.3, 1.3]  # auto only 1.44x MPI
     assert not crossover.compare(seconds).meets()
 
 
