@@ -121,7 +121,7 @@ class copy_chooser {
     std::size_t candidate = whole_block;  // threshold being tried, or settled on
     double candidate_cost = 0;            // best seconds per byte seen with it
     int runs = 0;                         // calls timed with it
-    double temporal_cost = 0;             // ordinary stores' cost
+    double temporal_cost = 0;             // ordinary stores' cost (0: not timed yet)
     std::size_t hybrid = 0;               // fastest threshold of the halving sequence so far
     double hybrid_cost = 0;               // its cost (0: none yet)
     bool settled = false;
