@@ -24,7 +24,7 @@ from mpi4py import MPI
 import zcoll
 from conftest import all_ranks_agree
 from zcoll import _timing, bench
-from zcoll.bench import collectives, common, plotting
+from zcoll.bench import collectives, common, crossover, plotting
 
 WORLD = MPI.COMM_WORLD
 P = WORLD.size
@@ -478,6 +478,65 @@ def test_copy_subcommand(outdir):
     on_root(check)
 
 
+def test_crossover_subcommand(outdir):
+    files = {"json": outdir / "x.json", "csv": outdir / "x.csv", "plot": outdir / "x.png"}
+    argv = ["crossover", "--sizes", "4K,8K", "--fractions", "none", "--rounds", "2"]
+    argv += ["--time-budget", "0.001", "--no-progress"]
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+
+    def check():
+        document = read_json(files["json"])
+        meta, rows, summary = document["metadata"], document["results"], document["summary"]
+        assert meta["benchmark"] == "crossover" and meta["P"] == P and meta["rounds"] == 2
+        methods = {"temporal", "streaming", "hybrid", "auto", "MPI"}
+        expected = {(b, m) for b in (4096, 8192) for m in methods}
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert len(rows) == len(expected)
+        for r in rows:
+            assert r["node_bytes"] == 2 * meta["node_size"] * P * r["block_bytes"]
+            assert r["llc_fraction"] == pytest.approx(r["node_bytes"] / meta["llc_bytes"])
+            assert 0 < r["min_us"] <= r["latency_us"] <= r["max_us"] and r["rounds"] == 2
+        assert [s["block_bytes"] for s in summary] == [4096, 8192]
+        for s in summary:
+            assert s["best_fixed"] in ("temporal", "streaming", "hybrid")
+            assert s["auto_vs_best"] > 0 and s["auto_vs_mpi"] > 0
+            assert s["auto_copy"] == "temporal"  # far below half the LLC
+        assert {(int(r["block_bytes"]), r["method"]) for r in read_csv(files["csv"])} == expected
+        assert_png(files["plot"])
+
+    on_root(check)
+
+
+def test_crossover_block_sizes():
+    llc = 32 * 1024 * 1024
+    # P = 2 on one node: the node's data is 8 x block.
+    sizes = crossover.block_sizes([64 * 1024, 4 * 1024 * 1024], [0.5, 0.75, 1.0], 2, 2, llc)
+    assert sizes == [64 * 1024, 2 * 1024 * 1024, 3 * 1024 * 1024, 4 * 1024 * 1024]
+    # Rounded down to 4 KiB, never below it.
+    assert crossover.block_sizes([], [0.5], 1, 1, 1_000_000) == [249856]
+    assert crossover.block_sizes([], [1e-9], 4, 4, llc) == [4096]
+
+
+def test_crossover_compare():
+    seconds = {
+        "temporal": [1.0, 2.0, 1.0],
+        "streaming": [3.0, 3.0, 3.0],
+        "hybrid": [1.5, 0.9, 1.5],  # the fastest loop of all fixed modes
+        "auto": [1.0, 1.0, 2.0],
+        "MPI": [2.0, 2.0, 4.0],
+    }
+    verdict = crossover.compare(seconds)
+    assert verdict.best_fixed == "hybrid"
+    assert verdict.vs_best == pytest.approx(0.9) and verdict.vs_mpi == pytest.approx(2.0)
+    assert verdict.vs_best_rounds == pytest.approx(0.9)  # per round: 1.5, 0.9, 0.75
+    assert verdict.vs_mpi_rounds == pytest.approx(2.0)
+    assert not verdict.meets()  # auto 0.9x the best fixed mode
+    seconds["auto"] = [0.9, 1.0, 2.0]
+    assert crossover.compare(seconds).meets()
+    seconds["MPI"] = [1.3, 1.3, 1.3]  # auto only 1.44x MPI
+    assert not crossover.compare(seconds).meets()
+
+
 @pytest.mark.parametrize("hide_mpi4py_fft", [False, True])
 def test_fft_subcommand(hide_mpi4py_fft, outdir, monkeypatch):
     if hide_mpi4py_fft:  # as in CI, where the test extras do not install it
@@ -523,6 +582,9 @@ def test_fft_subcommand(hide_mpi4py_fft, outdir, monkeypatch):
         ["alltoall", "--plot", "out.pdf"],
         ["fft", "--grid", "2x2x2x2"],
         ["copy", "--time-budget", "0"],
+        ["crossover", "--rounds", "0"],
+        ["crossover", "--fractions", "0.5,-1"],
+        ["crossover", "--time-budget", "0"],
     ],
 )
 def test_usage_errors(argv, capsys):

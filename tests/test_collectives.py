@@ -285,18 +285,21 @@ def test_copy_modes_match_mpi(comm, copy, threshold):
 
 def test_auto_copy_tunes_without_changing_results(world):
     """Repeated calls of one size walk "auto" through its threshold halvings (a small start
-    threshold makes them short); every call is still right."""
-    send = zcoll.empty(world, (world.size, 64 * 1024), np.uint8)
+    threshold makes them short) and then ordinary stores (T = the whole block); every call is
+    still right."""
+    block = 64 * 1024
+    send = zcoll.empty(world, (world.size, block), np.uint8)
     seen, failures = set(), []
     with hybrid_threshold(world, 16 * 1024) as core:
         for call in range(25):
             fill(send, seeded(world, call, send.nbytes))
-            seen.add(core.copy_threshold(64 * 1024))
+            seen.add(core.copy_threshold(block))
             got = zcoll.alltoall(world, send, order="row")
             if not same_bits(got, reference_alltoall(world, send)):
                 failures.append(call)
     all_ranks_agree(world, not failures, f"auto copy, wrong results in calls {failures}")
     all_ranks_agree(world, len(seen) >= 2, f"the threshold never moved: {seen}")
+    all_ranks_agree(world, block in seen, f"ordinary stores were never tried: {seen}")
 
 
 def test_bad_copy_mode_raises_everywhere(comm):
@@ -311,19 +314,20 @@ def test_bad_copy_mode_raises_everywhere(comm):
     all_ranks_agree(comm, ok, "alltoall after a bad copy mode")
 
 
-def test_auto_copy_stays_temporal_only_while_the_call_fits_three_quarters_of_the_llc(world):
+def test_auto_copy_stays_temporal_only_while_the_call_fits_half_the_llc(world):
     """copy="auto": a call whose node footprint (send + receive of every node rank) is at most
-    3/4 of the LLC stays temporal; one that fills more of it takes the hybrid copy."""
-    ctx = zcoll._context.context(world)
-    block = 1 << 20  # above any default T (L2 / ranks per node)
-    received = world.size * block
-    footprint = 2 * received * ctx.node_size
-    core, cache = ctx.core, ctx.core.copy_cache
-    try:
-        core.set_copy_cache(footprint * 4 // 3 + 64)  # the call fills just under 3/4 of it
-        fits = core.auto_copy_plan(block, received)[0]
-        core.set_copy_cache(footprint)  # the call fills all of it
-        fills = core.auto_copy_plan(block, received)[0]
-    finally:
-        core.set_copy_cache(cache)
-    all_ranks_agree(world, (fits, fills) == ("temporal", "hybrid"), f"{fits}, {fills}")
+    half the LLC stays temporal, untimed; one that fills more of it is refined at run time,
+    ordinary stores first (copy_threshold says T = the whole block while they are timed). On
+    COMM_SELF, where each rank's call is its node's whole footprint."""
+    block = 64 * 1024
+    send = zcoll.empty(MPI.COMM_SELF, (1, block), np.uint8)
+    footprint = 2 * block
+    seen: list = []
+    with hybrid_threshold(MPI.COMM_SELF, 16 * 1024) as core:
+        for cache in (2 * footprint, 2 * footprint - 64):  # filled: half, a little more
+            core.set_copy_cache(cache)
+            seen.append(core.auto_copy_plan(block, block)[0])
+            zcoll.alltoall(MPI.COMM_SELF, send, order="row")
+            seen.append(core.copy_threshold(block))
+    want = ["temporal", 16 * 1024, "temporal", block]
+    all_ranks_agree(world, seen == want, f"{seen} != {want}")

@@ -1,10 +1,18 @@
 #include "zcoll/auto_policy.hpp"
 
+#include <time.h>
+
 #include <stdexcept>
 
 #include "zcoll/checks.hpp"
 
 namespace zcoll {
+
+double thread_cpu_seconds() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
 
 block_order default_order(int p, std::size_t block_bytes) noexcept {
   (void)block_bytes;

@@ -16,7 +16,6 @@
 #pragma once
 
 #include <array>
-#include <chrono>
 #include <cstddef>
 #include <vector>
 
@@ -37,6 +36,11 @@ struct auto_choice {
   bool eager = false;                    // take the eager path
   bool from_rule = false;                // a tuning rule decided (not the built-in rule)
 };
+
+// This thread's CPU time in seconds. The refinement times copies with it rather than the wall
+// clock: a rank descheduled mid-copy (other processes on the node's cores) would otherwise
+// decide the choice more than the copies do.
+double thread_cpu_seconds() noexcept;
 
 // Order used for order="auto" when no tuning table says otherwise.
 block_order default_order(int p, std::size_t block_bytes) noexcept;
@@ -69,7 +73,7 @@ class auto_policy {
 
   // Runs `copies(plan)` with the plan the chooser picks for blocks of `block` bytes under mode
   // code `copy` in an `op` call where each rank receives `received` bytes, timed when "auto" is
-  // still refining its threshold (`bytes`: what this rank copies). `op`'s rules apply when it
+  // still refining (`bytes`: what this rank copies; CPU time). `op`'s rules apply when it
   // is a tuned collective.
   template <class Copies>
   void timed_copies(op_code op, std::size_t block, int copy, std::size_t received,
@@ -81,11 +85,10 @@ class auto_policy {
       copies(how);
       return;
     }
-    const auto start = std::chrono::steady_clock::now();
+    const double start = thread_cpu_seconds();
     copies(how);
     store_fence();
-    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
-    copy_.record(block, how, bytes, took.count());
+    copy_.record(block, how, bytes, thread_cpu_seconds() - start);
   }
 
  private:

@@ -1,22 +1,35 @@
 /*
  * Copy choice: which copy mode a collective's block copies use (see copy.hpp).
  *
- * The caller may name a mode; "auto" follows HINT (§V-E, Alg. 4): a call whose data fits
- * in the last-level cache (what the node's ranks read and write together <= 3/4 of the LLC: the
- * rest holds code, other data and, on a VM, other tenants' lines; measured at P=2 on the
- * development VM, streaming already wins 1.2-1.4x when the data fills the whole 32 MiB), and blocks
- * smaller than the hybrid threshold T, are copied with ordinary stores (in cache, streaming
- * stores are slower: measured 21 GB/s against memcpy's 35-90 GB/s below 4 MiB on the
- * development VM), larger ones with the hybrid copy -- the first T bytes of each block temporal,
- * the rest streaming. T starts at L2 size / ranks per node and is refined at run time the way the
- * paper's get_runtime_threshold does: while halving T makes this rank's copies faster (per
- * byte, best of a few calls), halve it again (down to pure streaming); then keep the best. The
- * refinement is remembered per block-size class (powers of two) and is local to each rank:
- * copy modes change no result, so ranks need not agree on them.
+ * The caller may name a mode; "auto" follows HINT (§V-E, Alg. 4) with one addition: ordinary
+ * stores stay a candidate to the end, so "auto" never settles on a mode slower than them.
+ *
+ * Fixed part: a call whose data (what the node's ranks read and write together) fills at most
+ * half of the last-level cache, and blocks smaller than the hybrid threshold T, are copied with
+ * ordinary stores. Measured on the development VM (python -m zcoll.bench crossover; 1 MiB L2,
+ * 32 MiB L3; 27-39 runs a point): at 1/2 LLC ordinary stores were the fastest mode in 35 of 39
+ * runs at P = 1 (the hybrid copy 1.14x slower, median) and in 27 of 27 at P = 2 (1.43x). The
+ * crossover lay near 0.6 LLC at P = 1 (a tie at 5/8; the hybrid copy 1.2x faster at 3/4) and
+ * between 1 and 5/4 LLC at P = 2 (ordinary stores fastest in 25 of 39 runs at 1, 2 of 12 at
+ * 5/4), and it moves with the load on the VM's shared cache and memory (hybrid / temporal
+ * ranged over 0.50-1.51 at P = 2, 4 MiB blocks): beyond 1/2 LLC, measure.
+ *
+ * Run-time part, everywhere else, on the first calls of each size class: ordinary stores, then
+ * HINT's get_runtime_threshold. Ordinary stores (T = the whole block) are timed first, over
+ * more calls than the others need (their calls speed up one by one as the data settles into
+ * the cache). Then the hybrid copy (the first T bytes of each block temporal, the rest
+ * streaming) from T = L2 size / ranks per node, halved while that makes this rank's copies 3%
+ * faster (CPU seconds per byte, best of a few calls), down to pure streaming. Its best is kept
+ * only if it beats ordinary stores by 3%, and again when they are timed a second time, so in
+ * the uncertain band auto settles on whichever the machine favours now. What was learned is
+ * kept per size class (quarter octaves of the block size: at P = 2 ordinary stores won at 4 MiB
+ * blocks and lost 1.3x at 6 MiB) and is local to each rank: copy modes change no result, so
+ * ranks need not agree on them. Bounded: at most log2(T / 4 KiB) + 2 hybrid candidates of 3
+ * timed calls, and 16 or 32 with ordinary stores.
  *
  * A tuning table (python -m zcoll.tune) may replace the built-in rule for ranges of block sizes,
  * per collective: a rule names a mode, and for "hybrid" either a fixed T (what the sweep found
- * fastest, no run-time refinement) or none (refine from T as above). Calls no rule covers, and
+ * fastest, no run-time refinement) or none (the run-time part above). Calls no rule covers, and
  * transfers, keep the built-in rule. Rules are a short sorted vector, searched only under "auto".
  */
 #pragma once
@@ -81,7 +94,7 @@ class copy_chooser {
  public:
   // T: the initial hybrid threshold in bytes (forgets what was learned).
   void set_threshold(std::size_t bytes);
-  // The LLC size: calls moving at most 3/4 of it on the node stay temporal under "auto".
+  // The LLC size: calls moving at most half of it on the node stay temporal under "auto".
   void set_cache_bytes(std::size_t bytes) noexcept { cache_bytes_ = bytes; }
   std::size_t cache_bytes() const noexcept { return cache_bytes_; }
 
@@ -95,35 +108,46 @@ class copy_chooser {
                    int table = no_rules);
   // This rank copied `bytes` under `plan` in `seconds` (a call choose() marked as tuning).
   void record(std::size_t block_bytes, const copy_plan& plan, std::size_t bytes, double seconds);
-  // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying.
+  // The threshold "auto" settled on for blocks of `block_bytes`, or the one it is trying
+  // (`block_bytes` for ordinary stores: T = the whole block); T for sizes it has not seen.
   std::size_t threshold_for(std::size_t block_bytes) const;
   // What "auto" uses now for such a call (like choose(), without starting any tuning).
   copy_plan peek(std::size_t block_bytes, std::size_t node_bytes, int table = no_rules) const;
 
  private:
+  // Threshold of the all-temporal candidate: T = the whole block.
+  static constexpr std::size_t whole_block = std::numeric_limits<std::size_t>::max();
   struct size_class {
-    std::size_t candidate = 0;  // threshold being tried
-    double candidate_cost = 0;  // best seconds per byte seen with it (0: none yet)
-    int runs = 0;               // calls timed with it
-    std::size_t best = 0;       // best threshold so far
-    double best_cost = 0;       // its cost (0: none yet)
+    std::size_t candidate = whole_block;  // threshold being tried, or settled on
+    double candidate_cost = 0;            // best seconds per byte seen with it
+    int runs = 0;                         // calls timed with it
+    double temporal_cost = 0;             // ordinary stores' cost (0: not timed yet)
+    std::size_t hybrid = 0;               // fastest threshold of the halving sequence so far
+    double hybrid_cost = 0;               // its cost (0: none yet)
     bool settled = false;
   };
   static int class_of(std::size_t block_bytes) noexcept;
+  static copy_plan plan_of(std::size_t threshold) noexcept {
+    return threshold == whole_block ? copy_plan{copy_mode::temporal, 0}
+                                    : copy_plan{copy_mode::hybrid, threshold};
+  }
   bool fits_in_cache(std::size_t node_bytes) const noexcept {
-    return node_bytes / 3 <= cache_bytes_ / 4;
+    return node_bytes <= cache_bytes_ / 2;
   }
   const copy_rule* rule_for(int table, std::size_t block_bytes) const noexcept {
     if (table < 0 || rules_[table].empty()) return nullptr;
     const copy_rule* r = find_rule(rules_[table], block_bytes);
     return r && r->mode != auto_copy ? r : nullptr;
   }
+  // Takes the timing of the candidate a class has tried its number of times: the next
+  // candidate, or settles.
+  void advance(size_class& c) const noexcept;
   // The plan "auto" uses without refining T (a rule's fixed mode or threshold, or the built-in
   // temporal case), or nullopt when it refines T.
   std::optional<copy_plan> fixed_plan(int table, std::size_t block_bytes,
                                       std::size_t node_bytes) const noexcept;
-  // The hybrid plan of blocks of `block_bytes` while refining T (starts refining if new).
-  copy_plan refining(std::size_t block_bytes, bool* tuning);
+  // The plan of blocks of `block_bytes` under the run-time refinement (starts it if new).
+  copy_plan refined(std::size_t block_bytes, bool* tuning);
 
   std::size_t threshold_ = std::size_t{256} << 10;
   std::size_t cache_bytes_ = 0;

@@ -168,8 +168,10 @@ def alltoall(
         non-temporal). "auto" follows the tuning table (``python -m zcoll.tune``) where it has
         a rule; otherwise it uses ordinary stores for blocks below the hybrid threshold (L2
         size / ranks per node, ``ZCOLL_COPY_THRESHOLD``) and for calls whose buffers fill at
-        most 3/4 of the last-level cache, and the hybrid copy above, refining the threshold
-        on the first calls. May differ between ranks; the result is the same.
+        most 1/2 of the last-level cache. Above that it times ordinary stores against the
+        hybrid copy (halving its threshold) on the first calls of each block size and keeps
+        the fastest, so it never settles on a mode slower than ordinary stores. May differ
+        between ranks; the result is the same.
 
     Returns
     -------

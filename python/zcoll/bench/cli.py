@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO
 
-from . import cachemiss
+from . import cachemiss, crossover
 from .collectives import ALL_ORDERS, add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
     ALLGATHER: (run_collective, "zcoll.allgather vs comm.Allgather"),
     "fft": (run_fft, "zcoll.fft.PFFT vs mpi4py_fft.PFFT (3D, forward+backward)"),
     "copy": (run_copy, "copy bandwidth: memcpy, hybrid and streaming kernels, np.copyto"),
+    "crossover": (
+        crossover.run_crossover,
+        "copy='auto' vs each fixed copy mode and comm.Alltoall at the cache boundary",
+    ),
     "cachemiss": (
         run_cachemiss,
         "simulated cache misses of the block orders (valgrind, one process; no MPI needed)",
@@ -187,6 +191,13 @@ def _copy_options() -> argparse.ArgumentParser:
     return options
 
 
+def _crossover_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    crossover.add_options(options)
+    _add_output_options(options)
+    return options
+
+
 def _cachemiss_options() -> argparse.ArgumentParser:
     options = _RootParser(add_help=False)
     cachemiss.add_options(options)
@@ -199,6 +210,7 @@ _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     ALLGATHER: _collective_options,
     "fft": _fft_options,
     "copy": _copy_options,
+    "crossover": _crossover_options,
     "cachemiss": _cachemiss_options,
 }
 
@@ -223,7 +235,9 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if args.command == "cachemiss":
         cachemiss.finish_args(parser, args)
         return
-    if args.command == "fft":
+    if args.command == "crossover":
+        crossover.finish_args(parser, args)
+    elif args.command == "fft":
         try:
             args.grid = parse_grid(args.grid_text)
         except argparse.ArgumentTypeError as exc:
@@ -241,9 +255,9 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         if args.orders is None:
             args.orders = [AUTO] if args.persistent else list(ALL_ORDERS)
         args.methods = zcoll_methods(args.orders, args.copies, args.persistent)
-    if args.iterations is not None and args.iterations < 1:
+    if getattr(args, "iterations", None) is not None and args.iterations < 1:
         parser.error("--iterations must be at least 1")
-    if args.warmup is not None and args.warmup < 0:
+    if getattr(args, "warmup", None) is not None and args.warmup < 0:
         parser.error("--warmup must be at least 0")
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error(f"--plot writes a PNG file: its name must end in .png, got {args.plot!r}")
