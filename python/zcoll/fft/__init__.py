@@ -17,8 +17,9 @@ MPI). :class:`Transfer` exposes such a redistribution on its own.
 from __future__ import annotations
 
 from ._backends import BACKENDS
-from ._pencil import Pencil, Subcomm, Transfer, TransferPlan, transfer, transfer_init
-from ._pfft import PFFT, DistArray, newDistArray
+from .distarray import DistArray, newDistArray
+from .mpifft import PFFT
+from .pencil import Pencil, Subcomm, Transfer, TransferPlan, transfer, transfer_init
 
 __all__ = [
     "BACKENDS",
