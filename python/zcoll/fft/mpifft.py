@@ -1,404 +1,684 @@
-"""Pencil-decomposed parallel FFT (mpi4py-fft's ``mpi4py_fft.mpifft``) on zcoll's shared-memory
-transposes."""
+"""Parallel FFTs (mpi4py-fft's ``mpi4py_fft.mpifft``) on zcoll's shared-memory transposes.
+
+The object model is mpi4py-fft's: a :class:`PFFT` holds one serial transform object per group
+of axes (``xfftn``, :class:`zcoll.fft.libfft.FFT`) and one global redistribution between
+consecutive groups (``transfer``, :class:`zcoll.fft.pencil.Transfer`); ``forward`` and
+``backward`` are :class:`Transform` objects that run them in turn and expose the arrays and
+pencils at both ends. The pencils, and so every rank's ``local_slice()``, are mpi4py-fft's for
+every argument combination.
+
+What differs is underneath: every array of the plan lives in the node's shared arena and each
+redistribution is a persistent :class:`~zcoll.fft.pencil.TransferPlan` between two of them --
+one strided copy per element on a node -- made at construction. A call given arrays of its own
+reads and writes them directly (mpi4py-fft copies them through the plan's arrays), and a field
+with leading component axes (a vector or tensor :class:`~zcoll.fft.distarray.DistArray`) moves
+all components through one transpose per stage.
+"""
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from math import prod
+from dataclasses import dataclass, field
+from numbers import Number
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from .._arena import empty
 from .._collectives import _option_error
 from .._context import lookup
 from .._registry import AUTO
-from ._backends import check_backend, get_backend
-from .distarray import DistArray, _new
-from .pencil import Pencil, Subcomm, Transfer, TransferPlan, fitting_dims
+from .libfft import FFT
+from .pencil import Pencil, Subcomm, TransferPlan, transfer_init
 
-__all__ = ["PFFT"]
-
-_REAL = {
-    np.dtype(np.float32): np.dtype(np.complex64),
-    np.dtype(np.float64): np.dtype(np.complex128),
-}
-_COMPLEX = tuple(_REAL.values())
+__all__ = ["PFFT", "Transform"]
 
 
-@dataclass
-class _Step:
-    kind: str  # "r2c" | "c2c" | "transfer"
-    axes: tuple[int, ...]  # transformed axes (r2c: on the last one); transfer: the new alignment
-    pencil: Pencil  # pencil of the step's output
-    dtype: np.dtype  # dtype of the step's output
-    transfer: Transfer | None = None
-    # transfer steps: the persistent transposes between the plan's work arrays, (forward,
-    # backward), made at construction
-    plans: tuple[TransferPlan, TransferPlan] | None = None
+class Transform:
+    """One direction of a :class:`PFFT`: serial transforms with a redistribution between each.
 
-
-class PFFT:
-    """Parallel FFT of a distributed array (the API of mpi4py-fft's ``PFFT``).
-
-    Collective over `comm`. The array is split over a Cartesian grid of processes (pencils by
-    default); each global transpose between the 1D FFTs runs on zcoll's ordered
-    shared-memory exchange, one strided copy per element on a node, and MPI between nodes.
-    Every transpose runs between the plan's own arena work arrays, so each is a persistent
-    :class:`~zcoll.fft.TransferPlan` made here (checks, agreement, schedule, copy mode and the
-    peers' addresses settled once): a transform runs them without any of that work.
+    ``fft.forward`` and ``fft.backward`` are the two instances of a plan. Call one with an
+    input array (else the plan's :attr:`input_array` is transformed) and optionally an output
+    array (else the result is written to, and returned as, the plan's :attr:`output_array`,
+    overwritten by the next call, as in mpi4py-fft).
 
     Parameters
     ----------
-    comm : mpi4py.MPI.Comm
-        Intracommunicator.
-    shape : sequence of int
-        Global shape of the input (physical-space) array; 2 or more dimensions.
-    axes : sequence of int, optional
-        Axes to transform, transformed in reverse order (the last one first, and it must be
-        aligned in the input). Default: all axes.
+    xfftn : sequence
+        The serial transform objects, in the order this direction runs them.
+    transfer : sequence
+        The redistributions between them (one fewer).
+    pencil : sequence of Pencil
+        Input and output pencil.
+    """
+
+    def __init__(self, xfftn, transfer, pencil, *, plan: PFFT | None = None, inverse=False):
+        if len(xfftn) != len(transfer) + 1 or len(pencil) != 2:
+            raise ValueError("a Transform needs one more serial transform than transfers")
+        self._xfftn = tuple(xfftn)
+        self._transfer = tuple(transfer)
+        self._pencil = tuple(pencil)
+        self._plan = plan
+        self._inverse = inverse
+
+    @property
+    def input_array(self) -> np.ndarray:
+        """The plan's input array (transformed when the call is given none)."""
+        return self._xfftn[0].input_array
+
+    @property
+    def output_array(self) -> np.ndarray:
+        """The plan's output array (the result when the call is given none)."""
+        return self._xfftn[-1].output_array
+
+    @property
+    def input_pencil(self) -> Pencil:
+        return self._pencil[0]
+
+    @property
+    def output_pencil(self) -> Pencil:
+        return self._pencil[1]
+
+    def __call__(self, input_array=None, output_array=None, **kw):
+        """Collective: run the transform.
+
+        Parameters
+        ----------
+        input_array : array_like, optional
+            This rank's part: shape ``input_pencil.subshape``, or that shape after leading
+            component axes (all components are transformed together). Not modified. Cast to
+            the plan's dtype if it has another one.
+        output_array : numpy.ndarray, optional
+            Where to write the result (shape ``output_pencil.subshape``, after the same
+            leading axes as the input).
+        normalize : bool, optional
+            Scale by 1/N (N the number of points transformed). Default: True forward, False
+            backward, as in mpi4py-fft.
+
+        Returns
+        -------
+        numpy.ndarray
+            `output_array`, or the plan's output array.
+        """
+        if self._plan is None:  # a Transform built by hand: mpi4py-fft's plain loop
+            return self._call_parts(input_array, output_array, **kw)
+        return self._plan._run(self._inverse, input_array, output_array, kw)
+
+    def _call_parts(self, input_array, output_array, **kw):
+        if input_array is not None:
+            self.input_array[...] = input_array
+        for i, move in enumerate(self._transfer):
+            self._xfftn[i](**kw)
+            move(self._xfftn[i].output_array, self._xfftn[i + 1].input_array)
+        self._xfftn[-1](**kw)
+        if output_array is None:
+            return self.output_array
+        output_array[...] = self.output_array
+        return output_array
+
+
+@dataclass
+class _Stage:
+    """One group of axes: its serial transform, and the redistribution to the next group."""
+
+    fft: FFT
+    pencil_in: Pencil
+    pencil_out: Pencil
+    transfer: Any = None  # Transfer to the next stage (None for the last)
+    plans: tuple[TransferPlan, TransferPlan] | None = None  # (forward, backward), comm size > 1
+
+
+@dataclass
+class _Batch:
+    """Arrays and transposes for fields with leading component axes of one shape."""
+
+    lead: tuple[int, ...]
+    inputs: list[np.ndarray] = field(default_factory=list)  # per stage, forward input layout
+    outputs: list[np.ndarray] = field(default_factory=list)  # per stage, forward output layout
+    plans: list[tuple[TransferPlan, TransferPlan] | None] = field(default_factory=list)
+
+
+class PFFT:
+    """Parallel FFT of a distributed array, mpi4py-fft's ``PFFT`` on zcoll's transposes.
+
+    Collective over `comm`. Arguments and attributes are mpi4py-fft's; the pencils (every
+    rank's ``local_slice()``) are the same as mpi4py-fft's for every combination of them.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm or Subcomm
+        Intracommunicator, or a :class:`~zcoll.fft.pencil.Subcomm` giving the process grid.
+    shape : sequence of int, optional
+        Global shape of the input array (taken from `darray` when None).
+    axes : None, int, sequence of int or sequence of sequences of int
+        Axes to transform, the last first. A sequence of sequences groups axes transformed by
+        one serial call (all but the last group may hold several axes).
     dtype : numpy dtype
-        float32/float64 give real-to-complex transforms (the first transformed axis shrinks to
-        ``n // 2 + 1``); complex64/complex128 give complex-to-complex.
+        float32/float64/longdouble: real-to-complex (the last axis transformed shrinks to
+        ``n // 2 + 1``); complex64/complex128/clongdouble: complex-to-complex.
     grid : sequence of int, optional
-        Processes along each axis of the input array (padded with 1s; values <= 0 are filled
-        in by ``MPI.Compute_dims``). Default: every axis but the first transformed one
-        distributed (pencils in 3D); ``(-1,)`` is a slab decomposition over axis 0.
-    backend : {"numpy", "scipy", "pyfftw"}
-        Serial FFT library for the local transforms.
+        Processes along each axis (padded with 1s; values <= 0 are wildcards). ``(-1,)``: slabs
+        over axis 0. Default: every axis but those of the first group distributed.
+    padding : False, number or sequence of numbers
+        Padding factor per axis (the 3/2 rule: 1.5) for single-axis groups: the input array
+        is ``floor(n * factor)`` long there; forward truncates, backward zero-pads.
     collapse : bool
-        Transform consecutive axes that are local to every rank with one multi-dimensional
-        call of the backend (mpi4py-fft's `collapse`, which defaults to False there): the
-        same result with fewer passes over memory.
-    order : str
-        Block order of the global transposes (as for :func:`zcoll.alltoall`).
-    copy : str
-        Stores of the transposes' copies (as for :func:`zcoll.alltoall`).
-    **backend_options
-        Passed to the backend: ``threads`` (scipy, pyfftw), ``planner_effort`` (pyfftw).
-        Any other keyword (mpi4py-fft's ``padding``, ``transforms``, ``darray``, ...) raises
-        TypeError.
+        Transform all axes that are local on input with one serial call (mpi4py-fft's
+        `collapse`; it changes the pencils, exactly as in mpi4py-fft).
+    backend : {"fftw", "pyfftw", "numpy", "scipy", "mkl_fft"}
+        Serial transform library (see :class:`zcoll.fft.libfft.FFT`). "fftw" is
+        :mod:`zcoll.fft.fftw`, FFTW through pyFFTW.
+    transforms : dict, optional
+        Serial transforms per group of axes: ``{axes: (forward, backward)}``, e.g. real-to-real
+        ``(functools.partial(zcoll.fft.fftw.dctn, type=3), ...)``.
+    darray : DistArray, optional
+        Take the shape, dtype and distribution from this array.
+    order, copy : str
+        Block order and stores of the transposes (as for :func:`zcoll.alltoall`).
+    **kw
+        Passed to the serial transforms (``threads``, ``planner_effort``, ...).
 
     Notes
     -----
-    ``forward`` scales by ``1/prod(n)`` by default and ``backward`` does not, as in
-    mpi4py-fft. Without an output array each call returns a new arena array, so a result is
-    never overwritten by a later call. :attr:`timings` accumulates seconds spent in local FFTs
-    and in transposes. Call :meth:`destroy` (collective) to free the plan's transposes and
-    communicators.
+    ``forward`` scales by 1/N and ``backward`` does not (``normalize=`` to change that).
+    :attr:`timings` accumulates seconds spent in serial transforms and in transposes.
+    :meth:`destroy` (collective) frees the transposes and the sub-communicators.
     """
 
     def __init__(
         self,
-        comm: MPI.Intracomm,
-        shape: Sequence[int],
-        axes: Sequence[int] | None = None,
+        comm,
+        shape: Sequence[int] | None = None,
+        axes=None,
         dtype=float,
         grid: Sequence[int] | None = None,
-        backend: str = "numpy",
+        padding=False,
+        collapse: bool = False,
+        backend: str = "fftw",
+        transforms: dict | None = None,
+        darray=None,
         *,
-        collapse: bool = True,
         order: str = AUTO,
         copy: str = AUTO,
-        **backend_options,
+        **kw,
     ) -> None:
-        if not isinstance(comm, MPI.Comm):
-            raise TypeError(f"zcoll.fft.PFFT: comm must be an mpi4py communicator, got {comm!r}")
-        self.comm = comm
-        problem = self._agree(
-            comm, shape, axes, dtype, grid, backend, (order, copy), backend_options
-        )
-        if problem:
-            raise problem
-        shape = tuple(int(n) for n in shape)
-        ndim = len(shape)
-        self.axes = tuple(a % ndim for a in (range(ndim) if axes is None else axes))
-        dtype = np.dtype(dtype)
-        self.backend = get_backend(backend, **backend_options)
-        self.subcomm = Subcomm(comm, _grid_dims(comm.size, shape, self.axes, grid))
+        base = comm[0] if isinstance(comm, Subcomm) else comm
+        if not isinstance(base, MPI.Comm):
+            raise TypeError(
+                f"zcoll.fft.PFFT: comm must be an mpi4py communicator or a Subcomm, got {comm!r}"
+            )
+        problem = None
         try:
-            self._plan(shape, dtype, order, copy, bool(collapse))
+            spec = _Spec.parse(comm, shape, axes, dtype, grid, padding, darray, order, copy, kw)
+        except (TypeError, ValueError) as exc:
+            spec, problem = None, exc
+        _agree_everywhere(comm, spec, problem, (transforms, backend, collapse, sorted(kw)))
+        assert spec is not None
+        self.axes = spec.axes
+        self.collapse = collapse
+        self.backend = backend
+        self._order, self._copy = order, copy
+        self.subcomm = _make_subcomm(comm, spec, darray)
+        self._alloc_comm = _allocation_comm(comm, self.subcomm)
+        try:
+            self._build(spec, collapse, backend, transforms, kw)
         except Exception:
-            self.subcomm.destroy()
+            if isinstance(self.subcomm, Subcomm) and not isinstance(comm, Subcomm):
+                self.subcomm.destroy()
             raise
         self.timings = {"fft": 0.0, "transpose": 0.0}
+        self._batches: dict[tuple[int, ...], _Batch] = {}
+        self._context = lookup(self._alloc_comm)
 
-    @staticmethod
-    def _agree(
-        comm, shape, axes, dtype, grid, backend, exchange_options, options
-    ) -> Exception | None:
-        """Check the arguments locally, then make sure all ranks passed the same ones."""
-        try:
-            shape = tuple(int(n) for n in shape)
-            ndim = len(shape)
-            if ndim < 2 or min(shape) < 1:
-                raise ValueError(f"shape must have 2 or more positive lengths, got {shape}")
-            axes_ = tuple(range(ndim)) if axes is None else tuple(int(a) for a in axes)
-            if not axes_ or any(not -ndim <= a < ndim for a in axes_):
-                raise ValueError(f"axes {axes_} do not fit {ndim} dimensions")
-            if len({a % ndim for a in axes_}) != len(axes_):
-                raise ValueError(f"axes {axes_} repeat an axis")
-            dt = np.dtype(dtype)
-            if dt not in _REAL and dt not in _COMPLEX:
-                raise TypeError(
-                    f"dtype must be float32, float64, complex64 or complex128, got {dt}"
-                )
-            grid_ = None if grid is None else tuple(int(g) for g in grid)
-            if grid_ is not None:
-                _grid_dims(comm.size, shape, tuple(a % ndim for a in axes_), grid_)
-            check_backend(backend, options)
-            if option_error := _option_error(*exchange_options):
-                raise option_error
-            mine = (shape, axes_, str(dt), grid_, backend, exchange_options)
-            error: str | None = None
-        except (TypeError, ValueError) as exc:
-            mine, error = None, f"{type(exc).__name__}: {exc}"
-        everyone = comm.allgather((mine, error))
-        for rank, (_, err) in enumerate(everyone):
-            if err:
-                kind, _, text = err.partition(": ")
-                cls = TypeError if kind == "TypeError" else ValueError
-                return cls(f"[rank {rank}] zcoll.fft.PFFT: {text}")
-        for rank, (args, _) in enumerate(everyone):
-            if args != everyone[0][0]:
-                return ValueError(
-                    f"zcoll.fft.PFFT: ranks disagree on the plan: rank 0 has (shape, axes, dtype, "
-                    f"grid, backend, (order, copy)) = {everyone[0][0]}, rank {rank} has {args}"
-                )
-        return None
+    # -- construction -------------------------------------------------------------------------
 
-    def _plan(self, shape, dtype, order, copy, collapse: bool) -> None:
-        """The steps of a forward transform: FFTs, with a transfer before each FFT whose
-        axis is distributed (mpi4py-fft's sequence of pencils)."""
-        pencil = Pencil(self.subcomm, shape, self.axes[-1], self.comm)
-        self._input_pencil, self._input_dtype = pencil, dtype
-        steps: list[_Step] = []
-        for i, axis in enumerate(reversed(self.axes)):
-            moved = False
+    def _allocate(self, shape, dtype) -> np.ndarray:
+        return empty(self._alloc_comm, tuple(shape), dtype)
+
+    def _build(self, spec: _Spec, collapse: bool, backend: str, transforms, kw) -> None:
+        axes = [list(group) for group in spec.axes]
+        if collapse:
+            axes = _collapsed(axes, self.subcomm)
+        self.axes = tuple(tuple(group) for group in axes)
+        shape, dtype = list(spec.shape), spec.dtype
+        padding = spec.padding
+        stages: list[_Stage] = []
+        pencil = Pencil(self.subcomm, shape, self.axes[-1][-1], comm=self._alloc_comm)
+        self._check_fits(pencil)
+        for i, group in enumerate(reversed(self.axes)):
             if i > 0:
-                target = pencil.pencil(axis)
-                if pencil.subcomm[axis].size > 1:
-                    move = pencil.transfer(target, dtype, order=order, copy=copy, staging=False)
-                    steps.append(_Step("transfer", (axis,), target, dtype, move))
-                    moved = True
-                pencil = target
-            if i == 0 and dtype in _REAL:
-                pencil, dtype = pencil.reshaped(axis, shape[axis] // 2 + 1), _REAL[dtype]
-                steps.append(_Step("r2c", (axis,), pencil, dtype))
-            elif i > 0 and collapse and not moved:  # same layout: one call for both
-                last = steps[-1]
-                steps[-1] = _Step(last.kind, (axis, *last.axes), pencil, dtype)
-            else:
-                steps.append(_Step("c2c", (axis,), pencil, dtype))
-        for p in (self._input_pencil, *(s.pencil for s in steps)):
-            if why := p.too_small():
-                raise ValueError(f"zcoll.fft.PFFT: grid {self.subcomm.dims} too large: {why}")
-        self._steps = steps
-        self._output_pencil, self._output_dtype = pencil, dtype
-        # Arena work array of each step's output layout; a c2c step works in place in its
-        # predecessor's array. The last step writes the caller's output instead, except that a
-        # lone c2r needs an array of its own (it may destroy its input).
-        self._work: list[DistArray | None] = []
-        for i, step in enumerate(steps):
-            if i > 0 and step.kind == "c2c":
-                self._work.append(self._work[-1])
-            elif i < len(steps) - 1 or (i == 0 and step.kind == "r2c"):
-                self._work.append(_new(step.pencil, step.dtype))
-            else:
-                self._work.append(None)
-        # Every transfer step reads the previous step's work array and writes its own (the last
-        # step is an FFT), so both directions are persistent plans between fixed arrays.
-        for i, step in enumerate(steps):
-            if step.transfer is not None:
-                before, after = self._work[i - 1], self._work[i]
-                assert before is not None and after is not None  # 0 < i < len(steps) - 1
-                step.plans = (
-                    step.transfer.forward_init(before, after),
-                    step.transfer.backward_init(after, before),
+                target = pencil.pencil(group[-1])
+                self._check_fits(target)
+                stages[-1].transfer = pencil.transfer(
+                    target, dtype, order=self._order, copy=self._copy, staging=False
                 )
-        self._scales = self._normalizing_factors(shape)
-        self._unscaled = [1.0] * len(steps)
-        self._context = lookup(self.comm)
+                pencil = target
+            xfftn = FFT(
+                pencil.subshape, group, dtype, padding, backend=backend,
+                transforms=transforms, allocator=self._allocate, **kw,
+            )  # fmt: skip
+            out = xfftn.forward.output_array
+            after = pencil
+            if out.shape[group[-1]] != shape[group[-1]] or out.dtype != dtype:
+                shape[group[-1]] = out.shape[group[-1]]
+                dtype = out.dtype
+                after = Pencil(pencil.subcomm, shape, group[-1], comm=self._alloc_comm)
+                self._check_fits(after)
+            # mpi4py-fft's serial objects share U (forward in, backward out) and V.
+            assert xfftn.backward.output_array is xfftn.forward.input_array
+            assert xfftn.backward.input_array is xfftn.forward.output_array
+            stages.append(_Stage(xfftn, pencil, after))
+            pencil = after
+        for here, there in zip(stages, stages[1:]):
+            assert here.transfer is not None
+            if here.transfer.comm.size > 1:
+                a, b = here.fft.forward.output_array, there.fft.forward.input_array
+                here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
+        self._stages = stages
+        self.xfftn = [s.fft for s in stages]
+        self.transfer = [s.transfer for s in stages[:-1]]
+        self.pencil = [stages[0].pencil_in, stages[-1].pencil_out]
+        self._input_shape = tuple(spec.shape)
+        self._output_shape = tuple(shape)
+        self.forward = Transform(
+            [s.fft.forward for s in stages],
+            [t.forward for t in self.transfer],
+            self.pencil,
+            plan=self,
+        )
+        self.backward = Transform(
+            [s.fft.backward for s in reversed(stages)],
+            [t.backward for t in reversed(self.transfer)],
+            self.pencil[::-1],
+            plan=self,
+            inverse=True,
+        )
 
-    def _normalizing_factors(self, shape) -> tuple[list[float], list[float]]:
-        """Scale factor of each step of a normalised forward and backward transform.
-
-        A backend that folds scaling into its transforms for free scales each FFT step by its
-        own 1/n; otherwise 1/prod(n) is applied once, by the FFT step that writes the result
-        (the last step forward; step 0, whose inverse runs last, backward)."""
-        steps = self._steps
-        if self.backend.folds_scaling:
-            scales = [
-                1.0 if s.kind == "transfer" else 1.0 / prod(shape[a] for a in s.axes) for s in steps
-            ]
-            return scales, scales
-        total = 1.0 / prod(shape[a] for a in self.axes)
-        forward, backward = [1.0] * len(steps), [1.0] * len(steps)
-        forward[-1] = backward[0] = total
-        return forward, backward
+    def _check_fits(self, pencil: Pencil) -> None:
+        if why := pencil.too_small():
+            dims = tuple(c.size for c in self.subcomm)
+            raise ValueError(f"zcoll.fft.PFFT: grid {dims} too large: {why}")
 
     # -- mpi4py-fft's query API ---------------------------------------------------------------
 
     def shape(self, forward_output: bool = True) -> tuple[int, ...]:
         """This rank's local shape of the output (spectral) or input (physical) array."""
-        return (self._output_pencil if forward_output else self._input_pencil).subshape
+        return self.pencil[1 if forward_output else 0].subshape
 
     def global_shape(self, forward_output: bool = False) -> tuple[int, ...]:
         """Global shape of the output (spectral) or input (physical) array."""
-        return (self._output_pencil if forward_output else self._input_pencil).shape
+        return self._output_shape if forward_output else self._input_shape
 
     def local_slice(self, forward_output: bool = True) -> tuple[slice, ...]:
         """Where this rank's part lies in the global output (or input) array."""
-        return (self._output_pencil if forward_output else self._input_pencil).local_slice()
+        p = self.pencil[1 if forward_output else 0]
+        return tuple(slice(s, s + n) for s, n in zip(p.substart, p.subshape))
 
     def dtype(self, forward_output: bool = False) -> np.dtype:
         """dtype of the output (spectral) or input (physical) array."""
-        return self._output_dtype if forward_output else self._input_dtype
-
-    def pencil(self, forward_output: bool = False) -> Pencil:
-        return self._output_pencil if forward_output else self._input_pencil
+        return (self.forward.output_array if forward_output else self.forward.input_array).dtype
 
     @property
     def dimensions(self) -> int:
-        return len(self._input_pencil.shape)
+        """The number of dimensions of the transformed arrays."""
+        return len(self._input_shape)
 
     # -- transforms --------------------------------------------------------------------------
 
-    def forward(self, input_array=None, output_array=None, normalize: bool = True) -> DistArray:
-        """Collective: FFT of the physical-space array; returns the spectral-space array.
-
-        Parameters
-        ----------
-        input_array : array_like
-            This rank's part, of shape ``shape(False)`` and dtype ``dtype(False)``.
-        output_array : numpy.ndarray, optional
-            Where to write the result (shape ``shape(True)``); a new arena array otherwise.
-        normalize : bool
-            Divide by the number of points transformed (mpi4py-fft's default for forward).
-        """
-        return self._transform(input_array, output_array, normalize, inverse=False)
-
-    def backward(self, input_array=None, output_array=None, normalize: bool = False):
-        """Collective: inverse FFT of the spectral-space array (not scaled by default)."""
-        return self._transform(input_array, output_array, normalize, inverse=True)
-
-    def _transform(self, input_array, output_array, normalize, inverse):
+    def _run(self, inverse: bool, input_array, output_array, kw) -> np.ndarray:
+        normalize = bool(kw.pop("normalize", not inverse))
+        error: Exception | None = None
+        if kw:
+            error = TypeError(f"unexpected keyword argument(s) {sorted(kw)}")
+        stages = self._stages[::-1] if inverse else self._stages
+        src_shape = _side(stages[0].fft, inverse, "input").shape
+        dst_shape = _side(stages[-1].fft, inverse, "output").shape
+        src_dtype = _side(stages[0].fft, inverse, "input").dtype
+        dst_dtype = _side(stages[-1].fft, inverse, "output").dtype
+        src, lead = None, ()
+        if error is None and input_array is not None:
+            src, lead, error = _input(input_array, src_shape, src_dtype)
+        if error is None:
+            error = _output_problem(output_array, lead, dst_shape, dst_dtype)
         name = "backward" if inverse else "forward"
-        src_pencil = self._output_pencil if inverse else self._input_pencil
-        dst_pencil = self._input_pencil if inverse else self._output_pencil
-        src_dtype = self._output_dtype if inverse else self._input_dtype
-        dst_dtype = self._input_dtype if inverse else self._output_dtype
-        a, error = _input_problem(input_array, src_pencil, src_dtype)
-        error = error or _output_problem(output_array, dst_pencil, dst_dtype)
-        self._context.raise_together(f"fft.{name}", error)  # one node barrier when all is well
-        if output_array is None:
-            output_array = _new(dst_pencil, dst_dtype)
-        factors = self._scales[inverse] if normalize else self._unscaled
-        if inverse:
-            self._run_backward(a, output_array, factors)
+        self._context.raise_together(f"fft.{name}", error)
+        if lead:
+            return self._run_batch(inverse, src, output_array, lead, normalize)
+        if src is None:
+            src = _side(stages[0].fft, inverse, "input")
+        last = len(stages) - 1
+        for i, stage in enumerate(stages):
+            if i == last:
+                dst = (
+                    output_array
+                    if output_array is not None
+                    else _side(stage.fft, inverse, "output")
+                )
+            else:
+                dst = _side(stage.fft, inverse, "output")
+            self._serial(stage.fft, src, dst, inverse, normalize, i > 0)
+            if i < last:
+                src = self._move(stages, i, inverse, dst)
+        return dst
+
+    def _move(self, stages: list[_Stage], i: int, inverse: bool, src: np.ndarray) -> np.ndarray:
+        """Redistribute after stage i (of this direction); returns the next stage's input."""
+        nxt = stages[i + 1]
+        dst = _side(nxt.fft, inverse, "input")
+        link = stages[i + 1] if inverse else stages[i]  # the stage owning the transfer
+        if link.plans is None:
+            t0 = time.perf_counter()
+            dst[...] = src
+            self.timings["transpose"] += time.perf_counter() - t0
         else:
-            self._run_forward(a, output_array, factors)
-        return output_array
+            self._timed("transpose", link.plans[1 if inverse else 0])
+        return dst
+
+    def _run_batch(self, inverse: bool, src, output_array, lead, normalize) -> np.ndarray:
+        """Fields with leading component axes: every stage transforms all components in one
+        serial call, and every transpose moves all of them in one exchange."""
+        batch = self._batch(lead)
+        n = len(self._stages)
+        order = range(n - 1, -1, -1) if inverse else range(n)
+        last = n - 1
+        for k, i in enumerate(order):
+            stage = self._stages[i]
+            if k == last:
+                dst = output_array if output_array is not None else None
+                if dst is None:
+                    dst = (batch.inputs if inverse else batch.outputs)[i]
+            else:
+                dst = (batch.inputs if inverse else batch.outputs)[i]
+            self._serial(stage.fft, src, dst, inverse, normalize, k > 0)
+            if k < last:
+                j = i - 1 if inverse else i + 1
+                link = j if inverse else i
+                nxt = (batch.outputs if inverse else batch.inputs)[j]
+                plans = batch.plans[link]
+                if plans is None:
+                    nxt[...] = dst
+                else:
+                    self._timed("transpose", plans[1 if inverse else 0])
+                src = nxt
+        return dst
+
+    def _batch(self, lead: tuple[int, ...]) -> _Batch:
+        """The arrays and transposes for components of shape `lead` (collective, made on the
+        first call that needs them)."""
+        batch = self._batches.get(lead)
+        if batch is not None:
+            return batch
+        batch = _Batch(lead)
+        k = len(lead)
+        for stage in self._stages:
+            batch.inputs.append(self._allocate(lead + stage.fft.forward.input_array.shape,
+                                               stage.fft.forward.input_array.dtype))  # fmt: skip
+            batch.outputs.append(self._allocate(lead + stage.fft.forward.output_array.shape,
+                                                stage.fft.forward.output_array.dtype))  # fmt: skip
+        for i, stage in enumerate(self._stages[:-1]):
+            if stage.plans is None:
+                batch.plans.append(None)
+                continue
+            t = stage.transfer
+            a, b = batch.outputs[i], batch.inputs[i + 1]
+            shape = lead + tuple(t.shape)
+            batch.plans.append((
+                transfer_init(t.comm, a, b, shape, t.axis_a + k, t.axis_b + k,
+                              order=self._order, copy=self._copy),
+                transfer_init(t.comm, b, a, shape, t.axis_b + k, t.axis_a + k,
+                              order=self._order, copy=self._copy),
+            ))  # fmt: skip
+        batch.plans.append(None)
+        self._batches[lead] = batch
+        return batch
+
+    def _serial(self, fft: FFT, src, dst, inverse: bool, normalize: bool, scratch: bool) -> None:
+        """One serial transform; `scratch`: `src` is the plan's intermediate array, which the
+        transform may destroy."""
+        t0 = time.perf_counter()
+        fft.execute(src, dst, inverse=inverse, normalize=normalize, destroy_input=scratch)
+        self.timings["fft"] += time.perf_counter() - t0
 
     def _timed(self, key: str, func, *args) -> None:
         t0 = time.perf_counter()
         func(*args)
         self.timings[key] += time.perf_counter() - t0
 
-    def _run_forward(self, a, out, factors) -> None:
-        be = self.backend
-        last = len(self._steps) - 1
-        for i, step in enumerate(self._steps):
-            dst = out if i == last else self._work[i]
-            if step.kind == "transfer":
-                assert step.plans is not None  # made at construction
-                plan = step.plans[0]
-                assert a is plan.src and dst is plan.dst  # the work arrays it was made on
-                self._timed("transpose", plan)
-            elif step.kind == "r2c":
-                self._timed("fft", be.r2c, a, dst, step.axes, factors[i])
-            else:
-                self._timed("fft", be.c2c, a, dst, step.axes, False, factors[i])
-            a = dst
-
-    def _run_backward(self, a, out, factors) -> None:
-        be = self.backend
-        for i in range(len(self._steps) - 1, -1, -1):
-            step = self._steps[i]
-            # Step i's inverse writes the layout step i read: step i-1's output, or the input.
-            dst = out if i == 0 else self._work[i - 1]
-            if step.kind == "transfer":
-                assert step.plans is not None  # made at construction
-                plan = step.plans[1]
-                assert a is plan.src and dst is plan.dst  # the work arrays it was made on
-                self._timed("transpose", plan)
-            elif step.kind == "r2c":
-                work = self._work[0]
-                assert work is not None  # an r2c step is step 0, with a work array of its own
-                if a is not work:
-                    work[...] = a  # c2r may destroy its input
-                    a = work
-                self._timed("fft", be.c2r, a, dst, step.axes, factors[i])
-            else:
-                self._timed("fft", be.c2c, a, dst, step.axes, True, factors[i])
-            a = dst
-
     def reset_timings(self) -> None:
+        """Set :attr:`timings` back to zero."""
         self.timings = dict.fromkeys(self.timings, 0.0)
 
     def destroy(self) -> None:
-        """Collective: free the plan's transposes and communicators."""
-        for step in self._steps:
-            for plan in step.plans or ():
+        """Collective: free the transposes and the sub-communicators (as mpi4py-fft, also a
+        Subcomm passed as `comm`)."""
+        for stage in self._stages:
+            for plan in stage.plans or ():
                 plan.free()
-        self.subcomm.destroy()
+        for batch in self._batches.values():
+            for plans in batch.plans:
+                for plan in plans or ():
+                    plan.free()
+        self._batches.clear()
+        for t in self.transfer:
+            t.destroy()
+        if isinstance(self.subcomm, Subcomm):
+            self.subcomm.destroy()
 
 
-def _input_problem(a, pencil: Pencil, dtype) -> tuple[np.ndarray | None, Exception | None]:
-    """This rank's input as an array, and what is wrong with it (None when nothing)."""
-    if a is None:
-        return None, ValueError("input_array is required")
+def _side(fft: FFT, inverse: bool, end: str) -> np.ndarray:
+    """The `end` ("input"/"output") array of `fft` in the direction run."""
+    obj = fft.backward if inverse else fft.forward
+    return obj.input_array if end == "input" else obj.output_array
+
+
+def _input(a, shape, dtype) -> tuple[np.ndarray | None, tuple[int, ...], Exception | None]:
+    """This rank's input as an array of `dtype`, its leading component shape, and what is
+    wrong with it (None when nothing)."""
     a = np.asarray(a)
-    if a.shape != pencil.subshape:
-        return a, ValueError(
-            f"input_array has shape {a.shape}, this rank's part has shape {pencil.subshape}"
+    k = a.ndim - len(shape)
+    if k < 0 or a.shape[k:] != tuple(shape):
+        return (
+            None,
+            (),
+            ValueError(
+                f"input_array has shape {a.shape}; this rank's part has shape {tuple(shape)} "
+                "(after any leading component axes)"
+            ),
         )
     if a.dtype != dtype:
-        return a, TypeError(f"input_array has dtype {a.dtype}, the plan expects {dtype}")
-    return a, None
+        if not np.can_cast(a.dtype, dtype, "same_kind"):
+            return None, (), TypeError(f"input_array has dtype {a.dtype}, the plan {dtype}")
+        a = a.astype(dtype)
+    return a, tuple(a.shape[:k]), None
 
 
-def _output_problem(out, pencil: Pencil, dtype) -> Exception | None:
+def _output_problem(out, lead, shape, dtype) -> Exception | None:
     if out is None:
         return None
     if not isinstance(out, np.ndarray):
         return TypeError("output_array must be a numpy.ndarray")
-    if out.shape != pencil.subshape or out.dtype != dtype:
+    expected = tuple(lead) + tuple(shape)
+    if out.shape != expected or out.dtype != dtype:
         return ValueError(
-            f"output_array has shape {out.shape} and dtype {out.dtype}; expected "
-            f"{pencil.subshape} and {dtype}"
+            f"output_array has shape {out.shape} and dtype {out.dtype}; expected {expected} "
+            f"and {dtype}"
         )
     if not out.flags.writeable:
         return ValueError("output_array is read-only")
     return None
 
 
-def _grid_dims(size: int, shape, axes, grid) -> list[int]:
-    ndim = len(shape)
-    first = axes[-1]
-    if grid is None:
-        dims = [0] * ndim
-        dims[first] = 1
-        return dims
-    grid = list(grid)
-    if len(grid) > ndim:
-        raise ValueError(f"grid {tuple(grid)} has more entries than the {ndim} axes")
-    dims = grid + [1] * (ndim - len(grid))
-    if dims[first] != 1:
-        raise ValueError(
-            f"grid {tuple(grid)} distributes axis {first}, which is transformed first and must "
-            "be whole on every rank (see `axes`)"
-        )
-    fitting_dims(size, dims)
-    return dims
+@dataclass
+class _Spec:
+    """The plan's arguments, checked and normalised (mpi4py-fft's rules, errors not asserts)."""
+
+    shape: tuple[int, ...]
+    axes: tuple[tuple[int, ...], ...]
+    dtype: np.dtype
+    dims: list[int] | None  # grid as Subcomm dims; None: from comm / darray
+    padding: Any
+
+    @classmethod
+    def parse(cls, comm, shape, axes, dtype, grid, padding, darray, order, copy, kw) -> _Spec:
+        if shape is None:
+            if darray is None:
+                raise ValueError("shape is required unless darray is given")
+            shape = darray.pencil.shape
+        try:
+            shape = tuple(operator.index(n) for n in shape)
+        except TypeError:
+            raise TypeError(f"shape must be a sequence of ints, got {shape!r}") from None
+        ndim = len(shape)
+        if ndim < 1 or min(shape) < 1:
+            raise ValueError(f"shape must have positive lengths, got {shape}")
+        groups = _axis_groups(axes, ndim, darray)
+        if darray is not None:
+            dt = np.dtype(darray.dtype)
+        else:
+            dt = np.dtype(dtype)
+            if dt.char not in "fdgFDG":
+                raise TypeError(
+                    f"dtype must be float32, float64, longdouble or their complex types, got {dt}"
+                )
+        shape, padding = _padded(shape, groups, padding)
+        dims = None
+        if darray is None and grid is not None:
+            if isinstance(comm, Subcomm):
+                raise ValueError("grid cannot be combined with a Subcomm as comm")
+            grid = tuple(int(g) for g in grid)
+            if len(grid) > ndim:
+                raise ValueError(f"grid {grid} has more entries than the {ndim} axes")
+            dims = list(grid) + [1] * (ndim - len(grid))
+        elif darray is None and not isinstance(comm, Subcomm):
+            dims = [0] * ndim
+            for ax in groups[-1]:
+                dims[ax] = 1
+        if isinstance(comm, Subcomm) and darray is None:
+            if len(comm) != ndim:
+                raise ValueError(f"the Subcomm has {len(comm)} communicators for {ndim} axes")
+            if any(comm[ax].Get_size() != 1 for ax in groups[-1]):
+                raise ValueError(f"the Subcomm distributes axes {groups[-1]}, transformed first")
+        if darray is not None and any(darray.commsizes[ax] != 1 for ax in groups[-1]):
+            raise ValueError("set axes so that the axes transformed first are aligned in darray")
+        if dims is not None:
+            fixed = [d for d in dims if d > 0]
+            size = comm.Get_size()
+            if size % int(np.prod(fixed)) or (0 not in dims and int(np.prod(fixed)) != size):
+                raise ValueError(f"a process grid {tuple(dims)} does not fit {size} ranks")
+        if err := _option_error(order, copy):
+            raise err
+        return cls(shape, groups, dt, dims, padding)
+
+    def summary(self) -> tuple:
+        return (self.shape, self.axes, str(self.dtype), self.dims, repr(self.padding))
+
+
+def _axis_groups(axes, ndim: int, darray) -> tuple[tuple[int, ...], ...]:
+    """mpi4py-fft's `axes` forms as a tuple of groups of non-negative axes."""
+    if axes is None:
+        order = list(range(ndim))
+        if darray is not None:  # the aligned axis of darray is transformed first
+            order = [int(a) for a in np.roll(order, ndim - 1 - darray.alignment)]
+        raw: list = order
+    elif isinstance(axes, (int, np.integer)):
+        raw = [int(axes)]
+    else:
+        raw = list(axes)
+    if not raw:
+        raise ValueError("axes must name at least one axis")
+    groups = []
+    for item in raw:
+        group = [item] if isinstance(item, (int, np.integer)) else list(item)
+        if not group or not all(isinstance(a, (int, np.integer)) for a in group):
+            raise ValueError(f"axes {axes!r}: each entry must be an int or a sequence of ints")
+        if any(not -ndim <= a < ndim for a in group):
+            raise ValueError(f"axes {axes!r} do not fit {ndim} dimensions")
+        group = [int(a) % ndim for a in group]
+        if len(set(group)) != len(group):
+            raise ValueError(f"axes {axes!r} repeat an axis")
+        groups.append(tuple(group))
+    return tuple(groups)
+
+
+def _padded(shape, groups, padding):
+    """mpi4py-fft's padding: single-axis groups with a factor > 1 get floor(n * factor)
+    points; returns the new shape and the exact factors (a list), or False."""
+    if padding is False or padding is None:
+        return shape, False
+    if isinstance(padding, Number) and not isinstance(padding, bool):
+        factors = [float(padding)] * len(shape)
+    else:
+        try:
+            factors = [float(p) for p in padding]
+        except TypeError:
+            raise TypeError(
+                f"padding must be False, a number or a sequence, got {padding!r}"
+            ) from None
+    if len(factors) != len(shape):
+        raise ValueError(f"padding has {len(factors)} factors for {len(shape)} axes")
+    if min(factors) <= 0:
+        raise ValueError(f"padding factors must be positive, got {factors}")
+    shape = list(shape)
+    for group in groups:
+        ax = group[0]
+        if len(group) == 1 and factors[ax] > 1.0 + 1e-6:
+            old = float(shape[ax])
+            shape[ax] = int(np.floor(shape[ax] * factors[ax]))
+            factors[ax] = shape[ax] / old
+    return tuple(shape), factors
+
+
+def _collapsed(axes: list[list[int]], subcomm) -> list[list[int]]:
+    """mpi4py-fft's collapse: every group local on input joins the first-transformed one."""
+    groups: list[list[int]] = [[]]
+    for group in reversed(axes):
+        if all(subcomm[a].Get_size() == 1 for a in group):
+            for a in reversed(group):
+                groups[0].insert(0, a)
+        else:
+            groups.insert(0, group)
+    return groups
+
+
+def _make_subcomm(comm, spec: _Spec, darray):
+    if darray is not None:
+        return darray.subcomm[len(darray.subcomm) - len(spec.shape) :]
+    if isinstance(comm, Subcomm):
+        return comm
+    assert spec.dims is not None
+    return Subcomm(comm, spec.dims)
+
+
+def _allocation_comm(comm, subcomm) -> MPI.Comm:
+    """A communicator over the whole grid for the plan's arena arrays."""
+    if isinstance(comm, MPI.Comm):
+        return comm
+    grid = getattr(subcomm, "comm", None)
+    if isinstance(grid, MPI.Comm) and grid != MPI.COMM_NULL:
+        return grid
+    raise ValueError("zcoll.fft.PFFT: this Subcomm does not know the communicator of its grid")
+
+
+def _agree_everywhere(comm, spec, problem, options) -> None:
+    """Raise the first rank's argument error on every rank, or an error if ranks disagree."""
+    world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", comm[0])
+    transforms, backend, collapse, keywords = options
+    keys = None if transforms is None else sorted(map(repr, transforms))
+    mine = None if spec is None else (spec.summary(), keys, backend, bool(collapse), keywords)
+    err = None if problem is None else (type(problem).__name__, str(problem))
+    everyone = world.allgather((mine, err))
+    for rank, (_, e) in enumerate(everyone):
+        if e:
+            cls = TypeError if e[0] == "TypeError" else ValueError
+            raise cls(f"[rank {rank}] zcoll.fft.PFFT: {e[1]}")
+    for rank, (args, _) in enumerate(everyone):
+        if args != everyone[0][0]:
+            raise ValueError(
+                "zcoll.fft.PFFT: ranks disagree on the plan: rank 0 has (shape, axes, dtype, "
+                f"grid, padding), transforms, backend, collapse, keywords = {everyone[0][0]}, "
+                f"rank {rank} "
+                f"has {args}"
+            )
