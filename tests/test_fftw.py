@@ -92,6 +92,14 @@ def test_r2c_c2r(char, shape, axes):
     assert ih.get_normalization() == pytest.approx(1 / n)
 
 
+def test_int_flags():
+    A = fftw.aligned(6, dtype="D")
+    A[:] = data(6, "D")
+    keep = A.copy()
+    plan = fftw.irfftn(A, s=(10,), flags=fftw.FFTW_ESTIMATE)
+    assert_close(plan(), np.fft.irfft(keep, n=10) * 10)
+
+
 def test_irfftn_without_s_is_even():
     A = fftw.aligned(4, dtype="D")
     A[:] = 1, 2, 3, 4

@@ -82,6 +82,8 @@ def test_forward_backward(backend, dtype, shape, axes):
     real = real_spectrum(backend, dtype)
     assert fft.real_transform is real
     assert fft.M == pytest.approx(1 / n)
+    if backend == "fftw":
+        assert fft.fwd.get_normalization() == pytest.approx(1 / n)
     assert fft.forward.input_array.shape == shape
     assert fft.forward.input_array.dtype == np.dtype(dtype)
     assert fft.forward.output_array.dtype == cdtype

@@ -140,10 +140,15 @@ class _Transform:
 class _Step:
     """An unnormalised transform between two arrays (mpi4py-fft's ``fwd``/``bck``)."""
 
-    def __init__(self, run: Callable[..., Any], input_array, output_array) -> None:
+    def __init__(self, run: Callable[..., Any], input_array, output_array, M: float) -> None:
         self._run = run
         self.input_array = input_array
         self.output_array = output_array
+        self._M = M
+
+    def get_normalization(self) -> float:
+        """Return the normalization factor of the transform pair."""
+        return self._M
 
     def __call__(self, input_array=None, output_array=None, **kw: Any) -> np.ndarray:
         src = self.input_array if input_array is None else input_array
@@ -452,8 +457,9 @@ class FFT(FFTBase):
         engine.prepare(U, V, self.axes, False)
         if not (self.dtype.kind == "f" and not self.real_transform):
             engine.prepare(V, U, self.axes, True)
-        fwd = _Step(lambda src, dst, **kw: self._default(src, dst, False, 1.0), U, V)
-        bck = _Step(lambda src, dst, **kw: self._default(src, dst, True, 1.0), V, U)
+        M = 1.0 / prod(self.shape[a] for a in self.axes)
+        fwd = _Step(lambda src, dst, **kw: self._default(src, dst, False, 1.0), U, V, M)
+        bck = _Step(lambda src, dst, **kw: self._default(src, dst, True, 1.0), V, U, M)
         return fwd, bck
 
     def _plan_custom(self) -> tuple[Any, Any]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from math import prod
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 
@@ -88,7 +88,7 @@ idct_type = {1: FFTW_REDFT00, 2: FFTW_REDFT01, 3: FFTW_REDFT10, 4: FFTW_REDFT11}
 dst_type = {1: FFTW_RODFT00, 2: FFTW_RODFT10, 3: FFTW_RODFT01, 4: FFTW_RODFT11}
 idst_type = {1: FFTW_RODFT00, 2: FFTW_RODFT01, 3: FFTW_RODFT10, 4: FFTW_RODFT11}
 
-_Flags = Sequence[int]
+_Flags = Union[int, Sequence[int]]
 
 
 def _check_dtype(a: np.ndarray, chars: str, what: str) -> None:
@@ -258,7 +258,7 @@ def irfftn(
         The planned transform; normalization ``1/prod(output shape[axes])``.
     """
     _check_dtype(input_array, "FDG", "irfftn")
-    if FFTW_PRESERVE_INPUT in flags:
+    if FFTW_PRESERVE_INPUT in ([flags] if isinstance(flags, (int, np.integer)) else flags):
         raise ValueError("irfftn cannot be planned with FFTW_PRESERVE_INPUT")
     output_array = _c2r_output(input_array, s, axes, output_array)
     M = _fourier_norm(output_array.shape, axes)
