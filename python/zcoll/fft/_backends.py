@@ -53,6 +53,9 @@ class NumpyBackend:
             out *= out.real.dtype.type(undo)
         return out
 
+    def prepare(self, a, out, axes, inverse) -> None:
+        """Make ready for transforms of arrays like `a` into `out` (nothing to plan here)."""
+
     def c2c(self, a, out, axes, inverse, factor=1.0):
         func = self._module.ifftn if inverse else self._module.fftn
         n = prod(a.shape[ax] for ax in axes)
@@ -122,6 +125,10 @@ class PyfftwBackend:
             )  # fmt: skip
             self._plans[key] = plan
         return plan
+
+    def prepare(self, a, out, axes, inverse) -> None:
+        """Plan now (not at the first call) for transforms of arrays like `a` into `out`."""
+        self._plan(a, out, tuple(axes), "FFTW_BACKWARD" if inverse else "FFTW_FORWARD")
 
     def _run(self, a, out, axes, direction, factor):
         # Plans are made for C-ordered arrays, and FFTW compares strides exactly.
