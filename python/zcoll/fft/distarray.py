@@ -12,7 +12,7 @@ from mpi4py import MPI
 
 from .._arena import empty
 from .._context import lookup
-from .pencil import Pencil, Subcomm
+from .pencil import Pencil, Subcomm, same_comm
 
 if TYPE_CHECKING:
     from .mpifft import PFFT
@@ -323,10 +323,11 @@ class DistArray(np.ndarray):
 
 
 def _layout_problem(a: Pencil, b: Pencil) -> str:
-    """mpi4py-fft's check that `b` distributes every axis but the two aligned ones as `a`."""
+    """mpi4py-fft's check that `b` distributes every axis but the two aligned ones as `a`
+    (communicators with the same ranks in the same order count as the same)."""
     for i in range(len(a.shape)):
         if i not in (a.axis, b.axis) and (
-            a.subcomm[i] != b.subcomm[i] or a.subshape[i] != b.subshape[i]
+            not same_comm(a.subcomm[i], b.subcomm[i]) or a.subshape[i] != b.subshape[i]
         ):
             return f"axis {i} is distributed differently"
     return ""
@@ -378,7 +379,12 @@ def _allocate(cls, pencil: Pencil, lead: tuple[int, ...], dtype, val, buffer) ->
     dtype = np.dtype(dtype)
     shape = (*lead, *pencil.subshape)
     if buffer is None and pencil.comm is not None and not dtype.hasobject:
-        obj = empty(pencil.comm, shape, dtype).view(cls)
+        # On the arena block itself (not a view of an ndarray), so that ``obj.v.base`` is
+        # `obj`, as for mpi4py-fft's arrays, which own their memory.
+        root = empty(pencil.comm, shape, dtype)
+        while isinstance(root, np.ndarray):
+            root = root.base
+        obj = np.ndarray.__new__(cls, shape, dtype=dtype, buffer=root)
     else:
         obj = np.ndarray.__new__(cls, shape, dtype=dtype, buffer=buffer)
     if buffer is None and isinstance(val, Number):

@@ -250,10 +250,11 @@ class Pencil:
             return f"both pencils are aligned in axis {self.axis}"
         for i in range(len(self.shape)):
             if i not in (self.axis, other.axis) and (
-                self.subcomm[i] != other.subcomm[i] or self.subshape[i] != other.subshape[i]
+                not same_comm(self.subcomm[i], other.subcomm[i])
+                or self.subshape[i] != other.subshape[i]
             ):
                 return f"the pencils distribute axis {i} differently"
-        if self.subcomm[other.axis] != other.subcomm[self.axis]:
+        if not same_comm(self.subcomm[other.axis], other.subcomm[self.axis]):
             return (
                 f"axis {other.axis} of this pencil must be distributed as axis {self.axis} of "
                 "the other"
@@ -263,6 +264,12 @@ class Pencil:
     def local_slice(self) -> tuple[slice, ...]:
         """Where this rank's part lies in the global array."""
         return tuple(slice(s, s + n) for s, n in zip(self.substart, self.subshape))
+
+
+def same_comm(a: MPI.Comm, b: MPI.Comm) -> bool:
+    """Whether `a` and `b` distribute alike: the same ranks in the same order (mpi4py-fft
+    asks for the same communicator)."""
+    return a == b or MPI.Comm.Compare(a, b) in (MPI.IDENT, MPI.CONGRUENT)
 
 
 def _axis(axis: int, ndim: int) -> int:
