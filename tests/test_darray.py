@@ -12,11 +12,11 @@ import warnings
 
 import numpy as np
 import pytest
-from conftest import all_ranks_agree
 from mpi4py import MPI
 from test_pencil import block, count_plan_runs, expect_everywhere, global_array, tiles
 
 import zcoll
+from conftest import all_ranks_agree
 from zcoll.fft import PFFT, DistArray
 from zcoll.fft.distarray import Function, newDistArray
 from zcoll.fft.pencil import Subcomm

@@ -501,9 +501,13 @@ def test_plans_interleaved(world, plans):
 def make_transfer(comm, shape, dtype, axis_a, axis_b, **options):
     """A Transfer by mpi4py-fft's positional signature, the subshapes from the block formula."""
     sub_a, sub_b = list(shape), list(shape)
-    cut_b, cut_a = block(shape[axis_b], comm.size, comm.rank), block(shape[axis_a], comm.size, comm.rank)
+    cut_b, cut_a = (
+        block(shape[axis_b], comm.size, comm.rank),
+        block(shape[axis_a], comm.size, comm.rank),
+    )
     sub_a[axis_b], sub_b[axis_a] = cut_b.stop - cut_b.start, cut_a.stop - cut_a.start
     return Transfer(comm, shape, dtype, sub_a, axis_a, sub_b, axis_b, **options)
+
 
 TRANSFER_CASES = [
     ((10, 7, 6), 2, 0),
@@ -951,7 +955,9 @@ def test_bad_transfer_arguments(world):
     with pytest.raises(ValueError, match="range"):
         Transfer(world, (4, 4, 4), np.float64, (4, 4, 4), 0, (4, 4, 4), 3)
     with pytest.raises(ValueError, match="subshapeB"):  # wrong on rank 0 only: every rank raises
-        sub_b = (5, 4, 4) if first(world) else make_transfer(world, (4, 4, 4), float, 0, 1).subshapeB
+        sub_b = (
+            (5, 4, 4) if first(world) else make_transfer(world, (4, 4, 4), float, 0, 1).subshapeB
+        )
         Transfer(world, (4, 4, 4), float, make_transfer(world, (4, 4, 4), float, 0, 1).subshapeA, 0,
                  sub_b, 1)  # fmt: skip
     t = make_transfer(world, (10, 7, 6), np.float64, 2, 0)

@@ -12,11 +12,11 @@ from itertools import product
 
 import numpy as np
 import pytest
-from conftest import all_ranks_agree
 from mpi4py import MPI
 
 import zcoll
 import zcoll.fft.pencil as pencil_module
+from conftest import all_ranks_agree
 from zcoll.fft.pencil import Pencil, Subcomm, Transfer
 
 

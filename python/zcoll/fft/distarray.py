@@ -301,6 +301,7 @@ class DistArray(np.ndarray):
         """
         from . import io
 
+        f: Any
         if isinstance(filename, str):
             writer = io.HDF5File if filename.endswith(".h5") else io.NCFile
             f = writer(filename, domain=domain, mode="a")
@@ -314,6 +315,7 @@ class DistArray(np.ndarray):
         ``DistArray.read``); the same requirements as :meth:`write`."""
         from . import io
 
+        f: Any
         if isinstance(filename, str):
             reader = io.HDF5File if filename.endswith(".h5") else io.NCFile
             f = reader(filename, mode="r")
@@ -381,7 +383,7 @@ def _allocate(cls, pencil: Pencil, lead: tuple[int, ...], dtype, val, buffer) ->
     if buffer is None and pencil.comm is not None and not dtype.hasobject:
         # On the arena block itself (not a view of an ndarray), so that ``obj.v.base`` is
         # `obj`, as for mpi4py-fft's arrays, which own their memory.
-        root = empty(pencil.comm, shape, dtype)
+        root: Any = empty(pencil.comm, shape, dtype)
         while isinstance(root, np.ndarray):
             root = root.base
         obj = np.ndarray.__new__(cls, shape, dtype=dtype, buffer=root)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -101,17 +101,19 @@ class Subcomm(tuple):
         if comm.Get_topology() == MPI.CART:
             if dims is not None:
                 raise ValueError("zcoll.fft.Subcomm: dims must be None for a Cartesian comm")
-            cart = comm
+            cart = cast(MPI.Cartcomm, comm)
+            owned = False
             if cart.Get_dim() < 1:
                 raise ValueError("zcoll.fft.Subcomm: the Cartesian communicator has no axes")
         else:
             grid = MPI.Compute_dims(comm.size, fitting_dims(comm.size, _grid_request(dims)))
             cart = comm.Create_cart(grid, reorder=bool(reorder))
+            owned = True
         ndim = cart.Get_dim()
         subs = [cart.Sub([k == i for k in range(ndim)]) for i in range(ndim)]
         self = super().__new__(cls, subs)
         self.comm = cart
-        self._owns_comm = cart is not comm
+        self._owns_comm = owned
         return self
 
     @property
