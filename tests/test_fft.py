@@ -381,7 +381,8 @@ def test_dist_array_redistribute(world, plans, dtype):
         elif v.global_shape != shape or not np.array_equal(v, g[v.local_slice()]):
             bad.append(f"redistribute({axis}) wrong data")
         target = np.zeros_like(v)  # a DistArray (not in the arena) on v's pencil
-        v2 = u.redistribute(axis, out=target)
+        # out= alone: with `axis` as well, an array already aligned in it returns itself
+        v2 = u.redistribute(out=target)
         if v2 is not target or not np.array_equal(target, v):
             bad.append(f"redistribute({axis}, out=) wrong")
         u = v
@@ -496,6 +497,18 @@ def test_plans_interleaved(world, plans):
 
 # -- Transfer on its own ------------------------------------------------------------------------
 
+
+def make_transfer(comm, shape, dtype, axis_a, axis_b, **options):
+    """A Transfer by mpi4py-fft's positional signature, the subshapes from the block formula."""
+    sub_a, sub_b = list(shape), list(shape)
+    cut_b, cut_a = (
+        block(shape[axis_b], comm.size, comm.rank),
+        block(shape[axis_a], comm.size, comm.rank),
+    )
+    sub_a[axis_b], sub_b[axis_a] = cut_b.stop - cut_b.start, cut_a.stop - cut_a.start
+    return Transfer(comm, shape, dtype, sub_a, axis_a, sub_b, axis_b, **options)
+
+
 TRANSFER_CASES = [
     ((10, 7, 6), 2, 0),
     ((10, 7, 6), 0, 2),
@@ -517,7 +530,7 @@ def test_transfer_matches_global_slices(world, dtype, mode, copy):
     for tag, (shape, axis_a, axis_b) in enumerate(TRANSFER_CASES):
         g = random_bytes(tag, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         g = g.view(dtype).reshape(shape)
-        t = Transfer(world, shape, dtype, axis_a, axis_b, copy=copy)
+        t = make_transfer(world, shape, dtype, axis_a, axis_b, copy=copy)
         part_a = [slice(None)] * len(shape)
         part_a[axis_b] = block(shape[axis_b], p, r)
         part_b = [slice(None)] * len(shape)
@@ -544,7 +557,7 @@ def test_transfer_orders_and_communicators(world, comm, order):
     p, r = comm.size, comm.rank
     shape, axis_a, axis_b = (10, 7, 6), 2, 0
     g = np.arange(np.prod(shape), dtype=np.int64).reshape(shape) * 3 + 1
-    t = Transfer(comm, shape, np.int64, axis_a, axis_b, order=order)
+    t = make_transfer(comm, shape, np.int64, axis_a, axis_b, order=order)
     a = zcoll.empty(comm, t.subshape_a, np.int64)
     a[...] = g[block(10, p, r)]
     b = zcoll.empty(comm, t.subshape_b, np.int64)
@@ -791,7 +804,7 @@ def test_pfft_transposes_are_plans(world, monkeypatch):
 
 
 def test_transfer_free(world):
-    t = Transfer(world, (10, 7, 6), np.float64, 2, 0)
+    t = make_transfer(world, (10, 7, 6), np.float64, 2, 0)
     a = np.ones(t.subshape_a)
     b = np.empty(t.subshape_b)
     t.forward(a, b)
@@ -920,26 +933,34 @@ def test_plan_arguments_differ_between_ranks(world):
 
 def test_bad_dist_array_arguments(world, plans):
     fft = plans(world, (8, 6, 5), dtype=np.float64)
-    expect_everywhere(world, lambda: newDistArray(fft, True, rank=1), ValueError, "rank=0")
+    expect_everywhere(world, lambda: newDistArray(fft, True, rank=-1), ValueError, "rank=-1")
     u = newDistArray(fft, False, val=1)
     good = np.zeros(fft.pencil(False).pencil(0).subshape)
     wrong = np.zeros((1, *u.shape))
-    # `out` of the wrong shape on every rank, then on rank 0 only: every rank raises
-    expect_everywhere(world, lambda: u.redistribute(0, out=wrong), ValueError, "out")
-    mine = wrong if world.rank == 0 else good
-    expect_everywhere(world, lambda: u.redistribute(0, out=mine), ValueError, "out")
+    expect_everywhere(world, lambda: u.redistribute(out=wrong), ValueError, "out")
+    if u.commsizes[0] > 1:  # else redistribute(0) only relabels u (mpi4py-fft): nothing to check
+        # `out` of the wrong shape on every rank, then on rank 0 only: every rank raises
+        expect_everywhere(world, lambda: u.redistribute(0, out=wrong), ValueError, "out")
+        mine = wrong if world.rank == 0 else good
+        expect_everywhere(world, lambda: u.redistribute(0, out=mine), ValueError, "out")
     v = u.redistribute(0)
     all_ranks_agree(world, bool((v == 1).all()), "redistribute after errors")
 
 
 def test_bad_transfer_arguments(world):
     with pytest.raises(ValueError, match="differ"):
-        Transfer(world, (4, 4, 4), np.float64, 1, 1)
+        Transfer(world, (4, 4, 4), np.float64, (4, 4, 4), 1, (4, 4, 4), 1)
     with pytest.raises(ValueError, match="order"):
-        Transfer(world, (4, 4, 4), np.float64, 0, 1, order="zigzag")
+        make_transfer(world, (4, 4, 4), np.float64, 0, 1, order="zigzag")
     with pytest.raises(ValueError, match="range"):
-        Transfer(world, (4, 4, 4), np.float64, 0, 3)
-    t = Transfer(world, (10, 7, 6), np.float64, 2, 0)
+        Transfer(world, (4, 4, 4), np.float64, (4, 4, 4), 0, (4, 4, 4), 3)
+    with pytest.raises(ValueError, match="subshapeB"):  # wrong on rank 0 only: every rank raises
+        sub_b = (
+            (5, 4, 4) if first(world) else make_transfer(world, (4, 4, 4), float, 0, 1).subshapeB
+        )
+        Transfer(world, (4, 4, 4), float, make_transfer(world, (4, 4, 4), float, 0, 1).subshapeA, 0,
+                 sub_b, 1)  # fmt: skip
+    t = make_transfer(world, (10, 7, 6), np.float64, 2, 0)
     a = zcoll.empty(world, t.subshape_a, np.float64)
     b = zcoll.empty(world, t.subshape_b, np.float64)
     wrong = zcoll.empty(world, (t.subshape_b[0] + 1, *t.subshape_b[1:]), np.float64)

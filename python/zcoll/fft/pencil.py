@@ -12,7 +12,9 @@ and resolved once and run many times.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
+from typing import NamedTuple, cast
 
 import numpy as np
 from mpi4py import MPI
@@ -45,27 +47,74 @@ def fitting_dims(size: int, dims: Sequence[int]) -> list[int]:
     return dims
 
 
+def _grid_request(dims) -> list[int]:
+    """mpi4py-fft's forms of `dims` (None, an int, a sequence) as a list for Compute_dims."""
+    if dims is None:
+        return [0]
+    if np.ndim(dims) == 0:
+        n = operator.index(dims)
+        if n <= 0:
+            raise ValueError(f"zcoll.fft.Subcomm: dims={n} must be a positive number of axes")
+        return [0] * n
+    dims = [operator.index(d) for d in dims]
+    if not dims:
+        raise ValueError("zcoll.fft.Subcomm: dims must not be empty")
+    return dims
+
+
 class Subcomm(tuple):
     """One communicator per axis of a Cartesian process grid (mpi4py-fft's ``Subcomm``).
 
     Parameters
     ----------
-    comm : mpi4py.MPI.Comm
-        The communicator to decompose.
-    dims : sequence of int
+    comm : mpi4py.MPI.Intracomm
+        The communicator to decompose, or a Cartesian communicator whose grid is used as is
+        (then `dims` must be None).
+    dims : None, int or sequence of int, optional
         Processes along each axis; values <= 0 are wildcards filled by ``MPI.Compute_dims``.
+        An int ``d`` is ``[0] * d``; None is ``[0]`` (a one-dimensional grid).
+    reorder : bool, optional
+        Passed to ``Create_cart``.
+
+    Attributes
+    ----------
+    comm : mpi4py.MPI.Cartcomm or None
+        The Cartesian communicator spanning the grid (the one made here, or the one passed
+        in); zcoll allocates the arena arrays of pencils on this grid over it. None after
+        :meth:`destroy`.
+    dims : tuple of int
+        Processes along each axis.
 
     Notes
     -----
-    Collective over `comm`. :meth:`destroy` frees the communicators (also collective).
+    Collective over `comm`. :meth:`destroy` frees the sub-communicators and the Cartesian
+    communicator made here (also collective); a Cartesian communicator passed in stays the
+    caller's.
     """
 
-    def __new__(cls, comm: MPI.Intracomm, dims: Sequence[int]):
-        dims = MPI.Compute_dims(comm.size, fitting_dims(comm.size, dims))
-        cart = comm.Create_cart(dims, reorder=False)
-        subs = [cart.Sub([k == i for k in range(len(dims))]) for i in range(len(dims))]
-        cart.Free()
-        return super().__new__(cls, subs)
+    comm: MPI.Cartcomm | None
+    _owns_comm: bool
+
+    def __new__(cls, comm: MPI.Intracomm, dims=None, reorder: bool = True):
+        if not isinstance(comm, MPI.Comm) or comm.Is_inter():
+            raise TypeError(f"zcoll.fft.Subcomm: expected an intracommunicator, got {comm!r}")
+        if comm.Get_topology() == MPI.CART:
+            if dims is not None:
+                raise ValueError("zcoll.fft.Subcomm: dims must be None for a Cartesian comm")
+            cart = cast(MPI.Cartcomm, comm)
+            owned = False
+            if cart.Get_dim() < 1:
+                raise ValueError("zcoll.fft.Subcomm: the Cartesian communicator has no axes")
+        else:
+            grid = MPI.Compute_dims(comm.size, fitting_dims(comm.size, _grid_request(dims)))
+            cart = comm.Create_cart(grid, reorder=bool(reorder))
+            owned = True
+        ndim = cart.Get_dim()
+        subs = [cart.Sub([k == i for k in range(ndim)]) for i in range(ndim)]
+        self = super().__new__(cls, subs)
+        self.comm = cart
+        self._owns_comm = owned
+        return self
 
     @property
     def dims(self) -> tuple[int, ...]:
@@ -76,39 +125,67 @@ class Subcomm(tuple):
         for c in self:
             if c != MPI.COMM_NULL:
                 c.Free()
+        if self.comm is not None and self._owns_comm and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+        self.comm = None
 
 
 class Pencil:
-    """A global shape distributed over `subcomms`, aligned (whole on every rank) in `axis`.
+    """A global shape distributed over `subcomm`, aligned (whole on every rank) in `axis`.
 
     Parameters
     ----------
-    subcomms : sequence of mpi4py.MPI.Comm
-        One communicator per axis; ``subcomms[axis]`` must have size 1.
+    subcomm : Subcomm or sequence of mpi4py.MPI.Comm
+        One communicator per axis (``subcomm[axis]`` of size 1), or fewer: then, as in
+        mpi4py-fft, they are padded with ``MPI.COMM_SELF`` to one less than the number of
+        axes and one ``COMM_SELF`` is inserted at `axis`.
     shape : sequence of int
-        Global shape.
-    axis : int
-        The aligned axis.
+        Global shape (at least two axes, none empty).
+    axis : int, optional
+        The aligned axis (default the last).
     comm : mpi4py.MPI.Comm, optional
-        A communicator spanning the whole grid, on which arrays of this pencil are allocated.
+        A communicator spanning the whole grid, over which arena arrays of this pencil are
+        allocated collectively. Default: ``subcomm.comm`` where `subcomm` is a
+        :class:`Subcomm`, else None (arrays of this pencil are then ordinary NumPy arrays).
+
+    Attributes
+    ----------
+    shape, axis, subcomm, subshape, substart, comm
+
+    Notes
+    -----
+    Local. mpi4py-fft asserts its arguments; zcoll raises ValueError. Unlike mpi4py-fft, an
+    axis may be shorter than the processes along it (some ranks then hold empty blocks);
+    :meth:`too_small` says where.
     """
 
     def __init__(
         self,
-        subcomms: Sequence[MPI.Comm],
+        subcomm: Sequence[MPI.Comm],
         shape: Sequence[int],
-        axis: int,
+        axis: int = -1,
         comm: MPI.Comm | None = None,
     ) -> None:
+        shape = tuple(operator.index(n) for n in shape)
         ndim = len(shape)
+        if ndim < 2:
+            raise ValueError(f"zcoll.fft.Pencil: shape {shape} must have at least two axes")
+        if min(shape) < 1:
+            raise ValueError(f"zcoll.fft.Pencil: shape {shape} has an empty axis")
         axis = _axis(axis, ndim)
-        if len(subcomms) != ndim:
-            raise ValueError(f"zcoll.fft: {len(subcomms)} communicators for {ndim} axes")
-        if subcomms[axis].size != 1:
-            raise ValueError(f"zcoll.fft: the aligned axis {axis} must not be distributed")
-        self.shape = tuple(int(n) for n in shape)
+        if comm is None:
+            comm = getattr(subcomm, "comm", None)
+        subs = list(subcomm)
+        if not 1 <= len(subs) <= ndim:
+            raise ValueError(f"zcoll.fft.Pencil: {len(subs)} communicators for {ndim} axes")
+        if len(subs) < ndim:
+            subs += [MPI.COMM_SELF] * (ndim - 1 - len(subs))
+            subs.insert(axis, MPI.COMM_SELF)
+        if subs[axis].size != 1:
+            raise ValueError(f"zcoll.fft.Pencil: the aligned axis {axis} must not be distributed")
+        self.shape = shape
         self.axis = axis
-        self.subcomm = tuple(subcomms)
+        self.subcomm = tuple(subs)
         self.comm = comm
         self._transfers: dict[tuple, Transfer] = {}
         shares = [block_share(n, c.size, c.rank) for n, c in zip(self.shape, self.subcomm)]
@@ -139,40 +216,90 @@ class Pencil:
         return Pencil(self.subcomm, shape, self.axis, self.comm)
 
     def transfer(
-        self, other: Pencil, dtype, *, order: str = AUTO, copy: str = AUTO, staging=True
+        self, pencil: Pencil, dtype, *, order: str = AUTO, copy: str = AUTO, staging=True
     ) -> Transfer:
-        """Collective: the transfer from this pencil to `other` (aligned in another axis);
-        made once per (axis, dtype, order, copy, staging) and kept."""
-        key = (other.axis, np.dtype(dtype), order, copy, staging)
-        if key not in self._transfers:
-            comm = self.subcomm[other.axis]
+        """Collective (over ``self.subcomm[pencil.axis]``): the :class:`Transfer` from this
+        pencil to `pencil`, aligned in another axis.
+
+        Made once per (axis, dtype, order, copy, staging) and kept for later calls (a new one
+        is made after the kept one's :meth:`Transfer.free` or :meth:`Transfer.destroy`).
+
+        Raises
+        ------
+        ValueError
+            If `pencil` is not this distribution aligned in another axis.
+        """
+        if error := self._transfer_problem(pencil):
+            raise ValueError(f"zcoll.fft.Pencil.transfer: {error}")
+        key = (pencil.axis, np.dtype(dtype), order, copy, staging)
+        kept = self._transfers.get(key)
+        if kept is None or kept.freed:
+            comm = self.subcomm[pencil.axis]
             shape = list(self.subshape)
-            shape[self.axis] = self.shape[self.axis]
-            shape[other.axis] = self.shape[other.axis]
-            self._transfers[key] = Transfer(
-                comm, shape, dtype, self.axis, other.axis, order=order, copy=copy, staging=staging
+            shape[pencil.axis] = self.shape[pencil.axis]
+            kept = self._transfers[key] = Transfer(
+                comm, shape, dtype, self.subshape, self.axis, pencil.subshape, pencil.axis,
+                order=order, copy=copy, staging=staging,
+            )  # fmt: skip
+        return kept
+
+    def _transfer_problem(self, other) -> str:
+        if not isinstance(other, Pencil):
+            return f"expected a Pencil, got {type(other).__name__}"
+        if other.shape != self.shape:
+            return f"the pencils' global shapes differ: {self.shape} and {other.shape}"
+        if other.axis == self.axis:
+            return f"both pencils are aligned in axis {self.axis}"
+        for i in range(len(self.shape)):
+            if i not in (self.axis, other.axis) and (
+                not same_comm(self.subcomm[i], other.subcomm[i])
+                or self.subshape[i] != other.subshape[i]
+            ):
+                return f"the pencils distribute axis {i} differently"
+        if not same_comm(self.subcomm[other.axis], other.subcomm[self.axis]):
+            return (
+                f"axis {other.axis} of this pencil must be distributed as axis {self.axis} of "
+                "the other"
             )
-        return self._transfers[key]
+        return ""
 
     def local_slice(self) -> tuple[slice, ...]:
+        """Where this rank's part lies in the global array."""
         return tuple(slice(s, s + n) for s, n in zip(self.substart, self.subshape))
 
 
+def same_comm(a: MPI.Comm, b: MPI.Comm) -> bool:
+    """Whether `a` and `b` distribute alike: the same ranks in the same order (mpi4py-fft
+    asks for the same communicator)."""
+    return a == b or MPI.Comm.Compare(a, b) in (MPI.IDENT, MPI.CONGRUENT)
+
+
 def _axis(axis: int, ndim: int) -> int:
-    axis = int(axis)
+    axis = operator.index(axis)
     if not -ndim <= axis < ndim:
         raise ValueError(f"zcoll.fft: axis {axis} is out of range for {ndim} dimensions")
     return axis % ndim
 
 
-class Transfer:
-    """Global transpose over `comm` from alignment in `axis_a` to alignment in `axis_b`.
+class _Staging(NamedTuple):
+    """A Transfer's arena work arrays for one leading shape, with the plans of both
+    directions between them."""
 
-    The global array has shape `shape` as seen by `comm`: axes `axis_a` and `axis_b` at their
-    global lengths, every other axis at the local extent that all ranks of `comm` share. Before,
-    every rank holds all of `axis_a` and its block of `axis_b` (shape :attr:`subshape_a`);
-    after, all of `axis_b` and its block of `axis_a` (:attr:`subshape_b`). Blocks follow
-    mpi4py-fft's distribution (the first ``n % p`` ranks hold one more element).
+    work_a: np.ndarray
+    work_b: np.ndarray
+    forward: TransferPlan
+    backward: TransferPlan
+
+
+class Transfer:
+    """Global transpose over `comm` from alignment in `axisA` to alignment in `axisB`.
+
+    mpi4py-fft's ``Transfer``, with its positional signature. The global array has shape
+    `shape` as seen by `comm`: axes `axisA` and `axisB` at their global lengths, every other
+    axis at the local extent that all ranks of `comm` share. Before, every rank holds all of
+    `axisA` and its block of `axisB` (shape `subshapeA`); after, all of `axisB` and its block
+    of `axisA` (`subshapeB`). Blocks follow mpi4py-fft's distribution (the first ``n % p``
+    ranks hold one more element).
 
     Parameters
     ----------
@@ -182,8 +309,14 @@ class Transfer:
         See above.
     dtype : numpy.dtype
         Element type (any dtype without Python objects).
-    axis_a, axis_b : int
-        The aligned axis before and after :meth:`forward`.
+    subshapeA : sequence of int
+        This rank's shape before: `shape` with `axisB` cut to this rank's block.
+    axisA : int
+        The aligned axis before :meth:`forward`.
+    subshapeB : sequence of int
+        This rank's shape after: `shape` with `axisA` cut to this rank's block.
+    axisB : int
+        The aligned axis after :meth:`forward`.
     order : str
         Block order of the exchange, as for :func:`zcoll.alltoall`.
     copy : str
@@ -193,27 +326,48 @@ class Transfer:
         arrays are staged, and the persistent plans of both directions on them. Without them
         every array passed must be an arena array, and each call is a plain :func:`transfer`.
 
+    Attributes
+    ----------
+    comm, shape, dtype, subshapeA, axisA, subshapeB, axisB
+        As given (axes made non-negative).
+    axis_a, axis_b, subshape_a, subshape_b
+        zcoll's names of the same.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank of `comm`, if any rank's arguments are invalid (among them subshapes
+        other than the block distribution gives).
+
     Notes
     -----
     Construction is collective (over `comm`). :meth:`forward` and :meth:`backward` are
     collective over `comm`. On a node the transpose is one strided copy per element from the
     source array into the destination array; arrays outside the arena cost one extra copy each.
 
-    With `staging`, each direction is a :class:`TransferPlan` built here between the work
-    arrays: every check, the agreement between ranks, the schedule, the copy mode and the
-    peers' addresses are settled once, and a call is one run (one crossing into the engine, two
-    node barriers, the copies). Each rank still decides alone, on every call, whether its
-    arrays go through the work arrays: an array that already is a C-contiguous arena array is
-    handed to the run in place of the work array (the plan's rebinding: the rank publishes its
-    address in the run's entry barrier, which it passes anyway), any other one is copied into
-    or out of the work array. So every rank always runs the same plan -- never a plan on one
-    rank and a plain transfer on another, which would raise -- without an extra barrier to
-    agree on staging and without an extra copy of arena arrays. On a communicator spanning
-    several nodes each call also agrees across nodes (one small allgather, as a plain transfer
-    does), and blocks between nodes go by MPI with subarray datatypes made at construction.
+    **Several components at once.** ``forward(a, b)`` also takes arrays with extra leading
+    axes, ``lead + subshapeA`` and ``lead + subshapeB`` (a vector field ``(3, *subshapeA)``,
+    for example): all components move in one exchange (one transpose of the global shape
+    ``lead + shape``: the barriers of one transfer, not one transfer per component). With
+    `staging`, the work arrays and plans for a leading shape are made collectively on its first
+    use and kept; ranks that pass different leading shapes raise on every rank.
+
+    With `staging`, each direction is a :class:`TransferPlan` between the work arrays: every
+    check, the agreement between ranks, the schedule, the copy mode and the peers' addresses
+    are settled once, and a call is one run (one crossing into the engine, two node barriers,
+    the copies). Each rank still decides alone, on every call, whether its arrays go through
+    the work arrays: an array that already is a C-contiguous arena array is handed to the run
+    in place of the work array (the plan's rebinding: the rank publishes its address in the
+    run's entry barrier, which it passes anyway), any other one is copied into or out of the
+    work array. So every rank always runs the same plan -- never a plan on one rank and a plain
+    transfer on another, which would raise -- without an extra barrier to agree on staging and
+    without an extra copy of arena arrays. On a communicator spanning several nodes each call
+    also agrees across nodes (one small allgather, as a plain transfer does), and blocks
+    between nodes go by MPI with subarray datatypes made at construction.
 
     :meth:`forward_init` and :meth:`backward_init` make plans between arrays of your own (how
-    :class:`PFFT` runs its transposes); :meth:`free` frees the work arrays' plans.
+    :class:`PFFT` runs its transposes); :meth:`free` frees the work arrays' plans and
+    :meth:`destroy` also drops the work arrays.
     """
 
     def __init__(
@@ -221,80 +375,137 @@ class Transfer:
         comm,
         shape,
         dtype,
-        axis_a: int,
-        axis_b: int,
+        subshapeA,
+        axisA: int,
+        subshapeB,
+        axisB: int,
         *,
         order=AUTO,
         copy=AUTO,
         staging=True,
     ) -> None:
         self.comm = comm
-        self.shape = tuple(int(n) for n in shape)
+        self._setup(shape, dtype, axisA, axisB, order, copy)
+        ctx = lookup(comm)  # the context is made now, collectively, not inside a first call
+        # Arguments the same on every rank raise above; the subshapes are each rank's own.
+        ctx.raise_together("fft.Transfer", self._subshape_error(subshapeA, subshapeB))
+        self._staging = bool(staging)
+        self._staged: dict[tuple[int, ...], _Staging] = {}
+        self._freed = False
+        if staging:
+            self._staged_for(())
+
+    def _setup(self, shape, dtype, axisA, axisB, order, copy) -> None:
+        self.shape = tuple(operator.index(n) for n in shape)
         ndim = len(self.shape)
-        self.axis_a, self.axis_b = _axis(axis_a, ndim), _axis(axis_b, ndim)
-        if self.axis_a == self.axis_b:
-            raise ValueError("zcoll.fft.Transfer: axis_a and axis_b must differ")
+        self.axisA, self.axisB = _axis(axisA, ndim), _axis(axisB, ndim)
+        if self.axisA == self.axisB:
+            raise ValueError("zcoll.fft.Transfer: axisA and axisB must differ")
         self.dtype = np.dtype(dtype)
         if error := _option_error(order, copy):
             raise error
         self.order, self.copy = order, copy
-        self.subshape_a = self._subshape(self.axis_b)
-        self.subshape_b = self._subshape(self.axis_a)
-        lookup(comm)  # the context is made now, collectively, not inside a first call
-        self._work: tuple[np.ndarray, np.ndarray] | None = None
-        self._plans: tuple[TransferPlan, TransferPlan] | None = None
-        if staging:
-            work = (
-                empty(comm, self.subshape_a, self.dtype),
-                empty(comm, self.subshape_b, self.dtype),
-            )
-            self._work = work
-            self._plans = (
-                self.forward_init(work[0], work[1]),
-                self.backward_init(work[1], work[0]),
-            )
 
-    def _subshape(self, distributed: int) -> tuple[int, ...]:
-        shape = list(self.shape)
-        shape[distributed] = block_share(shape[distributed], self.comm.size, self.comm.rank)[0]
-        return tuple(shape)
+    def _subshape_error(self, subshapeA, subshapeB) -> ValueError | None:
+        try:
+            self.subshapeA = tuple(operator.index(n) for n in subshapeA)
+            self.subshapeB = tuple(operator.index(n) for n in subshapeB)
+        except TypeError:
+            return ValueError("subshapeA and subshapeB must be sequences of int")
+        given = {"A": self.subshapeA, "B": self.subshapeB}
+        for name, cut in (("A", self.axisB), ("B", self.axisA)):
+            want = list(self.shape)
+            want[cut] = block_share(want[cut], self.comm.size, self.comm.rank)[0]
+            if given[name] != tuple(want):
+                return ValueError(
+                    f"subshape{name} {given[name]} is not this rank's block {tuple(want)} of "
+                    f"{self.shape}"
+                )
+        return None
 
-    def forward(self, array_a: np.ndarray, array_b: np.ndarray) -> np.ndarray:
-        """Redistribute `array_a` (aligned in axis_a) into `array_b` (aligned in axis_b)."""
-        return self._run(array_a, array_b, self.axis_a, self.axis_b, 0)
+    axis_a = property(lambda self: self.axisA, doc="zcoll's name of `axisA`.")
+    axis_b = property(lambda self: self.axisB, doc="zcoll's name of `axisB`.")
+    subshape_a = property(lambda self: self.subshapeA, doc="zcoll's name of `subshapeA`.")
+    subshape_b = property(lambda self: self.subshapeB, doc="zcoll's name of `subshapeB`.")
 
-    def backward(self, array_b: np.ndarray, array_a: np.ndarray) -> np.ndarray:
-        """The inverse of :meth:`forward`."""
-        return self._run(array_b, array_a, self.axis_b, self.axis_a, 1)
+    @property
+    def freed(self) -> bool:
+        """Whether :meth:`free` or :meth:`destroy` was called."""
+        return self._freed
 
-    def forward_init(self, array_a: np.ndarray, array_b: np.ndarray) -> TransferPlan:
-        """Collective: a persistent :meth:`forward` from `array_a` into `array_b` (C-contiguous
-        arena arrays of this rank's shapes); see :func:`transfer_init`."""
-        return transfer_init(self.comm, array_a, array_b, self.shape, self.axis_a, self.axis_b,
-                             order=self.order, copy=self.copy)  # fmt: skip
+    def forward(self, arrayA: np.ndarray, arrayB: np.ndarray) -> np.ndarray:
+        """Collective: redistribute `arrayA` (aligned in axisA) into `arrayB` (aligned in axisB).
 
-    def backward_init(self, array_b: np.ndarray, array_a: np.ndarray) -> TransferPlan:
-        """Collective: a persistent :meth:`backward` from `array_b` into `array_a`."""
-        return transfer_init(self.comm, array_b, array_a, self.shape, self.axis_b, self.axis_a,
-                             order=self.order, copy=self.copy)  # fmt: skip
+        Both of shape ``lead + subshape`` with the same leading shape ``lead`` (none for one
+        component). Returns `arrayB`.
+        """
+        return self._run(arrayA, arrayB, 0)
+
+    def backward(self, arrayB: np.ndarray, arrayA: np.ndarray) -> np.ndarray:
+        """Collective: the inverse of :meth:`forward`; returns `arrayA`."""
+        return self._run(arrayB, arrayA, 1)
+
+    def forward_init(self, arrayA: np.ndarray, arrayB: np.ndarray) -> TransferPlan:
+        """Collective: a persistent :meth:`forward` from `arrayA` into `arrayB` (C-contiguous
+        arena arrays of this rank's shapes, with leading axes if any); see
+        :func:`transfer_init`."""
+        return self._init(arrayA, arrayB, 0)
+
+    def backward_init(self, arrayB: np.ndarray, arrayA: np.ndarray) -> TransferPlan:
+        """Collective: a persistent :meth:`backward` from `arrayB` into `arrayA`."""
+        return self._init(arrayB, arrayA, 1)
 
     def free(self) -> None:
         """Local: free the plans on the work arrays (later calls raise); idempotent."""
-        for plan in self._plans or ():
-            plan.free()
+        self._freed = True
+        for staged in self._staged.values():
+            staged.forward.free()
+            staged.backward.free()
 
-    def _run(self, src, dst, a: int, b: int, side: int) -> np.ndarray:
-        plans, work = self._plans, self._work
-        if plans is None or work is None:
-            transfer(self.comm, src, dst, self.shape, a, b, order=self.order, copy=self.copy)
+    def destroy(self) -> None:
+        """Local: :meth:`free`, and drop the work arrays (mpi4py-fft's ``destroy``)."""
+        self.free()
+        self._staged.clear()
+
+    def _geometry(self, src, side: int) -> tuple[tuple[int, ...], list[int], int, int]:
+        """(leading shape, global shape, source axis, destination axis) for `src`."""
+        k = max(0, getattr(src, "ndim", 0) - len(self.shape))
+        lead = tuple(src.shape[:k]) if k else ()
+        a, b = (self.axisA, self.axisB) if side == 0 else (self.axisB, self.axisA)
+        return lead, [*lead, *self.shape], a + k, b + k
+
+    def _init(self, src, dst, side: int) -> TransferPlan:
+        _, shape, a, b = self._geometry(src, side)
+        return transfer_init(self.comm, src, dst, shape, a, b, order=self.order, copy=self.copy)
+
+    def _staged_for(self, lead: tuple[int, ...]) -> _Staging:
+        staged = self._staged.get(lead)
+        if staged is None:
+            if self._freed:
+                raise ValueError("zcoll.fft.Transfer: used after free() or destroy()")
+            work_a = empty(self.comm, (*lead, *self.subshapeA), self.dtype)
+            work_b = empty(self.comm, (*lead, *self.subshapeB), self.dtype)
+            staged = _Staging(
+                work_a, work_b, self._init(work_a, work_b, 0), self._init(work_b, work_a, 1)
+            )
+            self._staged[lead] = staged
+        return staged
+
+    def _run(self, src, dst, side: int) -> np.ndarray:
+        lead, shape, a, b = self._geometry(src, side)
+        if not self._staging:
+            transfer(self.comm, src, dst, shape, a, b, order=self.order, copy=self.copy)
             return dst
+        staged = self._staged_for(lead)
+        work_src, work_dst = (staged.work_a, staged.work_b)[:: 1 - 2 * side]
+        plan = staged.backward if side else staged.forward
         # Each rank decides alone what goes through the work arrays; the plan runs either way
         # (None: the plan's own array; an arena array: this run's, see the class notes).
-        src_in = src if _shared(src) or not _filled(work[side], src) else None
-        dst_in = dst if _shared(dst) or not _fits(dst, work[1 - side]) else None
-        plans[side].run(src_in, dst_in)
+        src_in = src if _shared(src) or not _filled(work_src, src) else None
+        dst_in = dst if _shared(dst) or not _fits(dst, work_dst) else None
+        plan.run(src_in, dst_in)
         if dst_in is None:
-            dst[...] = work[1 - side]
+            dst[...] = work_dst
         return dst
 
 
@@ -305,17 +516,21 @@ def _shared(a) -> bool:
 def _filled(work: np.ndarray, src) -> bool:
     """Copy `src` into `work`; False when it cannot be (wrong shape or type: the run then gets
     `src` itself, and its checks report the error on every rank)."""
-    try:
-        work[...] = src
-    except (ValueError, TypeError):
+    if not (isinstance(src, np.ndarray) and src.shape == work.shape and src.dtype == work.dtype):
         return False
+    work[...] = src
     return True
 
 
 def _fits(dst, work: np.ndarray) -> bool:
     """Whether the result can be copied from `work` into `dst` after the run (if not, the run
     gets `dst` itself, and its checks report why on every rank)."""
-    return isinstance(dst, np.ndarray) and dst.shape == work.shape and dst.flags.writeable
+    return (
+        isinstance(dst, np.ndarray)
+        and dst.shape == work.shape
+        and dst.dtype == work.dtype
+        and dst.flags.writeable
+    )
 
 
 def transfer(
