@@ -551,7 +551,7 @@ class _Spec:
             grid = tuple(int(g) for g in grid)
             if len(grid) > ndim:
                 raise ValueError(f"grid {grid} has more entries than the {ndim} axes")
-            dims = list(grid) + [1] * (ndim - len(grid))
+            dims = [max(0, g) for g in grid] + [1] * (ndim - len(grid))
         elif darray is None and not isinstance(comm, Subcomm):
             dims = [0] * ndim
             for ax in groups[-1]:
