@@ -215,7 +215,8 @@ class PFFT:
             spec = _Spec.parse(comm, shape, axes, dtype, grid, padding, darray, order, copy, kw)
         except (TypeError, ValueError) as exc:
             spec, problem = None, exc
-        _agree_everywhere(comm, spec, problem, (transforms, backend, collapse, sorted(kw)))
+        options = (transforms, backend, collapse, (order, copy), sorted(kw.items(), key=str))
+        _agree_everywhere(comm, spec, problem, options)
         assert spec is not None
         self.axes = spec.axes
         self.collapse = collapse
@@ -665,9 +666,11 @@ def _allocation_comm(comm, subcomm) -> MPI.Comm:
 def _agree_everywhere(comm, spec, problem, options) -> None:
     """Raise the first rank's argument error on every rank, or an error if ranks disagree."""
     world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", comm[0])
-    transforms, backend, collapse, keywords = options
+    transforms, backend, collapse, exchange, keywords = options
     keys = None if transforms is None else sorted(map(repr, transforms))
-    mine = None if spec is None else (spec.summary(), keys, backend, bool(collapse), keywords)
+    keywords = [(k, repr(v)) for k, v in keywords]
+    mine = None if spec is None else (spec.summary(), keys, backend, bool(collapse), exchange,
+                                      keywords)  # fmt: skip
     err = None if problem is None else (type(problem).__name__, str(problem))
     everyone = world.allgather((mine, err))
     for rank, (_, e) in enumerate(everyone):
@@ -678,7 +681,8 @@ def _agree_everywhere(comm, spec, problem, options) -> None:
         if args != everyone[0][0]:
             raise ValueError(
                 "zcoll.fft.PFFT: ranks disagree on the plan: rank 0 has (shape, axes, dtype, "
-                f"grid, padding), transforms, backend, collapse, keywords = {everyone[0][0]}, "
+                "grid, padding), transforms, backend, collapse, (order, copy), keywords = "
+                f"{everyone[0][0]}, "
                 f"rank {rank} "
                 f"has {args}"
             )
