@@ -112,23 +112,26 @@ class PyfftwBackend:
         self._plans: dict = {}
 
     def _plan(self, a, out, axes, direction):
-        aligned = all(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment) for x in (a, out))
-        key = (a.shape, a.dtype, out.shape, out.dtype, axes, direction, aligned, a is out)
-        plan = self._plans.get(key)
-        if plan is None:
+        """The plan for arrays like `a` and `out`, made on aligned scratch arrays of its own:
+        (plan, scratch_in, scratch_out)."""
+        key = (a.shape, a.dtype, out.shape, out.dtype, axes, direction, a is out)
+        entry = self._plans.get(key)
+        if entry is None:
             scratch_in = self._fftw.empty_aligned(a.shape, a.dtype)
             scratch_out = scratch_in if a is out else self._fftw.empty_aligned(out.shape, out.dtype)
-            flags = [self._effort] + ([] if aligned else ["FFTW_UNALIGNED"])
             plan = self._fftw.FFTW(
-                scratch_in, scratch_out, axes=axes, direction=direction, flags=flags,
+                scratch_in, scratch_out, axes=axes, direction=direction, flags=[self._effort],
                 threads=self._threads,
             )  # fmt: skip
-            self._plans[key] = plan
-        return plan
+            entry = self._plans[key] = (plan, scratch_in, scratch_out)
+        return entry
 
     def prepare(self, a, out, axes, inverse) -> None:
         """Plan now (not at the first call) for transforms of arrays like `a` into `out`."""
         self._plan(a, out, tuple(axes), "FFTW_BACKWARD" if inverse else "FFTW_FORWARD")
+
+    def _aligned(self, x) -> bool:
+        return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))
 
     def _run(self, a, out, axes, direction, factor):
         # Plans are made for C-ordered arrays, and FFTW compares strides exactly.
@@ -137,9 +140,21 @@ class PyfftwBackend:
             return out
         if not _c_strided(a):
             a = np.array(a, order="C")
-        plan = self._plan(a, out, tuple(axes), direction)
-        plan.update_arrays(a, out)
+        plan, scratch_in, scratch_out = self._plan(a, out, tuple(axes), direction)
+        # Arrays that are not SIMD-aligned (NumPy's own are 16-byte aligned) go through the
+        # plan's aligned scratch arrays, as mpi4py-fft copies through its own: a copy, never a
+        # plan made inside the caller's time step.
+        if a is out:
+            src = dst = a if self._aligned(a) else scratch_in
+        else:
+            src = a if self._aligned(a) else scratch_in
+            dst = out if self._aligned(out) else scratch_out
+        if src is not a:
+            np.copyto(src, a)
+        plan.update_arrays(src, dst)
         plan.execute()
+        if dst is not out:
+            np.copyto(out, dst)
         if factor != 1.0:
             out *= out.real.dtype.type(factor)
         return out

@@ -367,16 +367,13 @@ class PFFT:
 
     def _move(self, stages: list[_Stage], i: int, inverse: bool, src: np.ndarray) -> np.ndarray:
         """Redistribute after stage i (of this direction); returns the next stage's input."""
-        nxt = stages[i + 1]
-        dst = _side(nxt.fft, inverse, "input")
         link = stages[i + 1] if inverse else stages[i]  # the stage owning the transfer
         if link.plans is None:
-            t0 = time.perf_counter()
-            dst[...] = src
-            self.timings["transpose"] += time.perf_counter() - t0
-        else:
-            self._timed("transpose", link.plans[1 if inverse else 0])
-        return dst
+            # Over a communicator of one rank the layout does not change (mpi4py-fft copies):
+            # the next stage reads this stage's output where it is.
+            return src
+        self._timed("transpose", link.plans[1 if inverse else 0])
+        return _side(stages[i + 1].fft, inverse, "input")
 
     def _run_batch(self, inverse: bool, src, output_array, lead, normalize) -> np.ndarray:
         """Fields with leading component axes: every stage transforms all components in one
@@ -397,13 +394,12 @@ class PFFT:
             if k < last:
                 j = i - 1 if inverse else i + 1
                 link = j if inverse else i
-                nxt = (batch.outputs if inverse else batch.inputs)[j]
                 plans = batch.plans[link]
                 if plans is None:
-                    nxt[...] = dst
+                    src = dst  # the layout does not change over one rank (see _move)
                 else:
                     self._timed("transpose", plans[1 if inverse else 0])
-                src = nxt
+                    src = (batch.outputs if inverse else batch.inputs)[j]
         return dst
 
     def _batch(self, lead: tuple[int, ...]) -> _Batch:
