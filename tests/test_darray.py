@@ -323,12 +323,17 @@ def test_bad_arguments(world):
     other = DistArray((8, 5), subcomm=(0, 1), alignment=1)
     expect_everywhere(world, lambda: a.redistribute(out=other), ValueError, "global shape")
     expect_everywhere(world, lambda: a.redistribute(), ValueError, "axis or out")
-    if p > 1:
-        good = a.redistribute(0)
-        wrong = np.zeros((good.shape[0] + 1, good.shape[1]))
+    # `out` wrong on rank 0 only: every rank of the grid raises, also where the transfer runs
+    # on part of the grid only (a 3D grid at P = 4: sub-communicators of 2 ranks)
+    for x in (a, DistArray((8, 6, 4), subcomm=(0, 0, 1), val=1)):
+        if x.commsizes[0] == 1:
+            continue
+        good = x.redistribute(0)
+        wrong = np.zeros((good.shape[0] + 1, *good.shape[1:]))
         mine = wrong if world.rank == 0 else np.zeros(good.shape)
-        expect_everywhere(world, lambda: a.redistribute(0, out=mine), ValueError, "out")
-        b = a.redistribute(0)
+        expect_everywhere(world, lambda x=x, mine=mine: x.redistribute(0, out=mine), ValueError,
+                          "out")  # fmt: skip
+        b = x.redistribute(0)
         all_ranks_agree(world, bool((b == 1).all()), "redistribute after errors")
 
 
