@@ -349,3 +349,19 @@ def test_ranks_without_data(world):
     k = a.get((slice(None), 4, slice(None)))
     ok &= (k is None) if world.rank else np.array_equal(k, g[:, 4, :])
     all_ranks_agree(world, ok, "ranks without data")
+
+
+def test_round_trips_share_pencils_and_transfers(world):
+    """u -> v -> u again: the same pencils, so the transfers (and work arrays) are made once."""
+    g = global_array((8, 6, 4), np.float64, 6)
+    a = DistArray(g.shape, subcomm=(0, 0, 1))
+    fill(a, g)
+    if a.commsizes[0] == 1:
+        pytest.skip("axis 0 is not distributed: redistribute(0) only relabels")
+    u = a
+    for _ in range(3):
+        v = u.redistribute(0)
+        u = v.redistribute(2)
+    ok = u.pencil is a.pencil and v.pencil is a.pencil.pencil(0) and holds(u, g) and holds(v, g)
+    ok &= len(a.pencil._transfers) == 1 and len(v.pencil._transfers) == 1
+    all_ranks_agree(world, ok, "round trips")

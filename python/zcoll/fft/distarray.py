@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import warnings
 from numbers import Integral, Number
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -13,9 +13,6 @@ from mpi4py import MPI
 from .._arena import empty
 from .._context import lookup
 from .pencil import Pencil, Subcomm, same_comm
-
-if TYPE_CHECKING:
-    from .mpifft import PFFT
 
 __all__ = ["DistArray", "Function", "newDistArray"]
 
@@ -407,7 +404,7 @@ def _new(pencil: Pencil, dtype) -> DistArray:
 
 
 def newDistArray(  # noqa: N802
-    pfft: PFFT,
+    pfft: Any,
     forward_output: bool = True,
     val=0,
     rank: int = 0,
@@ -418,6 +415,8 @@ def newDistArray(  # noqa: N802
     Parameters
     ----------
     pfft : PFFT
+        Or any object with mpi4py-fft's ``global_shape(forward_output)``, ``dtype(...)`` and
+        ``pencil`` (a list ``[input_pencil, output_pencil]``, or a method).
     forward_output : bool
         Spectral-space (output) layout if True, physical-space (input) layout otherwise.
     val : Number
