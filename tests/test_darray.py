@@ -323,12 +323,17 @@ def test_bad_arguments(world):
     other = DistArray((8, 5), subcomm=(0, 1), alignment=1)
     expect_everywhere(world, lambda: a.redistribute(out=other), ValueError, "global shape")
     expect_everywhere(world, lambda: a.redistribute(), ValueError, "axis or out")
-    if p > 1:
-        good = a.redistribute(0)
-        wrong = np.zeros((good.shape[0] + 1, good.shape[1]))
+    # `out` wrong on rank 0 only: every rank of the grid raises, also where the transfer runs
+    # on part of the grid only (a 3D grid at P = 4: sub-communicators of 2 ranks)
+    for x in (a, DistArray((8, 6, 4), subcomm=(0, 0, 1), val=1)):
+        if x.commsizes[0] == 1:
+            continue
+        good = x.redistribute(0)
+        wrong = np.zeros((good.shape[0] + 1, *good.shape[1:]))
         mine = wrong if world.rank == 0 else np.zeros(good.shape)
-        expect_everywhere(world, lambda: a.redistribute(0, out=mine), ValueError, "out")
-        b = a.redistribute(0)
+        expect_everywhere(world, lambda x=x, mine=mine: x.redistribute(0, out=mine), ValueError,
+                          "out")  # fmt: skip
+        b = x.redistribute(0)
         all_ranks_agree(world, bool((b == 1).all()), "redistribute after errors")
 
 
@@ -344,3 +349,19 @@ def test_ranks_without_data(world):
     k = a.get((slice(None), 4, slice(None)))
     ok &= (k is None) if world.rank else np.array_equal(k, g[:, 4, :])
     all_ranks_agree(world, ok, "ranks without data")
+
+
+def test_round_trips_share_pencils_and_transfers(world):
+    """u -> v -> u again: the same pencils, so the transfers (and work arrays) are made once."""
+    g = global_array((8, 6, 4), np.float64, 6)
+    a = DistArray(g.shape, subcomm=(0, 0, 1))
+    fill(a, g)
+    if a.commsizes[0] == 1:
+        pytest.skip("axis 0 is not distributed: redistribute(0) only relabels")
+    u = a
+    for _ in range(3):
+        v = u.redistribute(0)
+        u = v.redistribute(2)
+    ok = u.pencil is a.pencil and v.pencil is a.pencil.pencil(0) and holds(u, g) and holds(v, g)
+    ok &= len(a.pencil._transfers) == 1 and len(v.pencil._transfers) == 1
+    all_ranks_agree(world, ok, "round trips")

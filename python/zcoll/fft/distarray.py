@@ -5,7 +5,7 @@ from __future__ import annotations
 import operator
 import warnings
 from numbers import Integral, Number
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -13,9 +13,6 @@ from mpi4py import MPI
 from .._arena import empty
 from .._context import lookup
 from .pencil import Pencil, Subcomm, same_comm
-
-if TYPE_CHECKING:
-    from .mpifft import PFFT
 
 __all__ = ["DistArray", "Function", "newDistArray"]
 
@@ -194,8 +191,8 @@ class DistArray(np.ndarray):
         Notes
         -----
         One global transpose over the communicator that distributes `axis`: all components
-        of a rank > 0 array move in one exchange. Errors in `out` raise on every rank of that
-        communicator.
+        of a rank > 0 array move in one exchange. Errors in `out` raise on every rank of the
+        grid (of that communicator where the grid's is not known).
         """
         pencil = self.pencil
         if axis is not None:
@@ -235,8 +232,13 @@ class DistArray(np.ndarray):
             error = ValueError(
                 f"out must be an array of this rank's shape {want} aligned in axis {axis}"
             )
-        if error is not None:
-            lookup(pencil.subcomm[axis]).fail("fft.DistArray.redistribute", error)
+        # An error raises on every rank of the grid: over the grid's communicator (one barrier)
+        # where the transfer's spans only part of it, else through the transfer's own checks.
+        grid, comm = pencil.comm, pencil.subcomm[axis]
+        if grid is not None and grid.Get_size() != comm.Get_size():
+            lookup(grid).raise_together("fft.DistArray.redistribute", error)
+        elif error is not None:
+            lookup(comm).fail("fft.DistArray.redistribute", error)
         pencil.transfer(target, self.dtype).forward(self, out)
         return out  # type: ignore[return-value]  # a plain array only where the caller gave one
 
@@ -402,7 +404,7 @@ def _new(pencil: Pencil, dtype) -> DistArray:
 
 
 def newDistArray(  # noqa: N802
-    pfft: PFFT,
+    pfft: Any,
     forward_output: bool = True,
     val=0,
     rank: int = 0,
@@ -413,6 +415,8 @@ def newDistArray(  # noqa: N802
     Parameters
     ----------
     pfft : PFFT
+        Or any object with mpi4py-fft's ``global_shape(forward_output)``, ``dtype(...)`` and
+        ``pencil`` (a list ``[input_pencil, output_pencil]``, or a method).
     forward_output : bool
         Spectral-space (output) layout if True, physical-space (input) layout otherwise.
     val : Number
@@ -435,7 +439,12 @@ def newDistArray(  # noqa: N802
     rank = operator.index(rank)
     if rank < 0:
         raise ValueError(f"zcoll.fft.newDistArray: rank={rank} must not be negative")
-    pencil = Pencil(p0.subcomm, p0.shape, p0.axis, p0.comm)
+    # The PFFT's own pencil where it knows the grid's communicator: arrays of one PFFT then
+    # share pencils, and the transfers that redistribute keeps on them.
+    comm = getattr(pfft, "comm", None)
+    pencil = (
+        p0 if p0.comm is not None or comm is None else Pencil(p0.subcomm, p0.shape, p0.axis, comm)
+    )
     z = _allocate(DistArray, pencil, (len(global_shape),) * rank, dtype, val, None)
     return z.v if view else z
 

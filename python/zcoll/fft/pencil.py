@@ -188,6 +188,7 @@ class Pencil:
         self.subcomm = tuple(subs)
         self.comm = comm
         self._transfers: dict[tuple, Transfer] = {}
+        self._pencils: dict[int, Pencil] = {}
         shares = [block_share(n, c.size, c.rank) for n, c in zip(self.shape, self.subcomm)]
         self.subshape = tuple(count for count, _ in shares)
         self.substart = tuple(start for _, start in shares)
@@ -203,11 +204,21 @@ class Pencil:
         return ""
 
     def pencil(self, axis: int) -> Pencil:
-        """The pencil aligned in `axis`, distributed over this one's aligned axis instead."""
+        """The pencil aligned in `axis`, distributed over this one's aligned axis instead.
+
+        Made once per axis and kept, and the new pencil's ``pencil(self.axis)`` is this one:
+        arrays redistributed back and forth share pencils, and so the transfers kept on them.
+        """
         axis = _axis(axis, len(self.shape))
-        subs = list(self.subcomm)
-        subs[axis], subs[self.axis] = subs[self.axis], subs[axis]
-        return Pencil(subs, self.shape, axis, self.comm)
+        if axis == self.axis:
+            return self
+        made = self._pencils.get(axis)
+        if made is None:
+            subs = list(self.subcomm)
+            subs[axis], subs[self.axis] = subs[self.axis], subs[axis]
+            made = self._pencils[axis] = Pencil(subs, self.shape, axis, self.comm)
+            made._pencils.setdefault(self.axis, self)
+        return made
 
     def reshaped(self, axis: int, n: int) -> Pencil:
         """The same distribution with axis `axis` of global length `n`."""
