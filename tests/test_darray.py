@@ -261,11 +261,14 @@ def test_new_dist_array(world):
 
 
 def test_new_dist_array_takes_a_pencil_list(world):
-    """mpi4py-fft's PFFT has ``pencil = [input_pencil, output_pencil]``; a method works too."""
+    """mpi4py-fft's PFFT has ``pencil = [input_pencil, output_pencil]`` (so has zcoll's now); an
+    object with a ``pencil(forward_output)`` method works too."""
     fft = PFFT(world, (8, 7, 6))
 
     class ListPFFT:
-        pencil = [fft.pencil(False), fft.pencil(True)]
+        def pencil(self, forward_output):
+            return fft.pencil[int(forward_output)]
+
         global_shape = staticmethod(fft.global_shape)
         dtype = staticmethod(fft.dtype)
 
