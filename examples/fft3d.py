@@ -70,7 +70,7 @@ parser.add_argument(
 parser.add_argument(
     "--grid", type=parse_grid, default=None, help="none, slab, pencil or e.g. 2x1 (none)"
 )
-parser.add_argument("--backend", default="numpy", choices=["numpy", "scipy", "pyfftw"])
+parser.add_argument("--backend", default="numpy", choices=["numpy", "scipy", "pyfftw", "fftw"])
 parser.add_argument("--repeat", type=int, default=10, help="timed calls of each kind (10)")
 parser.add_argument(
     "--reference-max",
@@ -147,8 +147,9 @@ say(
 u = newDistArray(fft, forward_output=False)
 u[...] = field(fft.local_slice(False))
 
-# 3. Forward (scaled by 1/N^3, as in mpi4py-fft) and backward (not scaled): each call without
-#    an output array returns a new array.
+# 3. Forward (scaled by 1/N^3, as in mpi4py-fft) and backward (not scaled): a call without an
+#    output array returns the plan's own output array (fft.forward.output_array), which the
+#    next call overwrites, as in mpi4py-fft.
 u_hat = fft.forward(u)
 u_back = fft.backward(u_hat)
 
