@@ -339,7 +339,7 @@ class PFFT:
         dst_shape = _side(stages[-1].fft, inverse, "output").shape
         src_dtype = _side(stages[0].fft, inverse, "input").dtype
         dst_dtype = _side(stages[-1].fft, inverse, "output").dtype
-        src, lead = None, ()
+        src, lead = None, ()  # type: tuple[np.ndarray | None, tuple[int, ...]]
         if error is None and input_array is not None:
             src, lead, error = _input(input_array, src_shape, src_dtype)
         if error is None:
@@ -384,12 +384,9 @@ class PFFT:
         last = n - 1
         for k, i in enumerate(order):
             stage = self._stages[i]
-            if k == last:
-                dst = output_array if output_array is not None else None
-                if dst is None:
-                    dst = (batch.inputs if inverse else batch.outputs)[i]
-            else:
-                dst = (batch.inputs if inverse else batch.outputs)[i]
+            dst: np.ndarray = (batch.inputs if inverse else batch.outputs)[i]
+            if k == last and output_array is not None:
+                dst = output_array
             self._serial(stage.fft, src, dst, inverse, normalize, k > 0)
             if k < last:
                 j = i - 1 if inverse else i + 1
@@ -593,10 +590,10 @@ def _axis_groups(axes, ndim: int, darray) -> tuple[tuple[int, ...], ...]:
             raise ValueError(f"axes {axes!r}: each entry must be an int or a sequence of ints")
         if any(not -ndim <= a < ndim for a in group):
             raise ValueError(f"axes {axes!r} do not fit {ndim} dimensions")
-        group = [int(a) % ndim for a in group]
-        if len(set(group)) != len(group):
+        normalized = tuple(int(a) % ndim for a in group)
+        if len(set(normalized)) != len(normalized):
             raise ValueError(f"axes {axes!r} repeat an axis")
-        groups.append(tuple(group))
+        groups.append(normalized)
     return tuple(groups)
 
 
@@ -606,7 +603,7 @@ def _padded(shape, groups, padding):
     if padding is False or padding is None:
         return shape, False
     if isinstance(padding, Number) and not isinstance(padding, bool):
-        factors = [float(padding)] * len(shape)
+        factors = [float(padding)] * len(shape)  # type: ignore[arg-type]
     else:
         try:
             factors = [float(p) for p in padding]
