@@ -45,12 +45,20 @@ def global_array(shape, dtype, seed: int) -> np.ndarray:
     return a.astype(dtype)
 
 
-def reference(u: np.ndarray, axes) -> np.ndarray:
-    """Unnormalised numpy transform of the global array, in double precision."""
+def reference(u: np.ndarray, axes, full: bool = False) -> np.ndarray:
+    """Unnormalised numpy transform of the global array, in double precision; real input gives
+    the half spectrum (rfftn) unless `full` (mpi4py-fft's scipy backend: a complex fftn)."""
     axes = tuple(range(u.ndim)) if axes is None else tuple(axes)
-    if u.dtype.kind == "f":
+    if u.dtype.kind == "f" and not full:
         return np.fft.rfftn(u.astype(np.float64), axes=axes)
     return np.fft.fftn(u.astype(np.complex128), axes=axes)
+
+
+def abs_err(got, ref) -> float:
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return np.inf
+    return float(np.abs(got - ref).max()) if got.size else 0.0
 
 
 def rel_err(got, ref) -> float:
@@ -61,20 +69,37 @@ def rel_err(got, ref) -> float:
     return float(np.abs(got - ref).max()) / scale if got.size else 0.0
 
 
-def expected_pencils(size, shape, axes, grid, real):
-    """(global shape, processes per axis) of every pencil of the plan, input first: mpi4py-fft's
-    sequence, written out independently of zcoll.fft."""
+def expected_groups(size, shape, axes, grid, collapse=False):
+    """mpi4py-fft's groups of axes (one serial transform each, the last group first) and the
+    input grid, written out independently of zcoll.fft: one axis per group, and with `collapse`
+    every group local on input joins the group transformed first."""
     ndim = len(shape)
-    axes = [a % ndim for a in (range(ndim) if axes is None else axes)]
+    groups = [[a % ndim] for a in (range(ndim) if axes is None else axes)]
     if grid is None:
         dims = [0] * ndim
-        dims[axes[-1]] = 1
+        dims[groups[-1][-1]] = 1
     else:
         dims = [max(0, int(g)) for g in grid] + [1] * (ndim - len(grid))
-    dims = MPI.Compute_dims(size, dims)
-    shape, aligned = list(shape), axes[-1]
+    dims = list(MPI.Compute_dims(size, dims))
+    if collapse:
+        merged: list[list[int]] = [[]]
+        for g in reversed(groups):
+            if all(dims[a] == 1 for a in g):
+                merged[0] = g + merged[0]
+            else:
+                merged.insert(0, g)
+        groups = merged
+    return groups, dims
+
+
+def expected_pencils(size, shape, axes, grid, real, collapse=False):
+    """(global shape, processes per axis) of every pencil of the plan, input first: mpi4py-fft's
+    sequence, written out independently of zcoll.fft."""
+    groups, dims = expected_groups(size, shape, axes, grid, collapse)
+    shape, aligned = list(shape), groups[-1][-1]
     out = [(tuple(shape), tuple(dims))]
-    for i, axis in enumerate(reversed(axes)):
+    for i, group in enumerate(reversed(groups)):
+        axis = group[-1]
         if i == 0 and real:
             shape[axis] = shape[axis] // 2 + 1
         elif i > 0:
@@ -84,8 +109,8 @@ def expected_pencils(size, shape, axes, grid, real):
     return out
 
 
-def grid_too_large(size, shape, axes, grid, real) -> bool:
-    pencils = expected_pencils(size, shape, axes, grid, real)
+def grid_too_large(size, shape, axes, grid, real, collapse=False) -> bool:
+    pencils = expected_pencils(size, shape, axes, grid, real, collapse)
     return any(n < p for s, d in pencils for n, p in zip(s, d))
 
 
@@ -131,27 +156,41 @@ def plans(world):
         plan.destroy()
 
 
+def real_layout(dtype, backend=None) -> bool:
+    """A real-to-complex plan: real dtype, and not mpi4py-fft's scipy backend (which has no
+    real transform: real input gives a full-length complex spectrum)."""
+    return np.dtype(dtype) in REAL and backend != "scipy"
+
+
 def plan_or_error(make, comm, shape, dtype, *, axes=None, grid=None, **kwargs):
     """The plan, or None where the grid is too large for `shape` on this communicator, in
     which case every rank must have raised ValueError at construction."""
-    real = np.dtype(dtype) in REAL
-    too_large = grid_too_large(comm.size, shape, axes, grid, real)
+    real = real_layout(dtype, kwargs.get("backend"))
+    collapse = kwargs.get("collapse", False)
+    too_large = grid_too_large(comm.size, shape, axes, grid, real, collapse)
     kind, result = outcome(lambda: make(comm, shape, axes=axes, dtype=dtype, grid=grid, **kwargs))
     expected = "ValueError" if too_large else "ok"
     all_ranks_agree(MPI.COMM_WORLD, kind == expected, f"P={comm.size} grid={grid}: {kind} {result}")
     return result if kind == "ok" else None
 
 
-def check_plan(comm, fft, shape, dtype, axes, grid, *, seed=0, input_kind="plain"):
-    """Shapes, dtypes, tiling, forward against numpy, round trip; a list of what failed."""
+def check_plan(
+    comm, fft, shape, dtype, axes, grid, *, seed=0, input_kind="plain", collapse=False,
+    backend=None,
+):  # fmt: skip
+    """Groups of axes, shapes, dtypes, tiling, forward against numpy, round trip, results in
+    the plan's own output arrays (mpi4py-fft); a list of what failed."""
     dtype = np.dtype(dtype)
-    real = dtype in REAL
+    real = real_layout(dtype, backend)
     ndim = len(shape)
     axes_ = tuple(range(ndim)) if axes is None else tuple(a % ndim for a in axes)
-    pencils = expected_pencils(comm.size, shape, axes_, grid, real)
+    pencils = expected_pencils(comm.size, shape, axes_, grid, real, collapse)
+    groups, _ = expected_groups(comm.size, shape, axes_, grid, collapse)
     out_dtype = REAL.get(dtype, dtype)
     tol = tolerance(dtype)
     bad = []
+    if fft.axes != tuple(tuple(g) for g in groups):
+        bad.append(f"axes {fft.axes}, mpi4py-fft has {groups}")
     if fft.global_shape(False) != tuple(shape) or fft.global_shape(True) != pencils[-1][0]:
         bad.append(f"global shapes {fft.global_shape(False)} {fft.global_shape(True)}")
     if fft.dtype(False) != dtype or fft.dtype(True) != out_dtype:
@@ -170,7 +209,9 @@ def check_plan(comm, fft, shape, dtype, axes, grid, *, seed=0, input_kind="plain
         u = newDistArray(fft, forward_output=False)
         u[...] = mine
     u_hat = fft.forward(u)
-    ref = reference(u_global, axes_) / np.prod([shape[a] for a in axes_])
+    ref = reference(u_global, axes_, full=not real) / np.prod([shape[a] for a in axes_])
+    if u_hat is not fft.forward.output_array:
+        bad.append("forward(u) did not return the plan's forward.output_array")
     if u_hat.shape != fft.shape(True) or u_hat.dtype != out_dtype:
         bad.append(f"forward gave {u_hat.shape} {u_hat.dtype}")
     elif (e := rel_err(u_hat, ref[fft.local_slice(True)])) > tol:
@@ -178,6 +219,8 @@ def check_plan(comm, fft, shape, dtype, axes, grid, *, seed=0, input_kind="plain
     if not np.array_equal(u, mine):
         bad.append("forward changed its input")
     u2 = fft.backward(u_hat)
+    if u2 is not fft.backward.output_array:
+        bad.append("backward(u_hat) did not return the plan's backward.output_array")
     if u2.shape != fft.shape(False) or u2.dtype != dtype:
         bad.append(f"backward gave {u2.shape} {u2.dtype}")
     elif (e := rel_err(u2, mine)) > tol:
@@ -229,8 +272,9 @@ def test_collapse_gives_the_same_transform(world, plans, grid, dtype, backend):
         fft = plan_or_error(plans, world, shape, dtype, grid=grid, backend=backend,
                             collapse=collapse)  # fmt: skip
         if fft is not None:
-            bad += [f"collapse={collapse}: {b}" for b in check_plan(world, fft, shape, dtype,
-                                                                    None, grid)]  # fmt: skip
+            found = check_plan(world, fft, shape, dtype, None, grid, collapse=collapse,
+                               backend=backend)  # fmt: skip
+            bad += [f"collapse={collapse}: {b}" for b in found]
     all_ranks_agree(world, not bad, str(bad))
 
 
@@ -280,24 +324,65 @@ def test_normalize_flags(world, plans, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64], ids=dname)
-def test_results_are_not_overwritten(world, plans, dtype):
+def test_results_are_the_plans_output_arrays(world, plans, dtype):
+    """mpi4py-fft's semantics: without output_array a call returns the plan's own output
+    array, which the next call overwrites; an output_array given is written and returned,
+    and later calls leave it alone. Inputs of the caller are never modified."""
     shape = (8, 6, 5)
     fft = plans(world, shape, dtype=dtype)
-    sl = fft.local_slice(False)
-    u1 = global_array(shape, dtype, 1)[sl]
-    u2 = global_array(shape, dtype, 2)[sl]
+    tol = tolerance(dtype)
+    sl, sl_hat = fft.local_slice(False), fft.local_slice(True)
+    g1, g2 = global_array(shape, dtype, 1), global_array(shape, dtype, 2)
+    u1, u2 = g1[sl].copy(), g2[sl].copy()
+    ref1 = (reference(g1, None) / np.prod(shape))[sl_hat]
+    ref2 = (reference(g2, None) / np.prod(shape))[sl_hat]
+    bad = []
+    # forward: the plan's output array, overwritten by the next call
     a = fft.forward(u1)
-    a_copy = a.copy()
+    if a is not fft.forward.output_array:
+        bad.append("forward(u1) is not fft.forward.output_array")
+    if rel_err(a, ref1) > tol:
+        bad.append("forward(u1) wrong")
     b = fft.forward(u2)
-    ok = a is not b and not np.shares_memory(a, b)
-    ok &= np.array_equal(a, a_copy) and not np.array_equal(a, b)
-    x = fft.backward(a)
-    x_copy = x.copy()
-    y = fft.backward(b)
-    ok &= x is not y and not np.shares_memory(x, y) and np.array_equal(x, x_copy)
-    ok &= np.array_equal(a, a_copy)  # backward leaves its input alone too
-    ok &= rel_err(x, u1) < tolerance(dtype) and rel_err(y, u2) < tolerance(dtype)
-    all_ranks_agree(world, ok, "a later call overwrote an earlier result")
+    if b is not a:
+        bad.append("forward(u2) returned another array than forward(u1)")
+    if rel_err(a, ref2) > tol or rel_err(a, ref1) < tol:
+        bad.append("forward(u2) did not overwrite the earlier result")
+    if not (np.array_equal(u1, g1[sl]) and np.array_equal(u2, g2[sl])):
+        bad.append("forward changed its input")
+    # mpi4py-fft: the forward output array is the backward input array
+    if fft.backward.input_array is not fft.forward.output_array:
+        bad.append("backward.input_array is not forward.output_array")
+    x = fft.backward()  # transforms the plan's array: the spectrum of u2
+    if x is not fft.backward.output_array or rel_err(x, u2) > tol:
+        bad.append("backward() of the plan's arrays is not u2")
+    # an explicit output array: written, returned, and left alone by later calls
+    out_hat = np.full(fft.shape(True), 7, fft.dtype(True))
+    if fft.forward(u1, out_hat) is not out_hat or rel_err(out_hat, ref1) > tol:
+        bad.append("forward(u1, out_hat) not written or not returned")
+    kept_hat = out_hat.copy()
+    fft.forward(u2)
+    if not np.array_equal(out_hat, kept_hat) or rel_err(fft.forward.output_array, ref2) > tol:
+        bad.append("forward(u2) wrote into an earlier explicit output_array")
+    out_u = np.full(fft.shape(False), 7, fft.dtype(False))
+    if fft.backward(out_hat, out_u) is not out_u or rel_err(out_u, u1) > tol:
+        bad.append("backward(out_hat, out_u) not written or not returned")
+    if not np.array_equal(out_hat, kept_hat):
+        bad.append("backward changed its input")
+    kept_u = out_u.copy()
+    y = fft.backward(fft.forward(u2))
+    if y is not fft.backward.output_array or y is out_u or rel_err(y, u2) > tol:
+        bad.append("backward(forward(u2)) is not the plan's array holding u2")
+    if not np.array_equal(out_u, kept_u):
+        bad.append("a later backward wrote into an earlier explicit output_array")
+    # backward without output_array: the plan's array, overwritten by the next call
+    x1 = fft.backward(out_hat)
+    if x1 is not fft.backward.output_array or rel_err(x1, u1) > tol:
+        bad.append("backward(out_hat) is not the plan's array holding u1")
+    fft.backward(fft.forward(u2).copy())
+    if rel_err(x1, u2) > tol:
+        bad.append("a later backward did not overwrite the plan's output array")
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)}: {bad}")
 
 
 @pytest.mark.parametrize("backend", ["numpy", "pyfftw"])
@@ -416,10 +501,11 @@ def test_backends(world, plans, backend, dtype):
         fft = plan_or_error(plans, world, shape, dtype, grid=grid, backend=backend, **options)
         if fft is None:
             continue
-        bad += check_plan(world, fft, shape, dtype, None, grid, seed=11, input_kind="arena")
-        bad += check_plan(world, fft, shape, dtype, None, grid, seed=12, input_kind="plain")
+        for seed, kind in ((11, "arena"), (12, "plain")):
+            bad += check_plan(world, fft, shape, dtype, None, grid, seed=seed, input_kind=kind,
+                              backend=backend)  # fmt: skip
         u_global = global_array(shape, dtype, 13)
-        ref = reference(u_global, None)
+        ref = reference(u_global, None, full=not real_layout(dtype, backend))
         got = fft.forward(u_global[fft.local_slice(False)].copy(), normalize=False)
         if (e := rel_err(got, ref[fft.local_slice(True)])) > tolerance(dtype):
             bad.append(f"{shape} forward(normalize=False) error {e:.3g}")
@@ -438,7 +524,7 @@ def test_backends_non_contiguous_arrays(world, plans, backend):
     fft = plans(world, shape, dtype=np.float64, backend=backend)
     u_global = global_array(shape, np.float64, 4)
     mine = u_global[fft.local_slice(False)]
-    ref = reference(u_global, None) / np.prod(shape)
+    ref = reference(u_global, None, full=backend == "scipy") / np.prod(shape)
     kind, got = outcome(lambda: fft.forward(np.asfortranarray(mine)))
     ok = kind == "ok" and rel_err(got, ref[fft.local_slice(True)]) < 1e-12
     all_ranks_agree(world, ok, f"{backend}, Fortran-ordered input: {kind} {got if not ok else ''}")
@@ -790,10 +876,13 @@ def test_pfft_transposes_are_plans(world, monkeypatch):
         fft = plan_or_error(PFFT, world, shape, dtype, grid=grid)
         if fft is None:
             continue
-        steps = [s for s in fft._steps if s.kind == "transfer"]
+        # stages whose redistribution crosses ranks: each holds its (forward, backward) plans
+        steps = [s for s in fft._stages if s.transfer is not None and s.transfer.comm.size > 1]
         if world.size > 1 and not steps:
             bad.append(f"{np.dtype(dtype)} {grid}: no transfer step at P={world.size}")
-        if any(not isinstance(p, TransferPlan) for s in steps for p in s.plans or [None]):
+        if any(len(s.plans or ()) != 2 for s in steps) or any(
+            not isinstance(p, TransferPlan) for s in steps for p in s.plans or ()
+        ):
             bad.append(f"{np.dtype(dtype)} {grid}: a transfer step without its plans")
         bad += check_plan(world, fft, shape, dtype, None, grid, seed=81, input_kind="arena")
         bad += check_plan(world, fft, shape, dtype, None, grid, seed=82)
@@ -834,18 +923,41 @@ def first(comm) -> bool:
 
 def test_bad_transform_arguments(world, plans):
     shape = (8, 6, 5)
+    n = np.prod(shape)
     fft = plans(world, shape, dtype=np.float64)
+    sl, sl_hat = fft.local_slice(False), fft.local_slice(True)
     good = np.ones(fft.shape(False))
     spectrum = newDistArray(fft, True, val=1)
+    # independent references: forward of ones is 1 at the zero mode; backward (unnormalised)
+    # of an all-ones half spectrum is irfftn's times n
+    ones_hat = np.zeros(fft.global_shape(True), complex)
+    ones_hat[0, 0, 0] = 1
+    ones_hat = ones_hat[sl_hat]
+    ones_back = (np.fft.irfftn(np.ones((8, 6, 3)), s=shape, axes=(0, 1, 2)) * n)[sl]
+
+    def forward_is_ones_hat(fn, what):
+        kind, got = outcome(fn)
+        ok = kind == "ok" and got is fft.forward.output_array and abs_err(got, ones_hat) < 1e-12
+        all_ranks_agree(world, ok, f"{what}: {kind} {got if kind != 'ok' else ''}")
+
     wrong_shape = np.ones((fft.shape(False)[0] + 1, *fft.shape(False)[1:]))
     expect_everywhere(world, lambda: fft.forward(wrong_shape if first(world) else good),
                       ValueError, "shape")  # fmt: skip
-    expect_everywhere(world, lambda: fft.forward(good.astype(np.float32) if first(world) else good),
-                      TypeError, "dtype")  # fmt: skip
+    # input of another dtype is cast when numpy casts it "same_kind" (mpi4py-fft copies it into
+    # its input array), on some ranks or all
+    forward_is_ones_hat(lambda: fft.forward(good.astype(np.float32) if first(world) else good),
+                        "float32 input on rank 0")  # fmt: skip
+    forward_is_ones_hat(lambda: fft.forward(good.astype(np.int64)), "int64 input")
+    # ... and raises TypeError on every rank when it cannot: complex input to a real plan
     expect_everywhere(world, lambda: fft.forward(good.astype(np.complex128)), TypeError, "dtype")
-    expect_everywhere(world, lambda: fft.forward(None if first(world) else good),
-                      ValueError, "required")  # fmt: skip
-    expect_everywhere(world, fft.forward, ValueError, "required")
+    expect_everywhere(world, lambda: fft.forward(good.astype(np.complex64) if first(world)
+                                                 else good), TypeError, "dtype")  # fmt: skip
+    # no input: the plan's input_array is transformed (mpi4py-fft), on some ranks or all
+    fft.forward.input_array[...] = 1
+    forward_is_ones_hat(lambda: fft.forward(None if first(world) else good), "forward(None)")
+    forward_is_ones_hat(fft.forward, "forward()")
+    expect_everywhere(world, lambda: fft.forward(good, bogus=1) if first(world)
+                      else fft.forward(good), TypeError, "bogus")  # fmt: skip
     bad_out = np.empty((1, 1, 1), fft.dtype(True))
     expect_everywhere(world, lambda: fft.forward(good, bad_out if first(world) else None),
                       ValueError, "output_array")  # fmt: skip
@@ -855,8 +967,12 @@ def test_bad_transform_arguments(world, plans):
                       ValueError, "read-only")  # fmt: skip
     expect_everywhere(world, lambda: fft.forward(good, [0] if first(world) else None),
                       TypeError, "numpy.ndarray")  # fmt: skip
-    expect_everywhere(world, lambda: fft.backward(spectrum.real if first(world) else spectrum),
-                      TypeError, "dtype")  # fmt: skip
+    # a real spectrum casts to complex; an object array cannot be cast: TypeError everywhere
+    kind, back = outcome(lambda: fft.backward(spectrum.real if first(world) else spectrum))
+    ok = kind == "ok" and back is fft.backward.output_array and abs_err(back, ones_back) < 1e-9
+    all_ranks_agree(world, ok, f"backward of a real spectrum on rank 0: {kind}")
+    expect_everywhere(world, lambda: fft.backward(spectrum.astype(object) if first(world)
+                                                  else spectrum), TypeError, "dtype")  # fmt: skip
     wrong_spectrum = np.ones(fft.shape(False), fft.dtype(True))  # the input's shape
     expect_everywhere(world, lambda: fft.backward(wrong_spectrum if first(world) else spectrum),
                       ValueError, "shape")  # fmt: skip
@@ -875,19 +991,26 @@ def test_bad_plan_arguments(world):
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), dtype=np.float16), TypeError, "dtype")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), backend="fftpack"), ValueError,
                       "backend")  # fmt: skip
-    for option in ({"padding": [1.5, 1.5, 1.5]}, {"transforms": {}}, {"slab": True}):
-        expect_everywhere(world, lambda o=option: PFFT(world, (8, 6, 5), **o), TypeError,
-                          "unsupported")  # fmt: skip
-    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), threads=2), TypeError, "threads")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), bogus=2), TypeError, "bogus")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), padding=[1.5, 1.5]), ValueError,
+                      "padding")  # fmt: skip
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), padding=[1.5, 0, 1.5]), ValueError,
+                      "padding")  # fmt: skip
     expect_everywhere(world, lambda: PFFT("world", (8, 6, 5)), TypeError, "communicator")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), copy="fast"), ValueError, "copy")
-    expect_everywhere(world, lambda: PFFT(world, (8,)), ValueError, "shape")
+    # one axis: mpi4py-fft's pencils need two; at P > 1 the default grid (1,) cannot fit first
+    expect_everywhere(world, lambda: PFFT(world, (8,)), ValueError, "two axes" if p == 1 else "fit")
     expect_everywhere(world, lambda: PFFT(world, (8, 0, 5)), ValueError, "shape")
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(0, 3)), ValueError, "axes")
-    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(1, -2)), ValueError, "repeat")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=((1, -2),)), ValueError, "repeat")
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), axes=(1, -2)), ValueError)
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(p + 1,)), ValueError, "fit")
-    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, 2)), ValueError,
-                      "distributes axis 2")  # fmt: skip
+    # the axis transformed first (2) distributed: a fitting grid that puts all ranks there
+    if p > 1:
+        expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, p)), ValueError,
+                          "axis 2")  # fmt: skip
+    expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, 2 * p)), ValueError,
+                      "fit")  # fmt: skip
     expect_everywhere(world, lambda: PFFT(world, (8, 6, 5), grid=(1, 1, 1, 1)), ValueError,
                       "more entries")  # fmt: skip
     # a grid too large for the data along an axis
@@ -904,6 +1027,59 @@ def test_bad_plan_arguments(world):
                           ValueError, "fit")  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"threads": 2}, {"transforms": {}}, {"backend": "numpy", "threads": 1}],
+    ids=["threads", "transforms", "numpy-threads"],
+)
+def test_accepted_plan_options(world, plans, options):
+    """mpi4py-fft's keywords are accepted and give the usual transform."""
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.float64, **options)
+    bad = check_plan(world, fft, shape, np.float64, None, None, seed=9)
+    all_ranks_agree(world, not bad, f"{options}: {bad}")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128], ids=dname)
+def test_padding(world, plans, dtype):
+    """3/2-rule padding (mpi4py-fft): the input lives on the floor(1.5 n) grid, forward
+    truncates to the n-point spectrum, backward zero-pads. A constant is the zero mode."""
+    shape, factor = (8, 6, 5), 1.5
+    fft = plans(world, shape, dtype=dtype, padding=[factor] * 3)
+    padded = tuple(int(np.floor(n * factor)) for n in shape)
+    spectral = (*shape[:2], shape[2] // 2 + 1) if np.dtype(dtype) in REAL else shape
+    real = np.dtype(dtype) in REAL
+    pencils = expected_pencils(world.size, padded, None, None, real)
+    bad = []
+    if fft.global_shape(False) != padded or fft.global_shape(True) != spectral:
+        bad.append(f"global shapes {fft.global_shape(False)} {fft.global_shape(True)}")
+    if not tiles(world, padded, pencils[0][1], fft.local_slice(False)):
+        bad.append("local_slice(False) does not tile the padded grid")
+    if not tiles(world, spectral, pencils[-1][1], fft.local_slice(True)):
+        bad.append("local_slice(True) does not tile the spectrum")
+    u = np.full(fft.shape(False), 2.5, dtype)
+    zero_mode = np.zeros(spectral, REAL.get(np.dtype(dtype), dtype))
+    zero_mode[0, 0, 0] = 2.5
+    u_hat = fft.forward(u)
+    if (e := abs_err(u_hat, zero_mode[fft.local_slice(True)])) > 1e-12:
+        bad.append(f"forward of a constant: error {e:.3g}")
+    back = fft.backward(u_hat)
+    if back.shape != fft.shape(False) or (e := rel_err(back, u)) > 1e-12:
+        bad.append(f"backward of the zero mode: {back.shape} error {e:.3g}")
+    all_ranks_agree(world, not bad, f"{np.dtype(dtype)}: {bad}")
+
+
+@pytest.mark.xfail(
+    raises=TypeError, strict=True, reason="zcoll.fft.PFFT passes slab= on to the serial FFT"
+)
+def test_slab_keyword(world, plans):
+    """mpi4py-fft's deprecated slab=True: axis (last transformed + 1) % ndim over all ranks."""
+    shape = (8, 6, 5)
+    fft = plans(world, shape, dtype=np.complex128, slab=True)
+    bad = check_plan(world, fft, shape, np.complex128, None, (-1,), seed=10)
+    all_ranks_agree(world, not bad, str(bad))
+
+
 def test_plan_arguments_differ_between_ranks(world):
     if world.size == 1:
         pytest.skip("needs two ranks to disagree")
@@ -916,6 +1092,14 @@ def test_plan_arguments_differ_between_ranks(world):
         ({"shape": (8, 6, 5), "grid": (-1,) if me else None}, ValueError, "disagree"),
         ({"shape": (8, 6, 5), "backend": "scipy" if me else "numpy"}, ValueError, "disagree"),
         ({"shape": (8, 6, 5), "order": "row" if me else "auto"}, ValueError, "disagree"),
+        (
+            {"shape": (8, 6, 5), "copy": zcoll.COPY_MODES[0] if me else "auto"},
+            ValueError,
+            "disagree",
+        ),
+        ({"shape": (8, 6, 5), "collapse": me}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "padding": [1.5] * 3 if me else False}, ValueError, "disagree"),
+        ({"shape": (8, 6, 5), "threads": 2 if me else 1}, ValueError, "disagree"),
         # a local error on rank 0 only: its type and rank reach every rank
         ({"shape": (8, 6, 5), "dtype": int if me else np.float64}, TypeError, "[rank 0]"),
         ({"shape": (8, 0, 5) if me else (8, 6, 5)}, ValueError, "[rank 0]"),
@@ -935,14 +1119,22 @@ def test_bad_dist_array_arguments(world, plans):
     fft = plans(world, (8, 6, 5), dtype=np.float64)
     expect_everywhere(world, lambda: newDistArray(fft, True, rank=-1), ValueError, "rank=-1")
     u = newDistArray(fft, False, val=1)
-    good = np.zeros(fft.pencil(False).pencil(0).subshape)
+    good = np.zeros(fft.pencil[0].pencil(0).subshape)
     wrong = np.zeros((1, *u.shape))
     expect_everywhere(world, lambda: u.redistribute(out=wrong), ValueError, "out")
     if u.commsizes[0] > 1:  # else redistribute(0) only relabels u (mpi4py-fft): nothing to check
         # `out` of the wrong shape on every rank, then on rank 0 only: every rank raises
         expect_everywhere(world, lambda: u.redistribute(0, out=wrong), ValueError, "out")
+        # ... then on rank 0 only: every rank of rank 0's exchange raises (those holding its
+        # block of axis 1); the other exchanges, independent, go through
         mine = wrong if world.rank == 0 else good
-        expect_everywhere(world, lambda: u.redistribute(0, out=mine), ValueError, "out")
+        kind, result = outcome(lambda: u.redistribute(0, out=mine))
+        axis1 = world.allgather(u.local_slice()[1])
+        if axis1[world.rank] == axis1[0]:
+            ok = kind == "ValueError" and "out" in str(result)
+        else:
+            ok = kind == "ok" and result is good and bool((good == 1).all())
+        all_ranks_agree(world, ok, f"redistribute(0, out=) wrong on rank 0 only: {kind}")
     v = u.redistribute(0)
     all_ranks_agree(world, bool((v == 1).all()), "redistribute after errors")
 
