@@ -95,10 +95,21 @@ node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint
 void node_barrier::check_nobody_gave_up() const {
   const std::int32_t who = shared_->gave_up.load(std::memory_order_acquire);
   if (who == 0) return;
-  throw peer_error("zcoll: rank " + std::to_string(comm_ranks_[static_cast<std::size_t>(rank_)]) +
-                   ": peer rank " + std::to_string(who - 1) +
-                   " gave up waiting on this communicator earlier (a rank died or did not arrive "
-                   "in time); its zcoll context is unusable");
+  // Name the dead, if any: the rank that gave up saw them, and this one should say so too.
+  std::ostringstream dead;
+  int n_dead = 0;
+  for (int r = 0; r < size_; ++r) {
+    const auto pid = pids_[static_cast<std::size_t>(r)];
+    if (r != rank_ && detail::process_is_dead(pid))
+      dead << (n_dead++ ? ", " : "") << comm_ranks_[static_cast<std::size_t>(r)] << " (pid " << pid
+           << ")";
+  }
+  std::string msg = "zcoll: rank " + std::to_string(comm_ranks_[static_cast<std::size_t>(rank_)]) +
+                    ": peer rank " + std::to_string(who - 1) +
+                    " gave up waiting on this communicator earlier (a rank died or did not "
+                    "arrive in time); its zcoll context is unusable";
+  if (n_dead) msg += "; peer rank(s) " + dead.str() + " died";
+  throw peer_error(msg);
 }
 
 void node_barrier::arrive() {

@@ -133,6 +133,13 @@ class Plan(PlanMixin, _core.Plan):
         return self.op
 
 
+def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -> None:
+    """Complete a plan run's requests between nodes, within the context's wait bound (a dead
+    peer on `peers` becomes PeerError)."""
+    if requests and not MPI.Request.Testall(requests):
+        ctx.wait_bounded(requests, f"{what} (blocks between nodes)", peers=peers)
+
+
 class _MultiNodePlan(Plan):
     """A plan on a communicator spanning several nodes: the node part in the engine, blocks
     between nodes by persistent MPI point-to-point requests on the context's private dup."""
@@ -173,12 +180,7 @@ class _MultiNodePlan(Plan):
 
     def wait(self) -> None:
         super().wait()
-        if self._requests and not MPI.Request.Testall(self._requests):
-            self._ctx.wait_bounded(
-                self._requests,
-                f"zcoll.{self.op} plan (blocks between nodes)",
-                peers=self._remote + self._remote,
-            )
+        finish_requests(self._ctx, self._requests, f"zcoll.{self.op} plan", self._remote * 2)
 
     def test(self) -> bool:
         return super().test() and (not self._requests or MPI.Request.Testall(self._requests))

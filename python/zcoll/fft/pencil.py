@@ -23,7 +23,7 @@ from .. import _core
 from .._arena import empty, is_shared
 from .._collectives import _option_error, _remote_ranks, option_codes
 from .._context import Context, lookup
-from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
+from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin, finish_requests
 from .._registry import AUTO, TRANSFER
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
@@ -704,33 +704,29 @@ class _MultiNodeTransferPlan(TransferPlan):
         if self.freed or self.active or ctx.core.closed:
             super().start(src, dst)  # raises the engine's error before any message goes out
         ctx.agree(TRANSFER, self.record(src, dst))  # all ranks of all nodes go on, or none
-        running: list[MPI.Request] = []
-        if self._recvs:
-            if dst is None or dst is self.dst:
-                MPI.Prequest.Startall(self._recvs)
-                running += self._recvs
-            else:
-                comm = ctx.p2p_comm()
-                running += [comm.Irecv([dst, 1, t], r, self._tag) for r, t in self._recv_types]
-        if self._sends:
-            if src is None or src is self.src:
-                MPI.Prequest.Startall(self._sends)
-                running += self._sends
-            else:
-                comm = ctx.p2p_comm()
-                running += [comm.Isend([src, 1, t], r, self._tag) for r, t in self._send_types]
-        self._running = running
+        comm = ctx.p2p_comm()
+        self._running = [
+            *self._started(self._recvs, dst, self.dst, comm.Irecv, self._recv_types),
+            *self._started(self._sends, src, self.src, comm.Isend, self._send_types),
+        ]
         super().start(src, dst)
+
+    def _started(self, persistent, given, own, post, types) -> list[MPI.Request]:
+        """One side's requests of a run: the persistent ones on the plan's own array, fresh
+        ones (`post`) on an array the run was given."""
+        if not persistent:
+            return []
+        if given is None or given is own:
+            MPI.Prequest.Startall(persistent)
+            return persistent
+        return [post([given, 1, t], r, self._tag) for r, t in types]
 
     def wait(self) -> None:
         super().wait()
         self._finish_remote()
 
     def _finish_remote(self) -> None:
-        if self._running and not MPI.Request.Testall(self._running):
-            self._ctx.wait_bounded(
-                self._running, "zcoll.transfer plan (blocks between nodes)", peers=self._peers
-            )
+        finish_requests(self._ctx, self._running, "zcoll.transfer plan", self._peers)
         self._running = []
 
     def test(self) -> bool:
