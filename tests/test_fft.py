@@ -1069,15 +1069,29 @@ def test_padding(world, plans, dtype):
     all_ranks_agree(world, not bad, f"{np.dtype(dtype)}: {bad}")
 
 
-@pytest.mark.xfail(
-    raises=TypeError, strict=True, reason="zcoll.fft.PFFT passes slab= on to the serial FFT"
+@pytest.mark.parametrize(
+    "slab, grid", [(True, (-1,)), (1, (1, -1)), (-1, (1, 1, -1))], ids=["true", "1", "-1"]
 )
-def test_slab_keyword(world, plans):
-    """mpi4py-fft's deprecated slab=True: axis (last transformed + 1) % ndim over all ranks."""
+def test_slab_keyword(world, plans, slab, grid):
+    """mpi4py-fft's deprecated slab=: True is axis (last transformed + 1) % ndim, an int that
+    axis, all ranks along it."""
     shape = (8, 6, 5)
-    fft = plans(world, shape, dtype=np.complex128, slab=True)
-    bad = check_plan(world, fft, shape, np.complex128, None, (-1,), seed=10)
+    axes = (0, 2, 1) if slab == -1 else None  # slab on the axis transformed first is refused
+    if slab == -1 and world.size > 1:
+        with pytest.raises(ValueError, match="transformed first"):
+            zcoll.fft.PFFT(world, shape, dtype=np.complex128, slab=slab)
+    fft = plans(world, shape, axes=axes, dtype=np.complex128, slab=slab)
+    sizes = [fft.subcomm[ax].Get_size() for ax in range(3)]
+    bad = [] if sizes == [world.size if g == -1 else 1 for g in (*grid, 1, 1)[:3]] else [sizes]
+    bad += check_plan(world, fft, shape, np.complex128, axes, grid, seed=10)
     all_ranks_agree(world, not bad, str(bad))
+
+
+def test_slab_with_grid_is_refused(world):
+    with pytest.raises(ValueError, match="slab"):
+        zcoll.fft.PFFT(world, (8, 6, 5), grid=(-1,), slab=True)
+    with pytest.raises(ValueError, match="twice"):
+        zcoll.fft.PFFT(world, (8, 6, 5), axes=((0, 1), 1, 2))
 
 
 def test_plan_arguments_differ_between_ranks(world):

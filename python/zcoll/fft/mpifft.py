@@ -179,7 +179,9 @@ class PFFT:
     order, copy : str
         Block order and stores of the transposes (as for :func:`zcoll.alltoall`).
     **kw
-        Passed to the serial transforms (``threads``, ``planner_effort``, ...).
+        Passed to the serial transforms (``threads``, ``planner_effort``, ...), except
+        ``slab`` (deprecated in mpi4py-fft, accepted as there): True or an axis puts all
+        ranks on one axis (True: the axis after the one transformed last, cyclically).
 
     Notes
     -----
@@ -517,6 +519,7 @@ class _Spec:
 
     @classmethod
     def parse(cls, comm, shape, axes, dtype, grid, padding, darray, order, copy, kw) -> _Spec:
+        slab = kw.pop("slab", False)  # mpi4py-fft's deprecated keyword, not the backend's
         if shape is None:
             if darray is None:
                 raise ValueError("shape is required unless darray is given")
@@ -539,6 +542,12 @@ class _Spec:
                 )
         shape, padding = _padded(shape, groups, padding)
         dims = None
+        if (
+            slab is not False
+            and slab is not None
+            and (grid is not None or isinstance(comm, Subcomm))
+        ):
+            raise ValueError("slab= (deprecated) cannot be combined with grid= or a Subcomm")
         if darray is None and grid is not None:
             if isinstance(comm, Subcomm):
                 raise ValueError("grid cannot be combined with a Subcomm as comm")
@@ -547,9 +556,7 @@ class _Spec:
                 raise ValueError(f"grid {grid} has more entries than the {ndim} axes")
             dims = [max(0, g) for g in grid] + [1] * (ndim - len(grid))
         elif darray is None and not isinstance(comm, Subcomm):
-            dims = [0] * ndim
-            for ax in groups[-1]:
-                dims[ax] = 1
+            dims = _default_dims(ndim, groups, slab, comm.Get_size())
         if isinstance(comm, Subcomm) and darray is None:
             if len(comm) != ndim:
                 raise ValueError(f"the Subcomm has {len(comm)} communicators for {ndim} axes")
@@ -557,6 +564,10 @@ class _Spec:
                 raise ValueError(f"the Subcomm distributes axes {groups[-1]}, transformed first")
         if darray is not None and any(darray.commsizes[ax] != 1 for ax in groups[-1]):
             raise ValueError("set axes so that the axes transformed first are aligned in darray")
+        if dims is not None and any(dims[ax] > 1 for ax in groups[-1]):
+            raise ValueError(
+                f"the grid {tuple(dims)} distributes axes {groups[-1]}, transformed first"
+            )
         if dims is not None:
             fixed = [d for d in dims if d > 0]
             size = comm.Get_size()
@@ -568,6 +579,29 @@ class _Spec:
 
     def summary(self) -> tuple:
         return (self.shape, self.axes, str(self.dtype), self.dims, repr(self.padding))
+
+
+def _default_dims(ndim: int, groups, slab, size: int) -> list[int]:
+    """mpi4py-fft's grid without grid=: wildcards except the axes transformed first, or with
+    the deprecated slab= all ranks on one axis (True: the one after the last transformed)."""
+    if slab is False or slab is None:
+        dims = [0] * ndim
+        for ax in groups[-1]:
+            dims[ax] = 1
+        return dims
+    if slab is True:
+        axis = (groups[-1][-1] + 1) % ndim
+    else:
+        try:
+            axis = operator.index(slab)
+        except TypeError:
+            raise TypeError(f"slab must be a bool or an axis, got {slab!r}") from None
+        if not -ndim <= axis < ndim:
+            raise ValueError(f"slab axis {slab} does not fit {ndim} dimensions")
+        axis %= ndim
+    dims = [1] * ndim
+    dims[axis] = size
+    return dims
 
 
 def _axis_groups(axes, ndim: int, darray) -> tuple[tuple[int, ...], ...]:
@@ -594,6 +628,9 @@ def _axis_groups(axes, ndim: int, darray) -> tuple[tuple[int, ...], ...]:
         if len(set(normalized)) != len(normalized):
             raise ValueError(f"axes {axes!r} repeat an axis")
         groups.append(normalized)
+    flat = [a for group in groups for a in group]
+    if len(set(flat)) != len(flat):
+        raise ValueError(f"axes {axes!r} transform an axis twice")
     return tuple(groups)
 
 
