@@ -564,15 +564,15 @@ class _Spec:
                 raise ValueError(f"the Subcomm distributes axes {groups[-1]}, transformed first")
         if darray is not None and any(darray.commsizes[ax] != 1 for ax in groups[-1]):
             raise ValueError("set axes so that the axes transformed first are aligned in darray")
-        if dims is not None and any(dims[ax] > 1 for ax in groups[-1]):
-            raise ValueError(
-                f"the grid {tuple(dims)} distributes axes {groups[-1]}, transformed first"
-            )
         if dims is not None:
             fixed = [d for d in dims if d > 0]
             size = comm.Get_size()
             if size % int(np.prod(fixed)) or (0 not in dims and int(np.prod(fixed)) != size):
                 raise ValueError(f"a process grid {tuple(dims)} does not fit {size} ranks")
+        if dims is not None and (spread := [ax for ax in groups[-1] if dims[ax] > 1]):
+            raise ValueError(
+                f"the grid {tuple(dims)} distributes axis {spread[0]}, which is transformed first"
+            )
         if err := _option_error(order, copy):
             raise err
         return cls(shape, groups, dt, dims, padding)
