@@ -537,8 +537,9 @@ def test_crossover_compare():
     assert not crossover.compare(seconds).meets()
 
 
+@pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("hide_mpi4py_fft", [False, True])
-def test_fft_subcommand(hide_mpi4py_fft, outdir, monkeypatch):
+def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
     if hide_mpi4py_fft:  # as in CI, where the test extras do not install it
         monkeypatch.setitem(sys.modules, "mpi4py_fft", None)
     try:
@@ -549,15 +550,20 @@ def test_fft_subcommand(hide_mpi4py_fft, outdir, monkeypatch):
         reference = False
     files = {"json": outdir / "fft.json", "plot": outdir / "fft.png"}
     argv = ["fft", "--sizes", "8", "--iterations", "2", "--check", "--no-progress"]
-    argv += ["--mpi4py-fft-backend", "numpy"]  # no FFTW planning
+    argv += ["--mpi4py-fft-backend", "numpy", "--rank", str(rank)]  # no FFTW planning
     assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
 
     def check():
         document = read_json(files["json"])
         methods = [r["method"] for r in document["results"]]
-        assert methods == (["zcoll", "mpi4py-fft"] if reference else ["zcoll"])
+        expected = ["zcoll", "mpi4py-fft"] if reference else ["zcoll"]
+        expected += ["zcoll-per-component"] if rank else []
+        assert methods == expected
+        fused = document["metadata"]["geomean_fused_over_per_component"]
+        assert (fused is not None and fused > 0) if rank else fused is None
         for r in document["results"]:
             assert r["N"] == 8 and r["P"] == P and r["total_ms"] > 0 and r["iterations"] == 2
+            assert r["rank"] == rank
         missing = document["metadata"]["mpi4py_fft_missing"]
         assert (missing is None) == reference, missing
         assert_png(files["plot"])

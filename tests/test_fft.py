@@ -1075,7 +1075,7 @@ def test_padding(world, plans, dtype):
 def test_slab_keyword(world, plans, slab, grid):
     """mpi4py-fft's deprecated slab=: True is axis (last transformed + 1) % ndim, an int that
     axis, all ranks along it."""
-    shape = (8, 6, 5)
+    shape = (12, 10, 9)  # every axis long enough for a slab at P = 8
     axes = (0, 2, 1) if slab == -1 else None  # slab on the axis transformed first is refused
     if slab == -1 and world.size > 1:
         with pytest.raises(ValueError, match="transformed first"):

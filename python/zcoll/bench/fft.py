@@ -42,6 +42,7 @@ FFT_MAX_ITERATIONS = 1000  # ... nor lets it grow above this
 FFT_ITERATIONS = 10  # with --time-budget 0 and no --iterations
 FFT_TIME_BUDGET = 1.0  # default seconds per timed loop
 ZCOLL_FFT, MPI4PY_FFT = "zcoll", "mpi4py-fft"
+ZCOLL_PER_COMPONENT = "zcoll-per-component"  # --rank 1: one call per component
 #: --check: largest relative 2-norm difference accepted, by the precision of the dtype
 FFT_TOLERANCE = {"double": 1e-10, "single": 1e-5}
 
@@ -62,6 +63,7 @@ FFT_FIELDS = (
     "P",
     "N",
     "dtype",
+    "rank",
     "grid",
     "method",
     "backend",
@@ -176,9 +178,14 @@ class _Timed:
 
 class _FFTCase:
     """A plan with its arrays; a pair is forward then backward (explicit arrays, or the
-    plan's own ones where `explicit` is False)."""
+    plan's own ones where `explicit` is False).
+
+    A vector field (``rank=1``: ``u`` and ``u_hat`` with a leading axis of 3 components) goes
+    through one call per direction where `fused`, else one call per component (mpi4py-fft's
+    only way: its transforms take scalar fields)."""
 
     explicit = True
+    fused = False
     plan: Any  # zcoll.fft.PFFT or mpi4py_fft.PFFT
     u: np.ndarray
     u_hat: np.ndarray
@@ -186,14 +193,24 @@ class _FFTCase:
     def forward(self) -> np.ndarray:
         if not self.explicit:
             return self.plan.forward()
-        return self.plan.forward(self.u, self.u_hat)
+        if self.fused or self.u.ndim == 3:
+            return self.plan.forward(self.u, self.u_hat)
+        for u, u_hat in zip(self.u, self.u_hat):
+            self.plan.forward(u, u_hat)
+        return self.u_hat
+
+    def backward(self) -> None:
+        if not self.explicit:
+            self.plan.backward()
+        elif self.fused or self.u.ndim == 3:
+            self.plan.backward(self.u_hat, self.u)
+        else:
+            for u, u_hat in zip(self.u, self.u_hat):
+                self.plan.backward(u_hat, u)
 
     def pair(self) -> None:
         self.forward()
-        if self.explicit:
-            self.plan.backward(self.u_hat, self.u)
-        else:
-            self.plan.backward()
+        self.backward()
 
     def output_slice(self) -> tuple[slice, ...]:
         return self.plan.local_slice(True)
@@ -206,19 +223,19 @@ class ZcollFFTCase(_FFTCase):
     """A ``zcoll.fft.PFFT`` plan with arena arrays ``u`` (physical) and ``u_hat`` (spectral).
 
     One pair is ``forward(u, u_hat)`` then ``backward(u_hat, u)``: the caller's arrays, no
-    allocation. The split comes from the plan's own ``timings``.
+    allocation; for a vector field (`rank` 1) all components in one call (one transpose per
+    stage) unless `fused` is False. The split comes from the plan's own ``timings``.
     """
 
-    method = ZCOLL_FFT
-
-    def __init__(self, comm, n: int, dtype, grid, backend: str) -> None:
+    def __init__(self, comm, n: int, dtype, grid, backend: str, rank=0, fused=True) -> None:
         from zcoll.fft import PFFT, newDistArray
 
-        self.backend, self.arrays = backend, "explicit"
+        self.backend, self.arrays, self.fused = backend, "explicit", fused
+        self.method = ZCOLL_FFT if fused or rank == 0 else ZCOLL_PER_COMPONENT
         self.plan = PFFT(comm, (n, n, n), dtype=dtype, grid=grid, backend=backend)
-        self.u = newDistArray(self.plan, forward_output=False)
+        self.u = newDistArray(self.plan, forward_output=False, rank=rank)
         self.u[...] = fft_field(self.plan.local_slice(False), n, dtype)
-        self.u_hat = newDistArray(self.plan, forward_output=True)
+        self.u_hat = newDistArray(self.plan, forward_output=True, rank=rank)
 
     @property
     def timings(self) -> dict[str, float]:
@@ -246,7 +263,7 @@ class Mpi4pyFFTCase(_FFTCase):
 
     method = MPI4PY_FFT
 
-    def __init__(self, comm, n: int, dtype, grid, backend: str, arrays: str) -> None:
+    def __init__(self, comm, n: int, dtype, grid, backend: str, arrays: str, rank=0) -> None:
         import mpi4py_fft
 
         self.backend, self.arrays = backend, arrays
@@ -259,11 +276,15 @@ class Mpi4pyFFTCase(_FFTCase):
             for t in transforms:
                 t._xfftn = tuple(_Timed(f, self.timings, "fft") for f in t._xfftn)
                 t._transfer = tuple(_Timed(f, self.timings, "transpose") for f in t._transfer)
-        if arrays == "internal":
+        lead = (3,) * rank
+        if arrays == "internal" and not rank:
             self.u, self.u_hat = self.plan.forward.input_array, self.plan.forward.output_array
-        else:
-            self.u = np.zeros(self.plan.shape(False), dtype)
-            self.u_hat = np.zeros_like(self.plan.forward.output_array)
+        else:  # a vector field always goes through the caller's arrays, a component at a time
+            self.explicit, self.arrays = True, "explicit"
+            self.u = np.zeros((*lead, *self.plan.shape(False)), dtype)
+            self.u_hat = np.zeros(
+                (*lead, *self.plan.shape(True)), self.plan.forward.output_array.dtype
+            )
         self.u[...] = fft_field(self.plan.local_slice(False), n, dtype)
 
     def reset_timings(self) -> None:
@@ -286,9 +307,10 @@ def _relative_difference(comm, mine: np.ndarray, mine_slice, ref: np.ndarray, re
         sums = np.zeros(2)
         if comm.rank == 0:
             shape = tuple(max(s.stop for s in axis) for axis in zip(*(p[0] for p in parts)))
+            shape = mine.shape[: mine.ndim - len(shape)] + shape  # leading component axes
             a, b = np.zeros(shape, np.complex128), np.zeros(shape, np.complex128)
             for a_slice, a_part, b_slice, b_part in parts:
-                a[a_slice], b[b_slice] = a_part, b_part
+                a[(..., *a_slice)], b[(..., *b_slice)] = a_part, b_part
             sums[:] = np.vdot(a - b, a - b).real, np.vdot(b, b).real
         comm.Bcast(sums, root=0)
     return math.sqrt(sums[0] / sums[1]) if sums[1] > 0 else math.sqrt(sums[0])
@@ -422,20 +444,22 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
     versions = _fft_versions()
     than = (
         f"mpi4py-fft {versions.get('mpi4py_fft', '')} backend {args.mpi4py_fft_backend} "
-        f"({args.mpi4py_fft_arrays} arrays)"
+        f"({'explicit arrays, a call per component' if args.rank else args.mpi4py_fft_arrays})"
         if reference
         else why_not
     )
 
     say(f"# zcoll.bench fft | {now} | host {socket.gethostname()} | {command}")
-    say(f"# ms per forward+backward pair of an N^3 {dtype} transform (max over ranks of the mean")
-    say("# of a timed loop); fft / transpose: the parts of it spent in local FFTs / in transposes")
+    field = "a 3-component N^3" if args.rank else "an N^3"
+    say(f"# ms per forward+backward pair of {field} {dtype} transform (max over ranks of the")
+    say("# mean of a timed loop)" + (", zcoll: all components in one call" if args.rank else ""))
+    say("# fft / transpose: the parts of it spent in local FFTs / in transposes")
     say(f"# P={comm.size}, grid {grid_label(dims)}, zcoll backend {args.backend}; vs {than}")
     for line in fft_table_header():
         say(line)
     rows: list[dict[str, Any]] = []
-    ratios: dict[str, list[float | None]] = {"total": [], "transpose": []}
-    say.start(len(args.sizes) * (2 if reference else 1), "fft")
+    ratios: dict[str, list[float | None]] = {"total": [], "transpose": [], "fused": []}
+    say.start(len(args.sizes) * ((2 if reference else 1) + (1 if args.rank else 0)), "fft")
     try:
         status = _sweep(comm, args, dtype, dims, reference, say, rows, ratios)
     finally:
@@ -448,6 +472,13 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
             f"geomean mpi4py-fft/zcoll: total {times(geomeans['total'])}, "
             f"transpose {times(geomeans['transpose'])}"
         )
+    if args.rank:
+        say(
+            f"geomean zcoll all components in one call / one call per component: "
+            f"{geomeans['fused']:.2f}"
+            if geomeans["fused"]
+            else "fused ratio unknown"
+        )
     say(where(comm, layout))
     say(f"MPI library: {mpi_library()}")
     if comm.rank == 0:
@@ -455,6 +486,7 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "benchmark": "fft",
             **common_metadata(comm, args, layout, now, command),
             "dtype": str(dtype),
+            "rank": args.rank,
             "grid": list(dims),
             "grid_option": args.grid_text,
             "zcoll_backend": args.backend,
@@ -463,6 +495,7 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "mpi4py_fft_missing": why_not or None,
             "geomean_ratio_total": geomeans["total"],
             "geomean_ratio_transpose": geomeans["transpose"],
+            "geomean_fused_over_per_component": geomeans["fused"] if args.rank else None,
         }
         metadata["versions"].update(versions)
         write_outputs(args, rows, metadata, FFT_FIELDS)
@@ -474,7 +507,7 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
     ``--check`` failed (on every rank)."""
     for n in args.sizes:
         try:
-            zc = ZcollFFTCase(comm, n, dtype, args.grid, args.backend)
+            zc = ZcollFFTCase(comm, n, dtype, args.grid, args.backend, args.rank)
         except (ValueError, ImportError) as exc:  # raised on every rank
             say(f"{n:>5}  skipped: {exc}")
             continue
@@ -482,8 +515,9 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
         if reference:
             try:
                 mc = Mpi4pyFFTCase(
-                    comm, n, dtype, args.grid, args.mpi4py_fft_backend, args.mpi4py_fft_arrays
-                )
+                    comm, n, dtype, args.grid, args.mpi4py_fft_backend, args.mpi4py_fft_arrays,
+                    args.rank,
+                )  # fmt: skip
                 ok = True
             except Exception as exc:
                 ok, error = False, exc
@@ -507,12 +541,25 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
             results[MPI4PY_FFT] = time_fft(comm, mc, args)
         if reference:
             say.step(f"N={n} mpi4py-fft")
+        loop = None
+        if args.rank:  # the same field, one call per component
+            loop = ZcollFFTCase(comm, n, dtype, args.grid, args.backend, args.rank, fused=False)
+            results[ZCOLL_PER_COMPONENT] = time_fft(comm, loop, args)
+            say.step(f"N={n} zcoll per component")
         z, m = results[ZCOLL_FFT], results.get(MPI4PY_FFT)
         say(fft_table_row(n, z, m))
+        if loop is not None:
+            per = results[ZCOLL_PER_COMPONENT]
+            ratios["fused"].append(z["total"] / per["total"])
+            say(
+                f"{'':5}zcoll one call per component: total {_ms(per['total'], 0)} ms, transpose "
+                f"{_ms(per['transpose'], 0)} ms; all in one call / per component "
+                f"{z['total'] / per['total']:.2f}"
+            )
         if m is not None:
             ratios["total"].append(ratio(m["total"], z["total"]))
             ratios["transpose"].append(ratio(m["transpose"], z["transpose"]))
-        for case in (zc, mc):
+        for case in (zc, mc, loop):
             if case is None:
                 continue
             r = results[case.method]
@@ -522,6 +569,7 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                     "P": comm.size,
                     "N": n,
                     "dtype": str(dtype),
+                    "rank": args.rank,
                     "grid": "x".join(map(str, dims)),
                     "method": case.method,
                     "backend": case.backend,
@@ -534,7 +582,7 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                 }
             )
             case.destroy()
-        del zc, mc
+        del zc, mc, loop
         gc.collect()
     return 0
 

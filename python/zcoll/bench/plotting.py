@@ -124,7 +124,7 @@ def plot_fft(document: dict, ax) -> None:
         xs = [i + (k - (len(methods) - 1) / 2) * width for i, n in enumerate(sizes) if n in by_n]
         chosen = [by_n[n] for n in sizes if n in by_n]
         bottom = [0.0] * len(chosen)
-        hatch = "//" if k else None
+        hatch = (None, "//", "..")[k % 3]
         for key, label, color in parts:
             heights = [row[key] or 0.0 for row in chosen]
             ax.bar(xs, heights, width, bottom=bottom, color=color, hatch=hatch,
@@ -136,7 +136,7 @@ def plot_fft(document: dict, ax) -> None:
     ax.set_xticks(range(len(sizes)), [f"N={n}" for n in sizes])
     ax.set_ylabel("ms per forward+backward pair")
     metadata = document["metadata"]
-    hatched = " (hatched: mpi4py-fft)" if len(methods) > 1 else ""
+    hatched = f" (hatched: {', '.join(methods[1:])})" if len(methods) > 1 else ""
     ax.set_title(_title(metadata, f"fft {metadata.get('dtype', '')}{hatched}"))
     ax.legend(fontsize="small")
     ax.grid(True, axis="y", alpha=0.3)
