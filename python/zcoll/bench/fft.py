@@ -310,7 +310,8 @@ def _relative_difference(comm, mine: np.ndarray, mine_slice, ref: np.ndarray, re
             shape = mine.shape[: mine.ndim - len(shape)] + shape  # leading component axes
             a, b = np.zeros(shape, np.complex128), np.zeros(shape, np.complex128)
             for a_slice, a_part, b_slice, b_part in parts:
-                a[(..., *a_slice)], b[(..., *b_slice)] = a_part, b_part
+                a[(Ellipsis,) + tuple(a_slice)] = a_part
+                b[(Ellipsis,) + tuple(b_slice)] = b_part
             sums[:] = np.vdot(a - b, a - b).real, np.vdot(b, b).real
         comm.Bcast(sums, root=0)
     return math.sqrt(sums[0] / sums[1]) if sums[1] > 0 else math.sqrt(sums[0])
