@@ -17,6 +17,7 @@ from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
 from .fft import (
     FFT_DTYPES,
     FFT_ITERATIONS,
+    FFT_ROUNDS,
     FFT_SIZES,
     FFT_TIME_BUDGET,
     parse_fft_sizes,
@@ -137,16 +138,24 @@ def _fft_options() -> argparse.ArgumentParser:
     options.add_argument(
         "--iterations",
         type=int,
-        help="timed forward+backward pairs (default: --time-budget / cost of one, 3 to 1000)",
+        help="timed forward+backward pairs per round (default: --time-budget / rounds / cost "
+        "of one, 3 to 1000)",
     )
     options.add_argument("--warmup", type=int, help="untimed pairs first (default 1)")
+    options.add_argument(
+        "--rounds",
+        type=int,
+        default=FFT_ROUNDS,
+        help="alternating rounds: each times one loop of every library, the order reversed "
+        f"every other round; the medians are reported (default {FFT_ROUNDS})",
+    )
     options.add_argument(
         "--time-budget",
         type=float,
         default=FFT_TIME_BUDGET,
         metavar="SECONDS",
-        help="target length of each timed loop when --iterations is not given; "
-        f"0: {FFT_ITERATIONS} pairs (default {FFT_TIME_BUDGET:g})",
+        help="target time of each library's loops over all rounds when --iterations is not "
+        f"given; 0: {FFT_ITERATIONS} pairs per round (default {FFT_TIME_BUDGET:g})",
     )
     options.add_argument(
         "--check",
@@ -263,6 +272,8 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         if args.orders is None:
             args.orders = [AUTO] if args.persistent else list(ALL_ORDERS)
         args.methods = zcoll_methods(args.orders, args.copies, args.persistent)
+    if getattr(args, "rounds", None) is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if getattr(args, "iterations", None) is not None and args.iterations < 1:
         parser.error("--iterations must be at least 1")
     if getattr(args, "warmup", None) is not None and args.warmup < 0:

@@ -12,7 +12,7 @@ import math
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypedDict
 
 import numpy as np
@@ -40,7 +40,8 @@ FFT_SIZES = (32, 64, 128)  # default cube edges
 FFT_MIN_ITERATIONS = 3  # the time budget never cuts a measurement below this ...
 FFT_MAX_ITERATIONS = 1000  # ... nor lets it grow above this
 FFT_ITERATIONS = 10  # with --time-budget 0 and no --iterations
-FFT_TIME_BUDGET = 1.0  # default seconds per timed loop
+FFT_TIME_BUDGET = 1.0  # default seconds per case, over all its rounds
+FFT_ROUNDS = 5  # default alternating rounds (medians reported)
 ZCOLL_FFT, MPI4PY_FFT = "zcoll", "mpi4py-fft"
 ZCOLL_PER_COMPONENT = "zcoll-per-component"  # --rank 1: one call per component
 #: --check: largest relative 2-norm difference accepted, by the precision of the dtype
@@ -56,6 +57,7 @@ class FFTTimes(TypedDict):
     transpose: float | None
     iterations: int
     warmup: int
+    rounds: int
 
 
 FFT_FIELDS = (
@@ -73,6 +75,7 @@ FFT_FIELDS = (
     "transpose_ms",
     "iterations",
     "warmup",
+    "rounds",
 )
 
 
@@ -338,50 +341,81 @@ def check_fft(comm, zc: ZcollFFTCase, mc: Mpi4pyFFTCase | None, dtype) -> list[s
     return failures
 
 
-def time_fft(comm, case, args) -> FFTTimes:
-    """Time forward+backward pairs of `case`, as :func:`measure` times a collective.
-
-    Every rank runs ``--warmup`` untimed pairs; without ``--iterations`` one more pair, timed
-    after a barrier, sets the count (``--time-budget`` / its cost, between 3 and 1000). Then a
-    barrier and the timed loop. Collective over `comm`.
-
-    Returns
-    -------
-    dict
-        ``total``, ``fft``, ``transpose``: seconds per pair, each the largest over the ranks of
-        that rank's mean (``transpose``/``fft`` None when unknown); ``iterations``;
-        ``warmup``.
-    """
-    warmup = 1 if args.warmup is None else args.warmup
-    for _ in range(warmup):
+def _iterations(comm, case, args) -> int:
+    """Run ``--warmup`` untimed pairs of `case`; return the pairs per timed loop: ``--iterations``,
+    else ``--time-budget`` split over the rounds / the cost of one pilot pair (timed after a
+    barrier), between FFT_MIN_ITERATIONS and FFT_MAX_ITERATIONS. Collective."""
+    for _ in range(_warmup(args)):
         case.pair()
-    iterations = args.iterations
-    if iterations is None:
-        if args.time_budget > 0:
-            comm.Barrier()
-            start = MPI.Wtime()
-            case.pair()
-            pilot = comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
-            affordable = round(args.time_budget / pilot) if pilot > 0 else FFT_MAX_ITERATIONS
-            iterations = min(FFT_MAX_ITERATIONS, max(FFT_MIN_ITERATIONS, affordable))
-        else:
-            iterations = FFT_ITERATIONS
+    if args.iterations is not None:
+        return args.iterations
+    if args.time_budget <= 0:
+        return FFT_ITERATIONS
+    comm.Barrier()
+    start = MPI.Wtime()
+    case.pair()
+    pilot = comm.allreduce(MPI.Wtime() - start, op=MPI.MAX)
+    budget = args.time_budget / _rounds(args)
+    affordable = round(budget / pilot) if pilot > 0 else FFT_MAX_ITERATIONS
+    return min(FFT_MAX_ITERATIONS, max(FFT_MIN_ITERATIONS, affordable))
+
+
+def _warmup(args) -> int:
+    return 1 if args.warmup is None else args.warmup
+
+
+def _rounds(args) -> int:
+    return getattr(args, "rounds", None) or FFT_ROUNDS
+
+
+def _timed_loop(comm, case, iterations: int) -> np.ndarray:
+    """Seconds per pair of one timed loop: [total, fft, transpose], each the largest over the
+    ranks of that rank's mean. Collective."""
     case.reset_timings()
     comm.Barrier()
     start = MPI.Wtime()
     for _ in range(iterations):
         case.pair()
     elapsed = MPI.Wtime() - start
-    split = getattr(case, "split", True)
     per_pair = np.array([elapsed, case.timings["fft"], case.timings["transpose"]]) / iterations
     comm.Allreduce(MPI.IN_PLACE, per_pair, op=MPI.MAX)
-    return {
-        "total": float(per_pair[0]),
-        "fft": float(per_pair[1]) if split else None,
-        "transpose": float(per_pair[2]) if split else None,
-        "iterations": iterations,
-        "warmup": warmup,
-    }
+    return per_pair
+
+
+def time_fft(comm, cases: Sequence[Any], args) -> list[FFTTimes]:
+    """Time forward+backward pairs of each of `cases` in alternating rounds.
+
+    Each case gets its warm-up and loop length (:func:`_iterations`); then ``--rounds``
+    rounds each time one loop of every case, the order of the cases reversed every other
+    round, so slow drifts of the machine (other load, clock) fall on all of them alike.
+    Collective over `comm`.
+
+    Returns
+    -------
+    list of dict
+        Per case: ``total``, ``fft``, ``transpose``: the median over the rounds of the seconds
+        per pair (each the largest over the ranks of that rank's mean; ``fft``/``transpose``
+        None when unknown); ``iterations`` (per round); ``warmup``; ``rounds``.
+    """
+    counts = [_iterations(comm, case, args) for case in cases]
+    samples: list[list[np.ndarray]] = [[] for _ in cases]
+    for r in range(_rounds(args)):
+        order = range(len(cases)) if r % 2 == 0 else reversed(range(len(cases)))
+        for k in order:
+            samples[k].append(_timed_loop(comm, cases[k], counts[k]))
+    results: list[FFTTimes] = []
+    for case, count, rows in zip(cases, counts, samples):
+        total, fft, transpose = np.median(np.array(rows), axis=0)
+        split = getattr(case, "split", True)
+        results.append({
+            "total": float(total),
+            "fft": float(fft) if split else None,
+            "transpose": float(transpose) if split else None,
+            "iterations": count,
+            "warmup": _warmup(args),
+            "rounds": len(rows),
+        })  # fmt: skip
+    return results
 
 
 def _ms(seconds: float | None, width: int) -> str:
@@ -414,8 +448,9 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
 
     For each N, both plans get the same shape, dtype and process grid (``--grid``), and the
     same input field. Each is timed as forward+backward pairs (``forward`` normalised,
-    ``backward`` not, both libraries' defaults): warm-up, barrier, timed loop, the largest
-    per-pair mean over the ranks. Each library's time is split into local FFTs and global
+    ``backward`` not, both libraries' defaults) in alternating rounds (:func:`time_fft`): per
+    round a barrier and a timed loop, the largest per-pair mean over the ranks; the median
+    over the rounds is reported. Each library's time is split into local FFTs and global
     transposes measured inside the same loop: zcoll's from ``PFFT.timings``, mpi4py-fft's by
     wrapping its serial transforms and Transfer methods (see :class:`Mpi4pyFFTCase`). The
     split's parts are also maxima over the ranks, so they need not add up to the total, which
@@ -453,14 +488,16 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
     say(f"# zcoll.bench fft | {now} | host {socket.gethostname()} | {command}")
     field = "a 3-component N^3" if args.rank else "an N^3"
     say(f"# ms per forward+backward pair of {field} {dtype} transform (max over ranks of the")
-    say("# mean of a timed loop)" + (", zcoll: all components in one call" if args.rank else ""))
+    say(f"# mean of a timed loop; median of {_rounds(args)} alternating rounds)")
+    if args.rank:
+        say("# zcoll: all components in one call")
     say("# fft / transpose: the parts of it spent in local FFTs / in transposes")
     say(f"# P={comm.size}, grid {grid_label(dims)}, zcoll backend {args.backend}; vs {than}")
     for line in fft_table_header():
         say(line)
     rows: list[dict[str, Any]] = []
     ratios: dict[str, list[float | None]] = {"total": [], "transpose": [], "fused": []}
-    say.start(len(args.sizes) * ((2 if reference else 1) + (1 if args.rank else 0)), "fft")
+    say.start(len(args.sizes), "fft")
     try:
         status = _sweep(comm, args, dtype, dims, reference, say, rows, ratios)
     finally:
@@ -536,17 +573,12 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                     file=sys.stderr,
                 )
                 return 1
-        results = {ZCOLL_FFT: time_fft(comm, zc, args)}
-        say.step(f"N={n} zcoll")
-        if mc is not None:
-            results[MPI4PY_FFT] = time_fft(comm, mc, args)
-        if reference:
-            say.step(f"N={n} mpi4py-fft")
         loop = None
         if args.rank:  # the same field, one call per component
             loop = ZcollFFTCase(comm, n, dtype, args.grid, args.backend, args.rank, fused=False)
-            results[ZCOLL_PER_COMPONENT] = time_fft(comm, loop, args)
-            say.step(f"N={n} zcoll per component")
+        cases = [c for c in (zc, mc, loop) if c is not None]
+        results = dict(zip((c.method for c in cases), time_fft(comm, cases, args)))
+        say.step(f"N={n}")
         z, m = results[ZCOLL_FFT], results.get(MPI4PY_FFT)
         say(fft_table_row(n, z, m))
         if loop is not None:
@@ -580,6 +612,7 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                     "transpose_ms": None if r["transpose"] is None else r["transpose"] * 1e3,
                     "iterations": r["iterations"],
                     "warmup": r["warmup"],
+                    "rounds": r["rounds"],
                 }
             )
             case.destroy()

@@ -20,10 +20,10 @@ own.
 from __future__ import annotations
 
 from . import distarray, fftw, io, libfft, mpifft, pencil
-from ._backends import BACKENDS
 from .distarray import DistArray, Function, newDistArray
 from .fftw import fftlib
 from .io import HDF5File, NCFile, generate_xdmf
+from .libfft import BACKENDS
 from .mpifft import PFFT
 from .pencil import Pencil, Subcomm, Transfer, TransferPlan, transfer, transfer_init
 

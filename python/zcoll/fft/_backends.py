@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BACKENDS", "get_backend"]
+__all__ = ["NumpyBackend", "PyfftwBackend", "ScipyBackend"]
 
 
 def _norm(inverse: bool, factor: float, n: int) -> str | None:
@@ -30,7 +30,6 @@ class NumpyBackend:
     """numpy.fft (pocketfft); writes straight into the output array on NumPy >= 2."""
 
     name = "numpy"
-    options: tuple[str, ...] = ()
     #: True: every transform folds its own 1/n into the transform for free.
     folds_scaling = True
 
@@ -74,7 +73,6 @@ class ScipyBackend(NumpyBackend):
     """scipy.fft (pocketfft with `threads` workers); results are copied into the output."""
 
     name = "scipy"
-    options = ("threads",)
 
     def __init__(self, threads: int = 1) -> None:
         import scipy.fft
@@ -100,7 +98,6 @@ class PyfftwBackend:
     """
 
     name = "pyfftw"
-    options = ("threads", "planner_effort")
     folds_scaling = False
 
     def __init__(self, threads: int = 1, planner_effort: str = "FFTW_MEASURE") -> None:
@@ -177,34 +174,3 @@ def _c_strided(a: np.ndarray) -> bool:
         expected.append(stride)
         stride *= n
     return a.strides == tuple(reversed(expected))
-
-
-BACKENDS: dict[str, type[NumpyBackend | PyfftwBackend]] = {
-    "numpy": NumpyBackend,
-    "scipy": ScipyBackend,
-    "pyfftw": PyfftwBackend,
-}
-
-
-def check_backend(name: str, options: dict) -> None:
-    """Raise ValueError/TypeError for an unknown backend or options it does not take."""
-    if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)}, got {name!r}")
-    unknown = sorted(set(options) - set(BACKENDS[name].options))
-    if unknown:
-        raise TypeError(
-            f"unsupported keyword argument(s) {unknown} (backend {name!r} takes "
-            f"{list(BACKENDS[name].options) or 'no options'})"
-        )
-
-
-def get_backend(name: str, **options):
-    """The backend called `name` ("numpy", "scipy" or "pyfftw"), made with `options`."""
-    check_backend(name, options)
-    try:
-        return BACKENDS[name](**options)
-    except ImportError as exc:
-        raise ImportError(
-            f"zcoll.fft: backend {name!r} needs the {name} package ({exc}); "
-            f"install it (pip install {name}) or use backend='numpy'"
-        ) from exc

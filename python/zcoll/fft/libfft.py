@@ -47,6 +47,8 @@ CALL_OPTIONS: dict[str, tuple[str, ...]] = {
     "scipy": (),
     "mkl_fft": (),
 }
+#: The backend names :class:`FFT` and :class:`~zcoll.fft.PFFT` accept (mpi4py-fft's).
+BACKENDS: tuple[str, ...] = tuple(CALL_OPTIONS)
 
 
 def _default_allocator(shape: tuple, dtype: np.dtype) -> np.ndarray:
