@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["NumpyBackend", "PyfftwBackend", "ScipyBackend"]
+__all__ = ["FftwLibBackend", "NumpyBackend", "PyfftwBackend", "ScipyBackend"]
 
 
 def _norm(inverse: bool, factor: float, n: int) -> str | None:
@@ -114,14 +114,23 @@ class PyfftwBackend:
         key = (a.shape, a.dtype, out.shape, out.dtype, axes, direction, a is out)
         entry = self._plans.get(key)
         if entry is None:
-            scratch_in = self._fftw.empty_aligned(a.shape, a.dtype)
-            scratch_out = scratch_in if a is out else self._fftw.empty_aligned(out.shape, out.dtype)
-            plan = self._fftw.FFTW(
-                scratch_in, scratch_out, axes=axes, direction=direction, flags=[self._effort],
-                threads=self._threads,
-            )  # fmt: skip
+            scratch_in = self._empty(a.shape, a.dtype)
+            scratch_out = scratch_in if a is out else self._empty(out.shape, out.dtype)
+            plan = self._make_plan(scratch_in, scratch_out, axes, direction)
             entry = self._plans[key] = (plan, scratch_in, scratch_out)
         return entry
+
+    def _empty(self, shape, dtype) -> np.ndarray:
+        return self._fftw.empty_aligned(shape, dtype)
+
+    def _make_plan(self, a, out, axes, direction):
+        return self._fftw.FFTW(
+            a, out, axes=axes, direction=direction, flags=[self._effort], threads=self._threads
+        )
+
+    def _execute(self, plan, a, out) -> None:
+        plan.update_arrays(a, out)
+        plan.execute()
 
     def prepare(self, a, out, axes, inverse) -> None:
         """Plan now (not at the first call) for transforms of arrays like `a` into `out`."""
@@ -148,8 +157,7 @@ class PyfftwBackend:
             dst = out if self._aligned(out) else scratch_out
         if src is not a:
             np.copyto(src, a)
-        plan.update_arrays(src, dst)
-        plan.execute()
+        self._execute(plan, src, dst)
         if dst is not out:
             np.copyto(out, dst)
         if factor != 1.0:
@@ -165,6 +173,53 @@ class PyfftwBackend:
     def c2r(self, a, out, axes, factor=1.0):
         # FFTW's c2r destroys its input: zcoll only passes its own work arrays here.
         return self._run(a, out, axes, "FFTW_BACKWARD", factor)
+
+
+class FftwLibBackend(PyfftwBackend):
+    """mpi4py-fft's own FFTW module (``mpi4py_fft.fftw``): the FFTW library mpi4py-fft was
+    built against, typically the system's, which can be newer and faster than the one pyFFTW's
+    wheels bundle. Plans and scratch arrays as for :class:`PyfftwBackend`; a plan runs on the
+    caller's arrays through mpi4py-fft's implicit call (FFTW's new-array execute)."""
+
+    name = "fftw"
+
+    def __init__(self, threads: int = 1, planner_effort: str = "FFTW_MEASURE") -> None:
+        from mpi4py_fft import fftw as lib
+
+        self._lib = lib
+        self._threads = threads
+        self._flags = (lib.flag_dict[planner_effort],)
+        self._plans: dict = {}
+
+    def _empty(self, shape, dtype) -> np.ndarray:
+        return self._lib.aligned(shape, n=32, dtype=dtype)  # mpi4py-fft's largest alignment
+
+    def _make_plan(self, a, out, axes, direction):
+        lib = self._lib
+        if a.dtype.kind == "f":
+            planner, s = lib.rfftn, None
+        elif out.dtype.kind == "f":
+            planner, s = lib.irfftn, [out.shape[ax] for ax in axes]
+        else:
+            planner, s = (lib.ifftn if direction == "FFTW_BACKWARD" else lib.fftn), None
+        return planner(
+            a, s=s, axes=tuple(axes), threads=self._threads, flags=self._flags, output_array=out
+        )
+
+    def _aligned(self, x) -> bool:
+        return x.ctypes.data % 32 == 0
+
+    def _execute(self, plan, a, out) -> None:
+        plan(a, out, implicit=True, normalize=False)
+
+
+def mpi4py_fftw_available() -> bool:
+    """Whether mpi4py-fft's compiled FFTW module imports."""
+    try:
+        from mpi4py_fft import fftw  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _c_strided(a: np.ndarray) -> bool:

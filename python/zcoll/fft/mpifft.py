@@ -21,6 +21,7 @@ import operator
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from math import prod
 from numbers import Number
 from typing import Any
 
@@ -281,6 +282,8 @@ class PFFT:
                 a, b = here.fft.forward.output_array, there.fft.forward.input_array
                 here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
         self._stages = stages
+        self._scale_once = all(s.fft.scales for s in stages)
+        self._total_scale = prod(s.fft.scale for s in stages)
         self.xfftn = [s.fft for s in stages]
         self.transfer = [s.transfer for s in stages[:-1]]
         self.pencil = [stages[0].pencil_in, stages[-1].pencil_out]
@@ -362,7 +365,7 @@ class PFFT:
                 )
             else:
                 dst = _side(stage.fft, inverse, "output")
-            self._serial(stage.fft, src, dst, inverse, normalize, i > 0)
+            self._serial(stage.fft, src, dst, inverse, normalize, i > 0, i == last)
             if i < last:
                 src = self._move(stages, i, inverse, dst)
         return dst
@@ -389,7 +392,7 @@ class PFFT:
             dst: np.ndarray = (batch.inputs if inverse else batch.outputs)[i]
             if k == last and output_array is not None:
                 dst = output_array
-            self._serial(stage.fft, src, dst, inverse, normalize, k > 0)
+            self._serial(stage.fft, src, dst, inverse, normalize, k > 0, k == last)
             if k < last:
                 j = i - 1 if inverse else i + 1
                 link = j if inverse else i
@@ -431,11 +434,20 @@ class PFFT:
         self._batches[lead] = batch
         return batch
 
-    def _serial(self, fft: FFT, src, dst, inverse: bool, normalize: bool, scratch: bool) -> None:
+    def _serial(
+        self, fft: FFT, src, dst, inverse: bool, normalize: bool, scratch: bool, last: bool
+    ) -> None:
         """One serial transform; `scratch`: `src` is the plan's intermediate array, which the
-        transform may destroy."""
+        transform may destroy. Where every stage's backend takes a factor, the whole 1/N is
+        applied by the last stage (one pass over the data instead of one per stage, as
+        mpi4py-fft does)."""
         t0 = time.perf_counter()
-        fft.execute(src, dst, inverse=inverse, normalize=normalize, destroy_input=scratch)
+        if self._scale_once:
+            factor = self._total_scale if normalize and last else 1.0
+            fft.execute(src, dst, inverse=inverse, normalize=False, destroy_input=scratch,
+                        factor=factor)  # fmt: skip
+        else:
+            fft.execute(src, dst, inverse=inverse, normalize=normalize, destroy_input=scratch)
         self.timings["fft"] += time.perf_counter() - t0
 
     def _timed(self, key: str, func, *args) -> None:
