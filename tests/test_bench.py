@@ -557,10 +557,11 @@ def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
         document = read_json(files["json"])
         methods = [r["method"] for r in document["results"]]
         expected = ["zcoll", "mpi4py-fft"] if reference else ["zcoll"]
-        expected += ["zcoll-per-component"] if rank else []
+        expected += ["zcoll-fused", "zcoll-separate"] if rank else []
         assert methods == expected
-        fused = document["metadata"]["geomean_fused_over_per_component"]
-        assert (fused is not None and fused > 0) if rank else fused is None
+        for key in ("geomean_fused_over_separate", "geomean_auto_over_best"):
+            value = document["metadata"][key]
+            assert (value is not None and value > 0) if rank else value is None
         for r in document["results"]:
             assert r["N"] == 8 and r["P"] == P and r["total_ms"] > 0 and r["iterations"] == 2
             assert r["rank"] == rank

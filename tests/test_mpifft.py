@@ -329,11 +329,13 @@ def test_real_to_real_transforms(world, plans):
     all_ranks_agree(MPI.COMM_WORLD, not bad, f"{bad}")
 
 
+@pytest.mark.parametrize("components", ["auto", "fused", "separate"])
 @pytest.mark.parametrize("dtype", ["d", "D"])
 @pytest.mark.parametrize("rank", [1, 2])
-def test_vector_fields(world, plans, dtype, rank):
-    """A rank-1/2 field goes through in one call; equal to one transform per component."""
-    fft = plans(world, (12, 13, 10), dtype=dtype, backend="numpy")
+def test_vector_fields(world, plans, dtype, rank, components):
+    """A rank-1/2 field goes through in one call; equal to one transform per component, also
+    into the plan's own output array."""
+    fft = plans(world, (12, 13, 10), dtype=dtype, backend="numpy", components=components)
     u = newDistArray(fft, False, rank=rank)
     lead = u.shape[:rank]
     rng = np.random.default_rng(world.rank)
@@ -349,7 +351,17 @@ def test_vector_fields(world, plans, dtype, rank):
     fft.backward(u_hat, back)
     if (e := rel_err(back, u)) > tol(dtype):
         bad.append(f"round trip error {e:.3g}")
+    own = fft.forward(u)  # no output array: the plan's own, with the leading axes
+    if own.shape != u_hat.shape:
+        bad.append(f"forward into the plan's array: shape {own.shape}")
+    elif (e := rel_err(own, u_hat)) > 1e-13:
+        bad.append(f"forward into the plan's array: error {e:.3g}")
     all_ranks_agree(MPI.COMM_WORLD, not bad, f"{bad}")
+
+
+def test_bad_components_mode(world):
+    with pytest.raises(ValueError, match="components"):
+        PFFT(world, (8, 6, 5), components="interleaved")
 
 
 def test_subcomm_as_comm_and_darray(world, plans):

@@ -118,8 +118,9 @@ def _fft_options() -> argparse.ArgumentParser:
         type=int,
         choices=(0, 1),
         default=0,
-        help="0: scalar fields; 1: 3-component vector fields (zcoll transforms all components "
-        "in one call and is also timed one call per component, as mpi4py-fft is) (default 0)",
+        help="0: scalar fields; 1: 3-component vector fields: zcoll transforms all components "
+        "in one call (components auto, also timed fused and separate), mpi4py-fft one call per "
+        "component (default 0)",
     )
     options.add_argument(
         "--mpi4py-fft-backend",

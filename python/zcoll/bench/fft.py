@@ -43,7 +43,8 @@ FFT_ITERATIONS = 10  # with --time-budget 0 and no --iterations
 FFT_TIME_BUDGET = 1.0  # default seconds per case, over all its rounds
 FFT_ROUNDS = 5  # default alternating rounds (medians reported)
 ZCOLL_FFT, MPI4PY_FFT = "zcoll", "mpi4py-fft"
-ZCOLL_PER_COMPONENT = "zcoll-per-component"  # --rank 1: one call per component
+#: --rank 1: zcoll with components="fused" / "separate" (the main zcoll row is "auto")
+ZCOLL_MODES = {"fused": "zcoll-fused", "separate": "zcoll-separate"}
 #: --check: largest relative 2-norm difference accepted, by the precision of the dtype
 FFT_TOLERANCE = {"double": 1e-10, "single": 1e-5}
 
@@ -184,11 +185,11 @@ class _FFTCase:
     plan's own ones where `explicit` is False).
 
     A vector field (``rank=1``: ``u`` and ``u_hat`` with a leading axis of 3 components) goes
-    through one call per direction where `fused`, else one call per component (mpi4py-fft's
+    through one call per direction where `whole`, else one call per component (mpi4py-fft's
     only way: its transforms take scalar fields)."""
 
     explicit = True
-    fused = False
+    whole = False
     plan: Any  # zcoll.fft.PFFT or mpi4py_fft.PFFT
     u: np.ndarray
     u_hat: np.ndarray
@@ -196,7 +197,7 @@ class _FFTCase:
     def forward(self) -> np.ndarray:
         if not self.explicit:
             return self.plan.forward()
-        if self.fused or self.u.ndim == 3:
+        if self.whole or self.u.ndim == 3:
             return self.plan.forward(self.u, self.u_hat)
         for u, u_hat in zip(self.u, self.u_hat):
             self.plan.forward(u, u_hat)
@@ -205,7 +206,7 @@ class _FFTCase:
     def backward(self) -> None:
         if not self.explicit:
             self.plan.backward()
-        elif self.fused or self.u.ndim == 3:
+        elif self.whole or self.u.ndim == 3:
             self.plan.backward(self.u_hat, self.u)
         else:
             for u, u_hat in zip(self.u, self.u_hat):
@@ -226,16 +227,21 @@ class ZcollFFTCase(_FFTCase):
     """A ``zcoll.fft.PFFT`` plan with arena arrays ``u`` (physical) and ``u_hat`` (spectral).
 
     One pair is ``forward(u, u_hat)`` then ``backward(u_hat, u)``: the caller's arrays, no
-    allocation; for a vector field (`rank` 1) all components in one call (one transpose per
-    stage) unless `fused` is False. The split comes from the plan's own ``timings``.
+    allocation; for a vector field (`rank` 1) all components in one call, which the plan runs
+    as its `components` mode says (fused, separate, or auto). The split comes from the plan's
+    own ``timings``.
     """
 
-    def __init__(self, comm, n: int, dtype, grid, backend: str, rank=0, fused=True) -> None:
+    whole = True
+
+    def __init__(self, comm, n: int, dtype, grid, backend: str, rank=0, components="auto") -> None:
         from zcoll.fft import PFFT, newDistArray
 
-        self.backend, self.arrays, self.fused = backend, "explicit", fused
-        self.method = ZCOLL_FFT if fused or rank == 0 else ZCOLL_PER_COMPONENT
-        self.plan = PFFT(comm, (n, n, n), dtype=dtype, grid=grid, backend=backend)
+        self.backend, self.arrays = backend, "explicit"
+        self.method = ZCOLL_MODES.get(components, ZCOLL_FFT)
+        self.plan = PFFT(
+            comm, (n, n, n), dtype=dtype, grid=grid, backend=backend, components=components
+        )
         self.u = newDistArray(self.plan, forward_output=False, rank=rank)
         self.u[...] = fft_field(self.plan.local_slice(False), n, dtype)
         self.u_hat = newDistArray(self.plan, forward_output=True, rank=rank)
@@ -496,7 +502,9 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
     for line in fft_table_header():
         say(line)
     rows: list[dict[str, Any]] = []
-    ratios: dict[str, list[float | None]] = {"total": [], "transpose": [], "fused": []}
+    ratios: dict[str, list[float | None]] = {
+        "total": [], "transpose": [], "fused/separate": [], "auto/best": []
+    }  # fmt: skip
     say.start(len(args.sizes), "fft")
     try:
         status = _sweep(comm, args, dtype, dims, reference, say, rows, ratios)
@@ -512,10 +520,8 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
         )
     if args.rank:
         say(
-            f"geomean zcoll all components in one call / one call per component: "
-            f"{geomeans['fused']:.2f}"
-            if geomeans["fused"]
-            else "fused ratio unknown"
+            f"geomean zcoll components fused / separate {geomeans['fused/separate']:.2f}, "
+            f"auto / the better of them {geomeans['auto/best']:.2f}"
         )
     say(where(comm, layout))
     say(f"MPI library: {mpi_library()}")
@@ -533,7 +539,8 @@ def run_fft(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "mpi4py_fft_missing": why_not or None,
             "geomean_ratio_total": geomeans["total"],
             "geomean_ratio_transpose": geomeans["transpose"],
-            "geomean_fused_over_per_component": geomeans["fused"] if args.rank else None,
+            "geomean_fused_over_separate": geomeans["fused/separate"] if args.rank else None,
+            "geomean_auto_over_best": geomeans["auto/best"] if args.rank else None,
         }
         metadata["versions"].update(versions)
         write_outputs(args, rows, metadata, FFT_FIELDS)
@@ -573,28 +580,28 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                     file=sys.stderr,
                 )
                 return 1
-        loop = None
-        if args.rank:  # the same field, one call per component
-            loop = ZcollFFTCase(comm, n, dtype, args.grid, args.backend, args.rank, fused=False)
-        cases = [c for c in (zc, mc, loop) if c is not None]
+        modes = [  # --rank 1: both fixed choices that components="auto" picks from
+            ZcollFFTCase(comm, n, dtype, args.grid, args.backend, args.rank, mode)
+            for mode in (ZCOLL_MODES if args.rank else ())
+        ]
+        cases = [c for c in (zc, mc, *modes) if c is not None]
         results = dict(zip((c.method for c in cases), time_fft(comm, cases, args)))
         say.step(f"N={n}")
         z, m = results[ZCOLL_FFT], results.get(MPI4PY_FFT)
         say(fft_table_row(n, z, m))
-        if loop is not None:
-            per = results[ZCOLL_PER_COMPONENT]
-            ratios["fused"].append(z["total"] / per["total"])
+        if modes:
+            fused, separate = (results[ZCOLL_MODES[k]]["total"] for k in ("fused", "separate"))
+            auto_ratio = z["total"] / min(fused, separate)
+            ratios["fused/separate"].append(fused / separate)
+            ratios["auto/best"].append(auto_ratio)
             say(
-                f"{'':5}zcoll one call per component: total {_ms(per['total'], 0)} ms, transpose "
-                f"{_ms(per['transpose'], 0)} ms; all in one call / per component "
-                f"{z['total'] / per['total']:.2f}"
+                f"{'':5}components fused {_ms(fused, 0)} ms, separate {_ms(separate, 0)} ms: "
+                f"fused/separate {fused / separate:.2f}, auto/better {auto_ratio:.2f}"
             )
         if m is not None:
             ratios["total"].append(ratio(m["total"], z["total"]))
             ratios["transpose"].append(ratio(m["transpose"], z["transpose"]))
-        for case in (zc, mc, loop):
-            if case is None:
-                continue
+        for case in cases:
             r = results[case.method]
             rows.append(
                 {
@@ -616,7 +623,7 @@ def _sweep(comm, args, dtype, dims, reference: bool, say: Reporter, rows, ratios
                 }
             )
             case.destroy()
-        del zc, mc, loop
+        del zc, mc, modes, cases
         gc.collect()
     return 0
 
