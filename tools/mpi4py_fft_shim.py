@@ -20,7 +20,9 @@ SUBMODULES = ("mpifft", "pencil", "distarray", "libfft", "fftw", "io")
 
 
 def install() -> None:
-    """Make ``mpi4py_fft`` and its submodules names for zcoll.fft's."""
+    """Make ``mpi4py_fft`` and its submodules names for zcoll.fft's (after zcoll's 'fftw'
+    backend has found mpi4py-fft's compiled FFTW module, where it is installed)."""
+    importlib.import_module("zcoll.fft._backends").mpi4py_fftw()
     package = importlib.import_module("zcoll.fft")
     sys.modules["mpi4py_fft"] = package
     for name in SUBMODULES:

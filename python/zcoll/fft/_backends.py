@@ -184,8 +184,9 @@ class FftwLibBackend(PyfftwBackend):
     name = "fftw"
 
     def __init__(self, threads: int = 1, planner_effort: str = "FFTW_MEASURE") -> None:
-        from mpi4py_fft import fftw as lib
-
+        lib = mpi4py_fftw()
+        if lib is None:
+            raise ImportError("mpi4py-fft's FFTW module is not installed")
         self._lib = lib
         self._threads = threads
         self._flags = (lib.flag_dict[planner_effort],)
@@ -213,13 +214,29 @@ class FftwLibBackend(PyfftwBackend):
         plan(a, out, implicit=True, normalize=False)
 
 
+_MPI4PY_FFTW: list = []  # [module or None], filled by the first look
+
+
+def mpi4py_fftw():
+    """mpi4py-fft's compiled FFTW module, or None where mpi4py-fft is not installed.
+
+    The first look decides; ``tools/mpi4py_fft_shim.py`` looks before it makes the name
+    ``mpi4py_fft`` mean zcoll.fft, so a shimmed program still finds the real module.
+    """
+    if not _MPI4PY_FFTW:
+        try:
+            from mpi4py_fft import fftw
+        except ImportError:
+            fftw = None
+        if fftw is not None and not fftw.__name__.startswith("mpi4py_fft"):
+            fftw = None  # zcoll.fft.fftw under the shim, looked up too late
+        _MPI4PY_FFTW.append(fftw)
+    return _MPI4PY_FFTW[0]
+
+
 def mpi4py_fftw_available() -> bool:
-    """Whether mpi4py-fft's compiled FFTW module imports."""
-    try:
-        from mpi4py_fft import fftw  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether mpi4py-fft's compiled FFTW module is there."""
+    return mpi4py_fftw() is not None
 
 
 def _c_strided(a: np.ndarray) -> bool:
