@@ -540,7 +540,7 @@ def test_crossover_compare():
 @pytest.mark.parametrize("rank", [0, 1])
 @pytest.mark.parametrize("hide_mpi4py_fft", [False, True])
 def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
-    if hide_mpi4py_fft:  # as in CI, where the test extras do not install it
+    if hide_mpi4py_fft:  # as where mpi4py-fft is not installed
         monkeypatch.setitem(sys.modules, "mpi4py_fft", None)
     try:
         import mpi4py_fft  # noqa: F401
