@@ -306,6 +306,7 @@ class PFFT:
                 a, b = here.fft.forward.output_array, there.fft.forward.input_array
                 here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
         self._stages = stages
+        self._runs = self._local_runs(spec, transforms, backend, kw)
         self._scale_once = all(s.fft.scales for s in stages)
         self._total_scale = prod(s.fft.scale for s in stages)
         self.xfftn = [s.fft for s in stages]
@@ -326,6 +327,35 @@ class PFFT:
             plan=self,
             inverse=True,
         )
+
+    def _local_runs(self, spec: _Spec, transforms, backend: str, kw) -> dict:
+        """Serial transforms over runs of consecutive stages with no transpose between them
+        (their redistribution is over one rank, as for the first two stages of a slab plan):
+        one backend call over all their axes, from the run's first input to its last output,
+        instead of one call per stage (FFTW's 2-D plans were up to 1.5x faster than two 1-D
+        passes here). Keyed ("f", first stage) and ("b", last stage); the layouts, and every
+        stage's own transform object, stay mpi4py-fft's."""
+        stages = self._stages
+        n = len(stages)
+        runs: dict = {}
+        if spec.padding is not False or transforms is not None or backend == "mkl_fft":
+            return runs
+        a = 0
+        while a < n:
+            k = a
+            while k + 1 < n and stages[k].plans is None:
+                k += 1
+            if k > a:
+                U = stages[a].fft.forward.input_array
+                V = stages[k].fft.forward.output_array
+                axes = tuple(ax for g in self.axes[n - 1 - k : n - a] for ax in g)
+                fft = FFT(U.shape, axes, U.dtype, False, backend=backend,
+                          allocator=_reusing(self._allocate, U, V), **kw)  # fmt: skip
+                if fft.scales and fft.forward.output_array.shape == V.shape:
+                    runs[("f", a)] = (k, fft)
+                    runs[("b", k)] = (a, fft)
+            a = k + 1
+        return runs
 
     def _check_fits(self, pencil: Pencil) -> None:
         if why := pencil.too_small():
@@ -413,19 +443,21 @@ class PFFT:
         if src is None:
             src = _side(stages[0].fft, inverse, "input")
         last = len(stages) - 1
-        for i, stage in enumerate(stages):
-            if i == last:
-                dst = (
-                    output_array
-                    if output_array is not None
-                    else _side(stage.fft, inverse, "output")
-                )
+        i = 0
+        while True:
+            fft, j = stages[i].fft, i  # j: the stage (of this direction) whose output is written
+            run = self._runs.get(("b", last - i) if inverse else ("f", i))
+            if run is not None:
+                fft, j = run[1], (last - run[0] if inverse else run[0])
+            if j == last and output_array is not None:
+                dst = output_array
             else:
-                dst = _side(stage.fft, inverse, "output")
-            self._serial(stage.fft, src, dst, inverse, normalize, i > 0, i == last)
-            if i < last:
-                src = self._move(stages, i, inverse, dst)
-        return dst
+                dst = _side(stages[j].fft, inverse, "output")
+            self._serial(fft, src, dst, inverse, normalize, i > 0, j == last)
+            if j == last:
+                return dst
+            src = self._move(stages, j, inverse, dst)
+            i = j + 1
 
     def _move(self, stages: list[_Stage], i: int, inverse: bool, src: np.ndarray) -> np.ndarray:
         """Redistribute after stage i (of this direction); returns the next stage's input."""
@@ -441,25 +473,28 @@ class PFFT:
         """Fields with leading component axes: every stage transforms all components in one
         serial call, and every transpose moves all of them in one exchange."""
         batch = self._batch(lead)
-        n = len(self._stages)
-        order = range(n - 1, -1, -1) if inverse else range(n)
-        last = n - 1
-        for k, i in enumerate(order):
-            stage = self._stages[i]
-            dst: np.ndarray = (batch.inputs if inverse else batch.outputs)[i]
-            if k == last and output_array is not None:
+        last = len(self._stages) - 1
+        i, first = (last if inverse else 0), True  # i: the stage, by its forward index
+        while True:
+            fft, j = self._stages[i].fft, i  # j: the stage whose output is written
+            run = self._runs.get(("b" if inverse else "f", i))
+            if run is not None:
+                fft, j = run[1], run[0]
+            done = j == (0 if inverse else last)
+            dst: np.ndarray = (batch.inputs if inverse else batch.outputs)[j]
+            if done and output_array is not None:
                 dst = output_array
-            self._serial(stage.fft, src, dst, inverse, normalize, k > 0, k == last)
-            if k < last:
-                j = i - 1 if inverse else i + 1
-                link = j if inverse else i
-                plans = batch.plans[link]
-                if plans is None:
-                    src = dst  # the layout does not change over one rank (see _move)
-                else:
-                    self._timed("transpose", plans[1 if inverse else 0])
-                    src = (batch.outputs if inverse else batch.inputs)[j]
-        return dst
+            self._serial(fft, src, dst, inverse, normalize, not first, done)
+            if done:
+                return dst
+            nxt = j - 1 if inverse else j + 1
+            plans = batch.plans[nxt if inverse else j]
+            if plans is None:
+                src = dst  # the layout does not change over one rank (see _move)
+            else:
+                self._timed("transpose", plans[1 if inverse else 0])
+                src = (batch.outputs if inverse else batch.inputs)[nxt]
+            i, first = nxt, False
 
     def _batch(self, lead: tuple[int, ...]) -> _Batch:
         """The arrays and transposes for components of shape `lead` (collective, made on the
@@ -701,6 +736,20 @@ def _axis_groups(axes, ndim: int, darray) -> tuple[tuple[int, ...], ...]:
     if len(set(flat)) != len(flat):
         raise ValueError(f"axes {axes!r} transform an axis twice")
     return tuple(groups)
+
+
+def _reusing(allocate, *arrays):
+    """An allocator that hands out `arrays` (each once, to the first request of its shape and
+    dtype) before it allocates."""
+    pool = list(arrays)
+
+    def allocator(shape, dtype) -> np.ndarray:
+        for k, a in enumerate(pool):
+            if a.shape == tuple(shape) and a.dtype == np.dtype(dtype):
+                return pool.pop(k)
+        return allocate(shape, dtype)
+
+    return allocator
 
 
 def _padded(shape, groups, padding):
