@@ -9,6 +9,7 @@ result by `factor`. Real-to-complex transforms act on the last of their axes.
 from __future__ import annotations
 
 import inspect
+import weakref
 from math import prod
 from typing import Any
 
@@ -24,6 +25,10 @@ def _norm(inverse: bool, factor: float, n: int) -> str | None:
     if factor == 1.0 / n:
         return "backward" if inverse else "forward"
     return None
+
+
+#: Pairs of arrays a pyFFTW/FFTW engine remembers as checked (see PyfftwBackend._run_checked).
+BOUND_ARRAYS = 16
 
 
 class NumpyBackend:
@@ -107,6 +112,7 @@ class PyfftwBackend:
         self._threads = threads
         self._effort = planner_effort
         self._plans: dict = {}
+        self._bound: dict = {}
 
     def _plan(self, a, out, axes, direction):
         """The plan for arrays like `a` and `out`, made on aligned scratch arrays of its own:
@@ -140,10 +146,25 @@ class PyfftwBackend:
         return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))
 
     def _run(self, a, out, axes, direction, factor):
+        key = (id(a), id(out), tuple(axes), direction)
+        bound = self._bound.get(key)
+        if bound is not None and bound[0]() is a and bound[1]() is out:
+            self._execute(bound[2], a, out)  # the same arrays as before: checked then
+        else:
+            self._run_checked(a, out, axes, direction, key)
+        if factor != 1.0:
+            out *= out.real.dtype.type(factor)
+        return out
+
+    def _run_checked(self, a, out, axes, direction, key) -> None:
+        """A transform of arrays not seen before: strides and alignment checked, copies
+        through the plan's own arrays where they do not fit it. Arrays that fit are
+        remembered (weakly: a call never keeps an array alive) so that the next call with the
+        same two arrays goes straight to the plan."""
         # Plans are made for C-ordered arrays, and FFTW compares strides exactly.
         if not _c_strided(out):
-            out[...] = self._run(a, np.empty(out.shape, out.dtype), axes, direction, factor)
-            return out
+            out[...] = self._run(a, np.empty(out.shape, out.dtype), axes, direction, 1.0)
+            return
         if not _c_strided(a):
             a = np.array(a, order="C")
         plan, scratch_in, scratch_out = self._plan(a, out, tuple(axes), direction)
@@ -160,9 +181,10 @@ class PyfftwBackend:
         self._execute(plan, src, dst)
         if dst is not out:
             np.copyto(out, dst)
-        if factor != 1.0:
-            out *= out.real.dtype.type(factor)
-        return out
+        elif src is a and id(a) == key[0]:
+            if len(self._bound) >= BOUND_ARRAYS:
+                self._bound.clear()
+            self._bound[key] = (weakref.ref(a), weakref.ref(out), plan)
 
     def c2c(self, a, out, axes, inverse, factor=1.0):
         return self._run(a, out, axes, "FFTW_BACKWARD" if inverse else "FFTW_FORWARD", factor)
@@ -191,6 +213,7 @@ class FftwLibBackend(PyfftwBackend):
         self._threads = threads
         self._flags = (lib.flag_dict[planner_effort],)
         self._plans: dict = {}
+        self._bound: dict = {}
 
     def _empty(self, shape, dtype) -> np.ndarray:
         return self._lib.aligned(shape, n=32, dtype=dtype)  # mpi4py-fft's largest alignment

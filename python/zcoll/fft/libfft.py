@@ -439,6 +439,7 @@ class FFT(FFTBase):
         else:
             self.forward = _Transform(self._forward, U, V)
             self.backward = _Transform(self._backward, V, U)
+        self._unpadded = self.forward.output_array is self.fwd.output_array
 
     def _make_engine(self) -> NumpyBackend | PyfftwBackend:
         """The engine of the default transforms: for 'fftw' mpi4py-fft's compiled FFTW module
@@ -709,15 +710,20 @@ class FFT(FFTBase):
                 f"execute(inverse={inverse}) needs src of dtype {ins.dtype} and dst of dtype "
                 f"{outs.dtype}; got {src.dtype} and {dst.dtype}"
             )
+        if self._engine is None and factor is not None:
+            raise ValueError("execute(factor=...) needs a backend that scales (see scales)")
+        return self.run(src, dst, inverse, normalize, destroy_input, factor, lead)
+
+    def run(self, src, dst, inverse: bool, normalize: bool, destroy_input: bool, factor, lead: int):
+        """:meth:`execute` without its argument checks, for callers whose arrays are right by
+        construction (zcoll's parallel FFTs: their own arrays, or ones they checked)."""
         if self._engine is None:
-            if factor is not None:
-                raise ValueError("execute(factor=...) needs a backend that scales (see scales)")
             obj = self if lead == 0 else self._sub(src.shape[:lead])
             (obj.backward if inverse else obj.forward)(src, dst, normalize=normalize)
             return dst
-        if factor is None or self._engine is None:
+        if factor is None:
             factor = self._scale if normalize else 1.0
-        if self.forward.output_array is self.fwd.output_array:
+        if self._unpadded:
             self._default(src, dst, inverse, factor, lead, destroy_input)
             return dst
         V = self.fwd.output_array

@@ -306,6 +306,12 @@ class PFFT:
                 a, b = here.fft.forward.output_array, there.fft.forward.input_array
                 here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
         self._stages = stages
+        self._ends = {  # per direction: the stages in order, and its input/output arrays' specs
+            inverse: (order, *(x.shape for x in ends), *(x.dtype for x in ends))
+            for inverse, order in ((False, stages), (True, stages[::-1]))
+            for ends in [(_side(order[0].fft, inverse, "input"),
+                          _side(order[-1].fft, inverse, "output"))]
+        }  # fmt: skip
         self._runs = self._local_runs(spec, transforms, backend, kw)
         self._scale_once = all(s.fft.scales for s in stages)
         self._total_scale = prod(s.fft.scale for s in stages)
@@ -393,11 +399,7 @@ class PFFT:
         error: Exception | None = None
         if kw:
             error = TypeError(f"unexpected keyword argument(s) {sorted(kw)}")
-        stages = self._stages[::-1] if inverse else self._stages
-        src_shape = _side(stages[0].fft, inverse, "input").shape
-        dst_shape = _side(stages[-1].fft, inverse, "output").shape
-        src_dtype = _side(stages[0].fft, inverse, "input").dtype
-        dst_dtype = _side(stages[-1].fft, inverse, "output").dtype
+        stages, src_shape, dst_shape, src_dtype, dst_dtype = self._ends[inverse]
         src, lead = None, ()  # type: tuple[np.ndarray | None, tuple[int, ...]]
         if error is None and input_array is not None:
             src, lead, error = _input(input_array, src_shape, src_dtype)
@@ -440,6 +442,9 @@ class PFFT:
 
     def _run_one(self, stages, inverse: bool, src, output_array, normalize: bool) -> np.ndarray:
         """One field (no leading axes) through every stage of this direction."""
+        # The plan's own input array may be destroyed (FFTW's complex-to-real transforms do,
+        # as in mpi4py-fft, which plans them so); an array the caller passed never is.
+        destroyable = src is None
         if src is None:
             src = _side(stages[0].fft, inverse, "input")
         last = len(stages) - 1
@@ -453,7 +458,7 @@ class PFFT:
                 dst = output_array
             else:
                 dst = _side(stages[j].fft, inverse, "output")
-            self._serial(fft, src, dst, inverse, normalize, i > 0, j == last)
+            self._serial(fft, src, dst, inverse, normalize, i > 0 or destroyable, j == last)
             if j == last:
                 return dst
             src = self._move(stages, j, inverse, dst)
@@ -534,12 +539,12 @@ class PFFT:
         applied by the last stage (one pass over the data instead of one per stage, as
         mpi4py-fft does)."""
         t0 = time.perf_counter()
+        lead = src.ndim - fft.forward.input_array.ndim  # shapes were checked by _run
         if self._scale_once:
             factor = self._total_scale if normalize and last else 1.0
-            fft.execute(src, dst, inverse=inverse, normalize=False, destroy_input=scratch,
-                        factor=factor)  # fmt: skip
+            fft.run(src, dst, inverse, False, scratch, factor, lead)
         else:
-            fft.execute(src, dst, inverse=inverse, normalize=normalize, destroy_input=scratch)
+            fft.run(src, dst, inverse, normalize, scratch, None, lead)
         self.timings["fft"] += time.perf_counter() - t0
 
     def _timed(self, key: str, func, *args) -> None:
