@@ -46,6 +46,84 @@ def all_ranks_agree(comm: MPI.Comm, ok: bool, what: str = "") -> None:
     assert not bad, f"failed on rank(s) {bad}: {what}"
 
 
+# --- zcoll.fft: expected values written out independently of zcoll.fft ---------------------
+
+
+def global_array(shape, dtype, seed: int = 0) -> np.ndarray:
+    """The same seeded array on every rank."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+def abs_err(got, ref) -> float:
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return np.inf
+    return float(np.abs(got - ref).max()) if got.size else 0.0
+
+
+def rel_err(got, ref) -> float:
+    """Largest error relative to the largest value of `ref` (inf for another shape)."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    if got.shape != ref.shape:
+        return np.inf
+    if not got.size:
+        return 0.0
+    return float(np.abs(got - ref).max()) / max(float(np.abs(ref).max()), 1e-300)
+
+
+def block(n: int, p: int, r: int) -> slice:
+    """mpi4py-fft's block distribution: the first n % p ranks hold one more element."""
+    start = r * (n // p) + min(r, n % p)
+    return slice(start, start + n // p + (r < n % p))
+
+
+def tiles(comm, global_shape, dims, local_slice) -> bool:
+    """The ranks' slices cover the global array exactly once, each axis in mpi4py-fft blocks
+    over `dims` processes."""
+    everyone = comm.allgather(tuple((s.start, s.stop) for s in local_slice))
+    count = np.zeros(global_shape, np.int64)
+    for part in everyone:
+        count[tuple(slice(*s) for s in part)] += 1
+    ok = bool((count == 1).all())
+    for k, (n, p) in enumerate(zip(global_shape, dims)):
+        blocks = {(b.start, b.stop) for b in (block(n, p, r) for r in range(p))}
+        ok &= {part[k] for part in everyone} == blocks
+    return ok
+
+
+def collapsed(groups: list[list[int]], dims) -> list[list[int]]:
+    """mpi4py-fft's collapse: every group of axes local on input joins the first-transformed."""
+    merged: list[list[int]] = [[]]
+    for g in reversed(groups):
+        if all(dims[a] == 1 for a in g):
+            merged[0] = g + merged[0]
+        else:
+            merged.insert(0, g)
+    return merged
+
+
+@pytest.fixture
+def plans():
+    """make(comm, shape, ...) builds a zcoll.fft.PFFT; every plan built is destroyed after the
+    test."""
+    from zcoll.fft import PFFT
+
+    made = []
+
+    def make(*args, **kwargs):
+        plan = PFFT(*args, **kwargs)
+        made.append(plan)
+        return plan
+
+    yield make
+    for plan in reversed(made):
+        plan.destroy()
+
+
 def _split_reversed(comm):
     return comm.Split(0, key=comm.size - 1 - comm.rank)
 

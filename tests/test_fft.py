@@ -14,7 +14,16 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree, random_bytes
+from conftest import (
+    abs_err,
+    all_ranks_agree,
+    block,
+    collapsed,
+    global_array,
+    random_bytes,
+    rel_err,
+    tiles,
+)
 from zcoll.fft import PFFT, DistArray, Transfer, TransferPlan, newDistArray, transfer, transfer_init
 
 REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
@@ -36,15 +45,6 @@ def resolve_grid(grid, comm):
     return (1, comm.size) if grid == "1xP" else grid
 
 
-def global_array(shape, dtype, seed: int) -> np.ndarray:
-    """The same array on every rank."""
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        a = a + 1j * rng.standard_normal(shape)
-    return a.astype(dtype)
-
-
 def reference(u: np.ndarray, axes, full: bool = False) -> np.ndarray:
     """Unnormalised numpy transform of the global array, in double precision; real input gives
     the half spectrum (rfftn) unless `full` (mpi4py-fft's scipy backend: a complex fftn)."""
@@ -52,21 +52,6 @@ def reference(u: np.ndarray, axes, full: bool = False) -> np.ndarray:
     if u.dtype.kind == "f" and not full:
         return np.fft.rfftn(u.astype(np.float64), axes=axes)
     return np.fft.fftn(u.astype(np.complex128), axes=axes)
-
-
-def abs_err(got, ref) -> float:
-    got, ref = np.asarray(got), np.asarray(ref)
-    if got.shape != ref.shape:
-        return np.inf
-    return float(np.abs(got - ref).max()) if got.size else 0.0
-
-
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got), np.asarray(ref)
-    if got.shape != ref.shape:
-        return np.inf
-    scale = float(np.abs(ref).max()) if ref.size else 1.0
-    return float(np.abs(got - ref).max()) / scale if got.size else 0.0
 
 
 def expected_groups(size, shape, axes, grid, collapse=False):
@@ -82,13 +67,7 @@ def expected_groups(size, shape, axes, grid, collapse=False):
         dims = [max(0, int(g)) for g in grid] + [1] * (ndim - len(grid))
     dims = list(MPI.Compute_dims(size, dims))
     if collapse:
-        merged: list[list[int]] = [[]]
-        for g in reversed(groups):
-            if all(dims[a] == 1 for a in g):
-                merged[0] = g + merged[0]
-            else:
-                merged.insert(0, g)
-        groups = merged
+        groups = collapsed(groups, dims)
     return groups, dims
 
 
@@ -114,46 +93,12 @@ def grid_too_large(size, shape, axes, grid, real, collapse=False) -> bool:
     return any(n < p for s, d in pencils for n, p in zip(s, d))
 
 
-def block(n: int, p: int, r: int) -> slice:
-    """mpi4py-fft's block distribution: the first n % p ranks hold one more element."""
-    start = r * (n // p) + min(r, n % p)
-    return slice(start, start + n // p + (r < n % p))
-
-
-def tiles(comm, global_shape, dims, local_slice) -> bool:
-    """The ranks' slices cover the global array exactly once, each axis in mpi4py-fft blocks."""
-    everyone = comm.allgather(tuple((s.start, s.stop) for s in local_slice))
-    count = np.zeros(global_shape, np.int64)
-    for part in everyone:
-        count[tuple(slice(*s) for s in part)] += 1
-    ok = bool((count == 1).all())
-    for k, (n, p) in enumerate(zip(global_shape, dims)):
-        blocks = {(b.start, b.stop) for b in (block(n, p, r) for r in range(p))}
-        ok &= {part[k] for part in everyone} == blocks
-    return ok
-
-
 def outcome(fn):
     """("ok", result) or (exception type name, message)."""
     try:
         return "ok", fn()
     except (TypeError, ValueError, ImportError, zcoll.PeerError) as exc:
         return type(exc).__name__, str(exc)
-
-
-@pytest.fixture
-def plans(world):
-    """make(comm, shape, ...) builds a PFFT; every plan built is destroyed after the test."""
-    made = []
-
-    def make(*args, **kwargs):
-        plan = PFFT(*args, **kwargs)
-        made.append(plan)
-        return plan
-
-    yield make
-    for plan in reversed(made):
-        plan.destroy()
 
 
 def real_layout(dtype, backend=None) -> bool:

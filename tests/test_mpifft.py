@@ -15,7 +15,7 @@ import pytest
 import scipy.fft
 from mpi4py import MPI
 
-from conftest import all_ranks_agree
+from conftest import abs_err, all_ranks_agree, collapsed, global_array, rel_err, tiles
 from zcoll.fft import PFFT, Subcomm, fftw, newDistArray
 
 TOL = {"f": 2e-5, "d": 1e-11, "g": 1e-11}
@@ -23,14 +23,6 @@ TOL = {"f": 2e-5, "d": 1e-11, "g": 1e-11}
 
 def tol(dtype) -> float:
     return TOL[np.dtype(dtype).char.lower()]
-
-
-def global_array(shape, dtype, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        a = a + 1j * rng.standard_normal(shape)
-    return a.astype(dtype)
 
 
 def groups_of(axes, ndim: int) -> list[list[int]]:
@@ -58,13 +50,7 @@ def layout(size, shape, axes, grid, collapse, real, padding=None):
         dims = [max(0, g) for g in grid] + [1] * (ndim - len(grid))
     dims = list(MPI.Compute_dims(size, dims))
     if collapse:
-        merged: list[list[int]] = [[]]
-        for g in reversed(groups):
-            if all(dims[a] == 1 for a in g):
-                merged[0] = g + merged[0]
-            else:
-                merged.insert(0, g)
-        groups = merged
+        groups = collapsed(groups, dims)
     inp = (tuple(shape), tuple(dims))
     aligned = groups[-1][-1]
     for i, g in enumerate(reversed(groups)):
@@ -79,26 +65,6 @@ def layout(size, shape, axes, grid, collapse, real, padding=None):
     return inp, (tuple(shape), tuple(dims)), groups
 
 
-def block(n: int, p: int, r: int) -> slice:
-    start = r * (n // p) + min(r, n % p)
-    return slice(start, start + n // p + (r < n % p))
-
-
-def tiles(comm, gshape, dims, local_slice) -> bool:
-    """The ranks' slices cover the global array once, each axis in mpi4py-fft blocks over
-    `dims` processes."""
-    everyone = comm.allgather(tuple((s.start, s.stop) for s in local_slice))
-    count = np.zeros(gshape, np.int64)
-    for part in everyone:
-        count[tuple(slice(*s) for s in part)] += 1
-    ok = bool((count == 1).all())
-    for k, (n, p) in enumerate(zip(gshape, dims)):
-        ok &= {part[k] for part in everyone} == {
-            (b.start, b.stop) for b in (block(n, p, r) for r in range(p))
-        }
-    return ok
-
-
 def reference(u, groups, real):
     """numpy's unnormalised transform of the global array (real: rfft on the axis
     transformed first)."""
@@ -106,36 +72,6 @@ def reference(u, groups, real):
     if real:
         return np.fft.rfftn(u.astype(np.float64), axes=order)
     return np.fft.fftn(u.astype(np.complex128), axes=order)
-
-
-def rel_err(got, ref) -> float:
-    got, ref = np.asarray(got), np.asarray(ref)
-    if got.shape != ref.shape:
-        return np.inf
-    if not got.size:
-        return 0.0
-    return float(np.abs(got - ref).max()) / max(float(np.abs(ref).max()), 1e-300)
-
-
-def abs_err(got, ref) -> float:
-    got, ref = np.asarray(got), np.asarray(ref)
-    if got.shape != ref.shape:
-        return np.inf
-    return float(np.abs(got - ref).max()) if got.size else 0.0
-
-
-@pytest.fixture
-def plans():
-    made = []
-
-    def make(*args, **kwargs):
-        plan = PFFT(*args, **kwargs)
-        made.append(plan)
-        return plan
-
-    yield make
-    for plan in reversed(made):
-        plan.destroy()
 
 
 def object_model_problems(fft, inp, out, groups) -> list[str]:

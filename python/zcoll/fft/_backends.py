@@ -257,11 +257,6 @@ def mpi4py_fftw():
     return _MPI4PY_FFTW[0]
 
 
-def mpi4py_fftw_available() -> bool:
-    """Whether mpi4py-fft's compiled FFTW module is there."""
-    return mpi4py_fftw() is not None
-
-
 def _c_strided(a: np.ndarray) -> bool:
     """Whether `a` has exactly the strides of a new C-ordered array of its shape."""
     stride, expected = a.itemsize, []

@@ -40,7 +40,7 @@ from ._backends import (
     NumpyBackend,
     PyfftwBackend,
     ScipyBackend,
-    mpi4py_fftw_available,
+    mpi4py_fftw,
 )
 
 __all__ = ["FFT", "FFTBase"]
@@ -263,13 +263,12 @@ class FFTBase:
             return
         axis = self.axes[-1] + lead
         trunc_array.fill(0)
-        N0 = trunc_array.shape[axis]
         N = trunc_array.shape[axis]
         s: list[Any] = [slice(None)] * trunc_array.ndim
         if self.real_transform:
             s[axis] = slice(0, N)
             trunc_array[...] = padded_array[tuple(s)]
-            if N0 % 2 == 0:
+            if N % 2 == 0:
                 s[axis] = N - 1
                 last = tuple(s)
                 trunc_array[last] = trunc_array[last].real
@@ -286,12 +285,11 @@ class FFTBase:
             return
         axis = self.axes[-1] + lead
         padded_array.fill(0)
-        N0 = trunc_array.shape[axis]
         N = trunc_array.shape[axis]
         if self.real_transform:
             s: list[Any] = [slice(0, n) for n in trunc_array.shape]
             padded_array[tuple(s)] = trunc_array
-            if N0 % 2 == 0:
+            if N % 2 == 0:
                 s[axis] = N - 1
                 last = tuple(s)
                 padded_array[last] = padded_array[last].real
@@ -302,7 +300,7 @@ class FFTBase:
             padded_array[tuple(su)] = trunc_array[tuple(su)]
             su[axis] = slice(-(N // 2), None)
             padded_array[tuple(su)] = trunc_array[tuple(su)]
-            if N0 % 2 == 0:
+            if N % 2 == 0:
                 su[axis] = N // 2
                 padded_array[tuple(su)] *= 0.5
                 su[axis] = -(N // 2)
@@ -458,7 +456,7 @@ class FFT(FFTBase):
             effort = opts.get("planner_effort", pyfftw.config.PLANNER_EFFORT)
         if effort not in fftw.flag_dict:
             raise ValueError(f"unknown planner_effort {effort!r}")
-        if self.backend == "fftw" and mpi4py_fftw_available():
+        if self.backend == "fftw" and mpi4py_fftw() is not None:
             return FftwLibBackend(threads=threads, planner_effort=effort)
         return PyfftwBackend(threads=threads, planner_effort=effort)
 

@@ -675,27 +675,30 @@ class _MultiNodeTransferPlan(TransferPlan):
         self._tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
         self._remote_types(ctx, src, dst, shape, axis_a, axis_b)
 
+    def _persistent(self, array, n: int, axis: int, r: int, size: int, types, requests, init):
+        """The subarray type and persistent request (`init`: Send_init or Recv_init) of rank
+        r's block of `array` along `axis` (n long in all), unless that block is empty."""
+        count, start = block_share(n, size, r)
+        if count and array.size:
+            assert self._base is not None  # made by _remote_types before the first block
+            t = _subarray(self._base, array.shape, axis, count, start)
+            self._types.append(t)
+            types.append((r, t))
+            requests.append(init([array, 1, t], r, self._tag))
+
     def _remote_types(self, ctx: Context, src, dst, shape, a: int, b: int) -> None:
         remote = _remote_ranks(ctx)
         if not remote:
             return
-        self._base = base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
+        self._base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
         comm = ctx.p2p_comm()
         for r in remote:
             # Receive r's part of axis b into dst, send r's part of axis a from src: the blocks
             # of _transfer_remote, empty ones left out alike on both sides.
-            count, start = block_share(shape[b], ctx.size, r)
-            if count and dst.size:
-                t = _subarray(base, dst.shape, b, count, start)
-                self._types.append(t)
-                self._recv_types.append((r, t))
-                self._recvs.append(comm.Recv_init([dst, 1, t], r, self._tag))
-            count, start = block_share(shape[a], ctx.size, r)
-            if count and src.size:
-                t = _subarray(base, src.shape, a, count, start)
-                self._types.append(t)
-                self._send_types.append((r, t))
-                self._sends.append(comm.Send_init([src, 1, t], r, self._tag))
+            self._persistent(dst, shape[b], b, r, ctx.size, self._recv_types, self._recvs,
+                             comm.Recv_init)  # fmt: skip
+            self._persistent(src, shape[a], a, r, ctx.size, self._send_types, self._sends,
+                             comm.Send_init)  # fmt: skip
         self._peers = [r for r, _ in self._recv_types] + [r for r, _ in self._send_types]
 
     def start(self, src=None, dst=None) -> None:
