@@ -901,6 +901,11 @@ def test_bad_transform_arguments(world, plans):
     fft.forward.input_array[...] = 1
     forward_is_ones_hat(lambda: fft.forward(None if first(world) else good), "forward(None)")
     forward_is_ones_hat(fft.forward, "forward()")
+    if world.size > 1:
+        # forward() (the plan's own arrays: nothing to check) on rank 0, a bad input elsewhere:
+        # rank 0 raises the others' error too, at the latest at its first transpose
+        expect_everywhere(world, lambda: fft.forward() if first(world)
+                          else fft.forward(wrong_shape), ValueError, "shape")  # fmt: skip
     expect_everywhere(world, lambda: fft.forward(good, bogus=1) if first(world)
                       else fft.forward(good), TypeError, "bogus")  # fmt: skip
     bad_out = np.empty((1, 1, 1), fft.dtype(True))
@@ -928,6 +933,24 @@ def test_bad_transform_arguments(world, plans):
     ref = reference(u_global, None) / np.prod(shape)
     got = fft.forward(u_global[fft.local_slice(False)].copy())
     all_ranks_agree(world, rel_err(got, ref[fft.local_slice(True)]) < 1e-12, "plan after errors")
+
+
+def test_plan_without_transposes_raises_locally(world, plans):
+    """A plan whose transformed axes are local on every rank never communicates (as
+    mpi4py-fft's): a bad input raises on the rank that passed it, the others go on, and the
+    plan keeps working."""
+    fft = plans(world, (8, 6), axes=(1,), dtype=np.complex128)
+    good = np.ones(fft.shape(False), complex)
+    expected = np.zeros(fft.shape(True), complex)
+    expected[:, 0] = 1  # ones along the transformed axis, normalised: only the zero mode
+    kind, got = outcome(lambda: fft.forward(good[:, :1] if first(world) else good))
+    ok = kind == "ValueError" if first(world) else kind == "ok" and abs_err(got, expected) < 1e-14
+    all_ranks_agree(world, ok, f"{kind}: {got if kind != 'ok' else ''}")
+    fft.forward.input_array[...] = 1
+    all_ranks_agree(world, abs_err(fft.forward(), expected) < 1e-14, "forward() after the error")
+    back = fft.backward()
+    all_ranks_agree(world, abs_err(back, good) < 1e-14 and back is fft.backward.output_array,
+                    "backward()")  # fmt: skip
 
 
 def test_bad_plan_arguments(world):

@@ -8,6 +8,7 @@ result by `factor`. Real-to-complex transforms act on the last of their axes.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 from math import prod
@@ -59,6 +60,13 @@ class NumpyBackend:
 
     def prepare(self, a, out, axes, inverse) -> None:
         """Make ready for transforms of arrays like `a` into `out` (nothing to plan here)."""
+
+    def bind(self, a, out, axes, direction: str, factor: float):
+        """A call with no arguments that transforms `a` into `out` times `factor`, as
+        c2c/r2c/c2r would (`direction` "FFTW_FORWARD" or "FFTW_BACKWARD"), for arrays a
+        caller transforms again and again; None where this backend has no faster way than
+        those methods."""
+        return None
 
     def c2c(self, a, out, axes, inverse, factor=1.0):
         func = self._module.ifftn if inverse else self._module.fftn
@@ -144,6 +152,30 @@ class PyfftwBackend:
 
     def _aligned(self, x) -> bool:
         return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))
+
+    def bind(self, a, out, axes, direction: str, factor: float):
+        """See :meth:`NumpyBackend.bind`: the plan itself, run on `a` and `out`, where they
+        fit it as they are (C-ordered and SIMD-aligned); None where they do not."""
+        if not (_c_strided(a) and _c_strided(out) and self._aligned(a) and self._aligned(out)):
+            return None
+        plan = self._plan(a, out, tuple(axes), direction)[0]
+        run = self._bound_plan(plan, a, out)
+        if factor == 1.0:
+            return run
+        scale = out.real.dtype.type(factor)
+
+        def run_scaled() -> None:
+            run()
+            np.multiply(out, scale, out=out)
+
+        return run_scaled
+
+    def _bound_plan(self, plan, a, out):
+        def run() -> None:
+            plan.update_arrays(a, out)
+            plan.execute()
+
+        return run
 
     def _run(self, a, out, axes, direction, factor):
         key = (id(a), id(out), tuple(axes), direction)
@@ -235,6 +267,9 @@ class FftwLibBackend(PyfftwBackend):
 
     def _execute(self, plan, a, out) -> None:
         plan(a, out, implicit=True, normalize=False)
+
+    def _bound_plan(self, plan, a, out):
+        return functools.partial(plan, a, out, True, False)  # implicit, not normalized
 
 
 _MPI4PY_FFTW: list = []  # [module or None], filled by the first look

@@ -27,6 +27,7 @@ input (mpi4py-fft compares ``forward.output_array.shape[axis] % 2``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from math import prod
@@ -711,6 +712,23 @@ class FFT(FFTBase):
         if self._engine is None and factor is not None:
             raise ValueError("execute(factor=...) needs a backend that scales (see scales)")
         return self.run(src, dst, inverse, normalize, destroy_input, factor, lead)
+
+    def bind(self, src, dst, inverse: bool, normalize: bool, destroy_input: bool, factor):
+        """A call with no arguments that does ``run(src, dst, ...)`` (no leading axes): for
+        zcoll's parallel FFTs, which transform the same arrays again and again. Where the
+        backend can, the plan runs on the arrays directly, with no Python in between."""
+        engine = self._engine
+        if engine is not None and self._unpadded:
+            if factor is None:
+                factor = self._scale if normalize else 1.0
+            real_out = inverse and not self.real_transform and dst.dtype.kind == "f"
+            direct = not real_out and not (inverse and self.real_transform and not destroy_input)
+            if direct:
+                direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
+                call = engine.bind(src, dst, self.axes, direction, factor)
+                if call is not None:
+                    return call
+        return functools.partial(self.run, src, dst, inverse, normalize, destroy_input, factor, 0)
 
     def run(self, src, dst, inverse: bool, normalize: bool, destroy_input: bool, factor, lead: int):
         """:meth:`execute` without its argument checks, for callers whose arrays are right by

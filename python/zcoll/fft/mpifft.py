@@ -17,9 +17,10 @@ all components through one transpose per stage.
 
 from __future__ import annotations
 
+import functools
 import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from math import prod
 from numbers import Number
@@ -111,9 +112,12 @@ class Transform:
         numpy.ndarray
             `output_array`, or the plan's output array.
         """
-        if self._plan is None:  # a Transform built by hand: mpi4py-fft's plain loop
+        plan = self._plan
+        if plan is None:  # a Transform built by hand: mpi4py-fft's plain loop
             return self._call_parts(input_array, output_array, **kw)
-        return self._plan._run(self._inverse, input_array, output_array, kw)
+        if input_array is None and output_array is None and not kw:
+            return plan._run_own(self._inverse)
+        return plan._run(self._inverse, input_array, output_array, kw)
 
     def _call_parts(self, input_array, output_array, **kw):
         if input_array is not None:
@@ -203,6 +207,10 @@ class PFFT:
     Notes
     -----
     ``forward`` scales by 1/N and ``backward`` does not (``normalize=`` to change that).
+    ``forward()``/``backward()`` with no arguments take a precomputed path (no argument
+    checks). Calls are collective over `comm`, except for a plan with no transposes (every
+    transformed axis local on every rank), which never communicates, as mpi4py-fft's: its
+    argument errors are raised on the rank that made them only.
     :attr:`timings` accumulates seconds spent in serial transforms and in transposes.
     :meth:`destroy` (collective) frees the transposes and the sub-communicators.
     """
@@ -260,6 +268,8 @@ class PFFT:
         self.timings = {"fft": 0.0, "transpose": 0.0}
         self._batches: dict[tuple[int, ...], _Batch] = {}
         self._context = lookup(self._alloc_comm)
+        self._error_context, self._agree_each_call = self._agreement()
+        self._own_steps: dict[bool, tuple] = {}
 
     # -- construction -------------------------------------------------------------------------
 
@@ -394,6 +404,58 @@ class PFFT:
 
     # -- transforms --------------------------------------------------------------------------
 
+    def _run_own(self, inverse: bool) -> np.ndarray:
+        """``forward()``/``backward()``: the plan's own arrays, nothing to check; the steps
+        (serial transforms bound to their arrays, transposes) are made on the first call."""
+        own = self._own_steps.get(inverse)
+        if own is None:
+            own = self._own_steps[inverse] = self._bind_own(inverse)
+        steps, out = own
+        timings, clock = self.timings, time.perf_counter
+        start = clock()
+        for key, step in steps:
+            step()
+            now = clock()
+            timings[key] += now - start
+            start = now
+        return out
+
+    def _bind_own(self, inverse: bool) -> tuple[list[tuple[str, Callable[[], object]]], np.ndarray]:
+        """The steps of :meth:`_run_own`, and the array it returns."""
+        stages = self._stages[::-1] if inverse else self._stages
+        steps: list[tuple[str, Callable[[], object]]] = []
+        out = _side(stages[-1].fft, inverse, "output")
+        if self._agree_each_call:
+            name = f"fft.{'backward' if inverse else 'forward'}"
+            steps.append(("transpose", functools.partial(self._context.raise_together, name, None)))
+        for step in self._route(stages, inverse, None, None):
+            if isinstance(step, TransferPlan):
+                steps.append(("transpose", step))
+                continue
+            fft, src, dst, scratch, last = step
+            normalize, factor = self._scaling(not inverse, last)
+            steps.append(("fft", fft.bind(src, dst, inverse, normalize, scratch, factor)))
+        return steps, out
+
+    def _agreement(self) -> tuple[Any, bool]:
+        """Where the ranks learn of one rank's bad arguments to forward/backward, and whether
+        that costs a synchronisation of its own: (context, agree_each_call).
+
+        - A plan with no transposes (every transformed axis local everywhere) never
+          communicates, as mpi4py-fft's: its calls are local and so are their errors (None).
+        - Where every transpose runs on one node context spanning all the plan's ranks (slab
+          grids, one node), a rank's error is published there and its peers raise it at their
+          first transpose: no synchronisation of its own.
+        - Otherwise (pencil grids, several nodes) one node barrier, or one agreement across
+          nodes, at the start of every call."""
+        contexts = {id(p._ctx): p._ctx for s in self._stages for p in s.plans or ()}
+        if not contexts:
+            return None, False
+        only = next(iter(contexts.values())) if len(contexts) == 1 else None
+        if only is not None and only.size == self._context.size and not only.multi_node:
+            return only, False
+        return self._context, True
+
     def _run(self, inverse: bool, input_array, output_array, kw) -> np.ndarray:
         normalize = bool(kw.pop("normalize", not inverse))
         error: Exception | None = None
@@ -405,8 +467,13 @@ class PFFT:
             src, lead, error = _input(input_array, src_shape, src_dtype)
         if error is None:
             error = _output_problem(output_array, lead, dst_shape, dst_dtype)
-        name = "backward" if inverse else "forward"
-        self._context.raise_together(f"fft.{name}", error)
+        name = f"fft.{'backward' if inverse else 'forward'}"
+        if error is not None and self._error_context is None:
+            raise type(error)(f"zcoll.{name}: {error}")
+        if error is not None:
+            self._error_context.fail(name, error)
+        if self._agree_each_call:
+            self._context.raise_together(name, None)
         if lead and self._fuses(lead):
             return self._run_batch(inverse, src, output_array, lead, normalize)
         if lead:
@@ -442,6 +509,19 @@ class PFFT:
 
     def _run_one(self, stages, inverse: bool, src, output_array, normalize: bool) -> np.ndarray:
         """One field (no leading axes) through every stage of this direction."""
+        dst = output_array
+        for step in self._route(stages, inverse, src, output_array):
+            if isinstance(step, TransferPlan):
+                self._timed("transpose", step)
+            else:
+                fft, src, dst, scratch, last = step
+                self._serial(fft, src, dst, inverse, normalize, scratch, last)
+        return dst
+
+    def _route(self, stages, inverse: bool, src, output_array) -> Iterator:
+        """The steps of one field through this direction, in order: a serial transform
+        ``(fft, src, dst, scratch, last)`` (`scratch`: `src` may be destroyed) or a transpose
+        (a TransferPlan)."""
         # The plan's own input array may be destroyed (FFTW's complex-to-real transforms do,
         # as in mpi4py-fft, which plans them so); an array the caller passed never is.
         destroyable = src is None
@@ -458,21 +538,18 @@ class PFFT:
                 dst = output_array
             else:
                 dst = _side(stages[j].fft, inverse, "output")
-            self._serial(fft, src, dst, inverse, normalize, i > 0 or destroyable, j == last)
+            yield fft, src, dst, i > 0 or destroyable, j == last
             if j == last:
-                return dst
-            src = self._move(stages, j, inverse, dst)
+                return
+            link = stages[j + 1] if inverse else stages[j]  # the stage owning the transfer
+            if link.plans is None:
+                # Over a communicator of one rank the layout does not change (mpi4py-fft
+                # copies): the next stage reads this stage's output where it is.
+                src = dst
+            else:
+                yield link.plans[1 if inverse else 0]
+                src = _side(stages[j + 1].fft, inverse, "input")
             i = j + 1
-
-    def _move(self, stages: list[_Stage], i: int, inverse: bool, src: np.ndarray) -> np.ndarray:
-        """Redistribute after stage i (of this direction); returns the next stage's input."""
-        link = stages[i + 1] if inverse else stages[i]  # the stage owning the transfer
-        if link.plans is None:
-            # Over a communicator of one rank the layout does not change (mpi4py-fft copies):
-            # the next stage reads this stage's output where it is.
-            return src
-        self._timed("transpose", link.plans[1 if inverse else 0])
-        return _side(stages[i + 1].fft, inverse, "input")
 
     def _run_batch(self, inverse: bool, src, output_array, lead, normalize) -> np.ndarray:
         """Fields with leading component axes: every stage transforms all components in one
@@ -540,12 +617,15 @@ class PFFT:
         mpi4py-fft does)."""
         t0 = time.perf_counter()
         lead = src.ndim - fft.forward.input_array.ndim  # shapes were checked by _run
-        if self._scale_once:
-            factor = self._total_scale if normalize and last else 1.0
-            fft.run(src, dst, inverse, False, scratch, factor, lead)
-        else:
-            fft.run(src, dst, inverse, normalize, scratch, None, lead)
+        scaled, factor = self._scaling(normalize, last)
+        fft.run(src, dst, inverse, scaled, scratch, factor, lead)
         self.timings["fft"] += time.perf_counter() - t0
+
+    def _scaling(self, normalize: bool, last: bool) -> tuple[bool, Any]:
+        """(normalize, factor) for one serial transform (see :meth:`_serial`)."""
+        if self._scale_once:
+            return False, (self._total_scale if normalize and last else 1.0)
+        return normalize, None
 
     def _timed(self, key: str, func, *args) -> None:
         t0 = time.perf_counter()
