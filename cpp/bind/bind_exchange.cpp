@@ -13,6 +13,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "fast_path.hpp"
 #include "gil.hpp"
 #include "zcoll/exchange.hpp"
 
@@ -237,12 +238,17 @@ PyMethodDef fast_collective_def = {
 
 }  // namespace
 
+std::shared_ptr<node_context> registered_context(PyObject* comm) {
+  return fast_path::context_of(comm);
+}
+
 void register_exchange(py::module_& m) {
   py::class_<node_context, std::shared_ptr<node_context>>(
       m, "NodeContext", "The node-local engine of one communicator (see exchange.hpp).")
       .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,
                        std::vector<int> comm_ranks, std::vector<std::int32_t> pids, int barrier,
-                       double timeout, std::uint32_t spin, std::uint32_t yields, double slice) {
+                       double timeout, std::uint32_t spin, std::uint32_t yields, double slice,
+                       std::vector<int> numa_nodes, std::vector<int> packages) {
              if (!is_code<barrier_kind>(barrier))
                throw std::invalid_argument("unknown barrier code");
              context_config c;
@@ -253,11 +259,14 @@ void register_exchange(py::module_& m) {
              c.pids = std::move(pids);
              c.barrier = static_cast<barrier_kind>(barrier);
              c.wait = make_wait(timeout, spin, yields, slice);
+             c.numa_nodes = std::move(numa_nodes);
+             c.packages = std::move(packages);
              return std::make_shared<node_context>(std::move(control), std::move(c));
            }),
            py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
            py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
-           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"))
+           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
+           py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{})
       .def_static("control_bytes", &node_context::control_bytes, py::arg("size"))
       .def(
           "allocate",

@@ -27,6 +27,10 @@ void register_registry(py::module_& m) {
   m.attr("COPY_ISAS") = names_tuple<copy_isa>();
   m.attr("BARRIERS") = names_tuple<barrier_kind>();
   m.attr("SCHEDULE_KINDS") = names_tuple<schedule_kind>();
+  m.attr("REDUCE_OPS") = names_tuple<reduce_op>();
+  m.attr("REDUCE_ALGORITHMS") = names_tuple<reduce_algorithm>();
+  m.attr("ELEMENT_TYPES") = names_tuple<element_type>();
+  m.attr("AUTO_ALGORITHM") = auto_algorithm;
   py::dict ops;
   for (int i = 0; i < count_of<op_code>; ++i)
     ops[py::str(std::string(name_of(static_cast<op_code>(i))))] = i;

@@ -9,6 +9,7 @@ void register_registry(pybind11::module_& m);
 void register_arena(pybind11::module_& m);
 void register_copy(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);
+void register_reduction(pybind11::module_& m);
 void register_transfer(pybind11::module_& m);
 void register_plan(pybind11::module_& m);
 void register_tuning(pybind11::module_& m);

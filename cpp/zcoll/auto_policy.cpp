@@ -2,6 +2,9 @@
 
 #include <time.h>
 
+#include <algorithm>
+#include <bit>
+#include <cmath>
 #include <stdexcept>
 
 #include "zcoll/checks.hpp"
@@ -48,6 +51,65 @@ auto_choice auto_policy::resolve(op_code op, std::size_t block_bytes,
   c.order = static_cast<block_order>(r->order);
   c.eager = false;
   return c;
+}
+
+namespace {
+
+// Built-in estimates, for a node of p ranks, when no tuning table measured the algorithms:
+// barriers at ~1 us (~20 us when ranks outnumber cores is left to the table: it scales all
+// algorithms alike) and ~4 GB/s per rank for the bytes each rank reads and writes.
+constexpr double barrier_s = 1e-6;
+constexpr double byte_s = 1.0 / 4e9;
+
+double builtin_cost(reduce_algorithm alg, int p, std::size_t bytes, bool eager) {
+  const double m = static_cast<double>(bytes), q = static_cast<double>(p);
+  const double rounds = std::ceil(std::log2(std::max(q, 1.0)));
+  switch (alg) {
+    case reduce_algorithm::flat:  // (copy into the slot,) read P buffers, write one
+      return eager ? barrier_s + (q + 2) * m * byte_s : 2 * barrier_s + (q + 1) * m * byte_s;
+    case reduce_algorithm::tree:  // the root reads P buffers, then everyone copies its result
+      return 2 * barrier_s + (q + 3) * m * byte_s;
+    case reduce_algorithm::dissemination:  // 3 m per round, one more round when P is no power
+      return (2 + rounds) * barrier_s + (3 * rounds + 2) * m * byte_s;
+    case reduce_algorithm::tiled:  // read P tiles of m/P, write one; read and write m
+      return 2 * barrier_s + (3 + 1 / q) * m * byte_s;
+  }
+  return INFINITY;
+}
+
+}  // namespace
+
+void auto_policy::set_reduction_model(reduce_algorithm algorithm,
+                                      std::vector<reduction_cost> pieces) {
+  if (!is_code<reduce_algorithm>(static_cast<int>(algorithm)))
+    throw std::invalid_argument("zcoll: unknown reduction algorithm code");
+  for (const reduction_cost& c : pieces)
+    if (!std::isfinite(c.a) || !std::isfinite(c.b) || c.a < 0 || c.b < 0)
+      throw std::invalid_argument("zcoll: a reduction cost must be finite and non-negative");
+  std::sort(pieces.begin(), pieces.end(), [](const reduction_cost& x, const reduction_cost& y) {
+    return x.max_bytes < y.max_bytes;
+  });
+  reduction_models_[static_cast<std::size_t>(algorithm)] = std::move(pieces);
+}
+
+double auto_policy::predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept {
+  const auto& pieces = reduction_models_[static_cast<std::size_t>(algorithm)];
+  if (pieces.empty()) return builtin_cost(algorithm, node_size_, bytes, eager_fits(bytes));
+  for (const reduction_cost& c : pieces)
+    if (bytes <= c.max_bytes) return c.a + c.b * static_cast<double>(bytes);
+  const reduction_cost& last = pieces.back();
+  return last.a + last.b * static_cast<double>(bytes);
+}
+
+reduce_algorithm auto_policy::choose_reduction(std::size_t bytes) const noexcept {
+  auto best = reduce_algorithm::flat;
+  double best_s = INFINITY;
+  for (int i = 0; i < count_of<reduce_algorithm>; ++i) {
+    const auto alg = static_cast<reduce_algorithm>(i);
+    const double s = predicted(alg, bytes);
+    if (s < best_s) best = alg, best_s = s;
+  }
+  return best;
 }
 
 }  // namespace zcoll

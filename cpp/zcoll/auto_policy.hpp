@@ -9,6 +9,13 @@
  * (broadcast at context creation) and the same eager size, so they all resolve "auto" alike --
  * they must, since the order is part of what the ranks agree on.
  *
+ * Reductions (HPDC'13 §3.4): algorithm="auto" picks the algorithm with the least predicted
+ * time a + b*m for a call of m bytes, from a cost model per algorithm: pieces (up to max_bytes:
+ * a seconds + b seconds per byte) measured by python -m zcoll.tune and set from the tuning
+ * table (set_reduction_model), or built-in estimates from the algorithms' barriers and memory
+ * traffic where no table covers this node size. The model and m are the same on every rank, so
+ * the choice is too.
+ *
  * Copy: delegated to copy_chooser (copy_choice.hpp), which may differ between ranks (copy modes
  * change no result). timed_copies() runs a call's copies and feeds the chooser's run-time
  * threshold refinement when it asks for timings.
@@ -28,6 +35,14 @@ namespace zcoll {
 struct order_rule {
   block_range range;
   int order = auto_order;  // block_order value, eager_order, or auto_order (built-in)
+};
+
+// One piece of a reduction algorithm's cost model: calls of at most `max_bytes` (and more than
+// the previous piece's) take a + b * bytes seconds.
+struct reduction_cost {
+  std::uint64_t max_bytes = 0;
+  double a = 0;  // seconds
+  double b = 0;  // seconds per byte
 };
 
 // What order="auto" resolves to for one call.
@@ -63,6 +78,19 @@ class auto_policy {
   // `recv_bytes`.
   auto_choice resolve(op_code op, std::size_t block_bytes, std::size_t recv_bytes) const;
 
+  // The measured cost model of `algorithm` (pieces in any order; empty: the built-in one).
+  // Throws std::invalid_argument for an unknown algorithm or a non-finite/negative cost.
+  void set_reduction_model(reduce_algorithm algorithm, std::vector<reduction_cost> pieces);
+  const std::vector<reduction_cost>& reduction_model(reduce_algorithm algorithm) const noexcept {
+    return reduction_models_[static_cast<std::size_t>(algorithm)];
+  }
+  // Predicted seconds of `algorithm` for `bytes` per rank (the measured piece covering it, the
+  // last piece beyond them, or the built-in estimate).
+  double predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept;
+  // What algorithm="auto" runs for `bytes` per rank: the least predicted time (ties: the
+  // lowest code).
+  reduce_algorithm choose_reduction(std::size_t bytes) const noexcept;
+
   // How this rank picks copy modes (threshold, what "auto" learned).
   copy_chooser& copy() noexcept { return copy_; }
   // What a call where each rank receives `received` bytes reads and writes on the node: the
@@ -95,6 +123,7 @@ class auto_policy {
   int node_size_;
   std::size_t eager_bytes_ = 0;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
+  std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;
   copy_chooser copy_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "zcoll/reduce_kernels.hpp"
+
 namespace zcoll {
 
 local_check type_error(std::string message) {
@@ -140,6 +142,57 @@ local_check check_transfer_side(const transfer_geometry& g, int comm_rank, const
   if (auto e = check_transfer_array(a, name, want, g.ndim); !e.empty()) return value_error(e);
   if (!source && !a.writeable) return value_error("the destination array is read-only");
   return {};
+}
+
+local_check check_reduction_args(op_code op, int comm_size, int comm_rank, const array_view* send,
+                                 const array_view* recv, int reduce, int algorithm, int root) {
+  const bool rooted = op == op_code::reduce || op == op_code::bcast;
+  if (rooted && (root < 0 || root >= comm_size))
+    return value_error("root must be a rank of the communicator (0 <= root < " +
+                       std::to_string(comm_size) + "), got " + std::to_string(root));
+  if (op == op_code::bcast) {
+    if (!recv) return value_error("buf is missing");
+    if (recv->has_objects) return type_error(objects_message);
+    if (!recv->c_contiguous) return value_error("buf must be C-contiguous");
+    if (!recv->writeable && comm_rank != root) return value_error("buf is read-only");
+    return {arg_error::none, {}, recv->nbytes};
+  }
+  const array_view* input = send ? send : recv;
+  if (!input) return value_error("IN_PLACE needs recvbuf, which holds the input");
+  if (input->has_objects || (recv && recv->has_objects)) return type_error(objects_message);
+  const auto type = element_type_of(input->dtype);
+  if (!type)
+    return type_error("reductions do not support dtype " + dtype_text(input->dtype) +
+                      "; use bool, an integer, float16/32/64 or complex64/128");
+  if (!is_code<reduce_op>(reduce)) return value_error("unknown op code " + std::to_string(reduce));
+  const auto rop = static_cast<reduce_op>(reduce);
+  if (!op_defined(rop, *type))
+    return type_error("op '" + std::string(name_of(rop)) + "' is not defined for dtype " +
+                      std::string(name_of(*type)));
+  if (algorithm != auto_algorithm && !is_code<reduce_algorithm>(algorithm))
+    return value_error("unknown algorithm code " + std::to_string(algorithm));
+  const bool wants_result = op != op_code::reduce || comm_rank == root || !send;
+  const auto p = static_cast<std::size_t>(comm_size);
+  if (op == op_code::reduce_scatter && input->size % p != 0)
+    return value_error(std::string(send ? "sendbuf" : "recvbuf") + " has " +
+                       elements_text(input->size) +
+                       ", which is not divisible by comm.size=" + std::to_string(comm_size));
+  if (!wants_result) return {arg_error::none, {}, input->nbytes};
+  if (!recv) return value_error("recvbuf is missing");
+  if (!recv->c_contiguous) return value_error("recvbuf must be C-contiguous");
+  if (!recv->writeable) return value_error("recvbuf is read-only");
+  if (send) {
+    if (!(send->dtype == recv->dtype))
+      return type_error("recvbuf dtype (" + dtype_short(recv->dtype) +
+                        ") differs from sendbuf dtype (" + dtype_short(send->dtype) + ")");
+    const std::size_t want = op == op_code::reduce_scatter ? send->size / p : send->size;
+    if (recv->size != want)
+      return value_error("recvbuf has " + elements_text(recv->size) + ", expected " +
+                         elements_text(want));
+    if (overlap(*send, *recv))
+      return value_error("sendbuf and recvbuf overlap; pass zcoll.IN_PLACE as sendbuf instead");
+  }
+  return {arg_error::none, {}, input->nbytes};
 }
 
 void set_code_error(local_check& check, int order, int copy, bool eager_allowed) {

@@ -71,6 +71,15 @@ local_check check_transfer_args(const transfer_geometry& g, int comm_rank, const
 local_check check_transfer_side(const transfer_geometry& g, int comm_rank, const array_view& a,
                                 bool source, const dtype_id& dtype);
 
+// Checks one rank's arguments to a call of the reduction family (`op`: allreduce, reduce,
+// reduce_scatter or bcast) as communicator rank `comm_rank` of `comm_size`. `send` is nullptr
+// in place (`recv` holds this rank's input); `recv` may be nullptr where no result is wanted
+// (reduce off the root). For bcast, `recv` is the buffer and `send` nullptr. `reduce` is a
+// reduce_op code, `algorithm` a reduce_algorithm code or auto_algorithm, `root` a communicator
+// rank (reduce, bcast). The verdict's block_bytes is the bytes of this rank's input.
+local_check check_reduction_args(op_code op, int comm_size, int comm_rank, const array_view* send,
+                                 const array_view* recv, int reduce, int algorithm, int root);
+
 // Sets `check` to "unknown order/copy code" when `order` is not a block_order value or
 // auto_order (with `eager_allowed`, eager_order too) or `copy` not a copy_mode value or
 // auto_copy, unless it holds an error already. Returns check.ok(). Inline: every call runs it.

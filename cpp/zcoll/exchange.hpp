@@ -37,6 +37,7 @@
 #include "zcoll/auto_policy.hpp"
 #include "zcoll/checks.hpp"
 #include "zcoll/protocol.hpp"
+#include "zcoll/reduction.hpp"
 #include "zcoll/schedule.hpp"
 #include "zcoll/segments.hpp"
 #include "zcoll/transfer.hpp"
@@ -94,6 +95,11 @@ class node_context {
   // Local: the record of a transfer call, as describe() for collectives.
   call_record describe_transfer(const transfer_geometry& g, const array_view& send,
                                 const array_view& recv, int order, int copy) const;
+  // Collective: a call of the reduction family among the ranks of this node (reduction.hpp,
+  // its execution in reduction.cpp); checks the arguments like run().
+  void run_reduction(const reduction_call& call);
+  // Local: the record of such a call, as describe() for collectives.
+  call_record describe_reduction(const reduction_call& call) const;
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(arg_error kind, std::string_view message);
   // Collective: a node barrier.
@@ -158,6 +164,13 @@ class node_context {
                 const buffer_ref& my_recv);
   void execute_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
                         block_order order, int copy);
+  struct reduction_args;
+  reduction_args checked_reduction(const reduction_call& call);
+  void execute_reduction(const reduction_args& a);
+  void execute_bcast(const reduction_args& a);
+  // Where each node rank's input is, from the published lines (staging what must be).
+  void resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
+                      std::size_t third);
 
   context_config config_;
   call_protocol protocol_;
@@ -167,6 +180,9 @@ class node_context {
   std::map<std::uint32_t, schedule> schedules_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t plans_ = 0;                          // plans created
+  std::vector<std::vector<tree_group>> tree_;        // reductions' tree (made on first use)
+  std::vector<const std::byte*> inputs_;             // per reduction: each node rank's input
+  std::vector<buffer_ref> refs_;                     // per reduction: the published inputs
 };
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.

@@ -25,7 +25,7 @@ std::string rank_text(int rank) {
 // Whether the ranks' calls of `op` must agree on sizes, dtype and order.
 bool moves_data(op_code op) noexcept {
   return op == op_code::alltoall || op == op_code::allgather || op == op_code::transfer ||
-         op == op_code::plan;
+         op == op_code::plan || is_reduction(op);
 }
 
 // Records gathered from every communicator rank, as check_calls reads them.
@@ -72,7 +72,43 @@ void raise_unexpected_op(op_code expected, op_code got) {
   throw usage_error("zcoll: expected " + op_text(expected) + ", peers called " + op_text(got));
 }
 
+namespace {
+
+std::string algorithm_text(int code) {
+  return std::string(is_code<reduce_algorithm>(code) ? name_of(static_cast<reduce_algorithm>(code))
+                                                     : auto_name);
+}
+
+// check_same_call for the reduction family: sizes, dtype, op, root and algorithm agree.
+void check_same_reduction(const call_descriptor& ref, int ref_rank, const call_descriptor& d,
+                          int rank) {
+  const std::string what = "zcoll." + op_text(ref.op) + ": ", first = rank_text(ref_rank),
+                    other = rank_text(rank);
+  if (d.block_bytes != ref.block_bytes)
+    throw usage_error(what + "buffer sizes differ between ranks: " + first + " has " +
+                      std::to_string(ref.block_bytes) + " bytes, " + other + " has " +
+                      std::to_string(d.block_bytes));
+  if (!(d.dtype == ref.dtype))
+    throw type_mismatch(what + "dtypes differ between ranks: " + first + " has " +
+                        dtype_text(ref.dtype) + ", " + other + " has " + dtype_text(d.dtype));
+  if (d.root != ref.root)
+    throw usage_error(what + "roots differ between ranks: " + first + " uses root " +
+                      std::to_string(ref.root) + ", " + other + " uses root " +
+                      std::to_string(d.root));
+  if (d.reduce != ref.reduce)
+    throw usage_error(what + "ops differ between ranks: " + first + " uses '" +
+                      std::string(name_of(static_cast<reduce_op>(ref.reduce))) + "', " + other +
+                      " uses '" + std::string(name_of(static_cast<reduce_op>(d.reduce))) + "'");
+  if (d.order != ref.order)
+    throw usage_error(what + "algorithms differ between ranks: " + first + " uses '" +
+                      algorithm_text(ref.order) + "', " + other + " uses '" +
+                      algorithm_text(d.order) + "'");
+}
+
+}  // namespace
+
 void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank) {
+  if (is_reduction(ref.op)) return check_same_reduction(ref, ref_rank, d, rank);
   if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
       d.order == ref.order && d.target == ref.target)
     return;

@@ -45,6 +45,8 @@ struct context_config {
   std::vector<std::int32_t> pids;  // pid of each node rank
   barrier_kind barrier = barrier_kind::central;
   wait_options wait;
+  std::vector<int> numa_nodes;  // NUMA node of each node rank (empty: unknown), for reductions
+  std::vector<int> packages;    // package of each node rank (empty: unknown)
 };
 
 // What one rank says about one call: everything the ranks must agree on.
@@ -55,8 +57,10 @@ struct call_descriptor {
   arg_error error = arg_error::none;
   dtype_id dtype;
   op_code target = op_code::none;  // plan and start: the collective planned
+  std::uint8_t reduce = 0;         // reductions: the reduce_op code (order: the algorithm asked)
+  std::uint16_t root = 0;          // reduce and bcast: the root (communicator rank mod 2^16)
   std::uint64_t block_bytes = 0;   // bytes per block; allocate: bytes asked; transfer: signature;
-                                   // start: the plan's id
+                                   // start: the plan's id; reductions: bytes of the input
 };
 static_assert(sizeof(call_descriptor) == 24, "the descriptor must fit the rank's hot line");
 

@@ -24,15 +24,19 @@ namespace zcoll {
 
 // What a node context runs; every rank publishes one per call (see protocol.hpp).
 enum class op_code : std::uint8_t {
-  none = 0,       // no call published yet
-  error = 1,      // a rank found its own arguments invalid
-  allocate = 2,   // collective arena allocation
-  alltoall = 3,   // block j of rank i's send buffer -> block i of rank j's receive buffer
-  allgather = 4,  // rank i's send buffer -> block i of every receive buffer
-  barrier = 5,    // a node barrier
-  transfer = 6,   // global transpose of a distributed array (see transfer.hpp)
-  plan = 7,       // creation of a persistent plan (see plan.hpp)
-  start = 8,      // a run of a persistent plan
+  none = 0,             // no call published yet
+  error = 1,            // a rank found its own arguments invalid
+  allocate = 2,         // collective arena allocation
+  alltoall = 3,         // block j of rank i's send buffer -> block i of rank j's receive buffer
+  allgather = 4,        // rank i's send buffer -> block i of every receive buffer
+  barrier = 5,          // a node barrier
+  transfer = 6,         // global transpose of a distributed array (see transfer.hpp)
+  plan = 7,             // creation of a persistent plan (see plan.hpp)
+  start = 8,            // a run of a persistent plan
+  allreduce = 9,        // every rank's buffer combined element-wise; the result on every rank
+  reduce = 10,          // the same, the result on one root rank only
+  reduce_scatter = 11,  // the same, block i of the result on rank i (reduce_scatter_block)
+  bcast = 12,           // the root's buffer copied to every rank
 };
 
 // Order in which the P x P block matrix of a collective is traversed (and then cut into P
@@ -75,6 +79,54 @@ enum class schedule_kind : std::uint8_t {
   offdiagonal = 2,  // every off-diagonal block: in-place allgather
 };
 
+// The element-wise operation of a reduction (reduce_kernels.hpp), with NumPy's semantics per
+// element type: sum/prod wrap for integers, are logical or/and for bool; min/max propagate NaN.
+enum class reduce_op : std::uint8_t {
+  sum = 0,   // a + b (bool: a or b)
+  prod = 1,  // a * b (bool: a and b)
+  min = 2,   // smaller of a, b; NaN if either is NaN (numpy.minimum)
+  max = 3,   // larger of a, b; NaN if either is NaN (numpy.maximum)
+  land = 4,  // 1 if a and b are both nonzero, else 0, in the element type
+  lor = 5,   // 1 if a or b is nonzero
+  lxor = 6,  // 1 if exactly one of a, b is nonzero
+  band = 7,  // bitwise and (integers and bool only)
+  bor = 8,   // bitwise or
+  bxor = 9,  // bitwise exclusive or
+};
+
+// The element types reductions combine (NumPy dtypes; longdouble has no portable layout).
+enum class element_type : std::uint8_t {
+  boolean = 0,
+  int8 = 1,
+  uint8 = 2,
+  int16 = 3,
+  uint16 = 4,
+  int32 = 5,
+  uint32 = 6,
+  int64 = 7,
+  uint64 = 8,
+  float16 = 9,
+  float32 = 10,
+  float64 = 11,
+  complex64 = 12,
+  complex128 = 13,
+};
+
+// How the ranks of a node combine their buffers (reduction.hpp; HPDC'13 §2).
+enum class reduce_algorithm : std::uint8_t {
+  flat = 0,           // every rank folds every rank's buffer itself, in rank order: one barrier
+                      // when the buffers fit the eager slots; P reads of m bytes per rank
+  tree = 1,           // reduce up a tree that follows the hwloc hierarchy (each group's leader
+                      // folds its members), then every rank copies the root's result
+  dissemination = 2,  // recursive doubling in ceil(log2 P) rounds, each rank reading its
+                      // partner; ranks beyond a power of two folded in first, copied out last
+  tiled = 3,          // rank i folds tile i of every buffer (reduce-scatter), then every rank
+                      // copies every tile (allgather): m/P + m bytes written per rank
+};
+
+// Algorithm code meaning "auto" (the cost model picks one).
+inline constexpr int auto_algorithm = -1;
+
 // The name of "let zcoll choose" for an order or a copy mode, and of the eager path where a
 // tuning rule names it in place of an order.
 inline constexpr std::string_view auto_name = "auto";
@@ -93,12 +145,23 @@ struct registry;
 
 template <>
 struct registry<op_code> {
-  static constexpr std::array<std::string_view, 9> names{
-      "none", "error", "allocate", "alltoall", "allgather", "barrier", "transfer", "plan", "start"};
+  static constexpr std::array<std::string_view, 13> names{
+      "none", "error", "allocate",  "alltoall", "allgather",      "barrier", "transfer",
+      "plan", "start", "allreduce", "reduce",   "reduce_scatter", "bcast"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
-  static constexpr std::array<std::string_view, 9> descriptions{
-      "nothing", "an invalid call", "an arena allocation", "alltoall",    "allgather",
-      "barrier", "transfer",        "a plan's creation",   "a plan's run"};
+  static constexpr std::array<std::string_view, 13> descriptions{"nothing",
+                                                                 "an invalid call",
+                                                                 "an arena allocation",
+                                                                 "alltoall",
+                                                                 "allgather",
+                                                                 "barrier",
+                                                                 "transfer",
+                                                                 "a plan's creation",
+                                                                 "a plan's run",
+                                                                 "allreduce",
+                                                                 "reduce",
+                                                                 "reduce_scatter_block",
+                                                                 "bcast"};
 };
 template <>
 struct registry<block_order> {
@@ -119,6 +182,21 @@ struct registry<barrier_kind> {
 template <>
 struct registry<schedule_kind> {
   static constexpr std::array<std::string_view, 3> names{"full", "swap", "offdiagonal"};
+};
+template <>
+struct registry<reduce_op> {
+  static constexpr std::array<std::string_view, 10> names{"sum", "prod", "min",  "max", "land",
+                                                          "lor", "lxor", "band", "bor", "bxor"};
+};
+template <>
+struct registry<element_type> {
+  static constexpr std::array<std::string_view, 14> names{
+      "bool",  "int8",   "uint8",   "int16",   "uint16",  "int32",     "uint32",
+      "int64", "uint64", "float16", "float32", "float64", "complex64", "complex128"};
+};
+template <>
+struct registry<reduce_algorithm> {
+  static constexpr std::array<std::string_view, 4> names{"flat", "tree", "dissemination", "tiled"};
 };
 
 // Number of values of `Enum`.
@@ -172,6 +250,13 @@ constexpr int tuned_index(op_code op) noexcept {
   for (std::size_t i = 0; i < tuned_collectives.size(); ++i)
     if (tuned_collectives[i] == op) return static_cast<int>(i);
   return no_rules;
+}
+
+// Whether `op` is one of the reduction family (reduction.hpp): its calls carry a reduce_op, a
+// reduce_algorithm and a root in their descriptors.
+constexpr bool is_reduction(op_code op) noexcept {
+  return op == op_code::allreduce || op == op_code::reduce || op == op_code::reduce_scatter ||
+         op == op_code::bcast;
 }
 
 }  // namespace zcoll

@@ -36,6 +36,9 @@ class node_segments {
   void reserve_staging(std::size_t bytes);
   // Node rank `rank`'s staging partition (after reserve_staging).
   std::byte* staging(int rank) const noexcept { return staging_->partition(rank); }
+  // Bytes of each rank's staging partition (0 before the first reserve_staging); the same on
+  // every rank of the node.
+  std::size_t staging_bytes() const noexcept { return staging_ ? staging_->partition_bytes : 0; }
 
   // Where [p, p + bytes) is, in terms every rank of this context can resolve ({0, 0} when it
   // is not in a segment that all of them have mapped).

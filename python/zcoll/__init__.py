@@ -4,6 +4,8 @@ NumPy arrays live in a per-node shared arena (:func:`empty`), so every rank on a
 and write every other rank's buffers; :func:`alltoall` and :func:`allgather` then move each
 block with a single copy, in a cache-friendly order over the P x P block matrix (Morton,
 Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot path.
+:func:`allreduce`, :func:`reduce`, :func:`reduce_scatter_block`, :func:`bcast` and
+:func:`barrier` combine and copy buffers on the same shared heap (HPDC'13's algorithms).
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import set_timeout, set_tuning
 from ._core import PeerError
 from ._plans import Plan, allgather_init, alltoall_init
+from ._reductions import (
+    REDUCE_ALGORITHMS,
+    REDUCE_OPS,
+    allreduce,
+    barrier,
+    bcast,
+    reduce,
+    reduce_scatter_block,
+)
 from ._registry import COPY_MODES, ORDERS
 from ._schedule import Schedule, schedule
 from ._settings import Settings, get_timeout, get_tuning, settings
@@ -29,6 +40,8 @@ __all__ = [
     "IN_PLACE",
     "ORDERS",
     "PeerError",
+    "REDUCE_ALGORITHMS",
+    "REDUCE_OPS",
     "Plan",
     "RankPlacement",
     "Schedule",
@@ -37,8 +50,11 @@ __all__ = [
     "__version__",
     "allgather",
     "allgather_init",
+    "allreduce",
     "alltoall",
     "alltoall_init",
+    "barrier",
+    "bcast",
     "empty",
     "empty_like",
     "get_timeout",
@@ -46,6 +62,8 @@ __all__ = [
     "is_shared",
     "load_tuning",
     "peer_arrays",
+    "reduce",
+    "reduce_scatter_block",
     "schedule",
     "set_timeout",
     "set_tuning",

@@ -137,6 +137,8 @@ class Context:
             self.node_rank = node.rank
             self.local_ranks = tuple(node.allgather(comm.rank))
             pids = node.allgather(os.getpid())
+            here = _core.locate_this_process()  # the reductions' tree follows NUMA nodes
+            places = node.allgather((here["numa_node"], here["package"]))
             control = _share_control_segment(node)
         finally:
             node.Free()
@@ -146,6 +148,11 @@ class Context:
         self.oversubscribed = self.node_size > s.cpus
         self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
+        # One rank per node (its lowest), in node order: the reductions' inter-node part.
+        self.leaders: MPI.Comm | None = None
+        if self.multi_node:
+            leaders_comm = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, key=self.rank)
+            self.leaders = None if leaders_comm == MPI.COMM_NULL else leaders_comm
         self._broken = ""  # why the multi-node path failed, if it did
         self.core = _core.NodeContext(
             control,
@@ -156,6 +163,8 @@ class Context:
             pids=pids,
             barrier=BARRIER_CODES[s.barrier],
             **s.wait_for(self.oversubscribed),
+            numa_nodes=[numa for numa, _ in places],
+            packages=[package for _, package in places],
         )
         self.core.setup_eager(s.eager_bytes_for(self.oversubscribed))
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
@@ -281,7 +290,10 @@ class Context:
         self.core.close()
         if self._p2p is not None and not MPI.Is_finalized():
             self._p2p.Free()
+        if self.leaders is not None and not MPI.Is_finalized():
+            self.leaders.Free()
         self._p2p = None
+        self.leaders = None
         self._comm = None
 
 

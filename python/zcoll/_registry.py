@@ -55,6 +55,15 @@ __all__ = [
     "TRANSFER",
     "PLAN",
     "START",
+    "ALLREDUCE",
+    "REDUCE",
+    "REDUCE_SCATTER",
+    "BCAST",
+    "REDUCE_OPS",
+    "REDUCE_OP_CODES",
+    "REDUCE_ALGORITHMS",
+    "REDUCE_ALGORITHM_CODES",
+    "ELEMENT_TYPES",
 ]
 
 #: The value of ``order=`` and ``copy=`` that lets zcoll choose.
@@ -76,6 +85,20 @@ OPS: dict[str, int] = {intern(name): code for name, code in _core.OPS.items()}
 #: The collectives a tuning table and online tuning know, in engine order.
 COLLECTIVES: tuple[str, ...] = tuple(map(intern, _core.TUNED_COLLECTIVES))
 
+#: Element-wise operations of the reductions (``op=``), by engine code.
+REDUCE_OPS: tuple[str, ...] = tuple(map(intern, _core.REDUCE_OPS))
+#: Reduction algorithms (``algorithm=``, besides "auto"), by engine code.
+REDUCE_ALGORITHMS: tuple[str, ...] = tuple(map(intern, _core.REDUCE_ALGORITHMS))
+#: Element types the reductions combine, by engine code.
+ELEMENT_TYPES: tuple[str, ...] = tuple(map(intern, _core.ELEMENT_TYPES))
+#: op name -> engine code.
+REDUCE_OP_CODES = {name: code for code, name in enumerate(REDUCE_OPS)}
+#: algorithm name -> engine code, "auto" included.
+REDUCE_ALGORITHM_CODES = {
+    AUTO: _core.AUTO_ALGORITHM,
+    **{name: code for code, name in enumerate(REDUCE_ALGORITHMS)},
+}
+
 #: order name -> engine code, "auto" included.
 ORDER_CODES = {AUTO: _core.AUTO_ORDER, **{name: code for code, name in enumerate(ORDERS)}}
 #: copy mode name -> engine code, "auto" included.
@@ -90,7 +113,21 @@ RULE_COPIES: tuple[str, ...] = tuple(COPY_CODES)
 
 # The members Python code names, in code order. Unpacking the C++ lists (rather than retyping
 # the strings) fails at import when the registry changes: extend the matching line then.
-NONE, ERROR, ALLOCATE, ALLTOALL, ALLGATHER, BARRIER, TRANSFER, PLAN, START = OPS
+(
+    NONE,
+    ERROR,
+    ALLOCATE,
+    ALLTOALL,
+    ALLGATHER,
+    BARRIER,
+    TRANSFER,
+    PLAN,
+    START,
+    ALLREDUCE,
+    REDUCE,
+    REDUCE_SCATTER,
+    BCAST,
+) = OPS
 ROW, COLUMN, MORTON, HILBERT = ORDERS
 TEMPORAL, STREAMING, HYBRID = COPY_MODES
 PORTABLE, SSE2, AVX2, AVX512 = COPY_ISAS

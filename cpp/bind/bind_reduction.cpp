@@ -1,0 +1,230 @@
+// Reductions on a NodeContext (reduction.hpp): allreduce, reduce, reduce_scatter_block and
+// bcast among the ranks of a node, their call records for the multi-node path, the cost model
+// of algorithm="auto", the local fold the multi-node path combines nodes' results with, and the
+// one-crossing call path.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <vector>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "fast_path.hpp"
+#include "gil.hpp"
+#include "zcoll/error.hpp"
+#include "zcoll/exchange.hpp"
+#include "zcoll/reduce_kernels.hpp"
+
+namespace py = pybind11;
+
+namespace zcoll::bind {
+
+namespace {
+
+op_code reduction_op(int code) {
+  if (!is_code<op_code>(code) || !is_reduction(static_cast<op_code>(code)))
+    throw std::invalid_argument("not the code of a reduction: " + std::to_string(code));
+  return static_cast<op_code>(code);
+}
+
+std::string call_prefix(op_code op) {
+  return "zcoll." + std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]) +
+         ": ";
+}
+
+// Converts (sendbuf, recvbuf) -- sendbuf IN_PLACE or None: no send view; recvbuf None: no
+// receive view -- and calls ok(send view or nullptr, recv view or nullptr), or error(message)
+// when an argument cannot be converted.
+template <class Ok, class Error>
+auto with_reduction_views(const py::object& send, const py::object& recv, Ok&& ok, Error&& error) {
+  array_view recv_view;
+  const bool has_recv = !recv.is_none();
+  if (has_recv) {
+    if (!py::isinstance<py::array>(recv))
+      return error("recvbuf must be a numpy.ndarray, got " + type_name(recv));
+    recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
+  }
+  const array_view* r = has_recv ? &recv_view : nullptr;
+  if (is_in_place(send) || send.is_none()) return ok(nullptr, r);
+  const py::array send_array = as_c_array(send);  // alive until the call returns
+  if (!send_array) return error(std::string("sendbuf cannot be converted to a NumPy array"));
+  const array_view send_view = view_of(send_array);
+  return ok(&send_view, r);
+}
+
+void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int reduce,
+         int algorithm, int root) {
+  with_reduction_views(
+      send, recv,
+      [&](const array_view* s, const array_view* r) {
+        gil_released_on_block gil(ctx, s ? s->nbytes : (r ? r->nbytes : 0));
+        ctx.run_reduction({op, s, r, reduce, algorithm, root});
+      },
+      [&](const std::string& why) {
+        py::gil_scoped_release release;
+        ctx.fail(arg_error::type, call_prefix(op) + why);
+      });
+}
+
+call_record describe(const node_context& ctx, op_code op, const py::object& send,
+                     const py::object& recv, int reduce, int algorithm, int root) {
+  return with_reduction_views(
+      send, recv,
+      [&](const array_view* s, const array_view* r) {
+        return ctx.describe_reduction({op, s, r, reduce, algorithm, root});
+      },
+      [&](const std::string& why) { return error_record(arg_error::type, call_prefix(op) + why); });
+}
+
+// dst = srcs[0] op srcs[1] op ... (in this order), for the multi-node path's leaders.
+void fold_arrays(int reduce, const py::array& dst, const std::vector<py::array>& srcs) {
+  const array_view d = view_of(dst);
+  const auto type = element_type_of(d.dtype);
+  if (!type || !is_code<reduce_op>(reduce) || !op_defined(static_cast<reduce_op>(reduce), *type))
+    throw type_mismatch("zcoll: no such reduction for this dtype");
+  if (!d.c_contiguous || !d.writeable) throw usage_error("zcoll: dst must be writable, contiguous");
+  std::vector<const void*> from;
+  for (const py::array& s : srcs) {
+    const array_view v = view_of(s);
+    if (!(v.dtype == d.dtype) || v.size != d.size || !v.c_contiguous)
+      throw usage_error("zcoll: every source must match dst (dtype, size, contiguity)");
+    from.push_back(v.data);
+  }
+  if (from.empty()) throw usage_error("zcoll: nothing to fold");
+  py::gil_scoped_release release;
+  reduce_fold(static_cast<reduce_op>(reduce), *type, const_cast<void*>(d.data), from.data(),
+              static_cast<int>(from.size()), d.size);
+}
+
+// The code of a name of `Enum`, "auto" as `auto_code`, or `none` for anything else.
+template <class Enum>
+int code_of(PyObject* name, int auto_code, int none) {
+  if (!PyUnicode_CheckExact(name)) return none;
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(name, &size);
+  if (!text) {
+    PyErr_Clear();
+    return none;
+  }
+  const std::string_view view(text, static_cast<std::size_t>(size));
+  if (view == auto_name) return auto_code;
+  const auto value = parse_name<Enum>(view);
+  return value ? static_cast<int>(*value) : none;
+}
+
+// fast_reduction(op code, comm, sendbuf, recvbuf, op, algorithm, root): the reduction on the
+// communicator's registered context in one crossing, returning True; None, having done
+// nothing, when the Python path must run it (no registered context, an op or algorithm given
+// other than by a valid name).
+PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  constexpr int none = -100;
+  if (nargs != 7) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fast_reduction(code, comm, sendbuf, recvbuf, op, algorithm, root)");
+    return nullptr;
+  }
+  try {
+    const long code = PyLong_AsLong(args[0]);
+    const long root = PyLong_AsLong(args[6]);
+    if (PyErr_Occurred()) return nullptr;
+    const op_code op = reduction_op(static_cast<int>(code));
+    const auto ctx = registered_context(args[1]);
+    const int reduce = op == op_code::bcast ? 0 : code_of<reduce_op>(args[4], none, none);
+    const int algorithm = op == op_code::bcast
+                              ? auto_algorithm
+                              : code_of<reduce_algorithm>(args[5], auto_algorithm, none);
+    if (!ctx || reduce == none || algorithm == none || root < INT32_MIN || root > INT32_MAX)
+      Py_RETURN_NONE;
+    run(*ctx, op, py::reinterpret_borrow<py::object>(args[2]),
+        py::reinterpret_borrow<py::object>(args[3]), reduce, algorithm, static_cast<int>(root));
+    Py_RETURN_TRUE;
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+}
+
+PyMethodDef fast_reduction_def = {
+    "fast_reduction", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_reduction)),
+    METH_FASTCALL,
+    "fast_reduction(code, comm, sendbuf, recvbuf, op, algorithm, root): runs a reduction (or a "
+    "bcast of recvbuf) on a registered context in one crossing and returns True, or returns "
+    "None having done nothing when the Python path must run it."};
+
+// A cost model as Python passes it: (max_bytes, a seconds, b seconds per byte) per piece.
+using cost_tuple = std::tuple<std::uint64_t, double, double>;
+
+}  // namespace
+
+void register_reduction(py::module_& m) {
+  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
+      m.attr("NodeContext"));
+  cls.def(
+      "reduction",
+      [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
+         int algorithm,
+         int root) { run(ctx, reduction_op(code), send, recv, reduce, algorithm, root); },
+      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
+      py::arg("algorithm"), py::arg("root"),
+      "Collective: a reduction (op code: allreduce, reduce, reduce_scatter, bcast with the buffer "
+      "as recvbuf) among this node's ranks; raises on every rank when any rank's arguments are "
+      "invalid.");
+  cls.def(
+      "reduction_record",
+      [](const node_context& ctx, int code, const py::object& send, const py::object& recv,
+         int reduce, int algorithm, int root) {
+        return record_bytes(describe(ctx, reduction_op(code), send, recv, reduce, algorithm, root));
+      },
+      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
+      py::arg("algorithm"), py::arg("root"),
+      "Local: this rank's call record of such a call, for agree() across nodes.");
+  cls.def(
+      "set_reduction_model",
+      [](node_context& ctx, int algorithm, const std::vector<cost_tuple>& pieces) {
+        if (!is_code<reduce_algorithm>(algorithm))
+          throw std::invalid_argument("unknown algorithm code " + std::to_string(algorithm));
+        std::vector<reduction_cost> costs;
+        for (const auto& [max_bytes, a, b] : pieces) costs.push_back({max_bytes, a, b});
+        ctx.policy().set_reduction_model(static_cast<reduce_algorithm>(algorithm),
+                                         std::move(costs));
+      },
+      py::arg("algorithm"), py::arg("pieces"),
+      "Local (same on every node rank): the cost model of an algorithm, (max_bytes, a, b) per "
+      "piece; [] restores the built-in estimate.");
+  cls.def(
+      "reduction_choice",
+      [](const node_context& ctx, std::size_t bytes) {
+        return std::string(name_of(ctx.policy().choose_reduction(bytes)));
+      },
+      py::arg("nbytes"), "The algorithm algorithm='auto' runs for nbytes per rank.");
+  cls.def(
+      "reduction_cost",
+      [](const node_context& ctx, int algorithm, std::size_t bytes) {
+        if (!is_code<reduce_algorithm>(algorithm))
+          throw std::invalid_argument("unknown algorithm code " + std::to_string(algorithm));
+        return ctx.policy().predicted(static_cast<reduce_algorithm>(algorithm), bytes);
+      },
+      py::arg("algorithm"), py::arg("nbytes"),
+      "Predicted seconds of an algorithm for nbytes per rank (the model algorithm='auto' uses).");
+  m.def("fold", &fold_arrays, py::arg("op"), py::arg("dst"), py::arg("srcs"),
+        "Local: dst = srcs[0] op srcs[1] op ... element-wise, in this order (the engine's "
+        "kernel; NumPy's semantics).");
+  m.def(
+      "reduction_supported",
+      [](const py::dtype& dtype, int reduce) {
+        const dtype_id d{static_cast<std::uint32_t>(static_cast<unsigned char>(dtype.char_())),
+                         static_cast<std::uint32_t>(dtype.itemsize())};
+        const auto type = element_type_of(d);
+        return type && is_code<reduce_op>(reduce) &&
+               op_defined(static_cast<reduce_op>(reduce), *type);
+      },
+      py::arg("dtype"), py::arg("op"), "Whether the reductions define op code `op` for dtype.");
+  m.add_object("fast_reduction", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
+                                     &fast_reduction_def, nullptr, m.attr("__name__").ptr())));
+}
+
+}  // namespace zcoll::bind

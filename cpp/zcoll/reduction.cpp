@@ -1,0 +1,363 @@
+#include "zcoll/reduction.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "zcoll/copy.hpp"
+#include "zcoll/exchange.hpp"
+#include "zcoll/reduce_kernels.hpp"
+
+namespace zcoll {
+
+std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::vector<int>& numa,
+                                                         const std::vector<int>& package) {
+  const auto n = static_cast<std::size_t>(size);
+  auto key = [&](const std::vector<int>& v, int r) {
+    return v.size() == n ? v[static_cast<std::size_t>(r)] : -1;
+  };
+  std::vector<std::vector<tree_group>> levels;
+  // Groups `members` (ascending ranks) by `group_of`; adds a level of the groups with more
+  // than one member; returns each group's leader (its lowest rank), ascending.
+  auto level = [&](const std::vector<int>& members, auto group_of) {
+    std::map<std::pair<int, int>, tree_group> groups;
+    for (int r : members) groups[group_of(r)].push_back(r);
+    std::vector<tree_group> kept;
+    std::vector<int> leaders;
+    for (auto& [k, g] : groups) {
+      leaders.push_back(g.front());
+      if (g.size() > 1) kept.push_back(std::move(g));
+    }
+    std::sort(leaders.begin(), leaders.end());
+    if (!kept.empty()) levels.push_back(std::move(kept));
+    return leaders;
+  };
+  std::vector<int> all(n);
+  for (int r = 0; r < size; ++r) all[static_cast<std::size_t>(r)] = r;
+  auto leaders = level(all, [&](int r) { return std::pair{key(package, r), key(numa, r)}; });
+  leaders = level(leaders, [&](int r) { return std::pair{key(package, r), 0}; });
+  level(leaders, [](int) { return std::pair{0, 0}; });
+  return levels;
+}
+
+// One rank's reduction call, checked and resolved.
+struct node_context::reduction_args {
+  op_code op = op_code::allreduce;
+  reduce_op rop = reduce_op::sum;
+  element_type type = element_type::uint8;
+  int asked = auto_algorithm;  // the algorithm as asked (what the ranks agree on)
+  reduce_algorithm alg = reduce_algorithm::flat;
+  int root = 0;                      // communicator rank
+  int root_node = -1;                // its node rank, -1 when it is on another node
+  const std::byte* input = nullptr;  // this rank's input (bcast: the buffer, at the root)
+  std::byte* out = nullptr;          // where this rank's result goes (nullptr: nowhere)
+  std::size_t bytes = 0;             // input bytes, the same on every rank
+  std::size_t count = 0;             // input elements
+  dtype_id dtype;
+};
+
+namespace {
+
+std::string call_name(op_code op) {
+  return "zcoll." + std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]) +
+         ": ";
+}
+
+std::size_t third_of(std::size_t partition) noexcept {
+  return partition / 3 / 64 * 64;
+}
+
+}  // namespace
+
+node_context::reduction_args node_context::checked_reduction(const reduction_call& c) {
+  const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
+  const local_check check = check_reduction_args(c.op, config_.comm_size, me, c.send, c.recv,
+                                                 c.reduce, c.algorithm, c.root);
+  if (!check.ok()) fail(check.error, call_name(c.op) + check.message);
+  reduction_args a;
+  a.op = c.op;
+  a.root = c.root;
+  for (int j = 0; j < config_.size; ++j)
+    if (config_.comm_ranks[static_cast<std::size_t>(j)] == c.root) a.root_node = j;
+  a.bytes = check.block_bytes;
+  if (c.op == op_code::bcast) {
+    a.dtype = c.recv->dtype;
+    a.count = c.recv->size;
+    a.out = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
+    a.input = a.out;
+    return a;
+  }
+  const array_view& in = c.send ? *c.send : *c.recv;
+  a.rop = static_cast<reduce_op>(c.reduce);
+  a.type = *element_type_of(in.dtype);
+  a.dtype = in.dtype;
+  a.count = in.size;
+  a.input = static_cast<const std::byte*>(in.data);
+  const bool wants = c.op != op_code::reduce || a.root_node == config_.rank;
+  if (wants) a.out = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
+  a.asked = c.algorithm;
+  a.alg = c.algorithm == auto_algorithm ? policy_.choose_reduction(a.bytes)
+                                        : static_cast<reduce_algorithm>(c.algorithm);
+  return a;
+}
+
+call_record node_context::describe_reduction(const reduction_call& c) const {
+  const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
+  const local_check check = check_reduction_args(c.op, config_.comm_size, me, c.send, c.recv,
+                                                 c.reduce, c.algorithm, c.root);
+  if (!check.ok()) return error_record(check.error, call_name(c.op) + check.message);
+  call_record r;
+  r.call.op = c.op;
+  r.call.dtype = c.op == op_code::bcast ? c.recv->dtype : (c.send ? *c.send : *c.recv).dtype;
+  r.call.block_bytes = check.block_bytes;
+  r.call.root =
+      static_cast<std::uint16_t>(c.op == op_code::reduce || c.op == op_code::bcast ? c.root : 0);
+  if (c.op != op_code::bcast) {
+    r.call.reduce = static_cast<std::uint8_t>(c.reduce);
+    r.call.order = static_cast<std::int8_t>(c.algorithm);
+  }
+  return r;
+}
+
+void node_context::run_reduction(const reduction_call& call) {
+  const reduction_args a = checked_reduction(call);
+  if (a.op == op_code::bcast) {
+    if (a.root_node < 0) throw std::invalid_argument("zcoll: bcast: the root is not on this node");
+    execute_bcast(a);
+  } else {
+    execute_reduction(a);
+  }
+}
+
+void node_context::resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
+                                  std::size_t third) {
+  bool stage = false;
+  for (const buffer_ref& r : refs) stage |= r.segment == 0;
+  if (stage) {  // every rank sees the same lines, so every rank takes this branch
+    if (third < round_up(a.bytes, 64)) segments_.reserve_staging(3 * round_up(a.bytes, 64));
+    if (refs[static_cast<std::size_t>(config_.rank)].segment == 0)
+      copy_bytes(segments_.staging(config_.rank), a.input, a.bytes);
+    protocol_.sync();  // staged inputs are visible
+  }
+  inputs_.assign(refs.size(), nullptr);
+  for (std::size_t j = 0; j < refs.size(); ++j)
+    inputs_[j] =
+        refs[j].segment ? segments_.resolve(refs[j]) : segments_.staging(static_cast<int>(j));
+}
+
+void node_context::execute_bcast(const reduction_args& a) {
+  const int p = config_.size, me = config_.rank;
+  auto& line = protocol_.next(op_code::bcast);
+  const std::size_t parity = protocol_.parity();
+  line.call.dtype = a.dtype;
+  line.call.block_bytes = a.bytes;
+  line.call.root = static_cast<std::uint16_t>(a.root);
+  const bool eager = policy_.eager_fits(a.bytes);
+  const std::size_t third = third_of(segments_.staging_bytes());
+  if (me == a.root_node && a.bytes && p > 1) {
+    if (eager) {
+      copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+      line.send = segments_.locate(eager_slot(me, parity), a.bytes);
+    } else {
+      line.send = segments_.locate(a.input, a.bytes);
+      if (!line.send.segment && third >= round_up(a.bytes, 64)) {
+        copy_bytes(segments_.staging(me), a.input, a.bytes);
+        line.send = segments_.locate(segments_.staging(me), a.bytes);
+      }
+    }
+  }
+  const auto all = protocol_.publish();
+  check_calls(all, op_code::bcast);
+  check_arguments(all);
+  if (a.bytes == 0 || p == 1) return;
+  const auto root = static_cast<std::size_t>(a.root_node);
+  const buffer_ref ref = all.line(a.root_node).send;
+  const std::byte* from = nullptr;
+  if (ref.segment) {
+    from = segments_.resolve(ref);
+  } else {  // the root's buffer is private and did not fit the staging partition
+    segments_.reserve_staging(3 * round_up(a.bytes, 64));
+    if (me == a.root_node) copy_bytes(segments_.staging(me), a.input, a.bytes);
+    protocol_.sync();
+    from = segments_.staging(static_cast<int>(root));
+  }
+  if (me != a.root_node) copy_bytes(a.out, from, a.bytes);
+  if (!eager) protocol_.sync();  // the root's buffer (or staging) is read until here
+}
+
+void node_context::execute_reduction(const reduction_args& a) {
+  const int p = config_.size, me = config_.rank;
+  const auto np = static_cast<std::size_t>(p);
+  auto& line = protocol_.next(a.op);
+  const std::size_t parity = protocol_.parity();
+  line.call.order = static_cast<std::int8_t>(a.asked);
+  line.call.reduce = static_cast<std::uint8_t>(a.rop);
+  line.call.root = static_cast<std::uint16_t>(a.op == op_code::reduce ? a.root : 0);
+  line.call.dtype = a.dtype;
+  line.call.block_bytes = a.bytes;
+  const std::size_t span = round_up(a.bytes, 64);  // one input, result or work buffer
+  const bool eager = policy_.eager_fits(a.bytes);
+  const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
+  std::size_t third = third_of(segments_.staging_bytes());
+  if (a.bytes && p > 1) {  // where peers read this rank's input
+    if (!eager_flat) line.send = segments_.locate(a.input, a.bytes);
+    if (eager_flat || (!line.send.segment && eager)) {
+      copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+      line.send = segments_.locate(eager_slot(me, parity), a.bytes);
+    } else if (!line.send.segment && third >= span) {
+      copy_bytes(segments_.staging(me), a.input, a.bytes);
+      line.send = segments_.locate(segments_.staging(me), a.bytes);
+    }
+  }
+  const auto all = protocol_.publish();
+  check_calls(all, a.op);
+  check_arguments(all);
+  if (a.bytes == 0) return;
+
+  // The part of the full result this rank wants: [want_from, want_from + want_bytes).
+  const std::size_t esize = a.bytes / a.count;
+  std::size_t want_from = 0, want_bytes = a.out ? a.bytes : 0;
+  if (a.op == op_code::reduce_scatter) {
+    want_bytes = a.bytes / static_cast<std::size_t>(config_.comm_size);
+    want_from =
+        static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(me)]) * want_bytes;
+  }
+  if (p == 1) {
+    if (want_bytes && a.out != a.input + want_from)
+      std::memmove(a.out, a.input + want_from, want_bytes);
+    return;
+  }
+
+  refs_.resize(np);
+  for (int j = 0; j < p; ++j) refs_[static_cast<std::size_t>(j)] = all.line(j).send;
+  if (!eager_flat && third < span) {  // work buffers: collective, the same decision everywhere
+    segments_.reserve_staging(3 * span);
+    third = third_of(segments_.staging_bytes());
+  }
+  resolve_inputs(a, refs_, third);
+  auto work = [&](int j, int w) {
+    return segments_.staging(j) + static_cast<std::size_t>(1 + w) * third;
+  };
+  const void* srcs[64 + 1];
+  std::vector<const void*> many;  // for folds over more sources than `srcs` holds
+  auto sources = [&](std::size_t k) -> const void** {
+    if (k <= 64) return srcs;
+    many.resize(k);
+    return many.data();
+  };
+  // Folds `k` sources (addresses at byte `offset`) of `elems` elements into `dst`.
+  auto fold = [&](std::byte* dst, const void** from, std::size_t k, std::size_t elems) {
+    reduce_fold(a.rop, a.type, dst, from, static_cast<int>(k), elems);
+  };
+  auto finish = [&](const std::byte* result) {  // copies the wanted part of the full result
+    if (want_bytes) copy_bytes(a.out, result + want_from, want_bytes);
+  };
+
+  switch (a.alg) {
+    case reduce_algorithm::flat: {
+      const void** from = sources(np);
+      for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + want_from;
+      if (eager_flat) {  // inputs are copies in the eager slots: fold into the result directly
+        if (want_bytes) fold(a.out, from, np, want_bytes / esize);
+        return;
+      }
+      // The result may not go into this rank's buffer while peers read it (in place).
+      const bool direct = a.out && (a.out + want_bytes <= a.input || a.input + a.bytes <= a.out);
+      std::byte* into = direct ? a.out : work(me, 0);
+      if (want_bytes) fold(into, from, np, want_bytes / esize);
+      protocol_.sync();  // every input read
+      if (want_bytes && !direct) copy_bytes(a.out, into, want_bytes);
+      return;
+    }
+    case reduce_algorithm::tiled: {
+      // Tile j: elements [j * tile, (j + 1) * tile), whole cache lines; for reduce_scatter the
+      // tiles are the ranks' blocks.
+      const std::size_t line_elems = std::max<std::size_t>(1, 64 / esize);
+      std::size_t tile = round_up((a.count + np - 1) / np, line_elems);
+      auto tile_of = [&](int j, std::size_t* from, std::size_t* bytes) {
+        std::size_t first = static_cast<std::size_t>(j) * tile, last = first + tile;
+        if (a.op == op_code::reduce_scatter) {
+          const std::size_t block = a.count / static_cast<std::size_t>(config_.comm_size);
+          first = static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(j)]) * block;
+          last = first + block;
+        }
+        first = std::min(first, a.count);
+        last = std::min(last, a.count);
+        *from = first * esize;
+        *bytes = (last - first) * esize;
+      };
+      std::size_t off = 0, len = 0;
+      tile_of(me, &off, &len);
+      if (len) {
+        const void** from = sources(np);
+        for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + off;
+        fold(work(me, 0) + off, from, np, len / esize);
+      }
+      protocol_.sync();  // every tile folded; no input is read after this
+      if (a.op == op_code::reduce_scatter) {
+        if (want_bytes) copy_bytes(a.out, work(me, 0) + off, want_bytes);
+        return;
+      }
+      if (!want_bytes) return;
+      for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
+        const int j = (me + step) % p;
+        tile_of(j, &off, &len);
+        if (len) copy_bytes(a.out + off, work(j, 0) + off, len);
+      }
+      return;
+    }
+    case reduce_algorithm::tree: {
+      if (tree_.empty()) tree_ = make_reduction_tree(p, config_.numa_nodes, config_.packages);
+      std::vector<bool> partial(np, false);  // whether a rank's value is its work buffer
+      for (const auto& level : tree_) {
+        for (const tree_group& g : level) {
+          if (g.front() != me) continue;
+          const void** from = sources(g.size());
+          for (std::size_t k = 0; k < g.size(); ++k) {
+            const auto r = static_cast<std::size_t>(g[k]);
+            from[k] = partial[r] ? static_cast<const std::byte*>(work(g[k], 0)) : inputs_[r];
+          }
+          fold(work(me, 0), from, g.size(), a.count);
+        }
+        for (const tree_group& g : level) partial[static_cast<std::size_t>(g.front())] = true;
+        protocol_.sync();
+      }
+      finish(work(0, 0));
+      return;
+    }
+    case reduce_algorithm::dissemination: {
+      const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+      const int rounds = std::countr_zero(static_cast<unsigned>(q));
+      std::vector<const std::byte*> value(inputs_.begin(), inputs_.end());
+      if (q < p) {  // ranks q.. fold into ranks 0..p-q-1 first
+        if (me < p - q) {
+          const void* from[2] = {inputs_[static_cast<std::size_t>(me)],
+                                 inputs_[static_cast<std::size_t>(me + q)]};
+          fold(work(me, 0), from, 2, a.count);
+        }
+        for (int j = 0; j < p - q; ++j) value[static_cast<std::size_t>(j)] = work(j, 0);
+        protocol_.sync();
+      }
+      int w = q < p ? 1 : 0;  // the work buffer the next round writes
+      for (int k = 0; k < rounds; ++k) {
+        if (me < q) {
+          const int partner = me ^ (1 << k);
+          const void* from[2] = {value[static_cast<std::size_t>(std::min(me, partner))],
+                                 value[static_cast<std::size_t>(std::max(me, partner))]};
+          fold(work(me, w), from, 2, a.count);
+        }
+        for (int j = 0; j < q; ++j) value[static_cast<std::size_t>(j)] = work(j, w);
+        w ^= 1;
+        protocol_.sync();
+      }
+      finish(value[static_cast<std::size_t>(me < q ? me : me - q)]);
+      return;
+    }
+  }
+}
+
+}  // namespace zcoll

@@ -1,0 +1,359 @@
+"""allreduce, reduce, reduce_scatter_block, bcast and barrier on the node's shared heap.
+
+The node's ranks combine their buffers where they are (HPDC'13's algorithms, in the C++
+engine: ``cpp/zcoll/reduction.hpp``); across nodes, one leader per node combines the nodes'
+results through MPI on a leaders' communicator made once per context.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core, _registry
+from ._collectives import IN_PLACE
+from ._context import Context, lookup
+from ._registry import AUTO
+
+__all__ = [
+    "REDUCE_ALGORITHMS",
+    "REDUCE_OPS",
+    "allreduce",
+    "barrier",
+    "bcast",
+    "reduce",
+    "reduce_scatter_block",
+]
+
+#: The names ``op=`` accepts (mpi4py's ``MPI.SUM`` ... ``MPI.BXOR`` mean the same).
+REDUCE_OPS: tuple[str, ...] = _registry.REDUCE_OPS
+#: The algorithms ``algorithm=`` accepts besides "auto".
+REDUCE_ALGORITHMS: tuple[str, ...] = _registry.REDUCE_ALGORITHMS
+
+_OP_CODES = _registry.REDUCE_OP_CODES
+_ALGORITHM_CODES = _registry.REDUCE_ALGORITHM_CODES
+_ALLREDUCE_CODE = _registry.OPS[_registry.ALLREDUCE]
+_REDUCE_CODE = _registry.OPS[_registry.REDUCE]
+_REDUCE_SCATTER_CODE = _registry.OPS[_registry.REDUCE_SCATTER]
+_BCAST_CODE = _registry.OPS[_registry.BCAST]
+_PUBLIC_NAMES = {
+    _ALLREDUCE_CODE: "allreduce",
+    _REDUCE_CODE: "reduce",
+    _REDUCE_SCATTER_CODE: "reduce_scatter_block",
+    _BCAST_CODE: "bcast",
+}
+# mpi4py's predefined operations, by the name they mean.
+_MPI_OPS = tuple(zip((MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, MPI.LAND, MPI.LOR, MPI.LXOR,
+                      MPI.BAND, MPI.BOR, MPI.BXOR), REDUCE_OPS))  # fmt: skip
+# One crossing into the engine for a call on a known single-node communicator: returns True,
+# or None when the Python path (_reduction) must run the call.
+_fast = _core.fast_reduction
+_P2P_TAG = 0x7A0D
+
+
+def _op_code(ctx: Context, name: str, op) -> int:
+    """The engine code of ``op=``; the same ValueError on every rank when it names no op."""
+    if type(op) is str and op in _OP_CODES:
+        return _OP_CODES[op]
+    if isinstance(op, MPI.Op):
+        for mpi_op, op_name in _MPI_OPS:
+            if op == mpi_op:
+                return _OP_CODES[op_name]
+    ctx.fail(
+        name,
+        ValueError(
+            f"op must be one of {list(REDUCE_OPS)} or the mpi4py MPI.Op of the same name, "
+            f"got {op!r}"
+        ),
+    )
+
+
+def _algorithm_code(ctx: Context, name: str, algorithm) -> int:
+    if type(algorithm) is str and algorithm in _ALGORITHM_CODES:
+        return _ALGORITHM_CODES[algorithm]
+    ctx.fail(
+        name,
+        ValueError(
+            f"algorithm must be '{AUTO}' or one of {list(REDUCE_ALGORITHMS)}, got {algorithm!r}"
+        ),
+    )
+
+
+def _new_result(ctx: Context, name: str, code: int, sendbuf) -> np.ndarray:
+    """A private array for the result (no collective allocation: ranks write only their own
+    result); errors raised on every rank."""
+    try:
+        if sendbuf is IN_PLACE:
+            raise ValueError("IN_PLACE needs recvbuf, which holds the input")
+        send = np.asarray(sendbuf)
+        if send.dtype.hasobject:
+            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
+    except (TypeError, ValueError) as exc:
+        ctx.fail(name, exc)
+    if code != _REDUCE_SCATTER_CODE:
+        return np.empty(send.shape, send.dtype)
+    if send.ndim > 1 and send.shape[0] == ctx.size:
+        return np.empty(send.shape[1:], send.dtype)
+    return np.empty(send.size // ctx.size, send.dtype)
+
+
+def _reduction(code: int, comm: MPI.Comm, sendbuf, recvbuf, op, algorithm, root: int):
+    """The Python path of every reduction, for what `_fast` leaves to it."""
+    ctx = lookup(comm)
+    name = _PUBLIC_NAMES[code]
+    op_code = _op_code(ctx, name, op)
+    alg_code = _algorithm_code(ctx, name, algorithm)
+    if type(root) is not int:
+        try:
+            root = int(root)
+        except (TypeError, ValueError):
+            ctx.fail(name, TypeError(f"root must be an int, got {type(root).__name__}"))
+    wants = code != _REDUCE_CODE or ctx.rank == root or sendbuf is IN_PLACE
+    if recvbuf is None and wants:
+        recvbuf = _new_result(ctx, name, code, sendbuf)
+    if ctx.multi_node:
+        _multi_node(ctx, code, sendbuf, recvbuf, op_code, alg_code, root)
+    else:
+        ctx.core.reduction(code, sendbuf, recvbuf, op_code, alg_code, root)
+    return recvbuf
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _bytes(a: np.ndarray) -> list:
+    return [_flat(a).view(np.uint8), MPI.BYTE]
+
+
+def _leaders_combine(ctx: Context, name: str, partial: np.ndarray, op_code: int) -> None:
+    """Leaders only: every node's `partial` combined in node order, the same on every leader
+    (gathered to the first leader, folded by the engine's kernel, broadcast back)."""
+    leaders = ctx.leaders
+    assert leaders is not None
+    first = leaders.rank == 0
+    gathered = np.empty((leaders.size, partial.size), partial.dtype) if first else None
+    request = leaders.Igather(_bytes(partial), _bytes(gathered) if first else None, root=0)
+    ctx.wait_bounded([request], f"zcoll.{name} (combining across nodes)")
+    if first:
+        assert gathered is not None
+        _core.fold(op_code, _flat(partial), list(gathered))
+    request = leaders.Ibcast(_bytes(partial), root=0)
+    ctx.wait_bounded([request], f"zcoll.{name} (combining across nodes)")
+
+
+def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
+    ctx.core.reduction(_BCAST_CODE, None, buf, 0, _ALGORITHM_CODES[AUTO], root)
+
+
+def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
+    """Hierarchical path: the call agreed on across nodes, each node's buffers reduced on its
+    heap into its leader, the leaders' results combined through MPI, the result broadcast on
+    each node's heap (bcast: on the root's node, between leaders, on the other nodes)."""
+    name = _PUBLIC_NAMES[code]
+    ctx.agree(name, ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root))
+    leader = ctx.local_ranks[0]  # this node's leader (comm rank)
+    mine = ctx.node_of[ctx.rank]
+    if code == _BCAST_CODE:
+        root_node = ctx.node_of[root]
+        if mine == root_node:
+            _node_bcast(ctx, recvbuf, root)
+        if ctx.leaders is not None and recvbuf.nbytes:
+            index = sorted(set(ctx.node_of)).index(root_node)
+            request = ctx.leaders.Ibcast(_bytes(recvbuf), root=index)
+            ctx.wait_bounded([request], "zcoll.bcast (between nodes)")
+        if mine != root_node:
+            _node_bcast(ctx, recvbuf, leader)
+        return
+    send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
+    data = _flat(recvbuf if send is IN_PLACE else send)
+    total = np.empty(data.size, data.dtype)  # the full result, on every rank of the node
+    node_out = total if ctx.node_rank == 0 else None
+    ctx.core.reduction(_REDUCE_CODE, data, node_out, op_code, alg_code, leader)
+    if ctx.leaders is not None and data.size:
+        _leaders_combine(ctx, name, total, op_code)
+    if code == _REDUCE_CODE:
+        if mine != ctx.node_of[root]:
+            return
+        if root != leader:
+            _node_bcast(ctx, total, leader)
+        if ctx.rank == root:
+            _flat(recvbuf)[:] = total
+        return
+    _node_bcast(ctx, total, leader)
+    if code == _ALLREDUCE_CODE:
+        _flat(recvbuf)[:] = total
+    else:
+        block = data.size // ctx.size
+        _flat(recvbuf)[:block] = total[ctx.rank * block : (ctx.rank + 1) * block]
+
+
+def allreduce(
+    comm: MPI.Comm, sendbuf, recvbuf=None, op="sum", *, algorithm: str = AUTO
+) -> np.ndarray:
+    """Combine every rank's buffer element-wise; the result on every rank.
+
+    Collective over `comm`; the semantics of ``comm.Allreduce``, with NumPy's arithmetic.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator (WORLD, dups, splits, SELF, or one spanning several nodes).
+    sendbuf : array_like or zcoll.IN_PLACE
+        This rank's input, any shape; the same size and dtype on every rank. dtypes: bool,
+        every integer width, float16/32/64, complex64/128. ``IN_PLACE``: `recvbuf` holds
+        the input and receives the result.
+    recvbuf : numpy.ndarray, optional
+        C-contiguous and writable, the size and dtype of `sendbuf`; need not be in the arena.
+        A new private array of `sendbuf`'s shape when omitted.
+    op : str or mpi4py.MPI.Op
+        "sum", "prod", "min", "max", "land", "lor", "lxor", "band", "bor", "bxor", or
+        ``MPI.SUM`` ... ``MPI.BXOR``; the same on every rank. NumPy's semantics per dtype:
+        integers wrap; bool sum/max are "or", prod/min are "and"; float min/max propagate
+        NaN; logical ops give 0 or 1 in the dtype. An op NumPy does not define for the dtype
+        (bitwise ops on floats; min, max and logical ops on complex) is a TypeError.
+    algorithm : {"auto", "flat", "tree", "dissemination", "tiled"}
+        How the ranks of a node combine (same on every rank): "flat", every rank folds all
+        inputs (one barrier for small buffers); "tree", a reduction tree over the NUMA
+        hierarchy, then a broadcast; "dissemination", ceil(log2 P) pairwise rounds; "tiled",
+        rank i combines tile i of every buffer, then every rank copies every tile. "auto"
+        takes the least predicted time of a + b*m cost models (measured by
+        ``python -m zcoll.tune``, else built-in estimates).
+
+    Returns
+    -------
+    numpy.ndarray
+        `recvbuf`.
+
+    Notes
+    -----
+    The result of a call is **bit-identical on every rank**, and for a given (number of
+    ranks, algorithm, size) the same from run to run: every algorithm combines in a fixed
+    order (rank order for "flat" and each tile of "tiled", the tree's order, recursive
+    doubling's pairs), never one that depends on timing. MPI promises neither. Floating-point
+    results may differ from ``comm.Allreduce``'s in the last bits (another order); across
+    nodes, the nodes' results are combined in node order by the first node's leader.
+
+    The node's ranks read each other's inputs where they are when they are arena arrays
+    (:func:`zcoll.empty`); other inputs are first copied into the arena (one copy of the
+    input). Results are written only by their own rank, so `recvbuf` may be any array.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, if any rank's arguments are invalid or disagree with the others'.
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout.
+
+    Examples
+    --------
+    >>> total = zcoll.allreduce(comm, np.array([comm.rank]))           # doctest: +SKIP
+    >>> zcoll.allreduce(comm, zcoll.IN_PLACE, x, op="max")             # doctest: +SKIP
+    """
+    if recvbuf is not None and _fast(_ALLREDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, 0):
+        return recvbuf
+    return _reduction(_ALLREDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, 0)
+
+
+def reduce(
+    comm: MPI.Comm, sendbuf, recvbuf=None, op="sum", *, root: int = 0, algorithm: str = AUTO
+) -> np.ndarray | None:
+    """Combine every rank's buffer element-wise; the result on `root` only.
+
+    Collective over `comm`; the semantics of ``comm.Reduce``. Arguments as for
+    :func:`allreduce`; `recvbuf` matters on `root` only (``IN_PLACE`` there: `recvbuf` holds
+    root's input and receives the result). `root` must be the same on every rank.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        On `root`, `recvbuf` (a new private array when omitted); None elsewhere.
+
+    Notes
+    -----
+    Deterministic and independent of timing, as :func:`allreduce`; the ranks compute as for
+    an allreduce and only `root` copies the result out.
+    """
+    if (recvbuf is not None or comm.rank != root) and _fast(
+        _REDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, root
+    ):
+        return recvbuf if comm.rank == root else None
+    result = _reduction(_REDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, root)
+    return result if comm.rank == root else None
+
+
+def reduce_scatter_block(
+    comm: MPI.Comm, sendbuf, recvbuf=None, op="sum", *, algorithm: str = AUTO
+) -> np.ndarray:
+    """Combine every rank's buffer element-wise; block ``i`` of the result on rank ``i``.
+
+    Collective over `comm`; the semantics of ``comm.Reduce_scatter_block``. `sendbuf` holds
+    ``comm.size`` blocks (its size divisible by ``comm.size``); `recvbuf` one block (a new
+    private array when omitted: ``sendbuf.shape[1:]`` when the first axis is ``comm.size``,
+    else 1-D). ``IN_PLACE``: `recvbuf` holds all blocks and receives this rank's in its first
+    ``recvbuf.size // comm.size`` elements (flat order). Other arguments as for
+    :func:`allreduce`; with "tiled" (and "flat") each rank combines only its own block.
+
+    Returns
+    -------
+    numpy.ndarray
+        `recvbuf`.
+    """
+    if recvbuf is not None and _fast(
+        _REDUCE_SCATTER_CODE, comm, sendbuf, recvbuf, op, algorithm, 0
+    ):
+        return recvbuf
+    return _reduction(_REDUCE_SCATTER_CODE, comm, sendbuf, recvbuf, op, algorithm, 0)
+
+
+def bcast(comm: MPI.Comm, buf: np.ndarray, *, root: int = 0) -> np.ndarray:
+    """Copy `root`'s `buf` into every rank's `buf`.
+
+    Collective over `comm`; the semantics of ``comm.Bcast``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    buf : numpy.ndarray
+        C-contiguous; the same size and dtype on every rank (any dtype without Python
+        objects); writable except on `root`.
+    root : int
+        The rank whose buffer is copied; the same on every rank.
+
+    Returns
+    -------
+    numpy.ndarray
+        `buf`.
+
+    Notes
+    -----
+    Small buffers go through the root's eager slot (one barrier); larger ones are read by
+    every rank straight from the root's buffer when it is an arena array (else from a copy in
+    the arena), followed by one more barrier. Across nodes: on the root's node, then between
+    the nodes' leaders through MPI, then on the other nodes.
+    """
+    if _fast(_BCAST_CODE, comm, None, buf, "sum", AUTO, root):
+        return buf
+    return _reduction(_BCAST_CODE, comm, None, buf, "sum", AUTO, root)
+
+
+def barrier(comm: MPI.Comm) -> None:
+    """Block until every rank of `comm` has called it.
+
+    The engine's node barrier (shared-memory flags: spin, yield, then futex; bounded, dead
+    peers detected); on a communicator spanning several nodes, the node barrier, an MPI
+    barrier between the nodes' leaders, and the node barrier again.
+
+    Raises
+    ------
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout.
+    """
+    ctx = lookup(comm)
+    ctx.core.barrier()
+    if not ctx.multi_node:
+        return
+    if ctx.leaders is not None:
+        ctx.wait_bounded([ctx.leaders.Ibarrier()], "zcoll.barrier (between nodes)")
+    ctx.core.barrier()
