@@ -133,7 +133,9 @@ def _leaders_combine(ctx: Context, name: str, partial: np.ndarray, op_code: int)
     assert leaders is not None
     first = leaders.rank == 0
     gathered = np.empty((leaders.size, partial.size), partial.dtype) if first else None
-    request = leaders.Igather(_bytes(partial), _bytes(gathered) if first else None, root=0)
+    request = leaders.Igather(
+        _bytes(partial), _bytes(gathered) if gathered is not None else None, root=0
+    )
     ctx.wait_bounded([request], f"zcoll.{name} (combining across nodes)")
     if first:
         assert gathered is not None
@@ -165,8 +167,7 @@ def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_cod
         if mine != root_node:
             _node_bcast(ctx, recvbuf, leader)
         return
-    send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    data = _flat(recvbuf if send is IN_PLACE else send)
+    data = _flat(recvbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf))
     total = np.empty(data.size, data.dtype)  # the full result, on every rank of the node
     node_out = total if ctx.node_rank == 0 else None
     ctx.core.reduction(_REDUCE_CODE, data, node_out, op_code, alg_code, leader)
