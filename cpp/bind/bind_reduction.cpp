@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <array>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -100,9 +101,21 @@ void fold_arrays(int reduce, const py::array& dst, const std::vector<py::array>&
               static_cast<int>(from.size()), d.size);
 }
 
-// The code of a name of `Enum`, "auto" as `auto_code`, or `none` for anything else.
+// The code of a name of `Enum`, "auto" as `auto_code`, or `none` for anything else. The names
+// are interned once, so the usual call (a literal such as op="sum") is one identity match.
 template <class Enum>
 int code_of(PyObject* name, int auto_code, int none) {
+  static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
+  static const auto interned = [] {
+    std::array<PyObject*, count_of<Enum>> names{};
+    for (int i = 0; i < count_of<Enum>; ++i)
+      names[static_cast<std::size_t>(i)] =
+          PyUnicode_InternFromString(std::string(name_of(static_cast<Enum>(i))).c_str());
+    return names;
+  }();
+  if (name == auto_str) return auto_code;
+  for (int i = 0; i < count_of<Enum>; ++i)
+    if (name == interned[static_cast<std::size_t>(i)]) return i;
   if (!PyUnicode_CheckExact(name)) return none;
   Py_ssize_t size = 0;
   const char* text = PyUnicode_AsUTF8AndSize(name, &size);

@@ -183,6 +183,7 @@ class node_context {
   std::vector<std::vector<tree_group>> tree_;        // reductions' tree (made on first use)
   std::vector<const std::byte*> inputs_;             // per reduction: each node rank's input
   std::vector<buffer_ref> refs_;                     // per reduction: the published inputs
+  std::vector<const void*> srcs_;                    // per reduction: a fold's sources
 };
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.

@@ -6,6 +6,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "zcoll/copy.hpp"
+
 namespace zcoll {
 
 float half_to_float(std::uint16_t h) noexcept {
@@ -202,7 +204,7 @@ void accumulate(typename Bound::type* __restrict acc, const typename Bound::type
 }
 
 template <class Bound>
-void fold(void* dst, const void* const* srcs, int k, std::size_t n) noexcept {
+void fold(void* dst, const void* const* srcs, int k, std::size_t n, bool stream) noexcept {
   using T = typename Bound::type;
   constexpr std::size_t chunk = reduce_chunk_bytes / sizeof(T);
   alignas(64) T acc[chunk];
@@ -216,11 +218,14 @@ void fold(void* dst, const void* const* srcs, int k, std::size_t n) noexcept {
     combine2<Bound>(acc, static_cast<const T*>(srcs[0]) + start,
                     static_cast<const T*>(srcs[1]) + start, len);
     for (int j = 2; j < k; ++j) accumulate<Bound>(acc, static_cast<const T*>(srcs[j]) + start, len);
-    std::memcpy(out + start * sizeof(T), acc, len * sizeof(T));
+    if (stream)
+      copy_bytes(out + start * sizeof(T), acc, len * sizeof(T), copy_plan{copy_mode::streaming});
+    else
+      std::memcpy(out + start * sizeof(T), acc, len * sizeof(T));
   }
 }
 
-using fold_fn = void (*)(void*, const void* const*, int, std::size_t) noexcept;
+using fold_fn = void (*)(void*, const void* const*, int, std::size_t, bool) noexcept;
 constexpr int n_types = count_of<element_type>;
 constexpr int n_ops = count_of<reduce_op>;
 using fold_table = std::array<std::array<fold_fn, n_ops>, n_types>;
@@ -361,16 +366,16 @@ bool op_defined(reduce_op op, element_type t) noexcept {
 }
 
 void reduce_fold(reduce_op op, element_type t, void* dst, const void* const* srcs, int k,
-                 std::size_t n) noexcept {
+                 std::size_t n, bool stream) noexcept {
   if (k < 1 || n == 0) return;
   if (op == reduce_op::sum && (t == element_type::complex64 || t == element_type::complex128)) {
     const element_type part =
         t == element_type::complex64 ? element_type::float32 : element_type::float64;
-    reduce_fold(op, part, dst, srcs, k, 2 * n);
+    reduce_fold(op, part, dst, srcs, k, 2 * n, stream);
     return;
   }
   const fold_fn f = table()[static_cast<std::size_t>(t)][static_cast<std::size_t>(op)];
-  if (f) f(dst, srcs, k, n);
+  if (f) f(dst, srcs, k, n, stream);
 }
 
 }  // namespace zcoll

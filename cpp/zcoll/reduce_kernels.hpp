@@ -49,8 +49,11 @@ bool op_defined(reduce_op op, element_type t) noexcept;
 
 // dst[i] = ((srcs[0][i] op srcs[1][i]) op srcs[2][i]) ... op srcs[k-1][i] for i < n, k >= 1.
 // `dst` may be the same buffer as any source (not a partial overlap). Undefined ops: no-op.
+// With `stream`, each chunk is written with non-temporal stores (copy.hpp): for results far
+// larger than the cache, which then cost one write instead of a read-for-ownership and a write;
+// the caller fences (store_fence) before publishing them.
 void reduce_fold(reduce_op op, element_type t, void* dst, const void* const* srcs, int k,
-                 std::size_t n) noexcept;
+                 std::size_t n, bool stream = false) noexcept;
 
 // float16 <-> float32 as NumPy converts them (round to nearest even; NaN payloads kept).
 float half_to_float(std::uint16_t h) noexcept;

@@ -203,9 +203,11 @@ void node_context::execute_reduction(const reduction_args& a) {
   const bool eager = policy_.eager_fits(a.bytes);
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
   std::size_t third = third_of(segments_.staging_bytes());
-  if (a.bytes && p > 1) {  // where peers read this rank's input
-    if (!eager_flat) line.send = segments_.locate(a.input, a.bytes);
-    if (eager_flat || (!line.send.segment && eager)) {
+  if (eager_flat && a.bytes && p > 1) {  // the one-barrier path: inputs in the eager slots
+    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+  } else if (a.bytes && p > 1) {  // where peers read this rank's input
+    line.send = segments_.locate(a.input, a.bytes);
+    if (!line.send.segment && eager) {
       copy_bytes(eager_slot(me, parity), a.input, a.bytes);
       line.send = segments_.locate(eager_slot(me, parity), a.bytes);
     } else if (!line.send.segment && third >= span) {
@@ -232,9 +234,20 @@ void node_context::execute_reduction(const reduction_args& a) {
     return;
   }
 
+  // Results far larger than the cache are written with streaming stores (the barriers fence).
+  const bool stream = static_cast<std::size_t>(p) * a.bytes > policy_.copy().cache_bytes() / 2 &&
+                      policy_.copy().cache_bytes() > 0;
+  const copy_plan out_plan{stream ? copy_mode::streaming : copy_mode::temporal};
+  if (eager_flat) {  // every rank knows where the slots are: nothing to resolve
+    srcs_.resize(np);
+    const void** from = srcs_.data();
+    for (int j = 0; j < p; ++j) from[j] = eager_slot(j, parity) + want_from;
+    if (want_bytes) reduce_fold(a.rop, a.type, a.out, from, p, want_bytes / esize);
+    return;
+  }
   refs_.resize(np);
   for (int j = 0; j < p; ++j) refs_[static_cast<std::size_t>(j)] = all.line(j).send;
-  if (!eager_flat && third < span) {  // work buffers: collective, the same decision everywhere
+  if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
     third = third_of(segments_.staging_bytes());
   }
@@ -242,35 +255,30 @@ void node_context::execute_reduction(const reduction_args& a) {
   auto work = [&](int j, int w) {
     return segments_.staging(j) + static_cast<std::size_t>(1 + w) * third;
   };
-  const void* srcs[64 + 1];
-  std::vector<const void*> many;  // for folds over more sources than `srcs` holds
   auto sources = [&](std::size_t k) -> const void** {
-    if (k <= 64) return srcs;
-    many.resize(k);
-    return many.data();
+    srcs_.resize(k);
+    return srcs_.data();
   };
-  // Folds `k` sources (addresses at byte `offset`) of `elems` elements into `dst`.
-  auto fold = [&](std::byte* dst, const void** from, std::size_t k, std::size_t elems) {
-    reduce_fold(a.rop, a.type, dst, from, static_cast<int>(k), elems);
+  // Folds `k` sources of `elems` elements into `dst`; `out`: dst is this rank's result.
+  auto fold = [&](std::byte* dst, const void** from, std::size_t k, std::size_t elems,
+                  bool out = false) {
+    reduce_fold(a.rop, a.type, dst, from, static_cast<int>(k), elems, out && stream);
   };
   auto finish = [&](const std::byte* result) {  // copies the wanted part of the full result
-    if (want_bytes) copy_bytes(a.out, result + want_from, want_bytes);
+    if (want_bytes) copy_bytes(a.out, result + want_from, want_bytes, out_plan);
+    if (stream) store_fence();
   };
 
   switch (a.alg) {
     case reduce_algorithm::flat: {
       const void** from = sources(np);
       for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + want_from;
-      if (eager_flat) {  // inputs are copies in the eager slots: fold into the result directly
-        if (want_bytes) fold(a.out, from, np, want_bytes / esize);
-        return;
-      }
       // The result may not go into this rank's buffer while peers read it (in place).
       const bool direct = a.out && (a.out + want_bytes <= a.input || a.input + a.bytes <= a.out);
       std::byte* into = direct ? a.out : work(me, 0);
-      if (want_bytes) fold(into, from, np, want_bytes / esize);
+      if (want_bytes) fold(into, from, np, want_bytes / esize, direct);
       protocol_.sync();  // every input read
-      if (want_bytes && !direct) copy_bytes(a.out, into, want_bytes);
+      if (want_bytes && !direct) finish(into - want_from);
       return;
     }
     case reduce_algorithm::tiled: {
@@ -306,8 +314,9 @@ void node_context::execute_reduction(const reduction_args& a) {
       for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
         const int j = (me + step) % p;
         tile_of(j, &off, &len);
-        if (len) copy_bytes(a.out + off, work(j, 0) + off, len);
+        if (len) copy_bytes(a.out + off, work(j, 0) + off, len, out_plan);
       }
+      if (stream) store_fence();
       return;
     }
     case reduce_algorithm::tree: {

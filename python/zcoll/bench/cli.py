@@ -24,6 +24,12 @@ from .fft import (
     parse_grid,
     run_fft,
 )
+from .reductions import (
+    REDUCTION_COMMANDS,
+    add_reduction_options,
+    finish_reduction_args,
+    run_reduction,
+)
 
 __all__ = ["COMMANDS", "main", "run_cachemiss"]
 
@@ -38,6 +44,10 @@ def run_cachemiss(comm: MPI.Comm, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] = {
     ALLTOALL: (run_collective, "zcoll.alltoall vs comm.Alltoall"),
     ALLGATHER: (run_collective, "zcoll.allgather vs comm.Allgather"),
+    "allreduce": (run_reduction, "zcoll.allreduce (each algorithm) vs comm.Allreduce"),
+    "reduce": (run_reduction, "zcoll.reduce (each algorithm) vs comm.Reduce"),
+    "bcast": (run_reduction, "zcoll.bcast vs comm.Bcast"),
+    "barrier": (run_reduction, "zcoll.barrier vs comm.Barrier"),
     "fft": (run_fft, "zcoll.fft.PFFT vs mpi4py_fft.PFFT (3D, forward+backward)"),
     "copy": (run_copy, "copy bandwidth: memcpy, hybrid and streaming kernels, np.copyto"),
     "crossover": (
@@ -77,6 +87,13 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def _collective_options() -> argparse.ArgumentParser:
     options = _RootParser(add_help=False)
     add_collective_options(options)
+    _add_output_options(options)
+    return options
+
+
+def _reduction_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    add_reduction_options(options)
     _add_output_options(options)
     return options
 
@@ -226,6 +243,7 @@ def _cachemiss_options() -> argparse.ArgumentParser:
 _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     ALLTOALL: _collective_options,
     ALLGATHER: _collective_options,
+    **dict.fromkeys(REDUCTION_COMMANDS, _reduction_options),
     "fft": _fft_options,
     "copy": _copy_options,
     "crossover": _crossover_options,
@@ -253,7 +271,9 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if args.command == "cachemiss":
         cachemiss.finish_args(parser, args)
         return
-    if args.command == "crossover":
+    if args.command in REDUCTION_COMMANDS:
+        finish_reduction_args(parser, args)
+    elif args.command == "crossover":
         crossover.finish_args(parser, args)
     elif args.command == "fft":
         try:

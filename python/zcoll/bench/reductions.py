@@ -1,0 +1,334 @@
+"""``allreduce``, ``reduce``, ``bcast`` and ``barrier``: zcoll's reductions against MPI's.
+
+For every message size (float64 elements, sum) and every method -- ``comm.Allreduce`` (or
+``Reduce`` / ``Bcast``) on plain NumPy arrays, then zcoll with each algorithm and "auto", its
+input in the arena and its result in a plain array, as an mpi4py program has them -- the
+latency of a call, OSU style (warm-up, barrier, timed loop; the largest of the ranks' means).
+
+``allreduce`` also times, in the same run, the references its targets are stated against:
+the 8-byte ``zcoll.alltoall`` (P blocks of 8 bytes), and for messages of 64 KiB and more a
+``memcpy`` of the message on every rank at once -- the memory-bandwidth bound of an allreduce,
+in which each rank must read P tiles of m/P bytes (m in all) and write its m-byte result.
+``barrier`` times ``zcoll.barrier`` against ``comm.Barrier``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import socket
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import zcoll
+from zcoll import _core
+from zcoll._registry import AUTO, TEMPORAL
+
+from .collectives import Call, Timer
+from .common import (
+    KIB,
+    MEMCPY_METHOD,
+    MIB,
+    MPI_METHOD,
+    Reporter,
+    command_line,
+    common_metadata,
+    format_size,
+    mpi_library,
+    node_layout,
+    now_iso,
+    parse_choices,
+    parse_size,
+    parse_sizes,
+    powers_of_two,
+    ratio,
+    times,
+    where,
+)
+from .output import write_outputs
+
+__all__ = ["REDUCTION_COMMANDS", "add_reduction_options", "finish_reduction_args", "run_reduction"]
+
+#: The subcommands of this module.
+REDUCTION_COMMANDS = ("allreduce", "reduce", "bcast", "barrier")
+ALL_ALGORITHMS = (*zcoll.REDUCE_ALGORITHMS, AUTO)
+SMALL = 16 * KIB  # summary: geometric mean over messages <= this ...
+LARGE = 64 * KIB  # ... and over messages >= this (and the memcpy bound from here)
+ALLTOALL8 = "alltoall8"  # the 8-byte-block zcoll.alltoall reference
+FIELDS = ("collective", "P", "block_bytes", "method", "latency_us", "iterations", "warmup")
+
+
+def _zcoll_call(command: str, comm, send, recv, algorithm: str):
+    """The zcoll call of `command` as a user writes it ("auto": no keyword, a C partial)."""
+    if command == "bcast":
+        return functools.partial(zcoll.bcast, comm, send)
+    fn = getattr(zcoll, command)
+    if algorithm == AUTO:
+        return functools.partial(fn, comm, send, recv)
+    return lambda: fn(comm, send, recv, algorithm=algorithm)
+
+
+class SizeCase:
+    """Buffers and calls of every method for one message size (bytes, a multiple of 8)."""
+
+    def __init__(self, comm, command: str, nbytes: int, algorithms, rng) -> None:
+        n = nbytes // 8
+        self.comm, self.command, self.nbytes = comm, command, nbytes
+        self.zsend = zcoll.empty(comm, n, np.float64)
+        self.zsend[:] = rng.uniform(-1, 1, n)
+        self.zrecv = np.zeros(n)
+        self.msend = np.array(self.zsend)
+        self.mrecv = np.zeros(n)
+        if command == "allreduce":
+            mpi = functools.partial(comm.Allreduce, self.msend, self.mrecv, MPI.SUM)
+        elif command == "reduce":
+            mpi = functools.partial(comm.Reduce, self.msend, self.mrecv, MPI.SUM, 0)
+        else:
+            mpi = functools.partial(comm.Bcast, self.msend, 0)
+        self.calls = {MPI_METHOD: Call(mpi, (self.msend, self.mrecv))}
+        names = ["zcoll"] if command == "bcast" else list(algorithms)
+        for name in names:
+            fn = _zcoll_call(command, comm, self.zsend, self.zrecv, name)
+            self.calls[name] = Call(fn, (self.zsend, self.zrecv))
+
+    def check(self) -> list[str]:
+        """Each method's result against MPI's (floats: within the combination-order bound).
+        Collective; the same list on every rank."""
+        failed = []
+        if self.command == "bcast":
+            want = self.msend.copy()
+            self.comm.Bcast(want, 0)
+            self.calls["zcoll"].fn()
+            same = bool(np.array_equal(self.zsend, want))
+            return [] if self.comm.allreduce(same, op=MPI.LAND) else ["zcoll"]
+        self.calls[MPI_METHOD].fn()
+        tol = 4 * self.comm.size * np.finfo(np.float64).eps * max(1.0, self.comm.size)
+        for name, call in self.calls.items():
+            if name == MPI_METHOD:
+                continue
+            self.zrecv[:] = np.nan
+            call.fn()
+            root = self.command == "allreduce" or self.comm.rank == 0
+            ok = not root or bool(np.allclose(self.zrecv, self.mrecv, rtol=0, atol=tol))
+            if not self.comm.allreduce(ok, op=MPI.LAND):
+                failed.append(name)
+        return failed
+
+
+def _alltoall8(comm) -> Call:
+    send = zcoll.empty(comm, (comm.size, 1), np.float64)
+    recv = zcoll.empty(comm, (comm.size, 1), np.float64)
+    return Call(functools.partial(zcoll.alltoall, comm, send, recv), (send, recv))
+
+
+def _memcpy(nbytes: int) -> Call:
+    src, dst = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+    return Call(functools.partial(_core.copy, dst, src, TEMPORAL), (src, dst))
+
+
+def _timed(timer: Timer, call: Call, nbytes: int) -> tuple[float, int, int]:
+    iterations = timer.iterations(call, max(8, nbytes // max(1, timer.comm.size)))
+    warmup = timer.warmup(iterations)
+    return timer.seconds(call, iterations, warmup) * 1e6, iterations, warmup
+
+
+def _row(command: str, comm, nbytes: int, method: str, timing) -> dict:
+    latency, iterations, warmup = timing
+    return {
+        "collective": command,
+        "P": comm.size,
+        "block_bytes": nbytes,
+        "method": method,
+        "latency_us": latency,
+        "iterations": iterations,
+        "warmup": warmup,
+    }
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def run_barrier(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[list, dict]:
+    rows = []
+    for name, fn in ((MPI_METHOD, comm.Barrier), ("zcoll", functools.partial(zcoll.barrier, comm))):
+        rows.append(_row("barrier", comm, 0, name, _timed(timer, Call(fn, ()), 8)))
+    mpi, mine = rows[0]["latency_us"], rows[1]["latency_us"]
+    report(f"{'comm.Barrier':>14}{mpi:10.2f} us")
+    report(f"{'zcoll.barrier':>14}{mine:10.2f} us   speedup {times(ratio(mpi, mine))}")
+    return rows, {"barrier_speedup": ratio(mpi, mine)}
+
+
+def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[list, dict] | None:
+    command = args.command
+    names = ["zcoll"] if command == "bcast" else list(args.algorithms)
+    width = max(12, *(len(n) + 2 for n in names))
+    extra = ["speedup", "auto/best"] if command != "bcast" else ["speedup"]
+    report(
+        f"{'bytes':>9}{MPI_METHOD:>{width}}"
+        + "".join(f"{n:>{width}}" for n in names)
+        + "".join(f"{e:>11}" for e in extra)
+    )
+    rng = np.random.default_rng(comm.rank)
+    rows: list[dict] = []
+    by_size: dict[int, dict[str, float]] = {}
+    bound: dict[int, float] = {}
+    report.start(len(args.sizes) * (1 + len(names)), command)
+    try:
+        for nbytes in args.sizes:
+            case = SizeCase(comm, command, nbytes, names, rng)
+            if args.check:
+                failed = case.check()
+                if failed:
+                    report.close()
+                    report(
+                        f"zcoll.bench: check failed: {command} with {', '.join(failed)} "
+                        f"differs from MPI's result for {format_size(nbytes)} at P={comm.size}",
+                        file=sys.stderr,
+                    )
+                    return None
+            latencies = {}
+            for name, call in case.calls.items():
+                timing = _timed(timer, call, nbytes)
+                rows.append(_row(command, comm, nbytes, name, timing))
+                latencies[name] = timing[0]
+                report.step(f"{format_size(nbytes)} {name}")
+            if command == "allreduce" and nbytes >= LARGE:
+                timing = _timed(timer, _memcpy(nbytes), nbytes)
+                rows.append(_row(command, comm, nbytes, MEMCPY_METHOD, timing))
+                bound[nbytes] = timing[0]
+            by_size[nbytes] = latencies
+            line = f"{format_size(nbytes):>9}" + "".join(
+                f"{latencies[n]:{width}.2f}" for n in (MPI_METHOD, *names)
+            )
+            mine = latencies.get(AUTO, latencies.get("zcoll"))
+            if mine is None:
+                mine = min(latencies[n] for n in names)
+            line += f"{times(ratio(latencies[MPI_METHOD], mine)):>11}"
+            fixed = [latencies[n] for n in names if n != AUTO]
+            if command != "bcast" and AUTO in latencies and fixed:
+                line += f"{latencies[AUTO] / min(fixed):>11.2f}"
+            report(line)
+    finally:
+        report.close()
+    summary = summarise(by_size, names, bound)
+    if command == "allreduce":
+        eight = _timed(timer, _alltoall8(comm), 8)
+        rows.append(_row(command, comm, 8, ALLTOALL8, eight))
+        summary["alltoall8_us"] = eight[0]
+        if 8 in by_size and AUTO in by_size[8]:
+            summary["allreduce8_over_alltoall8"] = by_size[8][AUTO] / eight[0]
+    return rows, summary
+
+
+def summarise(by_size: dict, names: list[str], bound: dict[int, float]) -> dict:
+    """Geometric-mean speedups of "auto" (or the one zcoll method) and of the best algorithm
+    over MPI, small and large messages; the worst auto/best-fixed ratio; the memcpy bound."""
+    out: dict = {}
+    method = AUTO if AUTO in names else names[0]
+    for label, within in (("small", lambda b: b <= SMALL), ("large", lambda b: b >= LARGE)):
+        sizes = [b for b in by_size if within(b)]
+        out[f"speedup_{label}"] = _geomean(
+            [by_size[b][MPI_METHOD] / by_size[b][method] for b in sizes]
+        )
+        out[f"best_speedup_{label}"] = _geomean(
+            [by_size[b][MPI_METHOD] / min(by_size[b][n] for n in names) for b in sizes]
+        )
+    fixed = [n for n in names if n != AUTO]
+    if AUTO in names and fixed:
+        out["auto_over_best_max"] = max(
+            by_size[b][AUTO] / min(by_size[b][n] for n in fixed) for b in by_size
+        )
+    if bound:
+        out["over_memcpy"] = {
+            b: min(by_size[b][n] for n in names) / bound[b] for b in sorted(bound)
+        }
+    return out
+
+
+def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
+    """``allreduce``, ``reduce``, ``bcast`` or ``barrier``: sweep, print, write outputs.
+    Collective; returns 0, or 1 (on every rank) when ``--check`` found a difference."""
+    layout = node_layout(comm)
+    now, command = now_iso(), command_line(args)
+    report = Reporter(comm, args.progress)
+    timer = Timer(comm, args, layout[2])
+    report(f"# zcoll.bench {args.command} | {now} | host {socket.gethostname()} | {command}")
+    report(
+        f"# latency in us per call (float64 sum), warm OSU loop, max over ranks of the mean; "
+        f"P={comm.size}"
+    )
+    if args.command == "barrier":
+        rows, summary = run_barrier(comm, args, report, timer)
+    else:
+        result = run_sizes(comm, args, report, timer)
+        if result is None:
+            return 1
+        rows, summary = result
+        report(
+            f"geomean speedup over MPI ({AUTO if args.command != 'bcast' else 'zcoll'}): "
+            f"<= {format_size(SMALL)}: {times(summary['speedup_small'])}, "
+            f">= {format_size(LARGE)}: {times(summary['speedup_large'])}"
+        )
+        if "auto_over_best_max" in summary:
+            report(f"auto / best fixed algorithm, worst size: {summary['auto_over_best_max']:.2f}")
+        if summary.get("over_memcpy"):
+            text = ", ".join(f"{format_size(b)} {r:.2f}" for b, r in summary["over_memcpy"].items())
+            report(f"best / memcpy of the message on every rank (the bandwidth bound): {text}")
+        if "allreduce8_over_alltoall8" in summary:
+            report(
+                f"8 B allreduce / 8 B-block zcoll.alltoall ({summary['alltoall8_us']:.2f} us): "
+                f"{summary['allreduce8_over_alltoall8']:.2f}"
+            )
+    report(where(comm, layout))
+    report(f"MPI library: {mpi_library()}")
+    if comm.rank == 0:
+        metadata = {
+            "collective": args.command,
+            **common_metadata(comm, args, layout, now, command),
+            "bench_method": "warm",
+            "algorithms": list(getattr(args, "algorithms", [])),
+            **{k: v for k, v in summary.items() if k != "over_memcpy"},
+        }
+        extra = {"over_memcpy": {str(k): v for k, v in summary.get("over_memcpy", {}).items()}}
+        write_outputs(args, rows, metadata, FIELDS, extra)
+    return 0
+
+
+def add_reduction_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
+    sizes = parser.add_argument_group("message sizes (default: powers of two, 8 B to 16 MiB)")
+    sizes.add_argument("--sizes", type=parse_sizes, help="list of sizes in bytes, e.g. 8,4K,1M")
+    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two size (default 8)")
+    sizes.add_argument("--max", type=parse_size, help="largest power-of-two size (default 16M)")
+    parser.add_argument(
+        "--algorithms",
+        type=functools.partial(parse_choices, choices=ALL_ALGORITHMS, what="algorithm"),
+        default=list(ALL_ALGORITHMS),
+        help=f"zcoll algorithms to time (default: {','.join(ALL_ALGORITHMS)})",
+    )
+    parser.add_argument("--iterations", type=int, help="timed calls per measurement")
+    parser.add_argument("--warmup", type=int, help="untimed calls first (default 10%%, >= 2)")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="cap on a measurement's timed loop in seconds; 0: no cap (default 0.5)",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="first compare each method's result with MPI's"
+    )
+    parser.set_defaults(method="warm")
+
+
+def finish_reduction_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.sizes and (args.min or args.max):
+        parser.error("--sizes cannot be combined with --min/--max")
+    if not args.sizes:
+        args.sizes = powers_of_two(args.min or 8, args.max or 16 * MIB)
+    if any(s % 8 for s in args.sizes):
+        parser.error("sizes must be multiples of 8 bytes (float64 elements)")
