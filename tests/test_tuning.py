@@ -149,7 +149,15 @@ BAD_TABLES = {
     "not_utf8": b"\xff\xfe\x00garbage",
     "not_an_object": [],
     "wrong_format": document(every_node_size(), format="mpich"),
-    "wrong_version": document(every_node_size(), version=2),
+    "wrong_version": document(every_node_size(), version=3),
+    "bad_model": document([], version=2, reductions=[{"ranks_per_node": 1, "algorithm": "x"}]),
+    "negative_cost": document(
+        [],
+        version=2,
+        reductions=[
+            {"ranks_per_node": 1, "algorithm": "tiled", "max_bytes": None, "a": -1.0, "b": 0.0}
+        ],
+    ),
     "version_not_int": document(every_node_size(), version="1"),
     "wrong_machine": document(every_node_size(), machine=_other_machine()),
     "no_machine": document(every_node_size(), machine=None),
@@ -409,6 +417,8 @@ def test_tune_quick_writes_a_table_that_loads(shared_dir, monkeypatch, capsys):
     all_ranks_agree(WORLD, mine and mine[0].min_block == 0 and mine[-1].max_block is None, "")
     all_ranks_agree(WORLD, len(table.rules_for("allgather", node_size)) >= 1, "allgather")
     all_ranks_agree(WORLD, len(table.rules_for("alltoall", node_size + 7)) == 1, "kept")
+    models = table.models_for(node_size)
+    all_ranks_agree(WORLD, set(models) == set(zcoll.REDUCE_ALGORITHMS), f"models {models}")
     if WORLD.rank == 0:
         assert "wrote" in out and "ranks/node" in out
     c, ctx, warned = context_with_table(monkeypatch, path)
@@ -424,6 +434,70 @@ def test_tune_dry_run_writes_nothing(shared_dir):
     path = shared_dir / "dry.json"
     status = tune.main(["--quick", "--sizes", "8", "--dry-run", "--output", str(path)], WORLD)
     all_ranks_agree(WORLD, status in (0, 2) and not os.path.exists(path), "nothing written")
+
+
+# --- reduction cost models (format version 2) --------------------------------------------------
+
+
+def model(algorithm, ranks, a, b=0.0, max_bytes=None) -> dict:
+    return {"ranks_per_node": ranks, "algorithm": algorithm, "max_bytes": max_bytes, "a": a, "b": b}
+
+
+@pytest.mark.parametrize("algorithm", zcoll.REDUCE_ALGORITHMS)
+def test_reduction_models_choose_auto(algorithm, shared_dir, monkeypatch):
+    """A version-2 table whose model makes one algorithm cheapest: algorithm="auto" runs it at
+    every size, on every rank, and results stay right."""
+    path = shared_dir / "models.json"
+    models = [
+        model(a, n, 1e-9 if a == algorithm else 1e-3, 0.0 if a == algorithm else 1e-6)
+        for a in zcoll.REDUCE_ALGORITHMS
+        for n in range(1, WORLD.size + 1)
+    ]
+    publish(path, document(every_node_size(), version=2, reductions=models))
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        all_ranks_agree(c, not warned, f"warnings: {warned}")
+        choices = {ctx.core.reduction_choice(n) for n in (8, 4096, 1 << 20)}
+        all_ranks_agree(c, choices == {algorithm}, f"auto chose {choices}")
+        x = np.arange(1000, dtype=np.int64) + c.rank
+        want = np.empty_like(x)
+        c.Allreduce(x, want)
+        all_ranks_agree(c, np.array_equal(zcoll.allreduce(c, x), want), "result")
+    finally:
+        c.Free()
+
+
+def test_version_one_tables_still_load(shared_dir, monkeypatch):
+    path = shared_dir / "v1.json"
+    publish(path, document(every_node_size(order="column")))
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        builtin = ctx.core.reduction_cost(0, 8)  # flat, from the built-in estimate
+        all_ranks_agree(c, not warned and ctx.reduction_models == () and builtin > 0, "v1")
+    finally:
+        c.Free()
+    if WORLD.rank == 0:
+        assert zcoll.load_tuning(path).reductions == ()
+
+
+def test_models_from_times_pass_through_the_measurements():
+    times = {8: {"flat": 1e-6, "tiled": 3e-6}, 1024: {"flat": 5e-6, "tiled": 4e-6},
+             4096: {"flat": 4e-6, "tiled": 6e-6}}  # fmt: skip
+    models = tune.models_from_times(2, times)
+    table = _tuning.TuningTable((), machine(), reductions=tuple(models))
+    pieces = table.models_for(2)
+
+    def predict(alg, m):
+        for piece in pieces[alg]:
+            if piece.max_bytes is None or m <= piece.max_bytes:
+                return piece.a + piece.b * m
+        raise AssertionError
+
+    for m, row in times.items():
+        for alg, t in row.items():
+            assert predict(alg, m) == pytest.approx(t)
+    assert predict("flat", 2000) == pytest.approx(4e-6)  # a falling segment: flat, at its end
+    assert pieces["tiled"][-1].max_bytes is None and pieces["tiled"][0].b == 0
 
 
 def test_rules_from_winners_merges_and_splits_in_log2():

@@ -170,7 +170,7 @@ class Context:
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
         self.core.set_copy_cache(s.llc_bytes)
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
-        self.tuning_rules = _tuning.shared_rules(comm, s.tuning)
+        self.tuning_rules, self.reduction_models = _tuning.shared_tuning(comm, s.tuning)
         self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
         self.apply_tuning(s.tuning)
@@ -189,6 +189,9 @@ class Context:
                 if r.collective == op and r.ranks_per_node == self.node_size
             ]
             self.core.set_tuning_rules(op, mine)
+        models = () if mode == "off" else self.reduction_models
+        for code, pieces in _tuning.reduction_pieces(models, self.node_size).items():
+            self.core.set_reduction_model(code, pieces)
         # The engine's entry point for each collective, bound once (looked up per call).
         self.online = _online.OnlineTuner(self) if mode == "online" else None
         self.engine = {

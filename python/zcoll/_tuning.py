@@ -1,10 +1,14 @@
-"""Tuning tables: what ``order="auto"`` and ``copy="auto"`` follow -- the file format, its
-validation, loading, and sharing over a communicator.
+"""Tuning tables: what ``order="auto"``, ``copy="auto"`` and the reductions'
+``algorithm="auto"`` follow -- the file format, its validation, loading, and sharing over a
+communicator.
 
 A tuning table is a versioned JSON file written by ``python -m zcoll.tune`` (see
 :mod:`zcoll.tune`), keyed like MPICH's collective selection files: for each collective and
 number of ranks per node, disjoint ranges of block sizes (bytes per block, both ends included)
 with the order (or the eager path) and the copy mode that were fastest there on this machine.
+Format version 2 adds ``reductions``: for each number of ranks per node and reduction
+algorithm, the pieces of its cost model (HPDC'13 §3.4): calls of up to ``max_bytes`` bytes per
+rank take ``a + b * bytes`` seconds. Version 1 tables (no reductions) are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
 (platformdirs). The mode (``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: ``table``, ``online``,
@@ -35,6 +39,8 @@ from ._registry import (
     COLLECTIVES,
     COPY_CODES,
     HYBRID,
+    REDUCE_ALGORITHM_CODES,
+    REDUCE_ALGORITHMS,
     RULE_COPIES,
     RULE_ORDER_CODES,
     RULE_ORDERS,
@@ -43,17 +49,21 @@ from ._registry import (
 __all__ = [
     "FORMAT",
     "VERSION",
+    "ReductionModel",
     "TuningError",
     "TuningRule",
     "TuningTable",
     "current_machine",
     "load_tuning",
     "shared_rules",
+    "shared_tuning",
     "tuning_path",
 ]
 
 FORMAT = "zcoll-tuning"
-VERSION = 1
+VERSION = 2
+#: Format versions this zcoll reads (1: no reduction models).
+READABLE_VERSIONS = (1, 2)
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
@@ -114,6 +124,26 @@ class TuningRule:
 
 
 @dataclass(frozen=True)
+class ReductionModel:
+    """One piece of a reduction algorithm's cost model: on a node of `ranks_per_node` ranks,
+    `algorithm` takes ``a + b * bytes`` seconds for calls of up to `max_bytes` bytes per rank
+    (``None``: no upper bound) and more than the previous piece's."""
+
+    ranks_per_node: int
+    algorithm: str
+    max_bytes: int | None
+    a: float
+    b: float
+
+    def engine_piece(self) -> tuple:
+        """The piece as the C++ engine takes it (see ``NodeContext.set_reduction_model``)."""
+        return (_MAX_BYTES if self.max_bytes is None else self.max_bytes, self.a, self.b)
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TuningTable:
     """A validated tuning table (see :func:`load_tuning`)."""
 
@@ -121,6 +151,15 @@ class TuningTable:
     machine: dict
     created: str = ""
     zcoll_version: str = ""
+    reductions: tuple[ReductionModel, ...] = ()
+
+    def models_for(self, ranks_per_node: int) -> dict[str, tuple[ReductionModel, ...]]:
+        """The reduction cost models for one node size, by algorithm (pieces by size)."""
+        out: dict[str, list[ReductionModel]] = {}
+        for m in self.reductions:
+            if m.ranks_per_node == ranks_per_node:
+                out.setdefault(m.algorithm, []).append(m)
+        return {k: tuple(sorted(v, key=_piece_key)) for k, v in out.items()}
 
     def rules_for(self, collective: str, ranks_per_node: int) -> tuple[TuningRule, ...]:
         """The rules of one collective and node size, by block range."""
@@ -151,6 +190,7 @@ class TuningTable:
             "zcoll_version": self.zcoll_version,
             "machine": dict(self.machine),
             "rules": [r.as_json() for r in self.rules],
+            "reductions": [m.as_json() for m in self.reductions],
         }
 
     @classmethod
@@ -163,8 +203,10 @@ class TuningTable:
         version = doc.get("version")
         if type(version) is not int:
             raise TuningError(f"'version' must be an integer, got {version!r}")
-        if version != VERSION:
-            raise TuningError(f"format version {version}; this zcoll reads version {VERSION}")
+        if version not in READABLE_VERSIONS:
+            raise TuningError(
+                f"format version {version}; this zcoll reads versions {READABLE_VERSIONS}"
+            )
         machine = doc.get("machine")
         if not isinstance(machine, dict):
             raise TuningError("'machine' must be an object")
@@ -176,9 +218,45 @@ class TuningTable:
             raise TuningError("'rules' must be a list")
         parsed = tuple(_parse_rule(i, r) for i, r in enumerate(rules))
         _check_disjoint(parsed)
+        models = doc.get("reductions", []) if version >= 2 else []
+        if not isinstance(models, list):
+            raise TuningError("'reductions' must be a list")
+        reductions = tuple(_parse_model(i, m) for i, m in enumerate(models))
         return cls(
-            parsed, dict(machine), str(doc.get("created", "")), str(doc.get("zcoll_version", ""))
+            parsed,
+            dict(machine),
+            str(doc.get("created", "")),
+            str(doc.get("zcoll_version", "")),
+            reductions,
         )
+
+
+def _piece_key(m: ReductionModel) -> int:
+    return _MAX_BYTES if m.max_bytes is None else m.max_bytes
+
+
+_MODEL_KEYS = {"ranks_per_node", "algorithm", "max_bytes", "a", "b"}
+
+
+def _parse_model(index: int, model) -> ReductionModel:
+    where = f"reduction model {index}"
+    if not isinstance(model, dict) or model.keys() != _MODEL_KEYS:
+        raise TuningError(f"{where} must be an object with keys {sorted(_MODEL_KEYS)}")
+    if model["algorithm"] not in REDUCE_ALGORITHMS:
+        raise TuningError(
+            f"{where}: algorithm must be one of {REDUCE_ALGORITHMS}, got {model['algorithm']!r}"
+        )
+    ranks = model["ranks_per_node"]
+    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
+        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+    high = _size(model["max_bytes"], f"{where}: max_bytes", optional=True)
+    costs = []
+    for key in ("a", "b"):
+        value = model[key]
+        if type(value) not in (int, float) or not 0 <= value < float("inf"):
+            raise TuningError(f"{where}: {key} must be a finite number >= 0, got {value!r}")
+        costs.append(float(value))
+    return ReductionModel(ranks, model["algorithm"], high, costs[0], costs[1])
 
 
 @overload
@@ -299,25 +377,52 @@ def _load_cached(path: str, mtime_ns: int, size: int, inode: int) -> TuningTable
 
 def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
     """This process's table rules, or () with a RuntimeWarning when it cannot be used."""
+    return _table_or_warn(mode)[0]
+
+
+def _table_or_warn(mode: str) -> tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...]]:
+    """This process's table rules and reduction models, or ((), ()) with a RuntimeWarning when
+    it cannot be used."""
     if mode == "off":
-        return ()
+        return (), ()
     path: str | Path = _settings.VARIABLES["tuning_file"].env
     try:
         path = tuning_path()
         named = _settings.read("tuning_file").text
         if not named and not path.exists():
-            return ()  # no table made yet: the ordinary case, nothing to say
-        return load_tuning(path).rules
+            return (), ()  # no table made yet: the ordinary case, nothing to say
+        table = load_tuning(path)
+        return table.rules, table.reductions
     except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
         warnings.warn(
             f"zcoll: ignoring the tuning table {path}: {exc}; using the built-in rules",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-        return ()
+        return (), ()
 
 
 def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
     """Collective: rank 0's table rules (all node sizes) under `mode`, the same on every rank
     of `comm` (rank 0 reads the file; a table it cannot use gives () and a warning there)."""
-    return comm.bcast(_rules_or_warn(mode) if comm.rank == 0 else None, root=0)
+    return shared_tuning(comm, mode)[0]
+
+
+def shared_tuning(
+    comm: MPI.Comm, mode: str
+) -> tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...]]:
+    """Collective: rank 0's table rules and reduction models (all node sizes) under `mode`,
+    the same on every rank of `comm`, in one broadcast."""
+    return comm.bcast(_table_or_warn(mode) if comm.rank == 0 else None, root=0)
+
+
+def reduction_pieces(
+    models: tuple[ReductionModel, ...], ranks_per_node: int
+) -> dict[int, list[tuple]]:
+    """The engine's cost-model pieces for one node size: algorithm code -> pieces (every
+    algorithm present; an empty list restores the built-in estimate)."""
+    out: dict[int, list[tuple]] = {REDUCE_ALGORITHM_CODES[a]: [] for a in REDUCE_ALGORITHMS}
+    for m in models:
+        if m.ranks_per_node == ranks_per_node:
+            out[REDUCE_ALGORITHM_CODES[m.algorithm]].append(m.engine_piece())
+    return out

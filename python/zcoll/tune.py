@@ -1,4 +1,5 @@
-"""Offline tuning: find the fastest block order and copy mode per block size on this machine.
+"""Offline tuning: find the fastest block order and copy mode per block size on this machine,
+and measure the cost models of the reduction algorithms.
 
 Run it under MPI with as many ranks per node as the application will use::
 
@@ -20,6 +21,14 @@ the measured sizes in log2, the first range from 0, the last open-ended) -- the 
 (collective, ranks per node) in the table, whose other rules are kept. Rank 0 writes the file
 atomically. ``order="auto"`` and ``copy="auto"`` follow it in every later program on a
 communicator with that many ranks per node (see :mod:`zcoll._tuning`).
+
+``allreduce`` (in ``--collectives`` by default) times every reduction algorithm (float64 sum,
+input in the arena, result in a private array, as the bench) at every message size of
+``--reduction-sizes`` (default powers of four from 8 B to 16 MiB, bytes per rank), in the same
+interleaved rounds, and stores each algorithm's cost model as pieces ``a + b * m``: between two
+measured sizes the line through both measurements (a falling one flat at its end), below the first
+size its time, beyond the last the last piece extended. ``algorithm="auto"`` then takes the
+least predicted time (HPDC'13 §3.4) -- at a measured size, the algorithm that was fastest.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -43,13 +53,17 @@ import zcoll
 
 from . import _context, _core, _settings, _tuning
 from ._registry import (
+    ALLREDUCE,
     ALLTOALL,
     AUTO,
     COLLECTIVES,
     COPY_CODES,
     EAGER,
     HYBRID,
+    OPS,
     ORDERS,
+    REDUCE_ALGORITHM_CODES,
+    REDUCE_ALGORITHMS,
     ROW,
     RULE_ORDER_CODES,
     STREAMING,
@@ -69,9 +83,19 @@ from ._timing import (
     powers_of_two,
 )
 
-__all__ = ["Candidate", "main", "parse_args", "rules_from_winners", "write_table"]
+__all__ = [
+    "Candidate",
+    "main",
+    "models_from_times",
+    "parse_args",
+    "rules_from_winners",
+    "write_table",
+]
 
 DEFAULT_SIZES = powers_of_two(8, 4 * MIB)
+REDUCTION = "allreduce"  # --collectives name of the reduction sweep
+REDUCTION_SIZES = [8 * 4**k for k in range(12)]  # 8 B .. 32 MiB in factors of four
+QUICK_REDUCTION_SIZES = [8, 4 * KIB, 256 * KIB]
 QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
 QUICK_ITERATIONS = 20
 COPY_SWEEP_BLOCKS = 64 * KIB  # blocks from this size also try streaming and hybrid copies
@@ -113,9 +137,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=parse_sizes, help="block sizes, e.g. 8,4K,1M (default 8..4M)")
     p.add_argument(
         "--collectives",
-        default="alltoall,allgather",
+        default=",".join((*COLLECTIVES, REDUCTION)),
         type=_parse_collectives,
-        help="comma-separated: alltoall, allgather (default both)",
+        help="comma-separated: alltoall, allgather, allreduce (the reduction algorithms' cost "
+        "models; default all three)",
+    )
+    p.add_argument(
+        "--reduction-sizes",
+        type=parse_sizes,
+        help="message sizes (bytes per rank) of the reduction sweep (default 8 B..32 MiB, "
+        "factors of 4)",
     )
     p.add_argument("--output", type=Path, help="table file (default: zcoll.tuning_path())")
     p.add_argument("--dry-run", action="store_true", help="print the rules, write nothing")
@@ -134,13 +165,17 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--time-budget must be >= 0")
     if args.sizes is None:
         args.sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
+    if args.reduction_sizes is None:
+        args.reduction_sizes = QUICK_REDUCTION_SIZES if args.quick else REDUCTION_SIZES
+    if any(size % 8 for size in args.reduction_sizes):
+        p.error("--reduction-sizes must be multiples of 8 bytes (float64 elements)")
     if args.quick and args.iterations is None:
         args.iterations = QUICK_ITERATIONS
     return args
 
 
 def _parse_collectives(text: str) -> list[str]:
-    return parse_choices(text, COLLECTIVES, "collective(s)")
+    return parse_choices(text, (*COLLECTIVES, REDUCTION), "collective(s)")
 
 
 # --- candidates and measurement ----------------------------------------------------------------
@@ -269,7 +304,81 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
     per_size = [
         len(order_candidates(b, p, eager)) + len(copy_candidates(ROW, b, base)) for b in sizes
     ]
-    return len(collectives) * sum(per_size) * sw.repeats
+    reductions = (
+        len(sw.args.reduction_sizes) * len(REDUCE_ALGORITHMS) if REDUCTION in collectives else 0
+    )
+    tuned = [c for c in collectives if c != REDUCTION]
+    return (len(tuned) * sum(per_size) + reductions) * sw.repeats
+
+
+def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str, float]]:
+    """Seconds per allreduce of every algorithm at every size (bytes per rank), the best of
+    the interleaved rounds, the slowest node's: ``{size: {algorithm: seconds}}``; collective."""
+    code = OPS[ALLREDUCE]
+    results: dict[int, dict[str, float]] = {}
+    for nbytes in sizes:
+        send = zcoll.empty(sw.node, nbytes // 8, np.float64)
+        send[:] = sw.node.rank + 1.0  # owner's first touch
+        recv = np.zeros(nbytes // 8)
+        calls = {
+            a: functools.partial(
+                sw.ctx.core.reduction, code, send, recv, 0, REDUCE_ALGORITHM_CODES[a], 0
+            )
+            for a in REDUCE_ALGORITHMS
+        }
+        wanted = sw.args.iterations or default_iterations(nbytes, 1, sw.oversubscription)
+        counts = {
+            a: budget_iterations(fn, wanted, sw.args.time_budget / sw.repeats, sw.node)
+            for a, fn in calls.items()
+        }
+        best = dict.fromkeys(calls, math.inf)
+        for _ in range(sw.repeats):
+            for a, fn in calls.items():
+                warmup = min(100, max(2, counts[a] // 10))
+                best[a] = min(best[a], measure(fn, counts[a], warmup, sw.node))
+                report.step(f"{REDUCTION} {format_size(nbytes)} {a}")
+        mine = np.array([best[a] for a in calls])
+        worst = np.empty_like(mine)
+        sw.world.Allreduce(mine, worst, op=MPI.MAX)
+        results[nbytes] = dict(zip(calls, worst.tolist()))
+    return results
+
+
+def models_from_times(
+    ranks_per_node: int, results: dict[int, dict[str, float]]
+) -> list[_tuning.ReductionModel]:
+    """Each algorithm's cost model from its measured times: pieces ``a + b * m`` through
+    consecutive measurements (see the module's docstring)."""
+    sizes = sorted(results)
+    models = []
+    for alg in REDUCE_ALGORITHMS:
+        points = [(m, results[m][alg]) for m in sizes if alg in results[m]]
+        if not points:
+            continue
+        first_m, first_t = points[0]
+        pieces = [(first_m, first_t, 0.0)]
+        for (m0, t0), (m1, t1) in zip(points, points[1:]):
+            b = max(0.0, (t1 - t0) / (m1 - m0))
+            a = t1 - b * m1
+            if a < 0:
+                a, b = 0.0, t1 / m1
+            pieces.append((m1, a, b))
+        for i, (m, a, b) in enumerate(pieces):
+            last = i + 1 == len(pieces)
+            models.append(_tuning.ReductionModel(ranks_per_node, alg, None if last else m, a, b))
+    return models
+
+
+def print_reductions(report, results: dict[int, dict[str, float]]) -> None:
+    report(f"\n{REDUCTION}: us per call (max over ranks) by algorithm")
+    report(f"  {'bytes':>9}" + "".join(f"{a:>15}" for a in REDUCE_ALGORITHMS) + "   fastest")
+    for m, times in results.items():
+        best = min(times, key=times.__getitem__)
+        report(
+            f"  {format_size(m):>9}"
+            + "".join(f"{_us(times.get(a)):>15}" for a in REDUCE_ALGORITHMS)
+            + f"   {best}"
+        )
 
 
 # --- from measurements to rules ----------------------------------------------------------------
@@ -344,20 +453,36 @@ def write_table(table: _tuning.TuningTable, path: str | os.PathLike) -> None:
         raise
 
 
-def merged_table(path: Path, new_rules: list, replaced: set) -> _tuning.TuningTable:
-    """The new rules plus those of `path` for other (collective, ranks per node) pairs."""
+def merged_table(
+    path: Path,
+    new_rules: list,
+    replaced: set,
+    new_models: list | None = None,
+    ranks_per_node: int = 0,
+) -> _tuning.TuningTable:
+    """The new rules plus those of `path` for other (collective, ranks per node) pairs; the
+    new reduction models (when given) replace those of `path` for `ranks_per_node`."""
     kept: tuple = ()
+    kept_models: tuple = ()
     if path.exists():
         try:
             old = _tuning.load_tuning(path)
             kept = tuple(r for r in old.rules if (r.collective, r.ranks_per_node) not in replaced)
+            kept_models = tuple(
+                m
+                for m in old.reductions
+                if new_models is None or m.ranks_per_node != ranks_per_node
+            )
         except (OSError, ValueError) as exc:
             warnings.warn(f"zcoll.tune: replacing {path}: {exc}", RuntimeWarning, stacklevel=2)
     rules = tuple(
         sorted((*kept, *new_rules), key=lambda r: (r.collective, r.ranks_per_node, r.min_block))
     )
+    models = (*kept_models, *(new_models or ()))
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    return _tuning.TuningTable(rules, _tuning.current_machine(), now, zcoll.__version__)
+    return _tuning.TuningTable(
+        rules, _tuning.current_machine(), now, zcoll.__version__, tuple(models)
+    )
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -437,8 +562,14 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
     )
     report.start(planned_steps(args.sizes, args.collectives, sw), "zcoll.tune")
     new_rules = []
+    new_models: list[_tuning.ReductionModel] = []
     try:
         for collective in args.collectives:
+            if collective == REDUCTION:
+                timed = sweep_reductions(sw, args.reduction_sizes, report)
+                print_reductions(report, timed)
+                new_models = models_from_times(node.size, timed)
+                continue
             results = sweep(sw, collective, args.sizes, report)
             builtins = {b: builtin_candidate(b, node.size, sw) for b in results}
             winners = {b: winner(t, builtins[b]) for b, t in results.items()}
@@ -450,7 +581,13 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
     replaced = {(c, node.size) for c in args.collectives}
     error = None
     if world.rank == 0:
-        table = merged_table(path, new_rules, replaced)
+        table = merged_table(
+            path,
+            new_rules,
+            replaced,
+            new_models if REDUCTION in args.collectives else None,
+            node.size,
+        )
         print_rules(report, table.rules)
         if args.dry_run:
             report("\n(dry run: nothing written)")
