@@ -17,7 +17,9 @@ then times forward and backward calls and splits their cost into local FFTs and 
 transposes (``PFFT.timings``). It exits with status 1 if any check fails on any rank.
 
 ``zcoll.fft`` has mpi4py-fft's API: replacing the import below by ``from mpi4py_fft import
-PFFT, newDistArray`` (and dropping ``backend=``/``timings``) runs the same program there.
+PFFT, newDistArray`` (and dropping ``backend=``/``timings``) runs the same program there. The
+checks' sums and maxima over the ranks go through ``zcoll.allreduce`` (shared memory, the same
+bits on every rank; ``comm.allreduce`` would do too).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+import zcoll
 from zcoll.fft import PFFT, newDistArray
 
 comm = MPI.COMM_WORLD
@@ -91,8 +94,9 @@ failures = []
 
 
 def check(what, error):
-    """Record a check of a relative error; it passes only if it passed on every rank."""
-    error = comm.allreduce(float(error), op=MPI.MAX)
+    """Record a check of a relative error; it passes only if it passed on every rank (the
+    largest error over the ranks: zcoll.allreduce, the same bits on every rank)."""
+    error = float(zcoll.allreduce(comm, np.array([error], np.float64), op="max")[0])
     ok = error <= tolerance  # False for NaN
     say(
         f"  {'ok  ' if ok else 'FAIL'} {what}: relative error {error:.2e} (tolerance {tolerance:g})"
@@ -121,8 +125,9 @@ def span(local_slice):
 
 
 def total(x):
-    """Sum over all ranks."""
-    return comm.allreduce(float(x))
+    """Sum over all ranks, through zcoll's shared-memory allreduce (in rank order: the same
+    value on every rank, and from run to run)."""
+    return float(zcoll.allreduce(comm, np.array([x], np.float64))[0])
 
 
 # 1. The plan: collective; every rank passes the same arguments. It raises ValueError on every
@@ -181,7 +186,8 @@ if N <= args.reference_max:
         expected = numpy_fft(whole.astype(np.complex128 if dtype.kind == "c" else np.float64))
         expected /= N**3
         error = np.linalg.norm(spectrum - expected) / np.linalg.norm(expected)
-    check("forward(u) == numpy.fft of the gathered field", comm.bcast(error, root=0))
+    error = zcoll.bcast(comm, np.array([error], np.float64), root=0)[0]
+    check("forward(u) == numpy.fft of the gathered field", error)
 else:
     say(f"  (numpy.fft reference skipped: N={N} > --reference-max {args.reference_max})")
 
@@ -205,7 +211,7 @@ for name, call, source, target in (
         call(source, target)
     elapsed = MPI.Wtime() - start
     times = np.array([elapsed, fft.timings["fft"], fft.timings["transpose"]]) / args.repeat
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    zcoll.allreduce(comm, zcoll.IN_PLACE, times, op="max")
     seconds, ffts, transposes = times
     other = max(seconds - ffts - transposes, 0.0)
     say(

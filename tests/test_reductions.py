@@ -582,3 +582,42 @@ def test_killed_peer_inside_reductions(tmp_path):
         assert set(reports) == {"0", "1"}, f"{proc.stdout}\n{proc.stderr}"
         for message in reports.values():
             assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", message), message
+
+
+def test_memory_flat_over_many_reductions(world):
+    """10^4 reductions of every kind (private results, allocated results, bcast, barrier)
+    after a warm-up: RSS grows by less than 1 MiB and the arena's bytes in use are unchanged."""
+    import gc
+    import os
+
+    def rss() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    x, r = np.ones(16), np.empty(16)
+    ctx = zcoll._context.lookup(world)
+
+    def loop(n: int) -> bool:
+        ok = True
+        for i in range(n):
+            alg = ALGORITHMS[i % len(ALGORITHMS)]
+            zcoll.allreduce(world, x, r, algorithm=alg)
+            ok &= r[0] == world.size
+            if i % 10 == 0:
+                ok &= zcoll.allreduce(world, x, op=MPI.MAX)[0] == 1
+                zcoll.bcast(world, r, root=i % world.size)
+                zcoll.reduce(world, x, r, root=0)
+                zcoll.barrier(world)
+        return bool(ok)
+
+    ok = loop(2_000)
+    gc.collect()
+    world.Barrier()
+    rss0, in_use0 = rss(), ctx.core.arena_bytes_in_use
+    ok &= loop(10_000)
+    gc.collect()
+    world.Barrier()
+    grew = rss() - rss0
+    all_ranks_agree(world, ok, "wrong results during the loop")
+    all_ranks_agree(world, grew < 2**20, f"RSS grew by {grew / 2**20:.2f} MiB")
+    all_ranks_agree(world, ctx.core.arena_bytes_in_use == in_use0, "arena bytes in use changed")
