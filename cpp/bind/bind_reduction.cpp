@@ -144,6 +144,13 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const long code = PyLong_AsLong(args[0]);
     const long root = PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return nullptr;
+    if (code == static_cast<long>(op_code::barrier)) {  // zcoll.barrier: the node barrier
+      const auto ctx = registered_context(args[1]);
+      if (!ctx) Py_RETURN_NONE;
+      gil_released_on_block gil(*ctx, 0);
+      ctx->barrier();
+      Py_RETURN_TRUE;
+    }
     const op_code op = reduction_op(static_cast<int>(code));
     const auto ctx = registered_context(args[1]);
     const int reduce = op == op_code::bcast ? 0 : code_of<reduce_op>(args[4], none, none);

@@ -36,6 +36,7 @@ _ALLREDUCE_CODE = _registry.OPS[_registry.ALLREDUCE]
 _REDUCE_CODE = _registry.OPS[_registry.REDUCE]
 _REDUCE_SCATTER_CODE = _registry.OPS[_registry.REDUCE_SCATTER]
 _BCAST_CODE = _registry.OPS[_registry.BCAST]
+_BARRIER_CODE = _registry.OPS[_registry.BARRIER]
 _PUBLIC_NAMES = {
     _ALLREDUCE_CODE: "allreduce",
     _REDUCE_CODE: "reduce",
@@ -351,6 +352,8 @@ def barrier(comm: MPI.Comm) -> None:
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
+    if _fast(_BARRIER_CODE, comm, None, None, None, None, 0):
+        return  # one node: the node barrier, in one crossing
     ctx = lookup(comm)
     ctx.core.barrier()
     if not ctx.multi_node:
