@@ -621,3 +621,15 @@ def test_memory_flat_over_many_reductions(world):
     all_ranks_agree(world, ok, "wrong results during the loop")
     all_ranks_agree(world, grew < 2**20, f"RSS grew by {grew / 2**20:.2f} MiB")
     all_ranks_agree(world, ctx.core.arena_bytes_in_use == in_use0, "arena bytes in use changed")
+
+
+def test_bcast_of_a_non_array_and_reduce_on_a_freed_comm(world):
+    buf = [1.0, 2.0] if last(world) else np.zeros(2)
+    expect_everywhere(world, lambda: zcoll.bcast(world, buf), TypeError,
+                      fragment="buf must be a numpy.ndarray")  # fmt: skip
+    dup = world.Dup()
+    dup.Free()
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        zcoll.reduce(dup, np.ones(3))
+    with pytest.raises(ValueError, match="COMM_NULL"):
+        zcoll.allreduce(dup, np.ones(3))

@@ -41,12 +41,14 @@ std::string call_prefix(op_code op) {
 // receive view -- and calls ok(send view or nullptr, recv view or nullptr), or error(message)
 // when an argument cannot be converted.
 template <class Ok, class Error>
-auto with_reduction_views(const py::object& send, const py::object& recv, Ok&& ok, Error&& error) {
+auto with_reduction_views(op_code op, const py::object& send, const py::object& recv, Ok&& ok,
+                          Error&& error) {
   array_view recv_view;
   const bool has_recv = !recv.is_none();
   if (has_recv) {
     if (!py::isinstance<py::array>(recv))
-      return error("recvbuf must be a numpy.ndarray, got " + type_name(recv));
+      return error(std::string(op == op_code::bcast ? "buf" : "recvbuf") +
+                   " must be a numpy.ndarray, got " + type_name(recv));
     recv_view = view_of(py::reinterpret_borrow<py::array>(recv));
   }
   const array_view* r = has_recv ? &recv_view : nullptr;
@@ -60,7 +62,7 @@ auto with_reduction_views(const py::object& send, const py::object& recv, Ok&& o
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int reduce,
          int algorithm, int root) {
   with_reduction_views(
-      send, recv,
+      op, send, recv,
       [&](const array_view* s, const array_view* r) {
         gil_released_on_block gil(ctx, s ? s->nbytes : (r ? r->nbytes : 0));
         ctx.run_reduction({op, s, r, reduce, algorithm, root});
@@ -74,7 +76,7 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
 call_record describe(const node_context& ctx, op_code op, const py::object& send,
                      const py::object& recv, int reduce, int algorithm, int root) {
   return with_reduction_views(
-      send, recv,
+      op, send, recv,
       [&](const array_view* s, const array_view* r) {
         return ctx.describe_reduction({op, s, r, reduce, algorithm, root});
       },

@@ -276,10 +276,14 @@ def reduce(
     Deterministic and independent of timing, as :func:`allreduce`; the ranks compute as for
     an allreduce and only `root` copies the result out.
     """
-    if (recvbuf is not None or comm.rank != root) and _fast(
+    try:
+        here = comm.rank == root
+    except Exception:  # noqa: BLE001 - not a usable communicator: _reduction says so everywhere
+        here = None
+    if (recvbuf is not None or here is False) and _fast(
         _REDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, root
     ):
-        return recvbuf if comm.rank == root else None
+        return recvbuf if here else None
     result = _reduction(_REDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, root)
     return result if comm.rank == root else None
 
