@@ -90,6 +90,7 @@ void auto_policy::set_reduction_model(reduce_algorithm algorithm,
     return x.max_bytes < y.max_bytes;
   });
   reduction_models_[static_cast<std::size_t>(algorithm)] = std::move(pieces);
+  chosen_bytes_ = SIZE_MAX;
 }
 
 double auto_policy::predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept {
@@ -101,7 +102,7 @@ double auto_policy::predicted(reduce_algorithm algorithm, std::size_t bytes) con
   return last.a + last.b * static_cast<double>(bytes);
 }
 
-reduce_algorithm auto_policy::choose_reduction(std::size_t bytes) const noexcept {
+reduce_algorithm auto_policy::least_predicted(std::size_t bytes) const noexcept {
   auto best = reduce_algorithm::flat;
   double best_s = INFINITY;
   for (int i = 0; i < count_of<reduce_algorithm>; ++i) {

@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "zcoll/copy_choice.hpp"
@@ -65,7 +66,10 @@ class auto_policy {
   explicit auto_policy(int node_size) noexcept : node_size_(node_size) {}
 
   // Calls receiving at most `bytes` per rank may take the eager path (0: never).
-  void set_eager_bytes(std::size_t bytes) noexcept { eager_bytes_ = bytes; }
+  void set_eager_bytes(std::size_t bytes) noexcept {
+    eager_bytes_ = bytes;
+    chosen_bytes_ = SIZE_MAX;  // the built-in estimates depend on it
+  }
   std::size_t eager_bytes() const noexcept { return eager_bytes_; }
   bool eager_fits(std::size_t recv_bytes) const noexcept {
     return eager_bytes_ && recv_bytes <= eager_bytes_;
@@ -88,8 +92,14 @@ class auto_policy {
   // last piece beyond them, or the built-in estimate).
   double predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept;
   // What algorithm="auto" runs for `bytes` per rank: the least predicted time (ties: the
-  // lowest code).
-  reduce_algorithm choose_reduction(std::size_t bytes) const noexcept;
+  // lowest code). The last answer is remembered: a loop of calls of one size asks once.
+  reduce_algorithm choose_reduction(std::size_t bytes) const noexcept {
+    if (bytes != chosen_bytes_) {
+      chosen_ = least_predicted(bytes);
+      chosen_bytes_ = bytes;
+    }
+    return chosen_;
+  }
 
   // How this rank picks copy modes (threshold, what "auto" learned).
   copy_chooser& copy() noexcept { return copy_; }
@@ -124,6 +134,9 @@ class auto_policy {
   std::size_t eager_bytes_ = 0;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;
+  reduce_algorithm least_predicted(std::size_t bytes) const noexcept;
+  mutable std::size_t chosen_bytes_ = SIZE_MAX;  // choose_reduction's last question, answer
+  mutable reduce_algorithm chosen_ = reduce_algorithm::flat;
   copy_chooser copy_;
 };
 
