@@ -74,6 +74,48 @@ def assert_png(path: Path) -> None:
     assert data.startswith(PNG_SIGNATURE), f"{path} is not a PNG"
 
 
+# --- allreduce / reduce / bcast / barrier -------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["allreduce", "reduce", "bcast"])
+def test_reduction_json_csv_plot(command, outdir):
+    files = {k: outdir / f"red.{k}" for k in ("json", "csv")} | {"plot": outdir / "red.png"}
+    argv = [command, "--sizes", "8,64K", "--algorithms", "flat,tiled,auto", "--check"]
+    argv += FAST + ["--rounds", "2"] + [f"--{k}={v}" for k, v in files.items()]
+    assert run_main(argv) == 0
+    methods = {"MPI", "zcoll"} if command == "bcast" else {"MPI", "flat", "tiled", "auto"}
+    expected = {(b, m) for b in (8, 65536) for m in methods}
+    if command == "allreduce":
+        expected |= {(65536, "memcpy"), (8, "alltoall8")}
+
+    def check():
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert all(r["latency_us"] > 0 and r["collective"] == command for r in rows)
+        meta = document["metadata"]
+        assert meta["collective"] == command and meta["P"] == P
+        assert meta["speedup_small"] > 0 and meta["speedup_large"] > 0
+        if command == "allreduce":
+            assert meta["allreduce8_over_alltoall8"] > 0 and "65536" in document["over_memcpy"]
+        assert {(int(r["block_bytes"]), r["method"]) for r in read_csv(files["csv"])} == expected
+        assert_png(files["plot"])
+
+    on_root(check)
+
+
+def test_barrier_subcommand(outdir, capsys):
+    assert run_main(["barrier", *FAST, "--json", str(outdir / "b.json")]) == 0
+    out = capsys.readouterr().out
+
+    def check():
+        document = read_json(outdir / "b.json")
+        assert {r["method"] for r in document["results"]} == {"MPI", "zcoll"}
+        assert document["metadata"]["barrier_speedup"] > 0 and "zcoll.barrier" in out
+
+    on_root(check)
+
+
 # --- alltoall / allgather ----------------------------------------------------------------------
 
 
