@@ -146,13 +146,6 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const long code = PyLong_AsLong(args[0]);
     const long root = PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return nullptr;
-    if (code == static_cast<long>(op_code::barrier)) {  // zcoll.barrier: the node barrier
-      const auto ctx = registered_context(args[1]);
-      if (!ctx) Py_RETURN_NONE;
-      gil_released_on_block gil(*ctx, 0);
-      ctx->barrier();
-      Py_RETURN_TRUE;
-    }
     const op_code op = reduction_op(static_cast<int>(code));
     const auto ctx = registered_context(args[1]);
     const int reduce = op == op_code::bcast ? 0 : code_of<reduce_op>(args[4], none, none);
@@ -169,6 +162,26 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
 }
+
+// fast_barrier(comm): the node barrier of the communicator's registered context in one
+// crossing, returning True; None, having done nothing, when the Python path must run it.
+PyObject* fast_barrier(PyObject*, PyObject* comm) {
+  try {
+    const auto ctx = registered_context(comm);
+    if (!ctx) Py_RETURN_NONE;
+    gil_released_on_block gil(*ctx, 0);
+    ctx->barrier();
+    Py_RETURN_TRUE;
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+}
+
+PyMethodDef fast_barrier_def = {
+    "fast_barrier", &fast_barrier, METH_O,
+    "fast_barrier(comm): the node barrier of a registered context in one crossing (True), or "
+    "None having done nothing when the Python path must run it."};
 
 PyMethodDef fast_reduction_def = {
     "fast_reduction", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_reduction)),
@@ -245,6 +258,8 @@ void register_reduction(py::module_& m) {
                op_defined(static_cast<reduce_op>(reduce), *type);
       },
       py::arg("dtype"), py::arg("op"), "Whether the reductions define op code `op` for dtype.");
+  m.add_object("fast_barrier", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
+                                   &fast_barrier_def, nullptr, m.attr("__name__").ptr())));
   m.add_object("fast_reduction", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                                      &fast_reduction_def, nullptr, m.attr("__name__").ptr())));
 }

@@ -36,7 +36,6 @@ _ALLREDUCE_CODE = _registry.OPS[_registry.ALLREDUCE]
 _REDUCE_CODE = _registry.OPS[_registry.REDUCE]
 _REDUCE_SCATTER_CODE = _registry.OPS[_registry.REDUCE_SCATTER]
 _BCAST_CODE = _registry.OPS[_registry.BCAST]
-_BARRIER_CODE = _registry.OPS[_registry.BARRIER]
 _PUBLIC_NAMES = {
     _ALLREDUCE_CODE: "allreduce",
     _REDUCE_CODE: "reduce",
@@ -49,6 +48,7 @@ _MPI_OPS = tuple(zip((MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, MPI.LAND, MPI.LOR, MP
 # One crossing into the engine for a call on a known single-node communicator: returns True,
 # or None when the Python path (_reduction) must run the call.
 _fast = _core.fast_reduction
+_fast_barrier = _core.fast_barrier
 _P2P_TAG = 0x7A0D
 
 
@@ -356,7 +356,7 @@ def barrier(comm: MPI.Comm) -> None:
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
-    if _fast(_BARRIER_CODE, comm, None, None, None, None, 0):
+    if _fast_barrier(comm):
         return  # one node: the node barrier, in one crossing
     ctx = lookup(comm)
     ctx.core.barrier()
