@@ -11,9 +11,10 @@
  *
  * The inner loops are plain loops over __restrict pointers with branch-free bodies, which GCC
  * and Clang vectorise at -O2/-O3 (checked with objdump on the Release build: the float64 sum
- * loop is addpd, the int32 max loop pcmpgtd/pand/por blends, the float32 min loop cmpleps /
- * cmpunordps blends). float16 is combined as NumPy does it -- each step converted to float32,
- * combined, rounded back to float16 (round to nearest even) -- and is scalar.
+ * loop is addpd, the int32 max loop pcmpgtd/pand/pandn/por blends, the float32 min loop
+ * cmpleps with andps/andnps/orps blends). float16 is combined as NumPy does it -- each step
+ * converted to float32, combined, rounded back to float16 (round to nearest even) -- and is
+ * scalar. tools/check_reduce_vectorised.py repeats the check on a CMake build.
  *
  * Semantics (NumPy's ufuncs add, multiply, minimum, maximum, logical_*, bitwise_*):
  *   integers: sum and prod wrap modulo 2^bits; logical ops give 0 or 1 in the element type.
