@@ -8,8 +8,9 @@ f, d, F, D; shapes 12/13 per axis in 2, 3 and 4 dimensions; its grids, axes form
 padding). Both plans get the same arguments with backend "fftw" and run ``forward()`` then
 ``backward()`` on their own arrays. Each configuration is timed in ``--rounds`` alternating
 rounds of ``--pairs`` pairs (barrier, loop, the largest per-rank mean); the fastest round of
-each library counts. Prints the ratios mpi4py-fft / zcoll: their geometric mean, how many
-configurations are below 1 and below 1 - ``--noise``, and the slowest ones.
+each library counts; with ``--retime k`` the configurations slower beyond ``--noise`` are
+timed again with k times the rounds. Prints the ratios mpi4py-fft / zcoll: their geometric
+mean, how many configurations are below 1 and below 1 - ``--noise``, and the slowest ones.
 """
 
 from __future__ import annotations
@@ -74,6 +75,13 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--every", type=int, default=1, help="time every k-th configuration")
     parser.add_argument("--noise", type=float, default=0.1, help="noise margin (default 0.1)")
+    parser.add_argument(
+        "--retime",
+        type=int,
+        default=0,
+        help="time configurations found slower beyond noise again with this many times the "
+        "rounds, and report those times (default 0: no second look)",
+    )
     args = parser.parse_args(argv)
     from test_mpi4py_fft_parity import configurations
 
@@ -84,7 +92,23 @@ def main(argv=None) -> int:
         r = time_config(comm, config, args.pairs, args.rounds)
         if r is not None:
             ratios.append((r, config))
+    first_look = [r for r, _ in ratios]
+    if args.retime:
+        # A VM's neighbours slow one library for a while: a second, longer look at the
+        # configurations that came out slower tells noise from a real difference.
+        ratios = [
+            (time_config(comm, config, args.pairs, args.rounds * args.retime) or r, config)
+            if r < 1 - args.noise else (r, config)
+            for r, config in ratios
+        ]  # fmt: skip
     if comm.rank == 0:
+        if args.retime:
+            before = np.array(first_look)
+            print(
+                f"first look: geomean {np.exp(np.log(before).mean()):.2f}x, "
+                f"{int((before < 1 - args.noise).sum())} beyond noise, timed again with "
+                f"{args.rounds * args.retime} rounds:"
+            )
         values = np.array([r for r, _ in ratios])
         print(f"P={comm.size}: {len(values)} configurations timed (of {len(configs)})")
         print(
