@@ -22,22 +22,13 @@ import re
 import select
 import signal
 import sys
-import textwrap
 import time
 import traceback
 
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_leaks import (
-    is_open_mpi,
-    job_env,
-    leaked_entries,
-    mpiexec,
-    read_job_pids,
-    run_job,
-    zcoll_shm_entries,
-)
+from test_leaks import check_job_with_killed_rank, killing_job
 
 import zcoll
 from conftest import all_ranks_agree
@@ -536,37 +527,20 @@ def test_missing_rank_raises_peer_error(world):
 # --------------------------------------------------------------------------------------------
 
 
-KILL_JOB = textwrap.dedent(
-    """
-    import os, signal, sys
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-
-    comm = MPI.COMM_WORLD
-    rank, p = comm.rank, comm.size
-    victim, out = int(sys.argv[1]), sys.argv[2]
-    with open(os.path.join(out, f"pid.{rank}"), "w") as f:
-        f.write(str(os.getpid()))
+KILL_JOB = killing_job(
+    setup="""
     send = zcoll.empty(comm, (p, 16), np.int64)
     recv = zcoll.empty(comm, (p, 16), np.int64)
-    i = -1
-    try:
-        for i in range(2000):
-            if i == 300 and rank == victim:
-                os.kill(os.getpid(), signal.SIGKILL)
-            send[:] = i
-            zcoll.alltoall(comm, send, recv)
-            assert (recv == i).all()
-            zcoll.alltoall(comm, send)  # allocates its result in the arena each time
-            zcoll.allgather(comm, send[0])
-    except zcoll.PeerError as exc:
-        text = f"<<PEERERROR rank={rank} iteration={i} {exc}>>"
-        os.write(1, text.encode())
-        # Leave without MPI_Finalize: under --enable-recovery it may wait forever for the dead.
-        os._exit(3)
-    os.write(1, f"<<DONE rank={rank}>>".encode())
-    """
+    """,
+    step="""
+    send[:] = i
+    zcoll.alltoall(comm, send, recv)
+    assert (recv == i).all()
+    zcoll.alltoall(comm, send)  # allocates its result in the arena each time
+    zcoll.allgather(comm, send[0])
+    """,
+    iterations=2000,
+    kill_at=300,
 )
 
 
@@ -582,30 +556,7 @@ def test_job_with_a_killed_rank_ends_cleanly(tmp_path, victim):
     4.1) both survivors reported it in every run tried. Survivors then leave with os._exit:
     under --enable-recovery, MPI_Finalize waits forever for the dead rank in some runs. Without
     Open MPI, the survivors' reports are not checked."""
-    script = tmp_path / "job.py"
-    script.write_text(KILL_JOB)
-    recovery = is_open_mpi()
-    cmd = mpiexec(3, *(["--enable-recovery"] if recovery else [])) + [
-        sys.executable, str(script), str(victim), str(tmp_path)
-    ]  # fmt: skip
-    before = zcoll_shm_entries()
-    t0 = time.monotonic()
-    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="30"), timeout=60)
-    took = time.monotonic() - t0
-    pids = read_job_pids(tmp_path)
-    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
-    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
-    assert "<<DONE" not in proc.stdout, "a rank finished the loop although a peer died"
-    assert took < 30, f"the job took {took:.1f} s: was the death noticed, or the timeout?"
-    if recovery:
-        report = r"<<PEERERROR rank=(\d+) iteration=\d+ (.*?)>>"
-        reports = dict(re.findall(report, proc.stdout, re.S))
-        survivors = {str(r) for r in range(3) if r != victim}
-        assert set(reports) == survivors, (
-            f"survivors that reported: {sorted(reports)}\n{proc.stdout}\n{proc.stderr}"
-        )
-        for message in reports.values():
-            assert re.search(rf"peer rank\(s\) {victim} \(pid \d+\) died", message), message
+    check_job_with_killed_rank(tmp_path, KILL_JOB, victim)
 
 
 def _timed_plan_run(plan, poll: bool) -> dict:

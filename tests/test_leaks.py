@@ -146,6 +146,74 @@ def read_job_pids(directory: Path) -> set[int]:
     return {int(f.read_text()) for f in directory.glob("pid.*")}
 
 
+_KILLING_JOB = """
+import os, signal, sys
+import numpy as np
+from mpi4py import MPI
+import zcoll
+
+comm = MPI.COMM_WORLD
+rank, p = comm.rank, comm.size
+victim, out = int(sys.argv[1]), sys.argv[2]
+with open(os.path.join(out, f"pid.{{rank}}"), "w") as f:
+    f.write(str(os.getpid()))
+{setup}
+i = -1
+try:
+    for i in range({iterations}):
+        if i == {kill_at} and rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+{step}
+except zcoll.PeerError as exc:
+    os.write(1, f"<<PEERERROR rank={{rank}} iteration={{i}} {{exc}}>>".encode())
+    # Leave without MPI_Finalize: under --enable-recovery it may wait forever for the dead.
+    os._exit(3)
+os.write(1, f"<<DONE rank={{rank}}>>".encode())
+"""
+
+
+def killing_job(setup: str, step: str, iterations: int, kill_at: int) -> str:
+    """The script of a job whose rank argv[1] SIGKILLs itself at iteration `kill_at` of a loop
+    of `step` (after `setup`); survivors print their PeerError, or DONE after the loop."""
+    return _KILLING_JOB.format(
+        setup=textwrap.dedent(setup).strip(),
+        step=textwrap.indent(textwrap.dedent(step).strip(), " " * 8),
+        iterations=iterations,
+        kill_at=kill_at,
+    )
+
+
+def check_job_with_killed_rank(tmp_path: Path, script: str, victim: int) -> None:
+    """Runs `script` (see killing_job) on 3 ranks with `victim` killed: the job ends within
+    the 30 s zcoll timeout (death noticed, not a timeout), no segment of it is left in
+    /dev/shm, no rank finishes the loop, and under Open MPI (--enable-recovery) both survivors
+    report that the victim died."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    recovery = is_open_mpi()
+    cmd = mpiexec(3, *(["--enable-recovery"] if recovery else [])) + [
+        sys.executable, str(path), str(victim), str(tmp_path)
+    ]  # fmt: skip
+    before = zcoll_shm_entries()
+    t0 = time.monotonic()
+    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="30"), timeout=60)
+    took = time.monotonic() - t0
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    assert "<<DONE" not in proc.stdout, "a rank finished the loop although a peer died"
+    assert took < 30, f"the job took {took:.1f} s: was the death noticed, or the timeout?"
+    if recovery:
+        report = r"<<PEERERROR rank=(\d+) iteration=\d+ (.*?)>>"
+        reports = dict(re.findall(report, proc.stdout, re.S))
+        survivors = {str(r) for r in range(3) if r != victim}
+        assert set(reports) == survivors, (
+            f"survivors that reported: {sorted(reports)}\n{proc.stdout}\n{proc.stderr}"
+        )
+        for message in reports.values():
+            assert re.search(rf"peer rank\(s\) {victim} \(pid \d+\) died", message), message
+
+
 # --------------------------------------------------------------------------------------------
 # Jobs that end normally, by an exception, by SIGKILL
 # --------------------------------------------------------------------------------------------

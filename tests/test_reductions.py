@@ -11,24 +11,12 @@ float32 must equal NumPy's left fold in rank order bit for bit.
 from __future__ import annotations
 
 import hashlib
-import re
-import sys
-import textwrap
-import time
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 from test_errors import expect_everywhere, last
-from test_leaks import (
-    is_open_mpi,
-    job_env,
-    leaked_entries,
-    mpiexec,
-    read_job_pids,
-    run_job,
-    zcoll_shm_entries,
-)
+from test_leaks import check_job_with_killed_rank, killing_job
 
 import zcoll
 from conftest import all_ranks_agree
@@ -523,36 +511,21 @@ def test_wrong_result_size_and_unsupported_dtype(world):
 # A peer killed inside a reduction
 # --------------------------------------------------------------------------------------------
 
-KILL_JOB = textwrap.dedent(
-    """
-    import os, signal, sys
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-
-    comm = MPI.COMM_WORLD
-    rank, p = comm.rank, comm.size
-    victim, out = int(sys.argv[1]), sys.argv[2]
-    with open(os.path.join(out, f"pid.{rank}"), "w") as f:
-        f.write(str(os.getpid()))
+KILL_JOB = killing_job(
+    setup="""
     algorithms = ["flat", "tree", "dissemination", "tiled"]
     small, large = np.ones(4), zcoll.empty(comm, 50_000)
     large[:] = 1
-    i = -1
-    try:
-        for i in range(3000):
-            if i == 400 and rank == victim:
-                os.kill(os.getpid(), signal.SIGKILL)
-            alg = algorithms[i % 4]
-            assert (zcoll.allreduce(comm, small, algorithm=alg) == p).all()
-            assert zcoll.allreduce(comm, large, algorithm=alg)[-1] == p
-            zcoll.bcast(comm, small, root=i % p)
-            zcoll.barrier(comm)
-    except zcoll.PeerError as exc:
-        os.write(1, f"<<PEERERROR rank={rank} iteration={i} {exc}>>".encode())
-        os._exit(3)
-    os.write(1, f"<<DONE rank={rank}>>".encode())
-    """
+    """,
+    step="""
+    alg = algorithms[i % 4]
+    assert (zcoll.allreduce(comm, small, algorithm=alg) == p).all()
+    assert zcoll.allreduce(comm, large, algorithm=alg)[-1] == p
+    zcoll.bcast(comm, small, root=i % p)
+    zcoll.barrier(comm)
+    """,
+    iterations=3000,
+    kill_at=400,
 )
 
 
@@ -561,27 +534,7 @@ def test_killed_peer_inside_reductions(tmp_path):
     """One of 3 ranks SIGKILLs itself in a loop of reductions: the survivors raise PeerError
     saying it died (ZCOLL_TIMEOUT is 30 s: death is noticed, not a timeout), the job ends and
     nothing of it is left in /dev/shm."""
-    script = tmp_path / "job.py"
-    script.write_text(KILL_JOB)
-    recovery = is_open_mpi()
-    cmd = mpiexec(3, *(["--enable-recovery"] if recovery else [])) + [
-        sys.executable, str(script), "2", str(tmp_path)
-    ]  # fmt: skip
-    before = zcoll_shm_entries()
-    t0 = time.monotonic()
-    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="30"), timeout=60)
-    took = time.monotonic() - t0
-    pids = read_job_pids(tmp_path)
-    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
-    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
-    assert "<<DONE" not in proc.stdout, "a rank finished the loop although a peer died"
-    assert took < 30, f"the job took {took:.1f} s: was the death noticed, or the timeout?"
-    if recovery:
-        reports = dict(re.findall(r"<<PEERERROR rank=(\d+) iteration=\d+ (.*?)>>", proc.stdout,
-                                  re.S))  # fmt: skip
-        assert set(reports) == {"0", "1"}, f"{proc.stdout}\n{proc.stderr}"
-        for message in reports.values():
-            assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", message), message
+    check_job_with_killed_rank(tmp_path, KILL_JOB, 2)
 
 
 def test_memory_flat_over_many_reductions(world):

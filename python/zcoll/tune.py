@@ -247,24 +247,39 @@ class _Sweep:
         wanted = self.args.iterations or default_iterations(
             block, self.node.size, self.oversubscription
         )
+        size = format_size(block)
+        return self.best_of_rounds(
+            calls, wanted, report, lambda c: f"{collective} {size} {c.label()}", self.threshold
+        )
+
+    def best_of_rounds(
+        self,
+        calls: dict,
+        wanted: int,
+        report,
+        label,
+        around=lambda key: contextlib.nullcontext(),
+    ) -> dict:
+        """Seconds per call of each of `calls` ({key: no-argument function}): the best of
+        `repeats` rounds that take them in turn (each call inside ``around(key)``, progress
+        shown as ``label(key)``), the slowest node's, so every node decides alike; collective."""
         counts = {}
-        for c, call in calls.items():
-            with self.threshold(c):
-                counts[c] = budget_iterations(
+        for key, call in calls.items():
+            with around(key):
+                counts[key] = budget_iterations(
                     call, wanted, self.args.time_budget / self.repeats, self.node
                 )
-        best = dict.fromkeys(candidates, math.inf)
+        best = dict.fromkeys(calls, math.inf)
         for _ in range(self.repeats):
-            for c, call in calls.items():
-                with self.threshold(c):
-                    warmup = min(100, max(2, counts[c] // 10))
-                    best[c] = min(best[c], measure(call, counts[c], warmup, self.node))
-                report.step(f"{collective} {format_size(block)} {c.label()}")
-        # The slowest node counts, and every node decides alike.
-        mine = np.array([best[c] for c in candidates])
+            for key, call in calls.items():
+                with around(key):
+                    warmup = min(100, max(2, counts[key] // 10))
+                    best[key] = min(best[key], measure(call, counts[key], warmup, self.node))
+                report.step(label(key))
+        mine = np.array([best[key] for key in calls])
         worst = np.empty_like(mine)
         self.world.Allreduce(mine, worst, op=MPI.MAX)
-        return dict(zip(candidates, worst.tolist()))
+        return dict(zip(calls, worst.tolist()))
 
     @contextlib.contextmanager
     def threshold(self, c: Candidate):
@@ -325,20 +340,8 @@ def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str,
             a: functools.partial(_allreduce_with, sw.node, send, recv, a) for a in REDUCE_ALGORITHMS
         }
         wanted = sw.args.iterations or default_iterations(nbytes, 1, sw.oversubscription)
-        counts = {
-            a: budget_iterations(fn, wanted, sw.args.time_budget / sw.repeats, sw.node)
-            for a, fn in calls.items()
-        }
-        best = dict.fromkeys(calls, math.inf)
-        for _ in range(sw.repeats):
-            for a, fn in calls.items():
-                warmup = min(100, max(2, counts[a] // 10))
-                best[a] = min(best[a], measure(fn, counts[a], warmup, sw.node))
-                report.step(f"{REDUCTION} {format_size(nbytes)} {a}")
-        mine = np.array([best[a] for a in calls])
-        worst = np.empty_like(mine)
-        sw.world.Allreduce(mine, worst, op=MPI.MAX)
-        results[nbytes] = dict(zip(calls, worst.tolist()))
+        label = f"{REDUCTION} {format_size(nbytes)} {{}}".format
+        results[nbytes] = sw.best_of_rounds(calls, wanted, report, label)
     return results
 
 
