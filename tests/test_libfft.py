@@ -184,6 +184,39 @@ def test_padding(backend, dtype, pf, nt, axis):
     assert_close(fft.forward(v), uh, dtype)
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", ["d", "D"])
+@pytest.mark.parametrize("shape,axis,pf", [((9,), 0, 1.5), ((3, 12), 1, 1.5),
+                                           ((8, 3), 0, 2.0), ((3, 8), 1, 1.0)])  # fmt: skip
+def test_bind(backend, dtype, shape, axis, pf):
+    """bind's calls (what forward()/backward() of a parallel FFT run) against numpy's padded
+    references, twice on new data in the same arrays: views made once must not go stale."""
+    fft = FFT(shape, axis, dtype=dtype, backend=backend, padding=pf, **OPTS)
+    src = fftw.aligned(shape, dtype=dtype)
+    spec = fft.forward.output_array
+    dst = fftw.aligned(spec.shape, dtype=spec.dtype)
+    back = fftw.aligned(shape, dtype=dtype)
+    forward = fft.bind(src, dst, False, True, False, None)
+    backward = fft.bind(dst, back, True, False, True, None)
+    for seed in (1, 2):
+        src[...] = data(shape, dtype, seed)
+        n = shape[axis]
+        if pf == 1.0:
+            real = real_spectrum(backend, dtype)
+            ref = (np.fft.rfft if real else np.fft.fft)(src, axis=axis) / n
+        else:
+            ref = pad_reference(src, axis, pf, backend)
+        forward()
+        assert_close(dst, ref, dtype)
+        if pf == 1.0:
+            expected = np.fft.irfft(dst, n, axis) if real else np.fft.ifft(dst, axis=axis)
+            expected = (expected * n).astype(dtype, copy=False) if real else expected * n
+        else:
+            expected = unpad_reference(dst, axis, n, backend, dtype)
+        backward()
+        assert_close(back, expected, dtype)
+
+
 def test_padding_list():
     fft = FFT((4, 12), (1,), dtype="d", padding=[1, 1.5], **OPTS)
     assert fft.padding_factor == 1.5

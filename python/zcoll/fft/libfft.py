@@ -48,6 +48,17 @@ __all__ = ["FFT", "FFTBase"]
 
 Allocator = Callable[[tuple, np.dtype], np.ndarray]
 
+
+def _nothing() -> None:
+    pass
+
+
+def _one(index: int) -> slice:
+    """The slice of the one element at `index` (negative counts from the end): a view where
+    an integer index would give a scalar on 1-D arrays."""
+    return slice(index, index + 1 or None)
+
+
 #: Keyword arguments every backend accepts at construction (mpi4py-fft passes them on, and
 #: ignores those a backend has no use for).
 BACKEND_OPTIONS = (
@@ -260,52 +271,84 @@ class FFTBase:
 
     def _truncation_forward(self, padded_array, trunc_array, lead: int = 0) -> None:
         """Truncate a spectrum of padded length to the unpadded one (`lead` leading axes)."""
+        self._truncation_plan(padded_array, trunc_array, lead)()
+
+    def _padding_backward(self, trunc_array, padded_array, lead: int = 0) -> None:
+        """Zero-pad a spectrum of unpadded length to the padded one (`lead` leading axes)."""
+        self._padding_plan(trunc_array, padded_array, lead)()
+
+    def _truncation_plan(self, padded_array, trunc_array, lead: int = 0) -> Callable[[], None]:
+        """:meth:`_truncation_forward` of these two arrays as a call with no arguments, its
+        views made once: the step of a transform that runs on the same arrays again and
+        again."""
         if self.padding_factor <= 1.0 + 1e-8:
-            return
+            return _nothing
         axis = self.axes[-1] + lead
-        trunc_array.fill(0)
         N = trunc_array.shape[axis]
         s: list[Any] = [slice(None)] * trunc_array.ndim
         if self.real_transform:
             s[axis] = slice(0, N)
-            trunc_array[...] = padded_array[tuple(s)]
-            if N % 2 == 0:
-                s[axis] = N - 1
-                last = tuple(s)
-                trunc_array[last] = trunc_array[last].real
-                trunc_array[last] *= 2
-        else:
-            s[axis] = slice(0, N // 2 + 1)
-            trunc_array[tuple(s)] = padded_array[tuple(s)]
-            s[axis] = slice(-(N // 2), None)
-            trunc_array[tuple(s)] += padded_array[tuple(s)]
+            head = padded_array[tuple(s)]
+            s[axis] = _one(N - 1)
+            last = trunc_array[tuple(s)] if N % 2 == 0 else None
 
-    def _padding_backward(self, trunc_array, padded_array, lead: int = 0) -> None:
-        """Zero-pad a spectrum of unpadded length to the padded one (`lead` leading axes)."""
+            def truncate_real() -> None:
+                np.copyto(trunc_array, head)
+                if last is not None:
+                    last.imag = 0
+                    last.real *= 2
+
+            return truncate_real
+        s[axis] = slice(0, N // 2 + 1)
+        low = (trunc_array[tuple(s)], padded_array[tuple(s)])
+        s[axis] = slice(-(N // 2), None) if N // 2 else slice(0, 0)
+        high = (trunc_array[tuple(s)], padded_array[tuple(s)])
+
+        def truncate_complex() -> None:
+            trunc_array.fill(0)
+            np.copyto(*low)
+            np.add(*high, out=high[0])
+
+        return truncate_complex
+
+    def _padding_plan(self, trunc_array, padded_array, lead: int = 0) -> Callable[[], None]:
+        """:meth:`_padding_backward` of these two arrays as a call with no arguments (see
+        :meth:`_truncation_plan`)."""
         if self.padding_factor <= 1.0 + 1e-8:
-            return
+            return _nothing
         axis = self.axes[-1] + lead
-        padded_array.fill(0)
         N = trunc_array.shape[axis]
+        halved: list[np.ndarray] = []
         if self.real_transform:
             s: list[Any] = [slice(0, n) for n in trunc_array.shape]
-            padded_array[tuple(s)] = trunc_array
+            copies = [(padded_array[tuple(s)], trunc_array)]
+            s[axis] = _one(N - 1)
             if N % 2 == 0:
-                s[axis] = N - 1
-                last = tuple(s)
-                padded_array[last] = padded_array[last].real
-                padded_array[last] *= 0.5
+                halved.append(padded_array[tuple(s)])
         else:
             su: list[Any] = [slice(None)] * trunc_array.ndim
             su[axis] = slice(0, N // 2 + 1)
-            padded_array[tuple(su)] = trunc_array[tuple(su)]
-            su[axis] = slice(-(N // 2), None)
-            padded_array[tuple(su)] = trunc_array[tuple(su)]
+            copies = [(padded_array[tuple(su)], trunc_array[tuple(su)])]
+            if N // 2:
+                su[axis] = slice(-(N // 2), None)
+                copies.append((padded_array[tuple(su)], trunc_array[tuple(su)]))
             if N % 2 == 0:
-                su[axis] = N // 2
-                padded_array[tuple(su)] *= 0.5
-                su[axis] = -(N // 2)
-                padded_array[tuple(su)] *= 0.5
+                su[axis] = _one(N // 2)
+                halved.append(padded_array[tuple(su)])
+                su[axis] = _one(-(N // 2))
+                halved.append(padded_array[tuple(su)])
+        real_nyquist = self.real_transform
+
+        def pad() -> None:
+            padded_array.fill(0)
+            for dst, src in copies:
+                np.copyto(dst, src)
+            for view in halved:
+                if real_nyquist:
+                    view.imag = 0
+                view *= 0.5
+
+        return pad
 
 
 class FFT(FFTBase):
@@ -716,19 +759,45 @@ class FFT(FFTBase):
     def bind(self, src, dst, inverse: bool, normalize: bool, destroy_input: bool, factor):
         """A call with no arguments that does ``run(src, dst, ...)`` (no leading axes): for
         zcoll's parallel FFTs, which transform the same arrays again and again. Where the
-        backend can, the plan runs on the arrays directly, with no Python in between."""
-        engine = self._engine
-        if engine is not None and self._unpadded:
-            if factor is None:
-                factor = self._scale if normalize else 1.0
-            real_out = inverse and not self.real_transform and dst.dtype.kind == "f"
-            direct = not real_out and not (inverse and self.real_transform and not destroy_input)
-            if direct:
-                direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
-                call = engine.bind(src, dst, self.axes, direction, factor)
-                if call is not None:
-                    return call
-        return functools.partial(self.run, src, dst, inverse, normalize, destroy_input, factor, 0)
+        backend can, the plan runs on the arrays directly, with no Python in between (with
+        padding: the plan on a padded work array, and truncation or zero-padding by views made
+        once)."""
+        fallback = functools.partial(
+            self.run, src, dst, inverse, normalize, destroy_input, factor, 0
+        )
+        if self._engine is None:
+            return fallback
+        if factor is None:
+            factor = self._scale if normalize else 1.0
+        if self._unpadded:
+            return self._bind_default(src, dst, inverse, factor, destroy_input) or fallback
+        V = self.fwd.output_array
+        padded = self._work("padded", V.shape, V.dtype)
+        if inverse:
+            transform = self._bind_default(padded, dst, True, factor, True)
+            steps = (self._padding_plan(src, padded), transform)
+        else:
+            transform = self._bind_default(src, padded, False, factor, destroy_input)
+            steps = (transform, self._truncation_plan(padded, dst))
+        if transform is None:
+            return fallback
+        first, second = steps
+
+        def run_both() -> None:
+            first()
+            second()
+
+        return run_both
+
+    def _bind_default(self, src, dst, inverse: bool, factor, destroy_input: bool):
+        """The default transform src -> dst bound by the engine, or None where it cannot be
+        (a complex transform into a real array; a c2r that must keep its input)."""
+        assert self._engine is not None
+        real_out = inverse and not self.real_transform and dst.dtype.kind == "f"
+        if real_out or (inverse and self.real_transform and not destroy_input):
+            return None
+        direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
+        return self._engine.bind(src, dst, self.axes, direction, factor)
 
     def run(self, src, dst, inverse: bool, normalize: bool, destroy_input: bool, factor, lead: int):
         """:meth:`execute` without its argument checks, for callers whose arrays are right by
