@@ -98,6 +98,9 @@ def test_reduction_json_csv_plot(command, outdir):
         assert meta["speedup_small"] > 0 and meta["speedup_large"] > 0
         if command == "allreduce":
             assert meta["allreduce8_over_alltoall8"] > 0 and "65536" in document["over_memcpy"]
+        if command != "bcast":  # sizes where auto ran one of the timed algorithms
+            picks = document["pick_over_best"]
+            assert set(picks) <= {"8", "65536"} and all(r >= 1 for r in picks.values())
         assert {(int(r["block_bytes"]), r["method"]) for r in read_csv(files["csv"])} == expected
         assert_png(files["plot"])
 

@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=20, help="pairs per round (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--every", type=int, default=1, help="time every k-th configuration")
+    parser.add_argument("--padded", action="store_true", help="only configurations with padding")
     parser.add_argument("--noise", type=float, default=0.1, help="noise margin (default 0.1)")
     parser.add_argument(
         "--retime",
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     from test_mpi4py_fft_parity import configurations
 
     comm = MPI.COMM_WORLD
-    configs = configurations(comm.size)[:: args.every]
+    configs = [c for c in configurations(comm.size) if c[-1] or not args.padded][:: args.every]
     ratios = []
     for config in configs:
         r = time_config(comm, config, args.pairs, args.rounds)

@@ -25,10 +25,13 @@ communicator with that many ranks per node (see :mod:`zcoll._tuning`).
 ``allreduce`` (in ``--collectives`` by default) times every reduction algorithm (float64 sum,
 input in the arena, result in a private array, as the bench) at every message size of
 ``--reduction-sizes`` (default powers of two from 8 B to 32 MiB, bytes per rank), in the same
-interleaved rounds, and stores each algorithm's cost model as pieces ``a + b * m``: between two
-measured sizes the line through both measurements (a falling one flat at its end), below the first
-size its time, beyond the last the last piece extended. ``algorithm="auto"`` then takes the
-least predicted time (HPDC'13 §3.4) -- at a measured size, the algorithm that was fastest.
+interleaved rounds on each of three buffer allocations (the mean of their best rounds counts),
+and stores each algorithm's cost model as pieces ``a + b * m``: between two measured sizes the
+line through both measurements (a falling one flat at its end), below the first size its time,
+beyond the last the last piece extended. Algorithms are compared only within a size, where
+they share the machine's conditions: this VM's bursts of load last several sizes.
+``algorithm="auto"`` then takes the least predicted time (HPDC'13 §3.4) -- at a measured size,
+the algorithm that was fastest.
 """
 
 from __future__ import annotations
@@ -100,6 +103,13 @@ HYBRID_STEPS = 3  # thresholds T0, T0/2, T0/4
 SMALLEST_THRESHOLD = 4 * KIB  # below this the hybrid copy is as good as streaming
 DEFAULT_TIME_BUDGET = 0.1  # seconds per timed loop
 REPEATS = 3  # rounds over the candidates (the fastest counts: noise only ever adds time)
+# The reduction sweep's rounds run on this many buffer allocations, the mean of each
+# algorithm's best rounds counting: at 2-4 MiB tiled's time depends on where its buffers lie
+# (103 or 138 us at 2 MiB, steady within one allocation), so the best round of one allocation
+# made auto pick tiled where flat (109-113 us) was faster on average; the best of every
+# allocation's rounds would favour such an algorithm, the worst would count a burst of load
+# as the algorithm's.
+REDUCTION_ALLOCATIONS = 3
 REQUIRED_GAIN = 0.97  # a candidate must beat the built-in choice by 3% to get a rule
 
 
@@ -224,6 +234,7 @@ class _Sweep:
         self.eager_bytes = world.allreduce(self.ctx.core.eager_bytes, op=MPI.MIN)
         self.base_threshold = world.allreduce(self.ctx.core.copy_threshold(0), op=MPI.MIN)
         self.repeats = 1 if args.quick else REPEATS
+        self.reduction_allocations = 1 if args.quick else REDUCTION_ALLOCATIONS
 
     def buffers(self, collective: str, block: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.node.size
@@ -320,7 +331,7 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
         len(sw.args.reduction_sizes) * len(REDUCE_ALGORITHMS) if REDUCTION in collectives else 0
     )
     tuned = [c for c in collectives if c != REDUCTION]
-    return (len(tuned) * sum(per_size) + reductions) * sw.repeats
+    return (len(tuned) * sum(per_size) + reductions * sw.reduction_allocations) * sw.repeats
 
 
 def _allreduce_with(comm: MPI.Comm, send, recv, algorithm: str) -> None:
@@ -328,20 +339,29 @@ def _allreduce_with(comm: MPI.Comm, send, recv, algorithm: str) -> None:
 
 
 def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str, float]]:
-    """Seconds per allreduce of every algorithm at every size (bytes per rank), the best of
-    the interleaved rounds, the slowest node's: ``{size: {algorithm: seconds}}``; collective."""
+    """Seconds per allreduce of every algorithm at every size (bytes per rank): the best of
+    the interleaved rounds, the slowest node's, averaged over the buffer allocations:
+    ``{size: {algorithm: seconds}}``; collective."""
     results: dict[int, dict[str, float]] = {}
     for nbytes in sizes:
-        send = zcoll.empty(sw.node, nbytes // 8, np.float64)
-        send[:] = sw.node.rank + 1.0  # owner's first touch
-        recv = np.zeros(nbytes // 8)
-        # Through the public call, as programs make it (one crossing into the engine).
-        calls = {
-            a: functools.partial(_allreduce_with, sw.node, send, recv, a) for a in REDUCE_ALGORITHMS
-        }
         wanted = sw.args.iterations or default_iterations(nbytes, 1, sw.oversubscription)
         label = f"{REDUCTION} {format_size(nbytes)} {{}}".format
-        results[nbytes] = sw.best_of_rounds(calls, wanted, report, label)
+        kept = []  # every allocation alive until the size is done: each at new addresses
+        for _ in range(sw.reduction_allocations):
+            send = zcoll.empty(sw.node, nbytes // 8, np.float64)
+            send[:] = sw.node.rank + 1.0  # owner's first touch
+            recv = np.zeros(nbytes // 8)
+            kept.append((send, recv))
+            # Through the public call, as programs make it (one crossing into the engine).
+            calls = {
+                a: functools.partial(_allreduce_with, sw.node, send, recv, a)
+                for a in REDUCE_ALGORITHMS
+            }
+            timed = sw.best_of_rounds(calls, wanted, report, label)
+            total = results.setdefault(nbytes, dict.fromkeys(timed, 0.0))
+            for a, t in timed.items():
+                total[a] += t / sw.reduction_allocations
+        del kept
     return results
 
 

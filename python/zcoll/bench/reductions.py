@@ -25,7 +25,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _core
+from zcoll import _context, _core
 from zcoll._registry import AUTO, TEMPORAL
 
 from .collectives import Call, Timer
@@ -56,6 +56,7 @@ __all__ = ["REDUCTION_COMMANDS", "add_reduction_options", "finish_reduction_args
 #: The subcommands of this module.
 REDUCTION_COMMANDS = ("allreduce", "reduce", "bcast", "barrier")
 ALL_ALGORITHMS = (*zcoll.REDUCE_ALGORITHMS, AUTO)
+BY_SIZE = ("over_memcpy", "pick_over_best")  # summary entries keyed by message size
 SMALL = 16 * KIB  # summary: geometric mean over messages <= this ...
 LARGE = 64 * KIB  # ... and over messages >= this (and the memcpy bound from here)
 ALLTOALL8 = "alltoall8"  # the 8-byte-block zcoll.alltoall reference
@@ -174,7 +175,9 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     command = args.command
     names = ["zcoll"] if command == "bcast" else list(args.algorithms)
     width = max(12, *(len(n) + 2 for n in names))
-    extra = ["speedup", "auto/best"] if command != "bcast" else ["speedup"]
+    extra = ["speedup", "auto/best", "auto ran"] if command != "bcast" else ["speedup"]
+    picks = AUTO in names and command != "bcast"
+    core = _context.context(comm).core if picks else None
     report(
         f"{'bytes':>9}{MPI_METHOD:>{width}}"
         + "".join(f"{n:>{width}}" for n in names)
@@ -184,6 +187,7 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     rows: list[dict] = []
     by_size: dict[int, dict[str, float]] = {}
     bound: dict[int, float] = {}
+    chosen: dict[int, str] = {}
     report.start(len(args.sizes) * (1 + len(names)) * args.rounds, command)
     try:
         for nbytes in args.sizes:
@@ -228,10 +232,13 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
             fixed = [latencies[n] for n in names if n != AUTO]
             if command != "bcast" and AUTO in latencies and fixed:
                 line += f"{latencies[AUTO] / min(fixed):>11.2f}"
+            if core is not None:
+                chosen[nbytes] = core.reduction_choice(nbytes)
+                line += f"{chosen[nbytes]:>15}"
             report(line)
     finally:
         report.close()
-    summary = summarise(by_size, names, bound)
+    summary = summarise(by_size, names, bound, chosen)
     if command == "allreduce":
         eight = _timed(timer, _alltoall8(comm), 8)
         rows.append(_row(command, comm, 8, ALLTOALL8, eight))
@@ -241,9 +248,13 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     return rows, summary
 
 
-def summarise(by_size: dict, names: list[str], bound: dict[int, float]) -> dict:
+def summarise(
+    by_size: dict, names: list[str], bound: dict[int, float], chosen: dict[int, str]
+) -> dict:
     """Geometric-mean speedups of "auto" (or the one zcoll method) and of the best algorithm
-    over MPI, small and large messages; the worst auto/best-fixed ratio; the memcpy bound."""
+    over MPI, small and large messages; the worst auto/best-fixed ratio, and that of the
+    algorithm auto ran (`chosen`, by size) timed as a fixed one: apart from auto's own noise,
+    which size the model got wrong; the memcpy bound."""
     out: dict = {}
     method = AUTO if AUTO in names else names[0]
     for label, within in (("small", lambda b: b <= SMALL), ("large", lambda b: b >= LARGE)):
@@ -259,6 +270,13 @@ def summarise(by_size: dict, names: list[str], bound: dict[int, float]) -> dict:
         out["auto_over_best_max"] = max(
             by_size[b][AUTO] / min(by_size[b][n] for n in fixed) for b in by_size
         )
+        pick_over_best = {
+            b: by_size[b][chosen[b]] / min(by_size[b][n] for n in fixed)
+            for b in by_size
+            if chosen.get(b) in by_size[b]
+        }
+        if pick_over_best:
+            out["pick_over_best"] = pick_over_best
     if bound:
         out["over_memcpy"] = {
             b: min(by_size[b][n] for n in names) / bound[b] for b in sorted(bound)
@@ -292,6 +310,14 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
         )
         if "auto_over_best_max" in summary:
             report(f"auto / best fixed algorithm, worst size: {summary['auto_over_best_max']:.2f}")
+        if summary.get("pick_over_best"):
+            worst = max(summary["pick_over_best"].items(), key=lambda item: item[1])
+            off = [format_size(b) for b, r in summary["pick_over_best"].items() if r > 1.1]
+            report(
+                f"the algorithm auto ran, timed as a fixed one / best fixed: worst "
+                f"{worst[1]:.2f} at {format_size(worst[0])}; beyond 1.10 at "
+                f"{', '.join(off) or 'no size'}"
+            )
         if summary.get("over_memcpy"):
             text = ", ".join(f"{format_size(b)} {r:.2f}" for b, r in summary["over_memcpy"].items())
             report(f"best / memcpy of the message on every rank (the bandwidth bound): {text}")
@@ -308,9 +334,9 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
             **common_metadata(comm, args, layout, now, command),
             "bench_method": "warm",
             "algorithms": list(getattr(args, "algorithms", [])),
-            **{k: v for k, v in summary.items() if k != "over_memcpy"},
+            **{k: v for k, v in summary.items() if k not in BY_SIZE},
         }
-        extra = {"over_memcpy": {str(k): v for k, v in summary.get("over_memcpy", {}).items()}}
+        extra = {k: {str(b): v for b, v in summary.get(k, {}).items()} for k in BY_SIZE}
         write_outputs(args, rows, metadata, FIELDS, extra)
     return 0
 
