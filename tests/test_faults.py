@@ -28,7 +28,16 @@ import traceback
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_leaks import check_job_with_killed_rank, killing_job
+from test_leaks import (
+    check_job_with_killed_rank,
+    job_env,
+    killing_job,
+    leaked_entries,
+    mpiexec,
+    read_job_pids,
+    run_job,
+    zcoll_shm_entries,
+)
 
 import zcoll
 from conftest import all_ranks_agree
@@ -281,6 +290,9 @@ def _survivor_scenario(victim: int, rounds: int = 5):
             msg = down.recv(120)  # killed while waiting here, or told to come late
             if msg["kind"] == "late":
                 up.send({"kind": "late", **_timed_barrier(ctx)})
+            elif msg["kind"] == "depart":  # as the interpreter's exit hooks do
+                _core.depart_everywhere(_core.DEPARTED_EXCEPTION, "ValueError")
+                up.send({"kind": "departed", "t": time.monotonic()})
             _wait_for_exit(down)
             return
         assert down.recv(120)["kind"] == "go"
@@ -339,6 +351,42 @@ def test_killed_peer_is_reported_dead(barrier, when):
         assert "did not arrive" not in message, message
         detected = first["t1"] - t_kill
         assert detected < 2.0, f"rank {rank}: death noticed {detected:.2f} s after the kill"
+        _check_broken_afterwards(rank, result)
+
+
+@alone
+@pytest.mark.parametrize("when", ["while_waiting", "before_arrival"])
+@pytest.mark.parametrize("barrier", BARRIER_KINDS)
+def test_departed_peer_is_reported_at_once(barrier, when):
+    """Child 2 announces its departure (what zcoll's exit hooks do on an uncaught exception)
+    but stays alive, as a rank inside MPI_Finalize does: children 0 and 1 in barrier() raise
+    PeerError "... 2 ... left on an uncaught ValueError" within 1 s although the timeout is
+    30 s, whether they were asleep in the barrier or entered it afterwards."""
+    victim = 2
+    with ForkedNode(3, _survivor_scenario(victim), timeout=30.0,
+                    barrier=BARRIER_KINDS.index(barrier)) as node:  # fmt: skip
+        for rank in range(3):
+            node.expect(rank, "rounds")
+        if when == "before_arrival":
+            node.send(victim, {"kind": "depart"})
+            t_depart = node.expect(victim, "departed")["t"]
+        for rank in (0, 1):
+            node.send(rank, {"kind": "go"})
+        if when == "while_waiting":
+            time.sleep(0.3)  # they are asleep in the barrier by now
+            node.send(victim, {"kind": "depart"})
+            t_depart = node.expect(victim, "departed")["t"]
+        results = {rank: node.expect(rank, "result", timeout=20) for rank in (0, 1)}
+        node.finish()
+    for rank, result in results.items():
+        first = result["first"]
+        assert first["error"] is not None, f"rank {rank}: barrier() succeeded without rank 2"
+        message = first["error"]
+        left = rf"peer rank {victim} \(pid {node.pids[victim]}\) left on an uncaught ValueError"
+        assert re.search(left, message), message
+        assert "did not arrive" not in message and "died" not in message, message
+        noticed = first["t1"] - max(t_depart, first["t0"])
+        assert noticed < 1.0, f"rank {rank}: departure noticed after {noticed:.2f} s"
         _check_broken_afterwards(rank, result)
 
 
@@ -557,6 +605,129 @@ def test_job_with_a_killed_rank_ends_cleanly(tmp_path, victim):
     under --enable-recovery, MPI_Finalize waits forever for the dead rank in some runs. Without
     Open MPI, the survivors' reports are not checked."""
     check_job_with_killed_rank(tmp_path, KILL_JOB, victim)
+
+
+DEPARTING_JOB = """
+import os, signal, sys, time
+import numpy as np
+from mpi4py import MPI
+import zcoll
+
+comm = MPI.COMM_WORLD
+mode, out = sys.argv[1], sys.argv[2]
+with open(os.path.join(out, f"pid.{comm.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+send = zcoll.empty(comm, (comm.size, 4), np.float64)
+recv = zcoll.empty(comm, (comm.size, 4), np.float64)
+for _ in range(100):
+    zcoll.alltoall(comm, send, recv)
+comm.Barrier()
+if comm.rank == 1:
+    if mode == "exception":
+        raise ZeroDivisionError("rank 1 fails on purpose")
+    if mode == "sys_exit":
+        sys.exit(3)
+    if mode == "sigterm":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)  # not reached: the default action ends the process
+    if mode == "sigint":  # Ctrl-C: KeyboardInterrupt, here uncaught
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(60)  # interrupted
+    # "end": the script ends while its peers call one more collective
+else:
+    t0 = time.monotonic()
+    try:
+        zcoll.alltoall(comm, send, recv)
+        print(f"<<DONE rank={comm.rank}>>", flush=True)
+    except zcoll.PeerError as exc:
+        print(f"<<PEERERROR rank={comm.rank} after={time.monotonic() - t0:.3f} {exc}>>", flush=True)
+        sys.exit(3)
+"""
+
+DEPARTURES = {
+    "exception": "left on an uncaught ZeroDivisionError",
+    "sys_exit": r"left \(its Python interpreter exited\)",
+    "end": r"left \(its Python interpreter exited\)",
+    "sigterm": "left on SIGTERM",
+    "sigint": "left on an uncaught KeyboardInterrupt",
+}
+
+
+@alone
+@pytest.mark.parametrize("mode", list(DEPARTURES))
+def test_departing_rank_ends_the_job_at_once(tmp_path, mode):
+    """Rank 1 of 4 leaves (an uncaught exception, sys.exit, the end of its script, SIGTERM)
+    while the others enter one more alltoall; run as `python job.py` (no `-m mpi4py`), its
+    process lives on in MPI_Finalize or dies of the signal. The others raise PeerError naming
+    rank 1 and how it left within 1 s (2 s allowed on a loaded machine) although
+    ZCOLL_TIMEOUT is 60 s, the job ends, and no zcoll segment of it is left in /dev/shm."""
+    script = tmp_path / "job.py"
+    script.write_text(DEPARTING_JOB)
+    before = zcoll_shm_entries()
+    cmd = mpiexec(4) + [sys.executable, str(script), mode, str(tmp_path)]
+    t0 = time.monotonic()
+    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="60"), timeout=60)
+    took = time.monotonic() - t0
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == 4, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    reports = re.findall(r"<<PEERERROR rank=(\d+) after=([\d.]+) (.*?)>>", proc.stdout, re.S)
+    assert sorted(r for r, _, _ in reports) == ["0", "2", "3"], f"{proc.stdout}\n{proc.stderr}"
+    for rank, after, message in reports:
+        assert re.search(rf"peer rank 1 \(pid \d+\) {DEPARTURES[mode]}", message), message
+        assert float(after) < 2.0, f"rank {rank} raised after {after} s: {message}"
+    assert "<<DONE" not in proc.stdout, proc.stdout
+    assert took < 45, f"the job took {took:.1f} s"
+
+
+INTERRUPTED_JOB = """
+import os, signal, sys, threading, time
+import numpy as np
+from mpi4py import MPI
+import zcoll
+
+comm = MPI.COMM_WORLD
+out = sys.argv[1]
+with open(os.path.join(out, f"pid.{comm.rank}"), "w") as f:
+    f.write(str(os.getpid()))
+send = zcoll.empty(comm, (comm.size, 4), np.float64)
+recv = zcoll.empty(comm, (comm.size, 4), np.float64)
+zcoll.alltoall(comm, send, recv)
+comm.Barrier()
+if comm.rank == 1:
+    time.sleep(5)  # late: the others block in the alltoall meanwhile
+if comm.rank == 0:
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+t0 = time.monotonic()
+try:
+    zcoll.alltoall(comm, send, recv)
+    print(f"<<DONE rank={comm.rank}>>", flush=True)
+except KeyboardInterrupt:
+    print(f"<<INTERRUPTED rank={comm.rank} after={time.monotonic() - t0:.3f}>>", flush=True)
+except zcoll.PeerError as exc:
+    print(f"<<PEERERROR rank={comm.rank} {exc}>>", flush=True)
+"""
+
+
+@alone
+def test_ctrl_c_reaches_a_rank_blocked_in_a_wait(tmp_path):
+    """SIGINT on rank 0 while it waits in an alltoall for a late rank 1 (ZCOLL_TIMEOUT 60 s):
+    KeyboardInterrupt on rank 0 within 1 s (2 s allowed), as Python raises it anywhere else;
+    the others do not pass the abandoned call (PeerError), the job ends, nothing is left in
+    /dev/shm."""
+    script = tmp_path / "job.py"
+    script.write_text(INTERRUPTED_JOB)
+    before = zcoll_shm_entries()
+    cmd = mpiexec(3) + [sys.executable, str(script), str(tmp_path)]
+    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="60"), timeout=60)
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    interrupted = re.findall(r"<<INTERRUPTED rank=(\d+) after=([\d.]+)>>", proc.stdout)
+    assert [r for r, _ in interrupted] == ["0"], f"{proc.stdout}\n{proc.stderr}"
+    assert float(interrupted[0][1]) < 2.5, f"KeyboardInterrupt after {interrupted[0][1]} s"
+    assert "<<DONE" not in proc.stdout, proc.stdout
+    assert len(re.findall(r"<<PEERERROR rank=[12] ", proc.stdout)) == 2, proc.stdout
 
 
 def _timed_plan_run(plan, poll: bool) -> dict:

@@ -310,16 +310,17 @@ def test_no_leak_after_a_normal_run(tmp_path):
 @pytest.mark.parametrize("launch", ["python", "python_m_mpi4py"])
 def test_no_leak_when_a_rank_raises(tmp_path, launch):
     """Rank 1 dies of an uncaught exception mid-run. Run as `python job.py`, it then waits in
-    MPI_Finalize (alive, so its peers raise PeerError after ZCOLL_TIMEOUT=5 s and the job ends);
-    run as `python -m mpi4py job.py`, it calls MPI_Abort and mpiexec tears the job down."""
+    MPI_Finalize, having announced its departure: its peers raise PeerError saying it left, and
+    the job ends; run as `python -m mpi4py job.py`, it calls MPI_Abort and mpiexec tears the
+    job down."""
     python = ("-m", "mpi4py") if launch == "python_m_mpi4py" else ()
     proc, before, pids, took = run_leak_job(tmp_path, "raise", python=python)
     assert proc.returncode != 0, "the job succeeded although rank 1 raised"
     assert "rank 1 fails on purpose" in proc.stderr, proc.stderr
     assert "DONE" not in proc.stdout, proc.stdout
     if not python:
-        errors = re.findall(r"PeerError: zcoll: rank (\d+): peer rank\(s\) 1 \(pid \d+\) did not "
-                            r"arrive within the timeout", proc.stderr)  # fmt: skip
+        errors = re.findall(r"PeerError: zcoll: rank (\d+): peer rank 1 \(pid \d+\) left on an "
+                            r"uncaught RuntimeError", proc.stderr)  # fmt: skip
         assert sorted(errors) == ["0", "2"], proc.stderr
     assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
 

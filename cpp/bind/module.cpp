@@ -15,4 +15,5 @@ PYBIND11_MODULE(_core, m) {
   zcoll::bind::register_tuning(m);
   zcoll::bind::register_topology(m);
   zcoll::bind::register_copy(m);
+  zcoll::bind::register_departure(m);
 }

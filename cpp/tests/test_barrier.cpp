@@ -398,3 +398,68 @@ TEST_CASE("barrier: poll before the others arrive says no, then completes") {
     CHECK(second.completed() == 1);
   }
 }
+
+TEST_CASE("barrier: a departed participant is reported at once, with how it left") {
+  for (barrier_kind kind : all_kinds) {
+    INFO(kind_name(kind));
+    shared_area s;
+    constexpr int n = 3;
+    const std::vector<std::int32_t> pids(n, ::getpid());  // all alive: only depart() tells
+    std::vector<std::string> message(n);
+    std::vector<double> took(n, -1);
+    auto participant = [&](int r) {
+      auto b = make_barrier(s.area, r, n, kind, quick(30.0, 0, 0), pids);
+      b.wait();
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        b.wait();  // rank 2 departs instead
+      } catch (const zcoll::peer_error& e) {
+        message[static_cast<std::size_t>(r)] = e.what();
+      }
+      took[static_cast<std::size_t>(r)] = seconds_since(t0);
+    };
+    std::thread t0(participant, 0), t1(participant, 1);
+    auto leaving = make_barrier(s.area, 2, n, kind, quick(30.0, 0, 0), pids);
+    leaving.wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the others sleep by now
+    leaving.depart(zcoll::departure_reason::exception, "ZeroDivisionError");
+    leaving.depart(zcoll::departure_reason::exited, "");  // the first announcement counts
+    t0.join();
+    t1.join();
+    for (int r = 0; r < 2; ++r) {
+      const std::string& m = message[static_cast<std::size_t>(r)];
+      INFO("rank " << r << ": " << m);
+      CHECK(m.find("peer rank 2 (pid " + std::to_string(::getpid()) +
+                   ") left on an uncaught ZeroDivisionError") != std::string::npos);
+      CHECK(m.find("did not arrive") == std::string::npos);
+      CHECK(took[static_cast<std::size_t>(r)] < 1.0);
+    }
+  }
+}
+
+TEST_CASE("barrier: the interrupt check abandons a wait, and the peers do not pass it") {
+  shared_area s;
+  const std::vector<std::int32_t> pids(2, ::getpid());
+  static std::atomic<bool> interrupt{false};
+  zcoll::set_interrupt_check([] { return interrupt.load(); });
+  auto b0 = make_barrier(s.area, 0, 2, barrier_kind::flat, quick(30.0, 0, 0), pids);
+  auto b1 = make_barrier(s.area, 1, 2, barrier_kind::flat, quick(30.0, 0, 0), pids);
+  std::string what;
+  double took = -1;
+  std::thread waiter([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      b0.wait();  // rank 1 never comes
+    } catch (const zcoll::wait_interrupted& e) {
+      what = e.what();
+    }
+    took = seconds_since(t0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  interrupt = true;
+  waiter.join();
+  zcoll::set_interrupt_check(nullptr);
+  CHECK(what.find("interrupted by a signal") != std::string::npos);
+  CHECK(took < 1.0);
+  CHECK_THROWS_AS(b1.wait(), zcoll::peer_error);  // rank 0 gave up this barrier
+}

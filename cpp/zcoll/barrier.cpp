@@ -92,6 +92,27 @@ node_barrier::node_barrier(detail::barrier_shared* shared, std::atomic<std::uint
     kind_ = barrier_kind::flat;
 }
 
+namespace {
+
+std::atomic<interrupt_check> interrupt_check_{nullptr};
+
+// "left (uncaught ZeroDivisionError)" and the like, for peer_error messages.
+std::string departure_text(const detail::barrier_rank_words& w) {
+  const auto reason = static_cast<departure_reason>(w.departed.load(std::memory_order_acquire));
+  std::string text(w.why, ::strnlen(w.why, detail::departure_text_bytes));
+  switch (reason) {
+    case departure_reason::exception:
+      return "left on an uncaught " + (text.empty() ? std::string("exception") : text);
+    case departure_reason::signal:
+      return "left on " + (text.empty() ? std::string("a signal") : text);
+    case departure_reason::exited:
+      break;
+  }
+  return "left (its Python interpreter exited" + (text.empty() ? "" : ": " + text) + ")";
+}
+
+}  // namespace
+
 void node_barrier::check_nobody_gave_up() const {
   const std::int32_t who = shared_->gave_up.load(std::memory_order_acquire);
   if (who == 0) return;
@@ -106,9 +127,13 @@ void node_barrier::check_nobody_gave_up() const {
   }
   std::string msg = "zcoll: rank " + std::to_string(comm_ranks_[static_cast<std::size_t>(rank_)]) +
                     ": peer rank " + std::to_string(who - 1) +
-                    " gave up waiting on this communicator earlier (a rank died or did not "
-                    "arrive in time); its zcoll context is unusable";
+                    " gave up waiting on this communicator earlier (a rank died, left or did "
+                    "not arrive in time); its zcoll context is unusable";
   if (n_dead) msg += "; peer rank(s) " + dead.str() + " died";
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && words_[r].departed.load(std::memory_order_acquire) != 0)
+      msg += "; peer rank " + std::to_string(comm_ranks_[static_cast<std::size_t>(r)]) + " " +
+             departure_text(words_[r]);
   throw peer_error(msg);
 }
 
@@ -168,7 +193,7 @@ bool node_barrier::poll() {
   }
   if (!done) {  // as wait_until does after each sleep, without the deadline
     if (shared_->gave_up.load(std::memory_order_acquire) != 0) raise_for_laggards(target, true);
-    if (any_laggard_dead(target)) raise_for_laggards(target, false);
+    if (any_laggard_gone(target)) raise_for_laggards(target, false);
     return false;
   }
   count_ = target;
@@ -240,9 +265,11 @@ void node_barrier::wait_until(Ready ready, std::atomic<std::uint32_t>& word,
     if (!ready()) futex_wait(word, seen, options_.sleep_slice_s);
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (ready()) return;
+    if (const auto check = interrupt_check_.load(std::memory_order_relaxed); check && check())
+      abandon_interrupted();
     // A peer already gave up on the same laggards: report them now rather than wait it out.
     if (shared_->gave_up.load(std::memory_order_acquire) != 0) raise_for_laggards(target, true);
-    if (any_laggard_dead(target)) raise_for_laggards(target, false);
+    if (any_laggard_gone(target)) raise_for_laggards(target, false);
     if (clock_type::now() >= deadline) raise_for_laggards(target, true);
   }
 }
@@ -252,40 +279,85 @@ std::uint64_t node_barrier::arrivals(int r) const noexcept {
                   entered(r, 1).load(std::memory_order_acquire));
 }
 
-bool node_barrier::any_laggard_dead(std::uint64_t target) const {
-  for (int r = 0; r < size_; ++r)
-    if (arrivals(r) < target && detail::process_is_dead(pids_[static_cast<std::size_t>(r)]))
-      return true;
+bool node_barrier::any_laggard_gone(std::uint64_t target) const {
+  for (int r = 0; r < size_; ++r) {
+    if (arrivals(r) >= target) continue;
+    if (words_[r].departed.load(std::memory_order_acquire) != 0) return true;
+    if (detail::process_is_dead(pids_[static_cast<std::size_t>(r)])) return true;
+  }
   return false;
+}
+
+void set_interrupt_check(interrupt_check check) noexcept {
+  interrupt_check_.store(check, std::memory_order_relaxed);
+}
+
+void node_barrier::abandon_interrupted() {
+  // This rank leaves a barrier it may already have entered: its peers must not go on past it.
+  std::int32_t none = 0;
+  shared_->gave_up.compare_exchange_strong(none, comm_ranks_[static_cast<std::size_t>(rank_)] + 1,
+                                           std::memory_order_acq_rel);
+  wake_everyone();
+  throw wait_interrupted("zcoll: rank " +
+                         std::to_string(comm_ranks_[static_cast<std::size_t>(rank_)]) +
+                         ": a wait was interrupted by a signal; this communicator's zcoll "
+                         "context is unusable");
+}
+
+void node_barrier::depart(departure_reason reason, const char* text) noexcept {
+  auto& mine = words_[rank_];
+  if (mine.departed.load(std::memory_order_acquire) != 0) return;
+  std::size_t n = 0;
+  for (; text != nullptr && text[n] != '\0' && n + 1 < detail::departure_text_bytes; ++n)
+    mine.why[n] = text[n];
+  mine.why[n] = '\0';
+  mine.departed.store(static_cast<std::int32_t>(reason), std::memory_order_seq_cst);
+  wake_everyone();
+}
+
+void node_barrier::wake_everyone() noexcept {
+  shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  wake_all(shared_->doorbell, shared_->sleepers);
+  wake_all(shared_->generation, shared_->sleepers);
+  for (int r = 0; r < size_; ++r)
+    for (auto& flag : words_[r].round_flag) wake_all(flag, words_[r].sleepers);
 }
 
 void node_barrier::raise_for_laggards(std::uint64_t target, bool timed_out) {
   std::int32_t none = 0;
   shared_->gave_up.compare_exchange_strong(none, comm_ranks_[static_cast<std::size_t>(rank_)] + 1,
                                            std::memory_order_acq_rel);
-  shared_->doorbell.fetch_add(1, std::memory_order_seq_cst);  // wake sleepers: they must fail
-  wake_all(shared_->doorbell, shared_->sleepers);
-  wake_all(shared_->generation, shared_->sleepers);
-  std::ostringstream dead, missing;
+  wake_everyone();  // sleepers must fail too
+  std::ostringstream dead, missing, left;
   int n_dead = 0, n_missing = 0;
   for (int r = 0; r < size_; ++r) {
     if (arrivals(r) >= target) continue;
     const auto pid = pids_[static_cast<std::size_t>(r)];
+    const auto who = comm_ranks_[static_cast<std::size_t>(r)];
+    if (words_[r].departed.load(std::memory_order_acquire) != 0) {
+      left << (left.tellp() > 0 ? "; " : "") << "peer rank " << who << " (pid " << pid << ") "
+           << departure_text(words_[r]);
+      continue;
+    }
     const bool is_dead = detail::process_is_dead(pid);
     auto& out = is_dead ? dead : missing;
     int& n = is_dead ? n_dead : n_missing;
-    out << (n++ ? ", " : "") << comm_ranks_[static_cast<std::size_t>(r)] << " (pid " << pid << ")";
+    out << (n++ ? ", " : "") << who << " (pid " << pid << ")";
   }
   std::ostringstream msg;
   msg << "zcoll: rank " << comm_ranks_[static_cast<std::size_t>(rank_)] << ": ";
+  const bool any_left = left.tellp() > 0;
+  if (any_left) msg << left.str();
+  if (any_left && n_dead) msg << "; ";
   if (n_dead) msg << "peer rank(s) " << dead.str() << " died";
-  if (n_dead && n_missing) msg << "; ";
+  if ((any_left || n_dead) && n_missing) msg << "; ";
   if (n_missing)
     msg << "peer rank(s) " << missing.str() << " did not arrive"
         << (timed_out ? " within the timeout" : "");
-  if (!n_dead && !n_missing) msg << "a peer stopped participating";
-  msg << " (waited up to " << options_.timeout_s
-      << " s; set ZCOLL_TIMEOUT or zcoll.set_timeout to change the bound)";
+  if (!any_left && !n_dead && !n_missing) msg << "a peer stopped participating";
+  if (n_missing || !(any_left || n_dead))
+    msg << " (waited up to " << options_.timeout_s
+        << " s; set ZCOLL_TIMEOUT or zcoll.set_timeout to change the bound)";
   throw peer_error(msg.str());
 }
 

@@ -10,8 +10,9 @@
  * Waiting is tiered: a short busy poll (skipped when the node is oversubscribed: a spinning rank
  * would steal the core of the rank it waits for), then sched_yield, then a cross-process futex
  * sleep in short slices. After each slice the ranks that have not arrived yet are checked: a dead
- * process is reported at once, a live one when the configured timeout has passed. Arrivals only
- * pay for futex_wake when somebody sleeps.
+ * process, or one that announced its departure (depart(): its interpreter is exiting, on an
+ * uncaught exception or a signal), is reported at once, a live one when the configured timeout
+ * has passed. Arrivals only pay for futex_wake when somebody sleeps; a departure wakes everyone.
  *
  * Algorithms (HPDC'13 §3): flat (default; P reads per rank, best for the P <= 64 of one node),
  * a central counter, and dissemination (log2 P rounds of pairwise flags).
@@ -46,17 +47,35 @@ struct alignas(cache_line) barrier_shared {
   char pad2[cache_line - sizeof(std::int32_t)];
 };
 
-// Per-rank words of the dissemination barrier.
+inline constexpr std::size_t departure_text_bytes = cache_line - sizeof(std::int32_t);
+
+// Per-rank words of the dissemination barrier, and the rank's departure notice.
 struct alignas(cache_line) barrier_rank_words {
   std::atomic<std::uint32_t> sleepers;  // this rank asleep on one of its round flags
   char pad0[cache_line - sizeof(std::uint32_t)];
   std::atomic<std::uint32_t> round_flag[max_dissemination_rounds];  // signals received per round
+  // 0 while the rank takes part; a departure_reason once it left (written once, after `why`).
+  alignas(cache_line) std::atomic<std::int32_t> departed;
+  char why[departure_text_bytes];  // NUL-terminated detail, e.g. the exception's type
 };
 
 // True when `pid` no longer runs (gone, or a zombie awaiting its parent).
 bool process_is_dead(std::int32_t pid) noexcept;
 
 }  // namespace detail
+
+// Called by every wait after each sleep slice: true abandons the wait (wait_interrupted). The
+// binding checks for Python's pending signals there, so that Ctrl-C reaches a rank blocked in
+// a wait. Process-wide; none by default.
+using interrupt_check = bool (*)();
+void set_interrupt_check(interrupt_check check) noexcept;
+
+// Why a rank left its contexts (see node_barrier::depart).
+enum class departure_reason : std::int32_t {
+  exited = 1,     // its interpreter exited (end of script, sys.exit) while it held the context
+  exception = 2,  // an uncaught exception; the detail names its type
+  signal = 3,     // a terminating signal (SIGTERM); the detail names it
+};
 
 // Called once per wait, just before a rank stops busy-polling and starts yielding or sleeping:
 // the binding uses it to release the GIL only when a call really blocks.
@@ -96,6 +115,11 @@ class node_barrier {
   bool poll();
   bool arrived() const noexcept { return pending_ != 0; }
 
+  // Announces that this rank leaves: peers waiting for it (now or later) raise peer_error naming
+  // it and `reason` at once instead of after the timeout. The first call counts. Only atomic
+  // stores and futex wakes: safe in a signal handler.
+  void depart(departure_reason reason, const char* text) noexcept;
+
   std::uint64_t completed() const noexcept { return count_; }
   const wait_options& options() const noexcept { return options_; }
   void set_options(const wait_options& options) noexcept { options_ = options; }
@@ -114,8 +138,10 @@ class node_barrier {
   void wait_until(Ready ready, std::atomic<std::uint32_t>& word,
                   std::atomic<std::uint32_t>& sleepers, std::uint64_t target);
   [[noreturn]] void raise_for_laggards(std::uint64_t target, bool timed_out);
+  [[noreturn]] void abandon_interrupted();
   void check_nobody_gave_up() const;
-  bool any_laggard_dead(std::uint64_t target) const;
+  bool any_laggard_gone(std::uint64_t target) const;  // dead, or departed
+  void wake_everyone() noexcept;
 
   detail::barrier_shared* shared_;
   std::atomic<std::uint64_t>* entered_;

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "zcoll/copy.hpp"
+#include "zcoll/departure.hpp"
 
 namespace zcoll {
 
@@ -27,7 +28,9 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
     : config_(std::move(config)),
       protocol_(std::move(control), checked(config_)),
       segments_(protocol_, config_.rank, config_.size, config_.pids),
-      policy_(config_.size) {}
+      policy_(config_.size) {
+  watch_departure(&protocol_.barrier());
+}
 
 node_context::~node_context() {
   close();
@@ -35,6 +38,7 @@ node_context::~node_context() {
 
 void node_context::close() noexcept {
   if (protocol_.closed()) return;
+  unwatch_departure(&protocol_.barrier());
   segments_.close();
   eager_.reset();
   schedules_.clear();

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import atexit
 import os
+import signal
+import sys
 import time
 import weakref
 from typing import NoReturn
@@ -351,11 +353,27 @@ def context(comm: MPI.Comm) -> Context:
 
 
 def _close_all() -> None:
+    # Peers still waiting for this rank (it leaves with them inside a collective) learn it now,
+    # not after their timeout: the process lives on in MPI_Finalize, where no liveness check
+    # can see that it left.
+    _core.depart_everywhere(_core.DEPARTED_EXITED, "")
     for ctx in list(_live_contexts):
         ctx.close()
 
 
+def _announce_uncaught(exc_type, exc, tb) -> None:
+    """sys.excepthook: the departure, with the exception's type, then the previous hook."""
+    _core.depart_everywhere(_core.DEPARTED_EXCEPTION, getattr(exc_type, "__name__", "exception"))
+    _previous_excepthook(exc_type, exc, tb)
+
+
+# mpi4py finalizes MPI from Py_AtExit, after every atexit handler: this one runs first.
 atexit.register(_close_all)
+_previous_excepthook = sys.excepthook
+sys.excepthook = _announce_uncaught
+# mpiexec ends a job with SIGTERM: the handler announces the departure, then hands the signal
+# on (to a Python handler installed before zcoll, or the default action).
+_core.install_departure_handler(signal.SIGTERM)
 
 
 def _as_dtype(dtype) -> np.dtype:
