@@ -119,6 +119,8 @@ class node_barrier {
   // it and `reason` at once instead of after the timeout. The first call counts. Only atomic
   // stores and futex wakes: safe in a signal handler.
   void depart(departure_reason reason, const char* text) noexcept;
+  // The process of this rank, as given at construction.
+  std::int32_t own_pid() const noexcept { return pids_[static_cast<std::size_t>(rank_)]; }
 
   std::uint64_t completed() const noexcept { return count_; }
   const wait_options& options() const noexcept { return options_; }

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -72,8 +73,12 @@ void unwatch_departure(node_barrier* barrier) noexcept {
 }
 
 void depart_everywhere(departure_reason reason, const char* text) noexcept {
-  for (auto& slot : watched)
-    if (node_barrier* b = slot.load(std::memory_order_acquire)) b->depart(reason, text);
+  // A forked child inherits its parent's registry (and mappings): it must not speak for it.
+  const std::int32_t me = ::getpid();
+  for (auto& slot : watched) {
+    node_barrier* b = slot.load(std::memory_order_acquire);
+    if (b != nullptr && b->own_pid() == me) b->depart(reason, text);
+  }
 }
 
 bool install_departure_handler(int signo) noexcept {

@@ -9,11 +9,12 @@
  * futex wake), from the interpreter's exit hooks or from a signal handler.
  *
  * The registry is a fixed array of atomic pointers, so the signal handler can walk it without
- * locks or allocation. The handler marks the departure, then hands the signal on to whatever was
- * installed before it (Python's own handler, or the default action, re-raised), so a program's
- * behaviour on the signal is unchanged apart from its peers learning of it. A handler installed
- * after it (signal.signal in the program) replaces it: the exit hooks still announce the
- * departure if the interpreter exits normally.
+ * locks or allocation; a forked child, which inherits it, announces nothing for its parent. The
+ * handler marks the departure, then hands the signal on to whatever was installed before it
+ * (Python's own handler, or the default action, re-raised), so a program's behaviour on the signal
+ * is unchanged apart from its peers learning of it. A handler installed after it (signal.signal in
+ * the program) replaces it: the exit hooks still announce the departure if the interpreter exits
+ * normally.
  */
 #pragma once
 

@@ -362,8 +362,11 @@ def _close_all() -> None:
 
 
 def _announce_uncaught(exc_type, exc, tb) -> None:
-    """sys.excepthook: the departure, with the exception's type, then the previous hook."""
-    _core.depart_everywhere(_core.DEPARTED_EXCEPTION, getattr(exc_type, "__name__", "exception"))
+    """sys.excepthook: the departure, with the exception's type, then the previous hook. Not
+    at an interactive prompt, where an uncaught exception does not end the interpreter."""
+    if not hasattr(sys, "ps1"):
+        name = getattr(exc_type, "__name__", "exception")
+        _core.depart_everywhere(_core.DEPARTED_EXCEPTION, name)
     _previous_excepthook(exc_type, exc, tb)
 
 
