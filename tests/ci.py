@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Staged test driver: lint, C++ unit tests, MPI test suite.
+"""Staged test driver: lint, C++ unit tests (plain and under sanitizers), MPI test suite.
 
-    python3 tests/ci.py                        # lint, cpp, mpi
+    python3 tests/ci.py                        # lint, cpp, asan, tsan, mpi
     python3 tests/ci.py --stages cpp           # only the C++ unit tests
     python3 tests/ci.py --no-lint -- -n 2 4    # arguments after -- go to tests/run_mpi.py
 
@@ -11,6 +11,10 @@ Stages run in order and every selected stage runs even when an earlier one faile
         repository has no .pre-commit-config.yaml)
   cpp   configures build/cpp-tests with -DZCOLL_BUILD_TESTS=ON (needs doctest: apt install
         doctest-dev), builds the unit tests with 2 jobs and runs ctest --output-on-failure
+  asan  the same in build/cpp-asan with -DZCOLL_SANITIZE=address,undefined: any AddressSanitizer,
+        LeakSanitizer or UndefinedBehaviorSanitizer report fails its test
+  tsan  the same in build/cpp-tsan with -DZCOLL_SANITIZE=thread (the barrier's flags and
+        sequence numbers, threads and forked processes as ranks): any report fails its test
   mpi   python tests/run_mpi.py [arguments after --]
 
 Each stage prints its name and wall time. The exit status is non-zero when any stage failed.
@@ -33,7 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("lint", "cpp", "mpi")
+STAGES = ("lint", "cpp", "asan", "tsan", "mpi")
+# Per sanitized stage: its -fsanitize= list, and the runtime options that make every report
+# fatal (non-zero exit: the ctest case fails).
+SANITIZERS = {
+    "asan": (
+        "address,undefined",
+        {
+            "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1:strict_string_checks=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        },
+    ),
+    "tsan": ("thread", {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
+}
 SUMMARY_RE = re.compile(r"^\s*(\d+) passed, (\d+) failed, (\d+) skipped\s*$")
 CTEST_SUMMARY_RE = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
 
@@ -111,13 +127,14 @@ def ctest_counts(junit: Path, log: str) -> dict[str, int] | None:
     return None
 
 
-def tee(cmd: list[str], cwd: Path) -> tuple[int, str]:
+def tee(cmd: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Runs `cmd`, echoing its output as it comes; returns its status and the whole output."""
     print("$ " + " ".join(str(c) for c in cmd), flush=True)
     try:
         proc = subprocess.Popen(
             cmd,
             cwd=cwd,
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -137,7 +154,24 @@ def tee(cmd: list[str], cwd: Path) -> tuple[int, str]:
 
 
 def stage_cpp(result: StageResult, args: argparse.Namespace) -> None:
-    build = (ROOT / args.build_dir).resolve()
+    build_and_run_unit_tests(result, args, (ROOT / args.build_dir).resolve())
+
+
+def stage_sanitized(result: StageResult, args: argparse.Namespace) -> None:
+    flags, runtime = SANITIZERS[result.name]
+    build = (ROOT / "build" / f"cpp-{result.name}").resolve()
+    build_and_run_unit_tests(result, args, build, (f"-DZCOLL_SANITIZE={flags}",), runtime)
+
+
+def build_and_run_unit_tests(
+    result: StageResult,
+    args: argparse.Namespace,
+    build: Path,
+    cmake_options: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> None:
+    """Configures `build`, builds the C++ unit tests and runs them under ctest (with `env`
+    added to the environment); `result` gets ctest's counts."""
     configure = [
         "cmake",
         "-S",
@@ -147,6 +181,7 @@ def stage_cpp(result: StageResult, args: argparse.Namespace) -> None:
         "-DZCOLL_BUILD_TESTS=ON",
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DPython_EXECUTABLE={sys.executable}",
+        *cmake_options,
     ]
     pybind11_dir = pybind11_cmake_dir()
     if pybind11_dir:
@@ -173,6 +208,7 @@ def stage_cpp(result: StageResult, args: argparse.Namespace) -> None:
             str(junit),
         ],
         cwd=ROOT,
+        env={**os.environ, **(env or {})},
     )
     counts = ctest_counts(junit, log)
     if counts is not None:
@@ -197,7 +233,13 @@ def stage_mpi(result: StageResult, args: argparse.Namespace) -> None:
         result.note = result.note or f"run_mpi.py exit {code}"
 
 
-RUNNERS = {"lint": stage_lint, "cpp": stage_cpp, "mpi": stage_mpi}
+RUNNERS = {
+    "lint": stage_lint,
+    "cpp": stage_cpp,
+    "asan": stage_sanitized,
+    "tsan": stage_sanitized,
+    "mpi": stage_mpi,
+}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -213,7 +255,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--stages",
         default=",".join(STAGES),
-        help="comma-separated stages to run, in this order: lint,cpp,mpi (default: all)",
+        help=f"comma-separated stages to run, in this order: {','.join(STAGES)} (default: all)",
     )
     parser.add_argument("--no-lint", action="store_true", help="skip the lint stage")
     parser.add_argument(
