@@ -3,11 +3,19 @@
 
     python tests/run_mpi.py                 # P = 1 2 3 4 5 8, then virtual nodes
     python tests/run_mpi.py -n 2 4 -- -k alltoall
+    python tests/run_mpi.py --sanitize      # P = 2 with the extension under ASan + UBSan
 
 Each size runs `python -m pytest` on every rank under mpiexec, with a wall-clock limit so a
 stuck job cannot hang CI. Rank 0's output is shown; the other ranks write logs that are shown
 when their run fails. Per-rank JUnit XML files are combined into one verdict: a test fails when
 it fails on any rank. The last line is "N passed, N failed, N skipped".
+
+--sanitize first installs zcoll, built with -DZCOLL_SANITIZE=address,undefined (its own build
+directory, build/sanitize/), into the venv build/sanitize-venv (which sees this Python's
+packages), then runs the suite there at P = 2 (or -n) with the sanitizers' runtimes preloaded
+into the ranks, as AddressSanitizer's documentation describes for a sanitized extension of an
+uninstrumented interpreter. Leak detection is off (the interpreter keeps objects to the end by
+design); any other report aborts its rank, which fails the run.
 """
 
 from __future__ import annotations
@@ -43,12 +51,45 @@ def mpiexec_command(ranks: int, *open_mpi_options: str) -> list[str]:
     return [*cmd, "-n", str(ranks)]
 
 
-def run_size(ranks: int, env_extra: dict, pytest_args: list[str], out: Path, limit: float) -> int:
+SANITIZERS = "address,undefined"
+SANITIZER_OPTIONS = {
+    "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
+
+def sanitized_python() -> tuple[str, list[str]]:
+    """The venv's Python with zcoll built under the sanitizers, and the command prefix that
+    preloads their runtimes into a rank."""
+    root = HERE.parent
+    venv = root / "build" / "sanitize-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                       check=True)  # fmt: skip
+    print(f"===== installing zcoll with -fsanitize={SANITIZERS} into {venv}", flush=True)
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(root),
+         f"-Ccmake.define.ZCOLL_SANITIZE={SANITIZERS}", "-Cbuild-dir=build/sanitize/{wheel_tag}"],
+        check=True,
+    )  # fmt: skip
+    runtimes = []
+    for lib in ("libasan.so", "libubsan.so"):
+        path = subprocess.run(["c++", f"-print-file-name={lib}"], capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+        runtimes.append(path)
+    preload = ["env", f"LD_PRELOAD={' '.join(runtimes)}"]
+    preload += [f"{k}={v}" for k, v in SANITIZER_OPTIONS.items()]
+    return str(python), preload
+
+
+def run_size(ranks: int, env_extra: dict, pytest_args: list[str], out: Path, limit: float,
+             python: str = sys.executable, prefix: tuple[str, ...] = ()) -> int:  # fmt: skip
     env = dict(os.environ, **env_extra)
     env["ZCOLL_TEST_RESULTS"] = str(out)
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        cmd = mpiexec_command(ranks) + [sys.executable, str(HERE / "rank_main.py"), *pytest_args]
+        cmd = mpiexec_command(ranks) + [*prefix, python, str(HERE / "rank_main.py"), *pytest_args]
     except FileNotFoundError as exc:
         sys.exit(f"run_mpi.py: {exc}")
     label = f"P={ranks}" + "".join(f" {k}={v}" for k, v in env_extra.items())
@@ -80,20 +121,29 @@ def tally(out: Path) -> dict[str, str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("-n", "--ranks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8])
+    parser.add_argument("-n", "--ranks", type=int, nargs="+")
     parser.add_argument("--no-virtual-nodes", action="store_true")
+    parser.add_argument(
+        "--sanitize",
+        action="store_true",
+        help=f"the extension built with -fsanitize={SANITIZERS}; P = 2 unless -n",
+    )
     parser.add_argument("--limit", type=float, default=1500, help="seconds per mpiexec run")
     parser.add_argument("pytest_args", nargs="*", help="passed to pytest (after --)")
     args = parser.parse_args()
-    runs = [(p, {}) for p in args.ranks]
-    if not args.no_virtual_nodes:
+    python, prefix = sys.executable, []
+    if args.sanitize:
+        python, prefix = sanitized_python()
+    ranks_default = [2] if args.sanitize else [1, 2, 3, 4, 5, 8]
+    runs = [(p, {}) for p in (args.ranks or ranks_default)]
+    if not args.no_virtual_nodes and not args.sanitize:
         runs += VIRTUAL_NODE_RUNS
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     bad_runs = []
     for ranks, env_extra in runs:
         with tempfile.TemporaryDirectory(prefix="zcoll-tests-") as tmp:
             out = Path(tmp)
-            code = run_size(ranks, env_extra, args.pytest_args, out, args.limit)
+            code = run_size(ranks, env_extra, args.pytest_args, out, args.limit, python, prefix)
             verdict = tally(out)
             counts = {k: sum(v == k for v in verdict.values()) for k in totals}
             for k in totals:
