@@ -33,6 +33,9 @@ alone = pytest.mark.skipif(
     WORLD_SIZE > 1, reason="launches its own mpiexec jobs: runs once, when the suite runs alone"
 )
 JOB_RANKS = 3
+# Under tests/run_mpi.py --sanitize: ASan's allocator keeps freed memory in quarantine, so RSS
+# says nothing about zcoll's leaks there (the arena's own accounting still does).
+SANITIZED = bool(os.environ.get("ZCOLL_TESTS_SANITIZED"))
 JOB_TIMEOUT = 90  # seconds per job
 
 
@@ -401,5 +404,6 @@ def test_memory_flat_over_many_calls(world):
     rss1, in_use1 = rss_bytes(), ctx.core.arena_bytes_in_use
     all_ranks_agree(world, ok, "wrong results during the loop")
     grew = rss1 - rss0
-    all_ranks_agree(world, grew < 2 * 2**20, f"RSS grew by {grew / 2**20:.2f} MiB in {took:.1f} s")
+    flat = SANITIZED or grew < 2 * 2**20
+    all_ranks_agree(world, flat, f"RSS grew by {grew / 2**20:.2f} MiB in {took:.1f} s")
     all_ranks_agree(world, in_use1 == in_use0, f"arena bytes in use: {in_use0} -> {in_use1}")
