@@ -28,16 +28,7 @@ import traceback
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_leaks import (
-    check_job_with_killed_rank,
-    job_env,
-    killing_job,
-    leaked_entries,
-    mpiexec,
-    read_job_pids,
-    run_job,
-    zcoll_shm_entries,
-)
+from test_leaks import check_job_with_killed_rank, killing_job, run_clean_job
 
 import zcoll
 from conftest import all_ranks_agree
@@ -661,16 +652,7 @@ def test_departing_rank_ends_the_job_at_once(tmp_path, mode):
     process lives on in MPI_Finalize or dies of the signal. The others raise PeerError naming
     rank 1 and how it left within 1 s (2 s allowed on a loaded machine) although
     ZCOLL_TIMEOUT is 60 s, the job ends, and no zcoll segment of it is left in /dev/shm."""
-    script = tmp_path / "job.py"
-    script.write_text(DEPARTING_JOB)
-    before = zcoll_shm_entries()
-    cmd = mpiexec(4) + [sys.executable, str(script), mode, str(tmp_path)]
-    t0 = time.monotonic()
-    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="60"), timeout=60)
-    took = time.monotonic() - t0
-    pids = read_job_pids(tmp_path)
-    assert len(pids) == 4, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
-    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    proc, took = run_clean_job(tmp_path, DEPARTING_JOB, 4, [mode, str(tmp_path)], "60")
     reports = re.findall(r"<<PEERERROR rank=(\d+) after=([\d.]+) (.*?)>>", proc.stdout, re.S)
     assert sorted(r for r, _, _ in reports) == ["0", "2", "3"], f"{proc.stdout}\n{proc.stderr}"
     for rank, after, message in reports:
@@ -715,14 +697,7 @@ def test_ctrl_c_reaches_a_rank_blocked_in_a_wait(tmp_path):
     KeyboardInterrupt on rank 0 within 1 s (2 s allowed), as Python raises it anywhere else;
     the others do not pass the abandoned call (PeerError), the job ends, nothing is left in
     /dev/shm."""
-    script = tmp_path / "job.py"
-    script.write_text(INTERRUPTED_JOB)
-    before = zcoll_shm_entries()
-    cmd = mpiexec(3) + [sys.executable, str(script), str(tmp_path)]
-    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="60"), timeout=60)
-    pids = read_job_pids(tmp_path)
-    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
-    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    proc, _ = run_clean_job(tmp_path, INTERRUPTED_JOB, 3, [str(tmp_path)], "60")
     interrupted = re.findall(r"<<INTERRUPTED rank=(\d+) after=([\d.]+)>>", proc.stdout)
     assert [r for r, _ in interrupted] == ["0"], f"{proc.stdout}\n{proc.stderr}"
     assert float(interrupted[0][1]) < 2.5, f"KeyboardInterrupt after {interrupted[0][1]} s"

@@ -186,24 +186,32 @@ def killing_job(setup: str, step: str, iterations: int, kill_at: int) -> str:
     )
 
 
+def run_clean_job(tmp_path: Path, script: str, ranks: int, args: list[str], timeout_s: str,
+                  *open_mpi_options: str) -> tuple[subprocess.CompletedProcess, float]:  # fmt: skip
+    """Runs `script` (its pid.<rank> files written to argv's tmp_path) on `ranks` ranks with
+    ZCOLL_TIMEOUT=`timeout_s`; asserts that every rank started and that no zcoll segment of the
+    job is left in /dev/shm. Returns the finished job and its wall time."""
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    cmd = mpiexec(ranks, *open_mpi_options) + [sys.executable, str(path), *args]
+    before = zcoll_shm_entries()
+    t0 = time.monotonic()
+    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT=timeout_s), timeout=60)
+    took = time.monotonic() - t0
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == ranks, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    return proc, took
+
+
 def check_job_with_killed_rank(tmp_path: Path, script: str, victim: int) -> None:
     """Runs `script` (see killing_job) on 3 ranks with `victim` killed: the job ends within
     the 30 s zcoll timeout (death noticed, not a timeout), no segment of it is left in
     /dev/shm, no rank finishes the loop, and under Open MPI (--enable-recovery) both survivors
     report that the victim died."""
-    path = tmp_path / "job.py"
-    path.write_text(script)
     recovery = is_open_mpi()
-    cmd = mpiexec(3, *(["--enable-recovery"] if recovery else [])) + [
-        sys.executable, str(path), str(victim), str(tmp_path)
-    ]  # fmt: skip
-    before = zcoll_shm_entries()
-    t0 = time.monotonic()
-    proc = run_job(cmd, job_env(ZCOLL_TIMEOUT="30"), timeout=60)
-    took = time.monotonic() - t0
-    pids = read_job_pids(tmp_path)
-    assert len(pids) == 3, f"only {len(pids)} ranks started:\n{proc.stdout}\n{proc.stderr}"
-    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    options = ["--enable-recovery"] if recovery else []
+    proc, took = run_clean_job(tmp_path, script, 3, [str(victim), str(tmp_path)], "30", *options)
     assert "<<DONE" not in proc.stdout, "a rank finished the loop although a peer died"
     assert took < 30, f"the job took {took:.1f} s: was the death noticed, or the timeout?"
     if recovery:
