@@ -16,4 +16,5 @@ void register_plan(pybind11::module_& m);
 void register_tuning(pybind11::module_& m);
 void register_schedule(pybind11::module_& m);
 void register_topology(pybind11::module_& m);
+void register_vexchange(pybind11::module_& m);
 }  // namespace zcoll::bind

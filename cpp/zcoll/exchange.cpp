@@ -5,6 +5,7 @@
 
 #include "zcoll/copy.hpp"
 #include "zcoll/departure.hpp"
+#include "zcoll/vexchange.hpp"
 
 namespace zcoll {
 
@@ -41,8 +42,15 @@ void node_context::close() noexcept {
   unwatch_departure(&protocol_.barrier());
   segments_.close();
   eager_.reset();
+  irregular_.reset();
   schedules_.clear();
   protocol_.close();
+}
+
+v_exchange& node_context::irregular() {
+  protocol_.check_usable();
+  if (!irregular_) irregular_ = std::make_unique<v_exchange>(*this);
+  return *irregular_;
 }
 
 void node_context::barrier() {

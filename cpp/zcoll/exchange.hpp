@@ -44,6 +44,8 @@
 
 namespace zcoll {
 
+class v_exchange;
+
 // One rank's arguments to one collective, checked and resolved.
 struct collective_args {
   op_code op = op_code::alltoall;
@@ -100,6 +102,8 @@ class node_context {
   void run_reduction(const reduction_call& call);
   // Local: the record of such a call, as describe() for collectives.
   call_record describe_reduction(const reduction_call& call) const;
+  // The irregular collectives of this context (vexchange.hpp): patterns and their calls.
+  v_exchange& irregular();
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(arg_error kind, std::string_view message);
   // Collective: a node barrier.
@@ -180,6 +184,7 @@ class node_context {
   std::map<std::uint32_t, schedule> schedules_;
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t plans_ = 0;                          // plans created
+  std::unique_ptr<v_exchange> irregular_;            // made on first use
   std::vector<std::vector<tree_group>> tree_;        // reductions' tree (made on first use)
   std::vector<const std::byte*> inputs_;             // per reduction: each node rank's input
   std::vector<buffer_ref> refs_;                     // per reduction: the published inputs

@@ -25,7 +25,7 @@ std::string rank_text(int rank) {
 // Whether the ranks' calls of `op` must agree on sizes, dtype and order.
 bool moves_data(op_code op) noexcept {
   return op == op_code::alltoall || op == op_code::allgather || op == op_code::transfer ||
-         op == op_code::plan || is_reduction(op);
+         op == op_code::plan || is_reduction(op) || is_irregular(op);
 }
 
 // Records gathered from every communicator rank, as check_calls reads them.
@@ -125,6 +125,10 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
   if (!(d.dtype == ref.dtype))
     throw type_mismatch(what + "dtypes differ between ranks: " + first + " has " +
                         dtype_text(ref.dtype) + ", " + other + " has " + dtype_text(d.dtype));
+  if (d.block_bytes != ref.block_bytes && is_irregular(ref.op))
+    throw usage_error(what + "ranks use different communication patterns (" + first + " and " +
+                      other + "): a neighbourhood call on a communicator without a topology, or "
+                      "topologies that differ");
   if (d.block_bytes != ref.block_bytes &&
       (ref.op == op_code::transfer || ref.target == op_code::transfer))
     throw usage_error(what + "global shapes, axes or itemsizes differ between " + first + " and " +

@@ -37,6 +37,12 @@ enum class op_code : std::uint8_t {
   reduce = 10,          // the same, the result on one root rank only
   reduce_scatter = 11,  // the same, block i of the result on rank i (reduce_scatter_block)
   bcast = 12,           // the root's buffer copied to every rank
+  alltoallv = 13,       // alltoall with per-pair counts and displacements (vexchange.hpp)
+  allgatherv = 14,      // allgather with per-rank counts and displacements
+  neighbor_alltoall = 15,    // block i to the i-th destination of a process topology
+  neighbor_allgather = 16,   // the whole buffer to every destination of a process topology
+  neighbor_alltoallv = 17,   // neighbor_alltoall with per-edge counts and displacements
+  neighbor_allgatherv = 18,  // neighbor_allgather with per-edge receive counts and displacements
 };
 
 // Order in which the P x P block matrix of a collective is traversed (and then cut into P
@@ -145,11 +151,27 @@ struct registry;
 
 template <>
 struct registry<op_code> {
-  static constexpr std::array<std::string_view, 13> names{
-      "none", "error", "allocate",  "alltoall", "allgather",      "barrier", "transfer",
-      "plan", "start", "allreduce", "reduce",   "reduce_scatter", "bcast"};
+  static constexpr std::array<std::string_view, 19> names{"none",
+                                                         "error",
+                                                         "allocate",
+                                                         "alltoall",
+                                                         "allgather",
+                                                         "barrier",
+                                                         "transfer",
+                                                         "plan",
+                                                         "start",
+                                                         "allreduce",
+                                                         "reduce",
+                                                         "reduce_scatter",
+                                                         "bcast",
+                                                         "alltoallv",
+                                                         "allgatherv",
+                                                         "neighbor_alltoall",
+                                                         "neighbor_allgather",
+                                                         "neighbor_alltoallv",
+                                                         "neighbor_allgatherv"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
-  static constexpr std::array<std::string_view, 13> descriptions{"nothing",
+  static constexpr std::array<std::string_view, 19> descriptions{"nothing",
                                                                  "an invalid call",
                                                                  "an arena allocation",
                                                                  "alltoall",
@@ -161,7 +183,13 @@ struct registry<op_code> {
                                                                  "allreduce",
                                                                  "reduce",
                                                                  "reduce_scatter_block",
-                                                                 "bcast"};
+                                                                 "bcast",
+                                                                 "alltoallv",
+                                                                 "allgatherv",
+                                                                 "neighbor_alltoall",
+                                                                 "neighbor_allgather",
+                                                                 "neighbor_alltoallv",
+                                                                 "neighbor_allgatherv"};
 };
 template <>
 struct registry<block_order> {
@@ -257,6 +285,14 @@ constexpr int tuned_index(op_code op) noexcept {
 constexpr bool is_reduction(op_code op) noexcept {
   return op == op_code::allreduce || op == op_code::reduce || op == op_code::reduce_scatter ||
          op == op_code::bcast;
+}
+
+// Whether `op` is an irregular collective (vexchange.hpp): its calls carry the id of their
+// communication pattern where others carry a block size.
+constexpr bool is_irregular(op_code op) noexcept {
+  return op == op_code::alltoallv || op == op_code::allgatherv ||
+         op == op_code::neighbor_alltoall || op == op_code::neighbor_allgather ||
+         op == op_code::neighbor_alltoallv || op == op_code::neighbor_allgatherv;
 }
 
 }  // namespace zcoll

@@ -163,10 +163,16 @@ std::shared_ptr<arena_block> node_segments::allocate(std::size_t bytes) {
 void node_segments::reserve_staging(std::size_t bytes) {
   if (staging_ && staging_->partition_bytes >= bytes) return;
   const std::size_t old = staging_ ? staging_->partition_bytes : 0;
-  std::erase_if(known_, [&](const known_segment& k) { return k.seg == staging_; });
-  std::erase(owned_, staging_);
-  staging_.reset();
-  staging_ = create(std::max(round_up(std::max<std::size_t>(bytes, 1), page_size()), 2 * old));
+  renew(staging_, std::max(round_up(std::max<std::size_t>(bytes, 1), page_size()), 2 * old));
+}
+
+void node_segments::renew(std::shared_ptr<data_segment>& seg, std::size_t partition_bytes) {
+  if (seg) {
+    std::erase_if(known_, [&](const known_segment& k) { return k.seg == seg; });
+    std::erase(owned_, seg);
+    seg.reset();
+  }
+  seg = create(partition_bytes);
 }
 
 }  // namespace zcoll

@@ -32,6 +32,9 @@ class node_segments {
   std::shared_ptr<data_segment> create(std::size_t partition_bytes);
   // Collective: every node rank allocates `bytes` (may differ per rank) in the arena.
   std::shared_ptr<arena_block> allocate(std::size_t bytes);
+  // Collective: forgets `seg` (its arrays stay valid) and replaces it with a new segment of
+  // `partition_bytes` per rank.
+  void renew(std::shared_ptr<data_segment>& seg, std::size_t partition_bytes);
   // Collective: makes the staging area hold at least `bytes` per rank.
   void reserve_staging(std::size_t bytes);
   // Node rank `rank`'s staging partition (after reserve_staging).

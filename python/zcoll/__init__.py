@@ -6,6 +6,8 @@ block with a single copy, in a cache-friendly order over the P x P block matrix 
 Hilbert, row, column), partitioned over the ranks, with no MPI call on the hot path.
 :func:`allreduce`, :func:`reduce`, :func:`reduce_scatter_block`, :func:`bcast` and
 :func:`barrier` combine and copy buffers on the same shared heap (HPDC'13's algorithms).
+:func:`alltoallv`, :func:`allgatherv` and the neighbourhood collectives (:func:`neighbor_alltoall`
+and its kin, on Cartesian and graph topologies) run irregular patterns the same way (TPDS'18 §3).
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ from ._schedule import Schedule, schedule
 from ._settings import Settings, get_timeout, get_tuning, settings
 from ._topology import RankPlacement, Topology, topology
 from ._tuning import load_tuning, tuning_path
+from ._vcollectives import (
+    allgatherv,
+    alltoallv,
+    neighbor_allgather,
+    neighbor_allgatherv,
+    neighbor_alltoall,
+    neighbor_alltoallv,
+)
 
 __version__ = _distribution_version("zcoll")  # pyproject.toml's version, the one place
 
@@ -50,9 +60,11 @@ __all__ = [
     "__version__",
     "allgather",
     "allgather_init",
+    "allgatherv",
     "allreduce",
     "alltoall",
     "alltoall_init",
+    "alltoallv",
     "barrier",
     "bcast",
     "empty",
@@ -61,6 +73,10 @@ __all__ = [
     "get_tuning",
     "is_shared",
     "load_tuning",
+    "neighbor_allgather",
+    "neighbor_allgatherv",
+    "neighbor_alltoall",
+    "neighbor_alltoallv",
     "peer_arrays",
     "reduce",
     "reduce_scatter_block",

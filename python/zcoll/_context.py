@@ -175,6 +175,8 @@ class Context:
         self.tuning_rules, self.reduction_models = _tuning.shared_tuning(comm, s.tuning)
         self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
+        # The irregular collectives' communication patterns (_vcollectives), made on first use.
+        self.patterns: dict = {}
         self.apply_tuning(s.tuning)
         _live_contexts.add(self)
 

@@ -11,6 +11,8 @@ its block orders, simulated under valgrind (no MPI needed)::
     mpiexec -n 2 python -m zcoll.bench alltoall --sizes 1M,4M --copy temporal,hybrid --plot a.png
     mpiexec -n 4 python -m zcoll.bench alltoall --method cold --max 64K
     mpiexec -n 2 python -m zcoll.bench alltoall --persistent --max 16K   # plans vs plain vs MPI
+    mpiexec -n 4 python -m zcoll.bench alltoallv --max 64K --check       # uneven blocks
+    mpiexec -n 4 python -m zcoll.bench neighbor_alltoallv --topology 3d  # periodic 3D grid
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
     python -m zcoll.bench cachemiss --quick          # simulated cache misses, one process
@@ -26,7 +28,9 @@ has one, and ``comm.Barrier`` for reference.
 
 Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing`, the cold
 loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
-:mod:`.fft`, :mod:`.copy`, :mod:`.cachemiss` (simulated cache misses of the block orders, no
+:mod:`.vcollectives` (``alltoallv``, ``allgatherv``, ``neighbor_alltoall``,
+``neighbor_allgather``, ``neighbor_alltoallv``, ``neighbor_allgatherv``), :mod:`.fft`,
+:mod:`.copy`, :mod:`.cachemiss` (simulated cache misses of the block orders, no
 MPI), :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
 """
 
@@ -72,6 +76,7 @@ from .copy import run_copy
 from .fft import run_fft
 from .output import write_outputs
 from .plotting import load_results, plot_results, save_plot
+from .vcollectives import run_vcollective
 
 __all__ = [
     "ALL_ORDERS",
@@ -111,6 +116,7 @@ __all__ = [
     "run_collective",
     "run_copy",
     "run_fft",
+    "run_vcollective",
     "save_plot",
     "write_outputs",
     "zcoll_methods",

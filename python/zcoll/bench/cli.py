@@ -30,6 +30,13 @@ from .reductions import (
     finish_reduction_args,
     run_reduction,
 )
+from .vcollectives import (
+    MPI_NAMES,
+    VCOLLECTIVE_COMMANDS,
+    add_vcollective_options,
+    finish_vcollective_args,
+    run_vcollective,
+)
 
 __all__ = ["COMMANDS", "main", "run_cachemiss"]
 
@@ -44,6 +51,10 @@ def run_cachemiss(comm: MPI.Comm, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] = {
     ALLTOALL: (run_collective, "zcoll.alltoall vs comm.Alltoall"),
     ALLGATHER: (run_collective, "zcoll.allgather vs comm.Allgather"),
+    **{
+        name: (run_vcollective, f"zcoll.{name} vs comm.{MPI_NAMES[name]} (uneven or neighbour)")
+        for name in VCOLLECTIVE_COMMANDS
+    },
     "allreduce": (run_reduction, "zcoll.allreduce (each algorithm) vs comm.Allreduce"),
     "reduce": (run_reduction, "zcoll.reduce (each algorithm) vs comm.Reduce"),
     "bcast": (run_reduction, "zcoll.bcast vs comm.Bcast"),
@@ -87,6 +98,13 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
 def _collective_options() -> argparse.ArgumentParser:
     options = _RootParser(add_help=False)
     add_collective_options(options)
+    _add_output_options(options)
+    return options
+
+
+def _vcollective_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    add_vcollective_options(options)
     _add_output_options(options)
     return options
 
@@ -243,6 +261,7 @@ def _cachemiss_options() -> argparse.ArgumentParser:
 _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     ALLTOALL: _collective_options,
     ALLGATHER: _collective_options,
+    **dict.fromkeys(VCOLLECTIVE_COMMANDS, _vcollective_options),
     **dict.fromkeys(REDUCTION_COMMANDS, _reduction_options),
     "fft": _fft_options,
     "copy": _copy_options,
@@ -273,6 +292,8 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         return
     if args.command in REDUCTION_COMMANDS:
         finish_reduction_args(parser, args)
+    elif args.command in VCOLLECTIVE_COMMANDS:
+        finish_vcollective_args(parser, args)
     elif args.command == "crossover":
         crossover.finish_args(parser, args)
     elif args.command == "fft":

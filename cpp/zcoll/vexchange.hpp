@@ -1,0 +1,175 @@
+/*
+ * Irregular exchanges: alltoallv, allgatherv and the neighbourhood collectives (TPDS'18 §3).
+ *
+ * All of them are one operation: a list of block copies between the node ranks' buffers, each
+ * a 4-tuple (Rs, Rr, Bs, Br) -- block Bs of sender Rs's send list goes into block Br of
+ * receiver Rr's receive list. What differs is only where the lists come from:
+ *   alltoallv    every rank sends block c to communicator rank c and receives block c from it;
+ *   allgatherv   the same, every send block being the whole send buffer;
+ *   neighbor_*   a process topology's destinations and sources (Cartesian: per dimension the
+ *                negative then the positive direction; graphs: the lists as given, an edge
+ *                repeated k times matching k times in order).
+ * A pattern (the tuples of the pairs with both ends on this node) is built once per
+ * communicator and cached in its context; per call only the byte counts and offsets of the
+ * blocks change.
+ *
+ * Order: the tuples are sorted along the chosen curve over the (receiver, sender) grid (the
+ * compact curve of TPDS'18 §3.1: Morton order restricted to the pairs that communicate), so
+ * the copies of consecutive tuples touch nearby send and receive buffers; the user's block
+ * order within a buffer (the ordered buffers of §3.2) is followed through Bs and Br, never by
+ * asking the user to reorder. Work: the ordered tuples form one stream of bytes cut into one
+ * piece per node rank of equal bytes (cache-line aligned cuts; a block may be shared by two
+ * ranks), so one large block does not leave the other ranks idle.
+ *
+ * One call (no MPI):
+ *   1. local checks (counts and displacements in bounds, receive blocks disjoint, dtypes);
+ *   2. each rank writes the bytes and offsets of its blocks into its metadata slot of the
+ *      barrier's parity, and its buffers into its descriptor line; barrier;
+ *   3. every rank checks every tuple (the sender's count equals the receiver's): all read the
+ *      same data, so they all raise the same error or all go on;
+ *   4. buffers outside the arena are staged (one copy each way, one barrier), then every rank
+ *      copies its piece of the stream; barrier.
+ * Metadata written for a barrier is read only before the next barrier, which every rank
+ * passes only after all reads of this call: a rank that races into its next call writes the
+ * other parity's slot (a call that moves nothing ends without the second barrier), and the one
+ * after that only once every rank has left this call.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "zcoll/checks.hpp"
+#include "zcoll/copy.hpp"
+#include "zcoll/protocol.hpp"
+#include "zcoll/registry.hpp"
+
+namespace zcoll {
+
+class node_context;
+struct data_segment;
+
+// One block copy of an irregular collective: block `send_block` of node rank `src`'s send
+// list into block `recv_block` of node rank `dst`'s receive list.
+struct v_tuple {
+  std::int32_t src = 0;
+  std::int32_t dst = 0;
+  std::uint32_t send_block = 0;
+  std::uint32_t recv_block = 0;
+  friend bool operator==(const v_tuple&, const v_tuple&) = default;
+};
+
+// One entry of a rank's send or receive list.
+struct v_edge {
+  std::int32_t peer = -1;  // communicator rank; -1 (MPI_PROC_NULL): a slot that moves nothing
+  std::int32_t tag = 0;    // matching class: a send matches a receive of the same tag only
+                           // (Cartesian: the direction of travel; graphs: 0)
+};
+
+// What in place means for an irregular call.
+enum class v_in_place : std::uint8_t {
+  none = 0,    // separate send and receive buffers
+  gather = 1,  // allgatherv: this rank's send block already sits in its receive buffer
+  swap = 2,    // alltoallv: the receive blocks are also the send blocks (pairs exchange)
+};
+
+// The blocks of one communicator's irregular collectives that stay on this node.
+struct v_pattern {
+  std::vector<std::uint32_t> send_blocks;  // per node rank: entries of its send list
+  std::vector<std::uint32_t> recv_blocks;  // per node rank: entries of its receive list
+  std::vector<v_tuple> tuples;             // node-local pairs (node ranks), unordered
+};
+
+// Matches, for every pair with both ends on this node, the k-th send edge from s to d of tag t
+// with the k-th receive edge of d from s of tag t. `sends[j]`, `recvs[j]`: node rank j's lists
+// (peers as communicator ranks); `comm_ranks[j]`: node rank j's communicator rank. Edges to
+// ranks off the node and PROC_NULL slots make no tuple. Throws usage_error when a node-local
+// edge has no partner (lists that do not describe one topology).
+v_pattern match_edges(std::span<const std::vector<v_edge>> sends,
+                      std::span<const std::vector<v_edge>> recvs, std::span<const int> comm_ranks);
+
+// The tuples of `p` that an `in_place` call copies, along `order`'s curve over the (dst, src)
+// grid of `node_size` ranks (ties: send block, then receive block). gather drops self copies;
+// swap keeps one tuple per exchanged pair (src < dst).
+std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
+                                    v_in_place in_place);
+
+// Bytes and offset of one block in its buffer.
+struct v_span {
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+// The piece of a stream of `total` bytes that rank `rank` of `parts` copies: [first, last),
+// cuts rounded to cache lines.
+std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts, int rank) noexcept;
+
+// One rank's arguments to an irregular call, as the binding converts them.
+struct v_call {
+  op_code op = op_code::alltoallv;
+  int pattern = 0;                   // id from v_exchange::add_pattern
+  const array_view* send = nullptr;  // nullptr: in place
+  const array_view* recv = nullptr;
+  v_in_place in_place = v_in_place::none;
+  // Elements per block and their displacements (in elements of the dtype), one per list
+  // entry. In place the send side is ignored: gather sends recv's own block, swap recv's
+  // blocks.
+  std::span<const std::int64_t> send_counts, send_displs, recv_counts, recv_displs;
+  int order = auto_order;  // block_order value or auto_order
+  int copy = auto_copy;    // copy_mode value or auto_copy
+};
+
+// The irregular collectives of one node context.
+class v_exchange {
+ public:
+  explicit v_exchange(node_context& ctx) : ctx_(ctx) {}
+
+  // Collective (every node rank, same lists, same order of calls): registers a pattern whose
+  // lists every node rank knows; returns its id. Grows the metadata slots if needed.
+  int add_pattern(v_pattern pattern);
+  const v_pattern& pattern(int id) const { return patterns_.at(static_cast<std::size_t>(id)); }
+  int pattern_count() const noexcept { return static_cast<int>(patterns_.size()); }
+
+  // Collective: checks one rank's arguments (raising on every rank if any rank's are wrong or
+  // the ranks' counts disagree), then runs the node's part of the call.
+  void run(const v_call& call);
+  // Local: the record ranks on other nodes compare (protocol.hpp's agree).
+  call_record describe(const v_call& call) const;
+
+ private:
+  struct checked_call {
+    std::vector<v_span> send, recv;  // this rank's blocks, in bytes
+    std::uint64_t send_extent = 0, recv_extent = 0;
+    block_order order = block_order::row;
+  };
+  local_check check(const v_call& call, checked_call& out) const;
+  std::span<v_span> slot(int node_rank, std::size_t parity) const noexcept;
+  std::uint64_t* extents(int node_rank, std::size_t parity) const noexcept;
+  const std::vector<v_tuple>& tuples_for(int pattern, block_order order, v_in_place in_place);
+  // What tuple `t`'s sender sends and its receiver expects, as published at `parity`.
+  const v_span& sent(const v_tuple& t, std::size_t parity) const noexcept;
+  const v_span& received(const v_pattern& p, const v_tuple& t, std::size_t parity) const noexcept;
+  void check_counts(const v_call& call, std::size_t parity) const;
+  void execute(const v_call& call, const checked_call& mine, const call_protocol::published& all,
+               std::size_t parity);
+  // Copies (or, in place, swaps) bytes [first, last) of the stream of `tuples`.
+  void copy_piece(const v_pattern& p, const std::vector<v_tuple>& tuples, std::size_t parity,
+                  std::uint64_t first, std::uint64_t last, bool swap, const copy_plan& how) const;
+  void stage_in(const v_call& call, const checked_call& mine, const detail::rank_line& line,
+                std::uint64_t send_part);
+  void stage_out(const v_call& call, const v_pattern& p, const std::vector<v_tuple>& tuples,
+                 std::size_t parity, std::uint64_t send_part) const;
+
+  node_context& ctx_;
+  std::vector<v_pattern> patterns_;
+  std::map<std::uint64_t, std::vector<v_tuple>> ordered_;  // by (pattern, order, in place)
+  std::shared_ptr<data_segment> meta_;  // per node rank: two slots (by parity) of capacity_
+  std::size_t capacity_ = 0;            // blocks per slot
+  std::vector<std::byte*> send_bases_, recv_bases_;
+};
+
+}  // namespace zcoll

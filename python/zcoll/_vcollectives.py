@@ -1,0 +1,669 @@
+"""Irregular and neighbourhood collectives: alltoallv, allgatherv, neighbor_*.
+
+Each call is one list of block copies in the node's arena (the engine's vexchange.hpp): the
+4-tuples (sender, receiver, send block, receive block) of the communicator's pattern --
+every pair for alltoallv and allgatherv, the process topology's edges for the neighbourhood
+collectives -- made once per communicator and cached in its context. Per call only the counts
+and displacements travel, parsed here from mpi4py's buffer specifications.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core, _registry
+from ._collectives import IN_PLACE, _arena_array, option_codes
+from ._context import Context, lookup
+from ._registry import AUTO
+
+__all__ = [
+    "allgatherv",
+    "alltoallv",
+    "neighbor_allgather",
+    "neighbor_allgatherv",
+    "neighbor_alltoall",
+    "neighbor_alltoallv",
+]
+
+_NONE, _GATHER, _SWAP = 0, 1, 2  # v_in_place codes
+_P2P_TAG = 0x7B00  # base tag of blocks between nodes (plus the edge's matching tag)
+_NO_COUNTS = np.zeros(0, np.int64)
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """A communicator's pattern: each rank's send and receive lists, as (peer, tag) pairs."""
+
+    id: int  # the node context's pattern id
+    sends: np.ndarray  # this rank's send list, (k, 2) int32: peer (-1: PROC_NULL), tag
+    recvs: np.ndarray  # this rank's receive list
+    all_sends: tuple  # every communicator rank's send list (multi-node checks)
+    all_recvs: tuple
+    tuples: np.ndarray | None  # the whole communicator's 4-tuples (multi-node only)
+
+    @property
+    def outdegree(self) -> int:
+        return len(self.sends)
+
+    @property
+    def indegree(self) -> int:
+        return len(self.recvs)
+
+
+def _edges(peers, tags) -> np.ndarray:
+    peers = np.asarray(peers, np.int64).reshape(-1)
+    edges = np.empty((peers.size, 2), np.int32)
+    edges[:, 0] = np.where(peers < 0, -1, peers)  # every MPI's PROC_NULL is negative
+    edges[:, 1] = tags
+    return edges
+
+
+def _topology_lists(comm: MPI.Comm) -> tuple[np.ndarray, np.ndarray] | None:
+    """This rank's send and receive lists in MPI's neighbour order, or None without topology.
+
+    Cartesian: per dimension the negative then the positive neighbour, for sending and
+    receiving alike; the tag is the direction of travel (2d: positive, 2d + 1: negative), so
+    where both neighbours are one rank (a periodic dimension of 2) the block sent toward the
+    positive side lands in the receiver's negative slot, as MPI-4.1 specifies."""
+    kind = comm.Get_topology()
+    if kind == MPI.CART:
+        peers, send_tags, recv_tags = [], [], []
+        for dim in range(comm.Get_dim()):
+            below, above = comm.Shift(dim, 1)
+            peers += [below, above]
+            send_tags += [2 * dim + 1, 2 * dim]
+            recv_tags += [2 * dim, 2 * dim + 1]
+        return _edges(peers, send_tags), _edges(peers, recv_tags)
+    if kind == MPI.DIST_GRAPH:
+        sources, destinations, _ = comm.Get_dist_neighbors()
+        return _edges(destinations, 0), _edges(sources, 0)
+    if kind == MPI.GRAPH:
+        neighbours = comm.Get_neighbors(comm.rank)
+        return _edges(neighbours, 0), _edges(neighbours, 0)
+    return None
+
+
+def _dense_lists(size: int) -> tuple[np.ndarray, np.ndarray]:
+    everyone = _edges(np.arange(size), 0)
+    return everyone, everyone
+
+
+def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pattern:
+    """The communicator's pattern (made collectively on first use, identically on every
+    rank); a ValueError on every rank when a neighbourhood call has no topology."""
+    key = "neighbours" if neighbours else "dense"
+    pattern = ctx.patterns.get(key)
+    if pattern is not None:
+        return pattern
+    if neighbours:
+        lists = _topology_lists(comm)
+        if lists is None:  # a property of the communicator: every rank raises here
+            raise ValueError(
+                f"zcoll.{opname}: the communicator has no process topology "
+                "(make one with comm.Create_cart, Create_dist_graph_adjacent or Create_dist_graph)"
+            )
+        gathered = comm.allgather(lists)
+        all_sends = tuple(s for s, _ in gathered)
+        all_recvs = tuple(r for _, r in gathered)
+    else:
+        lists = _dense_lists(ctx.size)
+        all_sends = all_recvs = (lists[0],) * ctx.size
+    local = list(ctx.local_ranks)
+    pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local])
+    tuples = None
+    if ctx.multi_node:
+        tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
+    pattern = Pattern(pid, lists[0], lists[1], all_sends, all_recvs, tuples)
+    ctx.patterns[key] = pattern
+    return pattern
+
+
+# --- buffer specifications --------------------------------------------------------------------
+
+
+def _as_datatype_dtype(datatype) -> np.dtype:
+    if not isinstance(datatype, MPI.Datatype):
+        raise TypeError(f"expected an MPI datatype, got {type(datatype).__name__}")
+    code = MPI._typecode(datatype)
+    if code is None:
+        raise TypeError(f"MPI datatype {datatype} has no NumPy equivalent")
+    return np.dtype(code)
+
+
+def _counts_vector(counts, blocks: int, what: str) -> np.ndarray:
+    if np.isscalar(counts):
+        return np.full(blocks, int(counts), np.int64)
+    array = np.asarray(counts)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise ValueError(f"{what} must be a sequence of integers")
+    return array.astype(np.int64, copy=False)
+
+
+def _split_spec(spec, side: str):
+    """(array, counts or None, displs or None, datatype or None) of an mpi4py message."""
+    if isinstance(spec, (list, tuple)):
+        items = list(spec)
+        if len(items) == 2 and isinstance(items[1], MPI.Datatype):
+            return items[0], None, None, items[1]
+        if len(items) == 2:
+            counts = items[1]
+            if isinstance(counts, tuple) and len(counts) == 2 and not np.isscalar(counts[0]):
+                return items[0], counts[0], counts[1], None
+            return items[0], counts, None, None
+        if len(items) == 3:
+            if isinstance(items[2], MPI.Datatype):
+                counts = items[1]
+                if isinstance(counts, tuple) and len(counts) == 2 and not np.isscalar(counts[0]):
+                    return items[0], counts[0], counts[1], items[2]
+                return items[0], counts, None, items[2]
+            return items[0], items[1], items[2], None
+        if len(items) == 4:
+            return items[0], items[1], items[2], items[3]
+        raise ValueError(f"{side}: a buffer specification has 1 to 4 items, got {len(items)}")
+    return spec, None, None, None
+
+
+def _array_of(buf, side: str, writable: bool) -> np.ndarray:
+    if isinstance(buf, np.ndarray):
+        return buf
+    if writable:
+        raise TypeError(f"{side} must hold a numpy.ndarray, got {type(buf).__name__}")
+    return np.asarray(buf)
+
+
+def parse_vector(spec, blocks: int, side: str, writable: bool):
+    """(array, counts, displs) in elements of a v-variant's buffer specification with `blocks`
+    entries; with no counts the array is split evenly (as mpi4py does)."""
+    buf, counts, displs, datatype = _split_spec(spec, side)
+    array = _array_of(buf, side, writable)
+    if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
+        raise TypeError(f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}")
+    if counts is None:
+        if blocks and array.size % blocks:
+            raise ValueError(
+                f"{side}: {array.size} elements cannot be split evenly into {blocks} blocks; "
+                "give counts"
+            )
+        each = array.size // blocks if blocks else 0
+        counts = np.full(blocks, each, np.int64)
+    else:
+        counts = _counts_vector(counts, blocks, f"{side} counts")
+    if displs is None:
+        displs = np.zeros(counts.size, np.int64)
+        np.cumsum(counts[:-1], out=displs[1:])
+    else:
+        displs = _counts_vector(displs, blocks, f"{side} displacements")
+    return array, counts, displs
+
+
+def parse_simple(spec, side: str):
+    """(array, count) of a regular message: ``array``, ``[array, count]``,
+    ``[array, datatype]`` or ``[array, count, datatype]``."""
+    buf, count, displs, datatype = _split_spec(spec, side)
+    if displs is not None:
+        raise ValueError(f"{side}: displacements are not allowed here")
+    array = _array_of(buf, side, False)
+    if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
+        raise TypeError(f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}")
+    if count is None:
+        return array, array.size
+    if not np.isscalar(count) or isinstance(count, (bool, np.bool_)):
+        raise ValueError(f"{side}: the count must be an integer")
+    return array, int(count)
+
+
+# --- one call ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Call:
+    """One rank's irregular call, ready for the engine."""
+
+    send: object  # an ndarray or IN_PLACE
+    recv: np.ndarray
+    in_place: int
+    send_counts: np.ndarray
+    send_displs: np.ndarray
+    recv_counts: np.ndarray
+    recv_displs: np.ndarray
+
+
+def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) -> np.ndarray:
+    code, copy_code = option_codes(ctx, opname, order, copy)
+    args = (
+        _registry.OPS[opname],
+        pattern.id,
+        call.send,
+        call.recv,
+        call.in_place,
+        call.send_counts,
+        call.send_displs,
+        call.recv_counts,
+        call.recv_displs,
+        code,
+        copy_code,
+    )
+    if not ctx.multi_node:
+        ctx.core.vexchange(*args)
+        return call.recv
+    ctx.agree(opname, ctx.core.v_record(*args))
+    _check_counts_across_nodes(ctx, opname, pattern, call)
+    outgoing = _outgoing_remote(ctx, pattern, call)
+    ctx.core.vexchange(*args)
+    _exchange_remote(ctx, opname, pattern, call, outgoing)
+    return call.recv
+
+
+def _check_counts_across_nodes(ctx: Context, opname: str, pattern: Pattern, call: _Call) -> None:
+    """Every rank's counts, checked against every other's on every rank (the same verdict
+    everywhere, as the node's engine reaches it from its metadata)."""
+    sent = call.recv_counts if call.in_place == _SWAP else call.send_counts
+    everyone = ctx.p2p_comm().allgather((sent, call.recv_counts))
+    tuples = pattern.tuples
+    assert tuples is not None
+    for src, dst, sb, rb in tuples.tolist():
+        out, expected = everyone[src][0][sb], everyone[dst][1][rb]
+        if out != expected:
+            raise ValueError(
+                f"zcoll.{opname}: counts differ between ranks: rank {src} sends {out} elements "
+                f"(its block {sb}) to rank {dst}, which expects {expected} (its block {rb})"
+            )
+
+
+def _remote_entries(ctx: Context, edges: np.ndarray) -> list[tuple[int, int, int]]:
+    """(list index, peer, tag) of the entries whose peer is on another node."""
+    mine = ctx.node_of[ctx.rank]
+    return [
+        (i, peer, tag)
+        for i, (peer, tag) in enumerate(edges.tolist())
+        if peer >= 0 and ctx.node_of[peer] != mine
+    ]
+
+
+def _byte_block(a: np.ndarray, displ: int, count: int) -> np.ndarray:
+    flat = a.reshape(-1)
+    return flat[displ : displ + count].view(np.uint8)
+
+
+def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
+    """The blocks this rank sends to other nodes (copies where the node's copies overwrite
+    them: in place)."""
+    out = []
+    if call.in_place == _SWAP:
+        source, counts, displs = call.recv, call.recv_counts, call.recv_displs
+    elif call.in_place == _GATHER:
+        source, counts, displs = call.recv, call.send_counts, call.send_displs
+    else:
+        source = np.ascontiguousarray(call.send)
+        counts, displs = call.send_counts, call.send_displs
+    for i, peer, tag in _remote_entries(ctx, pattern.sends):
+        block = _byte_block(source, int(displs[i]), int(counts[i]))
+        out.append((peer, tag, block.copy() if call.in_place == _SWAP else block))
+    return out
+
+
+def _exchange_remote(ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing) -> None:
+    """Blocks to and from ranks on other nodes, by MPI point-to-point on the private dup; the
+    k-th block of a (peer, tag) matches the k-th (MPI's non-overtaking order)."""
+    comm = ctx.p2p_comm()
+    incoming = [
+        (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
+        for i, peer, tag in _remote_entries(ctx, pattern.recvs)
+    ]
+    if not incoming and not outgoing:
+        return
+    reqs = [comm.Irecv([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in incoming]
+    reqs += [comm.Isend([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in outgoing]
+    peers = [peer for peer, _, _ in incoming] + [peer for peer, _, _ in outgoing]
+    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=peers)
+
+
+def _begin(comm: MPI.Comm, opname: str, neighbours: bool) -> tuple[Context, Pattern]:
+    ctx = lookup(comm)
+    return ctx, _pattern(ctx, comm, opname, neighbours)
+
+
+def _uniform(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full(blocks, count, np.int64), np.zeros(blocks, np.int64)
+
+
+def _strided(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.full(blocks, count, np.int64), np.arange(blocks, dtype=np.int64) * count
+
+
+# --- the public functions ---------------------------------------------------------------------
+
+
+def alltoallv(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """All-to-all exchange with per-pair counts and displacements, in shared memory.
+
+    Collective over `comm`; the semantics of ``comm.Alltoallv``: rank ``i`` sends
+    ``sendcounts[j]`` elements from ``sendbuf[sdispls[j]:]`` to rank ``j``, which stores them
+    at ``recvbuf[rdispls[i]:]``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    sendbuf : buffer specification or zcoll.IN_PLACE
+        mpi4py's forms, counts and displacements in elements of the array's dtype: ``array``
+        (split evenly), ``[array, counts]`` (displacements packed), ``[array, (counts,
+        displs)]``, ``[array, counts, displs]``, ``[array, counts, displs, datatype]``; the
+        datatype must match the array's dtype. ``IN_PLACE``: `recvbuf`'s blocks are sent and
+        replaced (MPI's in-place alltoallv).
+    recvbuf : buffer specification
+        The same forms, around a writable C-contiguous ndarray of the same dtype. Elements no
+        block covers are left as they are.
+    order : {"auto", "row", "column", "morton", "hilbert"}
+        Traversal of the (receiver, sender) grid of the pairs that communicate; the same on
+        every rank. "auto": row for up to 2 ranks per node, Morton beyond.
+    copy : {"auto", "temporal", "streaming", "hybrid"}
+        Stores used by the block copies, as for :func:`zcoll.alltoall`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The array of `recvbuf`.
+
+    Notes
+    -----
+    Every rank publishes its counts and displacements; after one node barrier every rank
+    checks every pair's counts (rank i's send count to j must equal j's receive count from
+    i) and copies an equal share of the bytes, cut along the order's curve. Arena buffers
+    move with one copy; others are staged (one more copy each way and one more barrier).
+    Blocks between nodes travel by MPI point-to-point.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, if any rank's arguments are invalid (counts or displacements out of
+        bounds or negative, overlapping receive blocks, dtypes that differ) or the ranks'
+        counts disagree.
+    zcoll.PeerError
+        If a peer dies or does not arrive within the timeout.
+    """
+    opname = _registry.ALLTOALLV
+    ctx, pattern = _begin(comm, opname, neighbours=False)
+    try:
+        recv, rcounts, rdispls = parse_vector(recvbuf, ctx.size, "recvbuf", True)
+        if sendbuf is IN_PLACE:
+            call = _Call(IN_PLACE, recv, _SWAP, _NO_COUNTS, _NO_COUNTS, rcounts, rdispls)
+        else:
+            send, scounts, sdispls = parse_vector(sendbuf, ctx.size, "sendbuf", False)
+            call = _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def allgatherv(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """Gather a block of any size from every rank on every rank, in shared memory.
+
+    Collective over `comm`; the semantics of ``comm.Allgatherv``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Intracommunicator.
+    sendbuf : array_like, ``[array, count]``, ``[array, count, datatype]`` or zcoll.IN_PLACE
+        This rank's block (``count`` elements, default all). ``IN_PLACE``: it already sits
+        at ``recvbuf[displs[comm.rank]:]``.
+    recvbuf : buffer specification, optional
+        As for :func:`alltoallv`: ``[array, counts]``, ``[array, (counts, displs)]``, ...
+        When omitted, the counts are gathered and a 1-D arena array holding the blocks in
+        rank order is allocated (collectively).
+    order, copy
+        As for :func:`alltoallv`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The receive array; block ``j`` is rank ``j``'s `sendbuf`.
+
+    Notes
+    -----
+    Costs and errors as for :func:`alltoallv`.
+    """
+    opname = _registry.ALLGATHERV
+    ctx, pattern = _begin(comm, opname, neighbours=False)
+    size = ctx.size
+    if recvbuf is None:
+        return _allgatherv_new(ctx, comm, opname, pattern, sendbuf, order, copy)
+    try:
+        recv, rcounts, rdispls = parse_vector(recvbuf, size, "recvbuf", True)
+        if sendbuf is IN_PLACE:
+            scounts, sdispls = _uniform(int(rcounts[ctx.rank]), size)
+            sdispls[:] = rdispls[ctx.rank]
+            call = _Call(IN_PLACE, recv, _GATHER, scounts, sdispls, rcounts, rdispls)
+        else:
+            send, count = parse_simple(sendbuf, "sendbuf")
+            call = _Call(send, recv, _NONE, *_uniform(count, size), rcounts, rdispls)
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def _allgatherv_new(ctx, comm, opname, pattern, sendbuf, order, copy) -> np.ndarray:
+    """allgatherv with the counts gathered and the result allocated in the arena; an invalid
+    sendbuf on any rank raises that rank's error on every rank."""
+    send, count, error = None, 0, None
+    try:
+        if sendbuf is IN_PLACE:
+            raise ValueError("IN_PLACE needs recvbuf, which holds the data")
+        send, count = parse_simple(sendbuf, "sendbuf")
+        if send.dtype.hasobject:
+            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
+    except (TypeError, ValueError) as exc:
+        error = (isinstance(exc, TypeError), f"zcoll.{opname}: {exc}")
+    gathered = comm.allgather((count, error))
+    for _, failed in gathered:
+        if failed is not None:
+            raise (TypeError if failed[0] else ValueError)(failed[1])
+    assert send is not None
+    counts = np.array([c for c, _ in gathered], np.int64)
+    recv = _arena_array(ctx, (int(counts.sum()),), send.dtype)
+    displs = np.zeros(counts.size, np.int64)
+    np.cumsum(counts[:-1], out=displs[1:])
+    call = _Call(send, recv, _NONE, *_uniform(count, ctx.size), counts, displs)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def _block_elements(array: np.ndarray, blocks: int, side: str) -> int | None:
+    """Elements per block of a neighbour buffer of `blocks` equal blocks (None: no blocks)."""
+    if not blocks:
+        return None
+    if array.size % blocks:
+        raise ValueError(f"{side}: {array.size} elements cannot be split into {blocks} blocks")
+    return array.size // blocks
+
+
+def neighbor_alltoall(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """Send block ``i`` to the ``i``-th destination of the process topology, in shared memory.
+
+    Collective over `comm`, which has a Cartesian or graph topology; the semantics of
+    ``comm.Neighbor_alltoall`` (MPI's neighbour order: for a Cartesian communicator, per
+    dimension the negative then the positive neighbour, PROC_NULL slots left untouched).
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator made by ``Create_cart``, ``Create_dist_graph_adjacent``,
+        ``Create_dist_graph`` or ``Create_graph``.
+    sendbuf : array_like
+        First axis the out-degree (block ``i`` = ``sendbuf[i]``), or 1-D with a size divisible
+        by it.
+    recvbuf : numpy.ndarray, optional
+        First axis the in-degree (block ``j`` came from the ``j``-th source), or 1-D. When
+        omitted, an arena array of shape ``(indegree, *sendbuf.shape[1:])`` is allocated
+        (collectively; 1-D sendbuf: ``(indegree * block,)``).
+    order, copy
+        As for :func:`alltoallv`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The receive array.
+    """
+    opname = _registry.NEIGHBOR_ALLTOALL
+    ctx, pattern = _begin(comm, opname, neighbours=True)
+    if recvbuf is None:
+        recvbuf = _neighbour_result(ctx, opname, pattern, sendbuf, gather=False)
+    try:
+        send = _array_of(sendbuf, "sendbuf", False)
+        recv = _array_of(recvbuf, "recvbuf", True)
+        sblock = _block_elements(send, pattern.outdegree, "sendbuf")
+        rblock = _block_elements(recv, pattern.indegree, "recvbuf")
+        call = _Call(
+            send,
+            recv,
+            _NONE,
+            *_strided(sblock or 0, pattern.outdegree),
+            *_strided(rblock or 0, pattern.indegree),
+        )
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def neighbor_allgather(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """Send the whole `sendbuf` to every destination of the process topology.
+
+    Collective over `comm`; the semantics of ``comm.Neighbor_allgather``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator with a Cartesian or graph topology.
+    sendbuf : array_like
+        This rank's block.
+    recvbuf : numpy.ndarray, optional
+        In-degree blocks of the size of `sendbuf` (first axis the in-degree, or 1-D). When
+        omitted, an arena array of shape ``(indegree, *sendbuf.shape)`` is allocated.
+    order, copy
+        As for :func:`alltoallv`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The receive array; block ``j`` is the ``j``-th source's `sendbuf`.
+    """
+    opname = _registry.NEIGHBOR_ALLGATHER
+    ctx, pattern = _begin(comm, opname, neighbours=True)
+    if recvbuf is None:
+        recvbuf = _neighbour_result(ctx, opname, pattern, sendbuf, gather=True)
+    try:
+        send = _array_of(sendbuf, "sendbuf", False)
+        recv = _array_of(recvbuf, "recvbuf", True)
+        rblock = _block_elements(recv, pattern.indegree, "recvbuf")
+        call = _Call(
+            send,
+            recv,
+            _NONE,
+            *_uniform(send.size, pattern.outdegree),
+            *_strided(rblock or 0, pattern.indegree),
+        )
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def _neighbour_result(ctx, opname, pattern, sendbuf, gather: bool) -> np.ndarray:
+    """The receive array of a neighbour call without one, allocated in the arena."""
+    try:
+        send = _array_of(sendbuf, "sendbuf", False)
+        if send.dtype.hasobject:
+            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
+        if gather:
+            shape = (pattern.indegree, *send.shape)
+        elif send.ndim == 1:
+            block = _block_elements(send, pattern.outdegree, "sendbuf") or 0
+            shape = (pattern.indegree * block,)
+        else:
+            if send.ndim == 0 or send.shape[0] != pattern.outdegree:
+                raise ValueError(
+                    f"sendbuf's first axis must be the out-degree {pattern.outdegree}, "
+                    f"got shape {send.shape}"
+                )
+            shape = (pattern.indegree, *send.shape[1:])
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _arena_array(ctx, shape, send.dtype)
+
+
+def neighbor_alltoallv(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """neighbor_alltoall with per-edge counts and displacements.
+
+    Collective over `comm`; the semantics of ``comm.Neighbor_alltoallv``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator with a Cartesian or graph topology.
+    sendbuf : buffer specification
+        As for :func:`alltoallv`, one count per destination.
+    recvbuf : buffer specification
+        As for :func:`alltoallv`, one count per source.
+    order, copy
+        As for :func:`alltoallv`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The receive array.
+    """
+    opname = _registry.NEIGHBOR_ALLTOALLV
+    ctx, pattern = _begin(comm, opname, neighbours=True)
+    try:
+        send, scounts, sdispls = parse_vector(sendbuf, pattern.outdegree, "sendbuf", False)
+        recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+        call = _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+def neighbor_allgatherv(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> np.ndarray:
+    """neighbor_allgather with per-source receive counts and displacements.
+
+    Collective over `comm`; the semantics of ``comm.Neighbor_allgatherv``.
+
+    Parameters
+    ----------
+    comm : mpi4py.MPI.Comm
+        Communicator with a Cartesian or graph topology.
+    sendbuf : array_like, ``[array, count]`` or ``[array, count, datatype]``
+        This rank's block.
+    recvbuf : buffer specification
+        As for :func:`alltoallv`, one count per source.
+    order, copy
+        As for :func:`alltoallv`.
+
+    Returns
+    -------
+    numpy.ndarray
+        The receive array.
+    """
+    opname = _registry.NEIGHBOR_ALLGATHERV
+    ctx, pattern = _begin(comm, opname, neighbours=True)
+    try:
+        send, count = parse_simple(sendbuf, "sendbuf")
+        recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+        call = _Call(send, recv, _NONE, *_uniform(count, pattern.outdegree), rcounts, rdispls)
+    except (TypeError, ValueError) as exc:
+        ctx.fail(opname, exc)
+    return _run(ctx, opname, pattern, call, order, copy)
