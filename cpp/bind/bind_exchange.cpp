@@ -126,7 +126,7 @@ std::unordered_map<long long, std::shared_ptr<node_context>>& contexts() {
   return *table;  // leaked: contexts may still be registered at interpreter teardown
 }
 
-constexpr int no_code = -100;
+constexpr int no_code = no_option_code;
 
 // The code of an order or copy name: "auto" by identity (the interned default), others parsed.
 template <class Enum>
@@ -240,6 +240,16 @@ PyMethodDef fast_collective_def = {
 
 std::shared_ptr<node_context> registered_context(PyObject* comm) {
   return fast_path::context_of(comm);
+}
+
+int order_code(PyObject* name) {
+  static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
+  return fast_path::code_of<block_order>(name, auto_str, auto_order);
+}
+
+int copy_code(PyObject* name) {
+  static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
+  return fast_path::code_of<copy_mode>(name, auto_str, auto_copy);
 }
 
 void register_exchange(py::module_& m) {

@@ -9,6 +9,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "fast_path.hpp"
 #include "gil.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/vexchange.hpp"
@@ -101,6 +102,220 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
   return f(call);
 }
 
+// --- the one-crossing path -------------------------------------------------------------------
+// fast_irregular parses mpi4py's buffer specifications itself, in the forms programs use on
+// every call ([array, counts], [array, counts, displs], [array, (counts, displs)], plain
+// arrays); anything else (a datatype, recvbuf=None, several nodes, a first call) goes back to
+// the Python path, which makes the pattern and raises the errors a parse can find.
+namespace fast {
+
+// One side of a call: the array and its blocks' counts and displacements in elements.
+struct side {
+  PyObject* array = nullptr;  // borrowed from the arguments
+  std::vector<std::int64_t> counts, displs;
+};
+
+bool is_array(PyObject* o) {
+  return py::isinstance<py::array>(o);
+}
+
+std::size_t array_size(PyObject* o) {
+  return static_cast<std::size_t>(py::reinterpret_borrow<py::array>(o).size());
+}
+
+// An integer, a sequence of integers or a 1-D integer array as `blocks` values.
+bool int_vector(PyObject* o, std::size_t blocks, std::vector<std::int64_t>& out) {
+  if (PyLong_CheckExact(o)) {
+    const long long v = PyLong_AsLongLong(o);
+    if (v == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
+    out.assign(blocks, v);
+    return true;
+  }
+  if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(o);
+    PyObject** items = PySequence_Fast_ITEMS(o);
+    out.resize(static_cast<std::size_t>(n));
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      if (!PyLong_Check(items[i]) || PyBool_Check(items[i])) return false;
+      out[static_cast<std::size_t>(i)] = PyLong_AsLongLong(items[i]);
+      if (out[static_cast<std::size_t>(i)] == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
+    }
+    return true;
+  }
+  if (!is_array(o)) return false;
+  const auto a = py::reinterpret_borrow<py::array>(o);
+  const char kind = a.dtype().kind();
+  if (a.ndim() != 1 || (kind != 'i' && kind != 'u')) return false;
+  const auto ints = counts_array::ensure(a);
+  if (!ints) return PyErr_Clear(), false;
+  out.assign(ints.data(), ints.data() + ints.size());
+  return true;
+}
+
+void packed_displs(side& s) {
+  s.displs.resize(s.counts.size());
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < s.counts.size(); ++i) {
+    s.displs[i] = at;
+    at += s.counts[i];
+  }
+}
+
+// A v-variant's buffer specification with `blocks` entries.
+bool vector_spec(PyObject* spec, std::size_t blocks, side& out) {
+  PyObject *counts = nullptr, *displs = nullptr;
+  if (is_array(spec)) {
+    out.array = spec;
+  } else if (PyList_CheckExact(spec) || PyTuple_CheckExact(spec)) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(spec);
+    PyObject** items = PySequence_Fast_ITEMS(spec);
+    if (n < 2 || n > 3) return false;
+    out.array = items[0];
+    counts = items[1];
+    if (n == 3) {
+      displs = items[2];
+    } else if (PyTuple_CheckExact(counts) && PyTuple_GET_SIZE(counts) == 2 &&
+               !PyLong_Check(PyTuple_GET_ITEM(counts, 0))) {
+      displs = PyTuple_GET_ITEM(counts, 1);
+      counts = PyTuple_GET_ITEM(counts, 0);
+    }
+  } else {
+    return false;
+  }
+  if (!is_array(out.array)) return false;
+  if (!counts) {
+    const std::size_t size = array_size(out.array);
+    if (blocks && size % blocks) return false;  // the Python path says why
+    out.counts.assign(blocks, blocks ? static_cast<std::int64_t>(size / blocks) : 0);
+  } else if (!int_vector(counts, blocks, out.counts)) {
+    return false;
+  }
+  if (!displs || displs == Py_None)
+    packed_displs(out);
+  else if (!int_vector(displs, blocks, out.displs))
+    return false;
+  return true;
+}
+
+// A plain array cut into `blocks` equal blocks.
+bool strided_spec(PyObject* spec, std::size_t blocks, side& out) {
+  if (!is_array(spec)) return false;
+  out.array = spec;
+  const std::size_t size = array_size(spec);
+  if (blocks ? size % blocks != 0 : size != 0) return false;
+  out.counts.assign(blocks, blocks ? static_cast<std::int64_t>(size / blocks) : 0);
+  packed_displs(out);
+  return true;
+}
+
+// A plain array sent whole to each of `blocks` peers.
+bool whole_spec(PyObject* spec, std::size_t blocks, side& out) {
+  if (!is_array(spec)) return false;
+  out.array = spec;
+  out.counts.assign(blocks, static_cast<std::int64_t>(array_size(spec)));
+  out.displs.assign(blocks, 0);
+  return true;
+}
+
+// Parses the arguments of `op` on the pattern's lists; false: the Python path must run it.
+bool parse(op_code op, const node_context& ctx, const v_pattern& pat, PyObject* send,
+           PyObject* recv, side& s, side& r, v_in_place& in_place) {
+  const auto me = static_cast<std::size_t>(ctx.config().rank);
+  const std::size_t ns = pat.send_blocks[me], nr = pat.recv_blocks[me];
+  const bool in_place_send = is_in_place(py::reinterpret_borrow<py::object>(send));
+  in_place = v_in_place::none;
+  switch (op) {
+    case op_code::alltoallv:
+      if (!vector_spec(recv, nr, r)) return false;
+      if (in_place_send) {
+        in_place = v_in_place::swap;
+        return true;
+      }
+      return vector_spec(send, ns, s);
+    case op_code::allgatherv: {
+      if (!vector_spec(recv, nr, r)) return false;
+      if (!in_place_send) return whole_spec(send, ns, s);
+      const auto own = static_cast<std::size_t>(ctx.config().comm_ranks[me]);
+      if (own >= r.counts.size() || own >= r.displs.size()) return false;
+      in_place = v_in_place::gather;
+      s.counts.assign(ns, r.counts[own]);
+      s.displs.assign(ns, r.displs[own]);
+      return true;
+    }
+    case op_code::neighbor_alltoall:
+      return strided_spec(send, ns, s) && strided_spec(recv, nr, r);
+    case op_code::neighbor_allgather:
+      return whole_spec(send, ns, s) && strided_spec(recv, nr, r);
+    case op_code::neighbor_alltoallv:
+      return vector_spec(send, ns, s) && vector_spec(recv, nr, r);
+    case op_code::neighbor_allgatherv:
+      return whole_spec(send, ns, s) && vector_spec(recv, nr, r);
+    default:
+      return false;
+  }
+}
+
+PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 6) {
+    PyErr_SetString(PyExc_TypeError, "fast_irregular(op, comm, sendbuf, recvbuf, order, copy)");
+    return nullptr;
+  }
+  try {
+    const op_code op = irregular_op(static_cast<int>(PyLong_AsLong(args[0])));
+    const auto ctx = registered_context(args[1]);
+    const int order = order_code(args[4]), copy = copy_code(args[5]);
+    if (!ctx || order == no_option_code || copy == no_option_code || args[3] == Py_None ||
+        ctx->closed())
+      Py_RETURN_NONE;
+    v_exchange& vx = ctx->irregular();
+    const bool neighbours = op != op_code::alltoallv && op != op_code::allgatherv;
+    const int pid = vx.role_pattern(neighbours ? v_exchange::topology_role : v_exchange::dense_role);
+    if (pid < 0) Py_RETURN_NONE;
+    thread_local side s, r;
+    v_in_place in_place = v_in_place::none;
+    if (!parse(op, *ctx, vx.pattern(pid), args[2], args[3], s, r, in_place)) Py_RETURN_NONE;
+    const auto recv_array = py::reinterpret_borrow<py::array>(r.array);
+    const array_view recv_view = view_of(recv_array);
+    py::array send_array;
+    array_view send_view;
+    v_call call;
+    call.op = op;
+    call.pattern = pid;
+    call.recv = &recv_view;
+    call.in_place = in_place;
+    call.send_counts = s.counts;
+    call.send_displs = s.displs;
+    call.recv_counts = r.counts;
+    call.recv_displs = r.displs;
+    call.order = order;
+    call.copy = copy;
+    if (in_place == v_in_place::none) {
+      send_array = as_c_array(py::reinterpret_borrow<py::object>(s.array));
+      if (!send_array) Py_RETURN_NONE;
+      send_view = view_of(send_array);
+      call.send = &send_view;
+    }
+    {
+      gil_released_on_block gil(*ctx, recv_view.nbytes);
+      vx.run(call);
+    }
+    Py_INCREF(r.array);
+    return r.array;
+  } catch (...) {
+    py::detail::try_translate_exceptions();
+    return nullptr;
+  }
+}
+
+PyMethodDef fast_irregular_def = {
+    "fast_irregular",
+    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_irregular)), METH_FASTCALL,
+    "fast_irregular(op, comm, sendbuf, recvbuf, order, copy): runs an irregular collective on a "
+    "registered context in one crossing and returns the receive array, or returns None having "
+    "done nothing when the Python path must run it."};
+
+}  // namespace fast
+
 std::string call_prefix(int code) {
   return "zcoll." + std::string(name_of(irregular_op(code))) + ": ";
 }
@@ -113,15 +328,17 @@ void register_vexchange(py::module_& m) {
   cls.def(
       "v_pattern",
       [](node_context& ctx, const std::vector<edges_array>& sends,
-         const std::vector<edges_array>& recvs) {
+         const std::vector<edges_array>& recvs, int role) {
         const auto& cr = ctx.config().comm_ranks;
         v_pattern p = match_edges(edge_lists(sends), edge_lists(recvs), cr);
         py::gil_scoped_release release;
-        return ctx.irregular().add_pattern(std::move(p));
+        return ctx.irregular().add_pattern(std::move(p), role);
       },
-      py::arg("sends"), py::arg("recvs"),
+      py::arg("sends"), py::arg("recvs"), py::arg("role") = v_exchange::no_role,
       "Collective: registers the pattern of the node ranks' send and receive lists (one (k, 2) "
-      "array of (communicator rank, tag) per node rank); returns its id.");
+      "array of (communicator rank, tag) per node rank); returns its id. role: 0 for "
+      "alltoallv/allgatherv, 1 for the topology's neighbour calls (what fast_irregular runs), "
+      "-1 none.");
   cls.def(
       "vexchange",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
@@ -186,6 +403,9 @@ void register_vexchange(py::module_& m) {
       py::arg("sends"), py::arg("recvs"), py::arg("order"), py::arg("in_place") = 0,
       "The tuples an irregular call on one node of len(sends) ranks copies, in the order the "
       "engine copies them.");
+  m.add_object("fast_irregular",
+               py::reinterpret_steal<py::object>(PyCFunction_NewEx(
+                   &fast::fast_irregular_def, nullptr, m.attr("__name__").ptr())));
   m.def("v_piece", &v_piece, py::arg("total"), py::arg("parts"), py::arg("rank"),
         "[first, last): the bytes of a stream of `total` bytes that rank `rank` of `parts` copies.");
 }

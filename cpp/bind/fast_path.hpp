@@ -14,4 +14,10 @@ namespace zcoll::bind {
 // Python path must run the call.
 std::shared_ptr<node_context> registered_context(PyObject* comm);
 
+// What an order= / copy= value names (fast_collective's parsing: "auto" by identity, other
+// names parsed), or no_option_code when it names nothing.
+inline constexpr int no_option_code = -100;
+int order_code(PyObject* name);
+int copy_code(PyObject* name);
+
 }  // namespace zcoll::bind

@@ -169,7 +169,8 @@ std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts,
   return {cut(rank), cut(rank + 1)};
 }
 
-int v_exchange::add_pattern(v_pattern pattern) {
+int v_exchange::add_pattern(v_pattern pattern, int role) {
+  if (role < no_role || role > topology_role) throw std::invalid_argument("zcoll: unknown role");
   const auto n = static_cast<std::size_t>(ctx_.config().size);
   if (pattern.send_blocks.size() != n || pattern.recv_blocks.size() != n)
     throw std::invalid_argument("zcoll: a pattern needs the lists of every node rank");
@@ -182,8 +183,13 @@ int v_exchange::add_pattern(v_pattern pattern) {
     ctx_.segments().renew(meta_, round_up(2 * slot, page_size()));
     capacity_ = capacity;
   }
+  auto& incoming = incoming_.emplace_back();
+  for (const v_tuple& t : pattern.tuples)
+    if (t.dst == ctx_.config().rank) incoming.push_back(t);
   patterns_.push_back(std::move(pattern));
-  return static_cast<int>(patterns_.size()) - 1;
+  const int id = static_cast<int>(patterns_.size()) - 1;
+  if (role != no_role) roles_[static_cast<std::size_t>(role)] = id;
+  return id;
 }
 
 std::uint64_t* v_exchange::extents(int node_rank, std::size_t parity) const noexcept {
@@ -257,8 +263,10 @@ void v_exchange::run(const v_call& c) {
   const auto blocks = slot(me, parity);
   std::copy(mine.send.begin(), mine.send.end(), blocks.begin());
   std::copy(mine.recv.begin(), mine.recv.end(), blocks.begin() + static_cast<std::ptrdiff_t>(mine.send.size()));
-  extents(me, parity)[0] = mine.send_extent;
-  extents(me, parity)[1] = mine.recv_extent;
+  std::uint64_t* header = extents(me, parity);
+  header[0] = mine.send_extent;
+  header[1] = mine.recv_extent;
+  header[2] = c.order == auto_order && fill_eager_slot(c, mine, parity) ? 1 : 0;
   line.call.order = static_cast<std::int8_t>(mine.order);
   line.call.flag = static_cast<std::uint8_t>(c.in_place);
   line.call.dtype = c.recv->dtype;
@@ -269,7 +277,39 @@ void v_exchange::run(const v_call& c) {
   check_calls(all, c.op);
   check_arguments(all);
   check_counts(c, parity);
-  execute(c, mine, all, parity);
+  bool eager = true;
+  for (int j = 0; j < ctx_.config().size && eager; ++j) eager = extents(j, parity)[2] == 1;
+  if (eager)
+    execute_eager(c, parity);
+  else
+    execute(c, mine, all, parity);
+}
+
+bool v_exchange::fill_eager_slot(const v_call& c, const checked_call& mine, std::size_t parity) {
+  const bool in_place = c.in_place != v_in_place::none;
+  const std::uint64_t extent = in_place ? mine.recv_extent : mine.send_extent;
+  if (!ctx_.policy().eager_fits(extent)) return false;
+  std::byte* slot = ctx_.eager_slot(ctx_.config().rank, parity);
+  if (!in_place) {
+    copy_bytes(slot, c.send->data, extent);
+    return true;
+  }
+  const auto* data = static_cast<const std::byte*>(c.recv->data);
+  const auto& blocks = c.in_place == v_in_place::swap ? mine.recv : mine.send;
+  for (const v_span& b : blocks) copy_bytes(slot + b.offset, data + b.offset, b.bytes);
+  return true;
+}
+
+void v_exchange::execute_eager(const v_call& c, std::size_t parity) {
+  const v_pattern& pat = pattern(c.pattern);
+  auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
+  const bool in_place = c.in_place != v_in_place::none;
+  for (const v_tuple& t : incoming_[static_cast<std::size_t>(c.pattern)]) {
+    if (in_place && t.src == t.dst) continue;  // already in place
+    const v_span& to = received(pat, t, parity);
+    copy_bytes(recv + to.offset, ctx_.eager_slot(t.src, parity) + sent(t, parity).offset,
+               to.bytes);
+  }
 }
 
 const v_span& v_exchange::sent(const v_tuple& t, std::size_t parity) const noexcept {

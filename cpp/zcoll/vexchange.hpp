@@ -36,6 +36,7 @@
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -129,10 +130,14 @@ class v_exchange {
   explicit v_exchange(node_context& ctx) : ctx_(ctx) {}
 
   // Collective (every node rank, same lists, same order of calls): registers a pattern whose
-  // lists every node rank knows; returns its id. Grows the metadata slots if needed.
-  int add_pattern(v_pattern pattern);
+  // lists every node rank knows; returns its id. Grows the metadata slots if needed. `role`
+  // (dense_role, topology_role or no_role) names it for role_pattern().
+  int add_pattern(v_pattern pattern, int role);
   const v_pattern& pattern(int id) const { return patterns_.at(static_cast<std::size_t>(id)); }
   int pattern_count() const noexcept { return static_cast<int>(patterns_.size()); }
+  // The pattern registered in `role`, or -1.
+  static constexpr int no_role = -1, dense_role = 0, topology_role = 1;
+  int role_pattern(int role) const noexcept { return roles_[static_cast<std::size_t>(role)]; }
 
   // Collective: checks one rank's arguments (raising on every rank if any rank's are wrong or
   // the ranks' counts disagree), then runs the node's part of the call.
@@ -159,6 +164,11 @@ class v_exchange {
   // Copies (or, in place, swaps) bytes [first, last) of the stream of `tuples`.
   void copy_piece(const v_pattern& p, const std::vector<v_tuple>& tuples, std::size_t parity,
                   std::uint64_t first, std::uint64_t last, bool swap, const copy_plan& how) const;
+  // Small calls: every rank's data went into its eager slot before the barrier; each rank
+  // pulls its own receive blocks from the senders' slots. One barrier, no staging.
+  void execute_eager(const v_call& call, std::size_t parity);
+  // Copies this rank's data into its eager slot when it fits; whether it did.
+  bool fill_eager_slot(const v_call& call, const checked_call& mine, std::size_t parity);
   void stage_in(const v_call& call, const checked_call& mine, const detail::rank_line& line,
                 std::uint64_t send_part);
   void stage_out(const v_call& call, const v_pattern& p, const std::vector<v_tuple>& tuples,
@@ -166,6 +176,8 @@ class v_exchange {
 
   node_context& ctx_;
   std::vector<v_pattern> patterns_;
+  std::array<int, 2> roles_{-1, -1};
+  std::vector<std::vector<v_tuple>> incoming_;  // per pattern: the tuples into this rank
   std::map<std::uint64_t, std::vector<v_tuple>> ordered_;  // by (pattern, order, in place)
   std::shared_ptr<data_segment> meta_;  // per node rank: two slots (by parity) of capacity_
   std::size_t capacity_ = 0;            // blocks per slot

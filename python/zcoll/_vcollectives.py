@@ -31,6 +31,19 @@ __all__ = [
 _NONE, _GATHER, _SWAP = 0, 1, 2  # v_in_place codes
 _P2P_TAG = 0x7B00  # base tag of blocks between nodes (plus the edge's matching tag)
 _NO_COUNTS = np.zeros(0, np.int64)
+_DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path runs a pattern for
+# One crossing into the engine for a call on a known single-node communicator whose buffer
+# specifications it can parse: returns the receive array, or None when the Python path must
+# run the call (first call, several nodes, a datatype in a specification, an error to raise).
+_fast = _core.fast_irregular
+
+
+_ALLTOALLV_CODE = _registry.OPS[_registry.ALLTOALLV]
+_ALLGATHERV_CODE = _registry.OPS[_registry.ALLGATHERV]
+_NEIGHBOR_ALLTOALL_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALL]
+_NEIGHBOR_ALLGATHER_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHER]
+_NEIGHBOR_ALLTOALLV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALLV]
+_NEIGHBOR_ALLGATHERV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHERV]
 
 
 @dataclass(frozen=True)
@@ -112,7 +125,8 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
         lists = _dense_lists(ctx.size)
         all_sends = all_recvs = (lists[0],) * ctx.size
     local = list(ctx.local_ranks)
-    pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local])
+    role = _TOPOLOGY_ROLE if neighbours else _DENSE_ROLE
+    pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local], role)
     tuples = None
     if ctx.multi_node:
         tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
@@ -387,6 +401,9 @@ def alltoallv(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
+    recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.ALLTOALLV
     ctx, pattern = _begin(comm, opname, neighbours=False)
     try:
@@ -431,6 +448,9 @@ def allgatherv(
     -----
     Costs and errors as for :func:`alltoallv`.
     """
+    recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.ALLGATHERV
     ctx, pattern = _begin(comm, opname, neighbours=False)
     size = ctx.size
@@ -513,6 +533,9 @@ def neighbor_alltoall(
     numpy.ndarray
         The receive array.
     """
+    recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.NEIGHBOR_ALLTOALL
     ctx, pattern = _begin(comm, opname, neighbours=True)
     if recvbuf is None:
@@ -558,6 +581,9 @@ def neighbor_allgather(
     numpy.ndarray
         The receive array; block ``j`` is the ``j``-th source's `sendbuf`.
     """
+    recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.NEIGHBOR_ALLGATHER
     ctx, pattern = _begin(comm, opname, neighbours=True)
     if recvbuf is None:
@@ -624,6 +650,9 @@ def neighbor_alltoallv(
     numpy.ndarray
         The receive array.
     """
+    recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.NEIGHBOR_ALLTOALLV
     ctx, pattern = _begin(comm, opname, neighbours=True)
     try:
@@ -658,6 +687,9 @@ def neighbor_allgatherv(
     numpy.ndarray
         The receive array.
     """
+    recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     opname = _registry.NEIGHBOR_ALLGATHERV
     ctx, pattern = _begin(comm, opname, neighbours=True)
     try:
