@@ -32,7 +32,8 @@ std::vector<std::vector<v_edge>> edge_lists(const std::vector<edges_array>& list
       throw std::invalid_argument("an edge list is an int array of shape (k, 2): (peer, tag)");
     auto& list = out.emplace_back(static_cast<std::size_t>(a.shape(0)));
     const auto r = a.unchecked<2>();
-    for (py::ssize_t i = 0; i < a.shape(0); ++i) list[static_cast<std::size_t>(i)] = {r(i, 0), r(i, 1)};
+    for (py::ssize_t i = 0; i < a.shape(0); ++i)
+      list[static_cast<std::size_t>(i)] = {r(i, 0), r(i, 1)};
   }
   return out;
 }
@@ -69,8 +70,8 @@ op_code irregular_op(int code) {
 // Calls `f(call)` with `call` built from the Python arguments, or `error(message)` when a
 // buffer cannot be converted.
 template <class F, class Error>
-auto with_call(int code, int pattern, const py::object& send, const py::object& recv,
-               int in_place, const counts_array& send_counts, const counts_array& send_displs,
+auto with_call(int code, int pattern, const py::object& send, const py::object& recv, int in_place,
+               const counts_array& send_counts, const counts_array& send_displs,
                const counts_array& recv_counts, const counts_array& recv_displs, int order,
                int copy, F&& f, Error&& error) {
   v_call call;
@@ -269,7 +270,8 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     v_exchange& vx = ctx->irregular();
     const bool neighbours = op != op_code::alltoallv && op != op_code::allgatherv;
-    const int pid = vx.role_pattern(neighbours ? v_exchange::topology_role : v_exchange::dense_role);
+    const int pid =
+        vx.role_pattern(neighbours ? v_exchange::topology_role : v_exchange::dense_role);
     if (pid < 0) Py_RETURN_NONE;
     thread_local side s, r;
     v_in_place in_place = v_in_place::none;
@@ -308,8 +310,8 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 }
 
 PyMethodDef fast_irregular_def = {
-    "fast_irregular",
-    reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_irregular)), METH_FASTCALL,
+    "fast_irregular", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_irregular)),
+    METH_FASTCALL,
     "fast_irregular(op, comm, sendbuf, recvbuf, order, copy): runs an irregular collective on a "
     "registered context in one crossing and returns the receive array, or returns None having "
     "done nothing when the Python path must run it."};
@@ -356,8 +358,8 @@ void register_vexchange(py::module_& m) {
             });
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
-      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"),
-      py::arg("recv_counts"), py::arg("recv_displs"), py::arg("order"), py::arg("copy"),
+      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"),
       "Collective: the node's part of an irregular collective (counts and displacements in "
       "elements, one per list entry); raises on every rank when any rank's arguments are invalid "
       "or the ranks' counts disagree.");
@@ -374,8 +376,8 @@ void register_vexchange(py::module_& m) {
             }));
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
-      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"),
-      py::arg("recv_counts"), py::arg("recv_displs"), py::arg("order"), py::arg("copy"),
+      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"),
       "Local: this rank's call record of such a call, for agree() across nodes.");
   m.def(
       "match_edges",
@@ -406,8 +408,9 @@ void register_vexchange(py::module_& m) {
   m.add_object("fast_irregular",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                    &fast::fast_irregular_def, nullptr, m.attr("__name__").ptr())));
-  m.def("v_piece", &v_piece, py::arg("total"), py::arg("parts"), py::arg("rank"),
-        "[first, last): the bytes of a stream of `total` bytes that rank `rank` of `parts` copies.");
+  m.def(
+      "v_piece", &v_piece, py::arg("total"), py::arg("parts"), py::arg("rank"),
+      "[first, last): the bytes of a stream of `total` bytes that rank `rank` of `parts` copies.");
 }
 
 }  // namespace zcoll::bind

@@ -127,7 +127,8 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
                         dtype_text(ref.dtype) + ", " + other + " has " + dtype_text(d.dtype));
   if (d.block_bytes != ref.block_bytes && is_irregular(ref.op))
     throw usage_error(what + "ranks use different communication patterns (" + first + " and " +
-                      other + "): a neighbourhood call on a communicator without a topology, or "
+                      other +
+                      "): a neighbourhood call on a communicator without a topology, or "
                       "topologies that differ");
   if (d.block_bytes != ref.block_bytes &&
       (ref.op == op_code::transfer || ref.target == op_code::transfer))

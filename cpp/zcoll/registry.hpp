@@ -24,24 +24,24 @@ namespace zcoll {
 
 // What a node context runs; every rank publishes one per call (see protocol.hpp).
 enum class op_code : std::uint8_t {
-  none = 0,             // no call published yet
-  error = 1,            // a rank found its own arguments invalid
-  allocate = 2,         // collective arena allocation
-  alltoall = 3,         // block j of rank i's send buffer -> block i of rank j's receive buffer
-  allgather = 4,        // rank i's send buffer -> block i of every receive buffer
-  barrier = 5,          // a node barrier
-  transfer = 6,         // global transpose of a distributed array (see transfer.hpp)
-  plan = 7,             // creation of a persistent plan (see plan.hpp)
-  start = 8,            // a run of a persistent plan
-  allreduce = 9,        // every rank's buffer combined element-wise; the result on every rank
-  reduce = 10,          // the same, the result on one root rank only
-  reduce_scatter = 11,  // the same, block i of the result on rank i (reduce_scatter_block)
-  bcast = 12,           // the root's buffer copied to every rank
-  alltoallv = 13,       // alltoall with per-pair counts and displacements (vexchange.hpp)
-  allgatherv = 14,      // allgather with per-rank counts and displacements
-  neighbor_alltoall = 15,    // block i to the i-th destination of a process topology
-  neighbor_allgather = 16,   // the whole buffer to every destination of a process topology
-  neighbor_alltoallv = 17,   // neighbor_alltoall with per-edge counts and displacements
+  none = 0,                 // no call published yet
+  error = 1,                // a rank found its own arguments invalid
+  allocate = 2,             // collective arena allocation
+  alltoall = 3,             // block j of rank i's send buffer -> block i of rank j's receive buffer
+  allgather = 4,            // rank i's send buffer -> block i of every receive buffer
+  barrier = 5,              // a node barrier
+  transfer = 6,             // global transpose of a distributed array (see transfer.hpp)
+  plan = 7,                 // creation of a persistent plan (see plan.hpp)
+  start = 8,                // a run of a persistent plan
+  allreduce = 9,            // every rank's buffer combined element-wise; the result on every rank
+  reduce = 10,              // the same, the result on one root rank only
+  reduce_scatter = 11,      // the same, block i of the result on rank i (reduce_scatter_block)
+  bcast = 12,               // the root's buffer copied to every rank
+  alltoallv = 13,           // alltoall with per-pair counts and displacements (vexchange.hpp)
+  allgatherv = 14,          // allgather with per-rank counts and displacements
+  neighbor_alltoall = 15,   // block i to the i-th destination of a process topology
+  neighbor_allgather = 16,  // the whole buffer to every destination of a process topology
+  neighbor_alltoallv = 17,  // neighbor_alltoall with per-edge counts and displacements
   neighbor_allgatherv = 18,  // neighbor_allgather with per-edge receive counts and displacements
 };
 
@@ -152,24 +152,24 @@ struct registry;
 template <>
 struct registry<op_code> {
   static constexpr std::array<std::string_view, 19> names{"none",
-                                                         "error",
-                                                         "allocate",
-                                                         "alltoall",
-                                                         "allgather",
-                                                         "barrier",
-                                                         "transfer",
-                                                         "plan",
-                                                         "start",
-                                                         "allreduce",
-                                                         "reduce",
-                                                         "reduce_scatter",
-                                                         "bcast",
-                                                         "alltoallv",
-                                                         "allgatherv",
-                                                         "neighbor_alltoall",
-                                                         "neighbor_allgather",
-                                                         "neighbor_alltoallv",
-                                                         "neighbor_allgatherv"};
+                                                          "error",
+                                                          "allocate",
+                                                          "alltoall",
+                                                          "allgather",
+                                                          "barrier",
+                                                          "transfer",
+                                                          "plan",
+                                                          "start",
+                                                          "allreduce",
+                                                          "reduce",
+                                                          "reduce_scatter",
+                                                          "bcast",
+                                                          "alltoallv",
+                                                          "allgatherv",
+                                                          "neighbor_alltoall",
+                                                          "neighbor_allgather",
+                                                          "neighbor_alltoallv",
+                                                          "neighbor_allgatherv"};
   // How error messages name a call of each operation ("rank 1 called an arena allocation").
   static constexpr std::array<std::string_view, 19> descriptions{"nothing",
                                                                  "an invalid call",

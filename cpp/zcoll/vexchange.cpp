@@ -29,8 +29,8 @@ std::string rank_text(int rank) {
 }
 
 std::uint64_t ordered_key(int pattern, block_order order, v_in_place in_place) {
-  return (static_cast<std::uint64_t>(pattern) << 16) |
-         (static_cast<std::uint64_t>(order) << 8) | static_cast<std::uint64_t>(in_place);
+  return (static_cast<std::uint64_t>(pattern) << 16) | (static_cast<std::uint64_t>(order) << 8) |
+         static_cast<std::uint64_t>(in_place);
 }
 
 // The blocks of one side of a call, in bytes, checked against the buffer they address.
@@ -153,12 +153,12 @@ std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_ord
         position[static_cast<std::size_t>(t.dst) * n + static_cast<std::size_t>(t.src)],
         t.send_block, t.recv_block);
   };
-  std::sort(out.begin(), out.end(), [&](const v_tuple& a, const v_tuple& b) { return key(a) < key(b); });
+  std::sort(out.begin(), out.end(),
+            [&](const v_tuple& a, const v_tuple& b) { return key(a) < key(b); });
   return out;
 }
 
-std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts,
-                                                int rank) noexcept {
+std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts, int rank) noexcept {
   auto cut = [&](int i) -> std::uint64_t {
     if (i <= 0) return 0;
     if (i >= parts) return total;
@@ -219,8 +219,8 @@ local_check v_exchange::check(const v_call& c, checked_call& out) const {
   if (c.in_place == v_in_place::none && !c.send)
     return value_error("sendbuf is missing (use zcoll.IN_PLACE)");
   const std::size_t itemsize = recv.dtype.itemsize;
-  local_check v = spans_of(c.recv_counts, c.recv_displs, pat.recv_blocks[me], itemsize,
-                           recv.nbytes, "recvbuf", out.recv, out.recv_extent);
+  local_check v = spans_of(c.recv_counts, c.recv_displs, pat.recv_blocks[me], itemsize, recv.nbytes,
+                           "recvbuf", out.recv, out.recv_extent);
   if (!v.ok()) return v;
   if (v = disjoint(out.recv, itemsize); !v.ok()) return v;
   if (c.in_place == v_in_place::swap) {
@@ -262,7 +262,8 @@ void v_exchange::run(const v_call& c) {
   const int me = ctx_.config().rank;
   const auto blocks = slot(me, parity);
   std::copy(mine.send.begin(), mine.send.end(), blocks.begin());
-  std::copy(mine.recv.begin(), mine.recv.end(), blocks.begin() + static_cast<std::ptrdiff_t>(mine.send.size()));
+  std::copy(mine.recv.begin(), mine.recv.end(),
+            blocks.begin() + static_cast<std::ptrdiff_t>(mine.send.size()));
   std::uint64_t* header = extents(me, parity);
   header[0] = mine.send_extent;
   header[1] = mine.recv_extent;
@@ -307,8 +308,7 @@ void v_exchange::execute_eager(const v_call& c, std::size_t parity) {
   for (const v_tuple& t : incoming_[static_cast<std::size_t>(c.pattern)]) {
     if (in_place && t.src == t.dst) continue;  // already in place
     const v_span& to = received(pat, t, parity);
-    copy_bytes(recv + to.offset, ctx_.eager_slot(t.src, parity) + sent(t, parity).offset,
-               to.bytes);
+    copy_bytes(recv + to.offset, ctx_.eager_slot(t.src, parity) + sent(t, parity).offset, to.bytes);
   }
 }
 
@@ -328,13 +328,12 @@ void v_exchange::check_counts(const v_call& c, std::size_t parity) const {
   for (const v_tuple& t : pat.tuples) {
     const std::uint64_t out = sent(t, parity).bytes, in = received(pat, t, parity).bytes;
     if (out == in) continue;
-    throw usage_error(prefix(c.op) + "counts differ between ranks: " +
-                      rank_text(cr[static_cast<std::size_t>(t.src)]) + " sends " +
-                      std::to_string(out / itemsize) + " elements (its block " +
-                      std::to_string(t.send_block) + ") to " +
-                      rank_text(cr[static_cast<std::size_t>(t.dst)]) + ", which expects " +
-                      std::to_string(in / itemsize) + " (its block " +
-                      std::to_string(t.recv_block) + ")");
+    throw usage_error(
+        prefix(c.op) + "counts differ between ranks: " +
+        rank_text(cr[static_cast<std::size_t>(t.src)]) + " sends " +
+        std::to_string(out / itemsize) + " elements (its block " + std::to_string(t.send_block) +
+        ") to " + rank_text(cr[static_cast<std::size_t>(t.dst)]) + ", which expects " +
+        std::to_string(in / itemsize) + " (its block " + std::to_string(t.recv_block) + ")");
   }
 }
 
@@ -344,8 +343,8 @@ const std::vector<v_tuple>& v_exchange::tuples_for(int pattern, block_order orde
   auto it = ordered_.find(key);
   if (it == ordered_.end())
     it = ordered_
-             .emplace(key, ordered_tuples(this->pattern(pattern), ctx_.config().size, order,
-                                          in_place))
+             .emplace(key,
+                      ordered_tuples(this->pattern(pattern), ctx_.config().size, order, in_place))
              .first;
   return it->second;
 }
@@ -417,8 +416,8 @@ void v_exchange::copy_piece(const v_pattern& pat, const std::vector<v_tuple>& tu
   }
 }
 
-void v_exchange::stage_in(const v_call& c, const checked_call& mine,
-                          const detail::rank_line& line, std::uint64_t send_part) {
+void v_exchange::stage_in(const v_call& c, const checked_call& mine, const detail::rank_line& line,
+                          std::uint64_t send_part) {
   std::byte* stage = ctx_.segments().staging(ctx_.config().rank);
   if (c.in_place == v_in_place::none) {
     if (line.send.segment == 0) copy_bytes(stage, c.send->data, mine.send_extent);
@@ -429,8 +428,7 @@ void v_exchange::stage_in(const v_call& c, const checked_call& mine,
   // (swap); the holes between blocks are never read.
   const auto* data = static_cast<const std::byte*>(c.recv->data);
   const auto& blocks = c.in_place == v_in_place::swap ? mine.recv : mine.send;
-  for (const v_span& b : blocks)
-    copy_bytes(stage + send_part + b.offset, data + b.offset, b.bytes);
+  for (const v_span& b : blocks) copy_bytes(stage + send_part + b.offset, data + b.offset, b.bytes);
 }
 
 void v_exchange::stage_out(const v_call& c, const v_pattern& pat,

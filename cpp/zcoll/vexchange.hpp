@@ -177,7 +177,7 @@ class v_exchange {
   node_context& ctx_;
   std::vector<v_pattern> patterns_;
   std::array<int, 2> roles_{-1, -1};
-  std::vector<std::vector<v_tuple>> incoming_;  // per pattern: the tuples into this rank
+  std::vector<std::vector<v_tuple>> incoming_;             // per pattern: the tuples into this rank
   std::map<std::uint64_t, std::vector<v_tuple>> ordered_;  // by (pattern, order, in place)
   std::shared_ptr<data_segment> meta_;  // per node rank: two slots (by parity) of capacity_
   std::size_t capacity_ = 0;            // blocks per slot

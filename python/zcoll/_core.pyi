@@ -125,6 +125,16 @@ def fast_collective(
     op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
 ) -> Any: ...
 def plan_buffers_error(sendbuf: Any, recvbuf: Any) -> str | None: ...
+def fast_irregular(
+    op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
+) -> Any: ...
+def match_edges(
+    sends: list[np.ndarray], recvs: list[np.ndarray], comm_ranks: list[int]
+) -> tuple[np.ndarray, list[int], list[int]]: ...
+def v_schedule(
+    sends: list[np.ndarray], recvs: list[np.ndarray], order: int, in_place: int = 0
+) -> np.ndarray: ...
+def v_piece(total: int, parts: int, rank: int) -> tuple[int, int]: ...
 
 class NodeContext:
     def __init__(
@@ -185,6 +195,37 @@ class NodeContext:
     def reduction_choice(self, nbytes: int) -> str: ...
     def reduction_cost(self, algorithm: int, nbytes: int) -> float: ...
     def barrier(self) -> None: ...
+    def v_pattern(
+        self, sends: list[np.ndarray], recvs: list[np.ndarray], role: int = -1
+    ) -> int: ...
+    def vexchange(
+        self,
+        code: int,
+        pattern: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        in_place: int,
+        send_counts: np.ndarray,
+        send_displs: np.ndarray,
+        recv_counts: np.ndarray,
+        recv_displs: np.ndarray,
+        order: int,
+        copy: int,
+    ) -> None: ...
+    def v_record(
+        self,
+        code: int,
+        pattern: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        in_place: int,
+        send_counts: np.ndarray,
+        send_displs: np.ndarray,
+        recv_counts: np.ndarray,
+        recv_displs: np.ndarray,
+        order: int,
+        copy: int,
+    ) -> bytes: ...
     def setup_eager(self, nbytes: int) -> None: ...
     def set_wait(self, timeout: float, spin: int, yields: int, sleep_slice: float) -> None: ...
     def where(self, a: np.ndarray) -> tuple[int, int]: ...

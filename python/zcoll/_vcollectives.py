@@ -10,6 +10,7 @@ and displacements travel, parsed here from mpi4py's buffer specifications.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -83,18 +84,19 @@ def _topology_lists(comm: MPI.Comm) -> tuple[np.ndarray, np.ndarray] | None:
     positive side lands in the receiver's negative slot, as MPI-4.1 specifies."""
     kind = comm.Get_topology()
     if kind == MPI.CART:
+        cart = cast(MPI.Cartcomm, comm)
         peers, send_tags, recv_tags = [], [], []
-        for dim in range(comm.Get_dim()):
-            below, above = comm.Shift(dim, 1)
+        for dim in range(cart.Get_dim()):
+            below, above = cart.Shift(dim, 1)
             peers += [below, above]
             send_tags += [2 * dim + 1, 2 * dim]
             recv_tags += [2 * dim, 2 * dim + 1]
         return _edges(peers, send_tags), _edges(peers, recv_tags)
     if kind == MPI.DIST_GRAPH:
-        sources, destinations, _ = comm.Get_dist_neighbors()
+        sources, destinations, _ = cast(MPI.Distgraphcomm, comm).Get_dist_neighbors()
         return _edges(destinations, 0), _edges(sources, 0)
     if kind == MPI.GRAPH:
-        neighbours = comm.Get_neighbors(comm.rank)
+        neighbours = cast(MPI.Graphcomm, comm).Get_neighbors(comm.rank)
         return _edges(neighbours, 0), _edges(neighbours, 0)
     return None
 
@@ -148,7 +150,7 @@ def _as_datatype_dtype(datatype) -> np.dtype:
 
 
 def _counts_vector(counts, blocks: int, what: str) -> np.ndarray:
-    if np.isscalar(counts):
+    if isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
         return np.full(blocks, int(counts), np.int64)
     array = np.asarray(counts)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
@@ -194,7 +196,9 @@ def parse_vector(spec, blocks: int, side: str, writable: bool):
     buf, counts, displs, datatype = _split_spec(spec, side)
     array = _array_of(buf, side, writable)
     if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
-        raise TypeError(f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}")
+        raise TypeError(
+            f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}"
+        )
     if counts is None:
         if blocks and array.size % blocks:
             raise ValueError(
@@ -221,10 +225,12 @@ def parse_simple(spec, side: str):
         raise ValueError(f"{side}: displacements are not allowed here")
     array = _array_of(buf, side, False)
     if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
-        raise TypeError(f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}")
+        raise TypeError(
+            f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}"
+        )
     if count is None:
         return array, array.size
-    if not np.isscalar(count) or isinstance(count, (bool, np.bool_)):
+    if not isinstance(count, (int, np.integer)) or isinstance(count, bool):
         raise ValueError(f"{side}: the count must be an integer")
     return array, int(count)
 
