@@ -1,0 +1,335 @@
+// Irregular exchanges (vexchange.hpp): the 4-tuple patterns, their order and the byte-balanced
+// pieces as properties written out here, then alltoallv-shaped calls on forked ranks of a node
+// (private and arena buffers, the eager and the two-barrier path, in place, a call that moves
+// nothing followed by calls that do) against values computed here from the counts' formula.
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "test_util.hpp"
+#include "zcoll/error.hpp"
+#include "zcoll/exchange.hpp"
+#include "zcoll/vexchange.hpp"
+
+using namespace zcoll;
+
+namespace {
+
+std::vector<v_edge> everyone(int p) {
+  std::vector<v_edge> list;
+  for (int c = 0; c < p; ++c) list.push_back({c, 0});
+  return list;
+}
+
+v_pattern dense(int n, int p, const std::vector<int>& ranks) {
+  std::vector<std::vector<v_edge>> lists(static_cast<std::size_t>(n), everyone(p));
+  return match_edges(lists, lists, ranks);
+}
+
+using tuple4 = std::tuple<int, int, unsigned, unsigned>;
+
+std::multiset<tuple4> as_set(const std::vector<v_tuple>& ts) {
+  std::multiset<tuple4> s;
+  for (const auto& t : ts) s.insert({t.src, t.dst, t.send_block, t.recv_block});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("vexchange: the dense pattern has every node pair exactly once") {
+  for (int p = 1; p <= 9; ++p) {
+    std::vector<int> ranks;  // the node holds the odd communicator ranks
+    for (int c = 1; c < p; c += 2) ranks.push_back(c);
+    const int n = static_cast<int>(ranks.size());
+    const v_pattern pat = dense(n, p, ranks);
+    std::multiset<tuple4> want;
+    for (int s = 0; s < n; ++s)
+      for (int d = 0; d < n; ++d)
+        want.insert({s, d, static_cast<unsigned>(ranks[static_cast<std::size_t>(d)]),
+                     static_cast<unsigned>(ranks[static_cast<std::size_t>(s)])});
+    CHECK(as_set(pat.tuples) == want);
+    for (int j = 0; j < n; ++j) {
+      CHECK(pat.send_blocks[static_cast<std::size_t>(j)] == static_cast<unsigned>(p));
+      CHECK(pat.recv_blocks[static_cast<std::size_t>(j)] == static_cast<unsigned>(p));
+    }
+  }
+}
+
+TEST_CASE("vexchange: repeated edges match in order, tags keep directions apart") {
+  // Rank 0 sends to 1 twice (blocks 0, 2) and to PROC_NULL (block 1); rank 1 lists 0 twice.
+  std::vector<std::vector<v_edge>> sends{{{1, 0}, {-1, 0}, {1, 0}}, {}};
+  std::vector<std::vector<v_edge>> recvs{{}, {{0, 0}, {0, 0}}};
+  const v_pattern g = match_edges(sends, recvs, std::vector<int>{0, 1});
+  CHECK(as_set(g.tuples) == std::multiset<tuple4>{{0, 1, 0, 0}, {0, 1, 2, 1}});
+  // A periodic dimension of 2 ranks: both neighbours are the other rank. The block sent toward
+  // the positive side (slot 1, tag 0) lands in the negative slot (0) of the receiver.
+  std::vector<std::vector<v_edge>> cs{{{1, 1}, {1, 0}}, {{0, 1}, {0, 0}}};
+  std::vector<std::vector<v_edge>> cr{{{1, 0}, {1, 1}}, {{0, 0}, {0, 1}}};
+  const v_pattern cart = match_edges(cs, cr, std::vector<int>{0, 1});
+  CHECK(as_set(cart.tuples) ==
+        std::multiset<tuple4>{{0, 1, 1, 0}, {0, 1, 0, 1}, {1, 0, 1, 0}, {1, 0, 0, 1}});
+  // Lists that do not describe one topology.
+  std::vector<std::vector<v_edge>> lonely{{{1, 0}}, {}};
+  std::vector<std::vector<v_edge>> none{{}, {}};
+  CHECK_THROWS_AS(match_edges(lonely, none, std::vector<int>{0, 1}), usage_error);
+  CHECK_THROWS_AS(match_edges(none, lonely, std::vector<int>{0, 1}), usage_error);
+  // Peers off the node make no tuple but keep their slot.
+  std::vector<std::vector<v_edge>> far{{{5, 0}, {0, 0}}};
+  const v_pattern off = match_edges(far, far, std::vector<int>{0});
+  CHECK(as_set(off.tuples) == std::multiset<tuple4>{{0, 0, 1, 1}});
+}
+
+TEST_CASE("vexchange: ordered tuples are the pattern along the curve") {
+  for (int n : {1, 2, 3, 5, 8}) {
+    std::vector<int> ranks;
+    for (int c = 0; c < n; ++c) ranks.push_back(c);
+    const v_pattern pat = dense(n, n, ranks);
+    for (block_order order :
+         {block_order::row, block_order::column, block_order::morton, block_order::hilbert}) {
+      const auto all = ordered_tuples(pat, n, order, v_in_place::none);
+      CHECK(as_set(all) == as_set(pat.tuples));
+      const auto gather = ordered_tuples(pat, n, order, v_in_place::gather);
+      CHECK(gather.size() == static_cast<std::size_t>(n * (n - 1)));
+      for (const auto& t : gather) CHECK(t.src != t.dst);
+      const auto swap = ordered_tuples(pat, n, order, v_in_place::swap);
+      CHECK(swap.size() == static_cast<std::size_t>(n * (n - 1) / 2));
+      for (const auto& t : swap) CHECK(t.src < t.dst);
+    }
+    // row: receiver-major; column: sender-major (written out, not through the curve).
+    auto row = pat.tuples;
+    std::sort(row.begin(), row.end(), [](const v_tuple& a, const v_tuple& b) {
+      return std::tie(a.dst, a.src) < std::tie(b.dst, b.src);
+    });
+    CHECK(ordered_tuples(pat, n, block_order::row, v_in_place::none) == row);
+    auto column = pat.tuples;
+    std::sort(column.begin(), column.end(), [](const v_tuple& a, const v_tuple& b) {
+      return std::tie(a.src, a.dst) < std::tie(b.src, b.dst);
+    });
+    CHECK(ordered_tuples(pat, n, block_order::column, v_in_place::none) == column);
+  }
+}
+
+TEST_CASE("vexchange: pieces cover the stream once, balanced, on cache-line cuts") {
+  for (std::uint64_t total : {0ull, 1ull, 63ull, 64ull, 1000ull, 4097ull, 1ull << 20, 123456789ull})
+    for (int parts : {1, 2, 3, 5, 8, 64}) {
+      std::uint64_t at = 0;
+      for (int r = 0; r < parts; ++r) {
+        const auto [first, last] = v_piece(total, parts, r);
+        CHECK(first == at);
+        CHECK(last >= first);
+        if (last != total) CHECK(last % 64 == 0);
+        CHECK(last - first <= total / static_cast<std::uint64_t>(parts) + 64);
+        at = last;
+      }
+      CHECK(at == total);
+    }
+}
+
+namespace {
+
+constexpr int max_ranks = 8;
+
+struct shared_state {
+  std::atomic<int> go;
+  std::int32_t pids[max_ranks];
+};
+
+// Elements rank s sends rank d in call `k` (0 for every pair in call 0: a call that moves
+// nothing); `scale` makes them large enough for the two-barrier path.
+std::int64_t count(int s, int d, int k, int scale) {
+  return k == 0 ? 0 : ((s * 7 + d * 3 + k) % 5) * scale;
+}
+
+double value(int s, int d, std::int64_t i, int k) {
+  return s * 1e6 + d * 1e4 + static_cast<double>(i) + k * 0.5;
+}
+
+array_view view_of(const void* data, std::size_t n, std::int64_t* shape) {
+  array_view v;
+  v.data = data;
+  v.size = n;
+  v.nbytes = n * 8;
+  v.ndim = 1;
+  shape[0] = static_cast<std::int64_t>(n);
+  v.first_dim = n;
+  v.shape = shape;
+  v.dtype = {'d', 8};
+  return v;
+}
+
+// Calls 0..5 of an alltoallv on every rank, private or arena buffers, `scale` elements per
+// count unit, receive blocks in reverse rank order with one-element holes; then one in place.
+int alltoallv_body(int r, node_context& ctx, bool arena, int scale) {
+  const int p = ctx.config().size;
+  std::vector<v_edge> list = everyone(p);
+  std::vector<std::vector<v_edge>> lists(static_cast<std::size_t>(p), list);
+  const int pid = ctx.irregular().add_pattern(match_edges(lists, lists, ctx.config().comm_ranks),
+                                              v_exchange::dense_role);
+  int failures = 0;
+  for (int k = 0; k < 6; ++k) {
+    std::vector<std::int64_t> sc(p), sd(p), rc(p), rd(p);
+    std::int64_t s_total = 0, r_total = 0;
+    for (int d = 0; d < p; ++d) sd[d] = s_total, sc[d] = count(r, d, k, scale), s_total += sc[d];
+    for (int s = p - 1; s >= 0; --s)
+      rd[s] = r_total, rc[s] = count(s, r, k, scale), r_total += rc[s] + 1;
+    const auto s_len = static_cast<std::size_t>(s_total) + 1,
+               r_len = static_cast<std::size_t>(r_total) + 1;
+    std::vector<double> own_send(s_len), own_recv(r_len);
+    std::shared_ptr<arena_block> sa, ra;
+    double* send = own_send.data();
+    double* recv = own_recv.data();
+    if (arena) {
+      sa = ctx.allocate(s_len * 8);
+      ra = ctx.allocate(r_len * 8);
+      send = reinterpret_cast<double*>(sa->data());
+      recv = reinterpret_cast<double*>(ra->data());
+    }
+    for (int d = 0; d < p; ++d)
+      for (std::int64_t i = 0; i < sc[d]; ++i) send[sd[d] + i] = value(r, d, i, k);
+    std::fill(recv, recv + r_len, -1.0);
+    std::int64_t s1[1], s2[1];
+    const array_view sv = view_of(send, s_len, s1), rv = view_of(recv, r_len, s2);
+    v_call c;
+    c.op = op_code::alltoallv;
+    c.pattern = pid;
+    c.send = &sv;
+    c.recv = &rv;
+    c.send_counts = sc;
+    c.send_displs = sd;
+    c.recv_counts = rc;
+    c.recv_displs = rd;
+    c.order = k % 2 ? auto_order : static_cast<int>(block_order::morton);
+    ctx.irregular().run(c);
+    std::vector<bool> covered(r_len);
+    for (int s = 0; s < p; ++s)
+      for (std::int64_t i = 0; i < rc[s]; ++i) {
+        failures += recv[rd[s] + i] != value(s, r, i, k);
+        covered[static_cast<std::size_t>(rd[s] + i)] = true;
+      }
+    for (std::size_t i = 0; i < r_len; ++i) failures += !covered[i] && recv[i] != -1.0;
+  }
+  // In place: a symmetric count so that the pairs can swap.
+  std::vector<std::int64_t> rc(p), rd(p);
+  std::int64_t total = 0;
+  for (int s = 0; s < p; ++s) rd[s] = total, rc[s] = ((r + s) % 3) * scale, total += rc[s];
+  std::vector<double> buf(static_cast<std::size_t>(total) + 1);
+  for (int d = 0; d < p; ++d)
+    for (std::int64_t i = 0; i < rc[d]; ++i)
+      buf[static_cast<std::size_t>(rd[d] + i)] = value(r, d, i, 9);
+  std::int64_t s2[1];
+  const array_view rv = view_of(buf.data(), buf.size(), s2);
+  v_call c;
+  c.op = op_code::alltoallv;
+  c.pattern = pid;
+  c.recv = &rv;
+  c.in_place = v_in_place::swap;
+  c.recv_counts = rc;
+  c.recv_displs = rd;
+  ctx.irregular().run(c);
+  for (int s = 0; s < p; ++s)
+    for (std::int64_t i = 0; i < rc[s]; ++i)
+      failures += buf[static_cast<std::size_t>(rd[s] + i)] != value(s, r, i, 9);
+  return failures ? 1 : 0;
+}
+
+// Counts that disagree on one rank: every rank raises, and the next call works.
+int mismatch_body(int r, node_context& ctx) {
+  const int p = ctx.config().size;
+  std::vector<std::vector<v_edge>> lists(static_cast<std::size_t>(p), everyone(p));
+  const int pid = ctx.irregular().add_pattern(match_edges(lists, lists, ctx.config().comm_ranks),
+                                              v_exchange::no_role);
+  std::vector<double> send(static_cast<std::size_t>(2 * p), 1.0),
+      recv(static_cast<std::size_t>(2 * p));
+  std::vector<std::int64_t> counts(p, 1), displs(p);
+  for (int j = 0; j < p; ++j) displs[j] = j;
+  std::vector<std::int64_t> bad = counts;
+  if (r == p - 1) bad[0] = 2;  // sends 2 to rank 0, which expects 1
+  std::int64_t s1[1], s2[1];
+  const array_view sv = view_of(send.data(), send.size(), s1),
+                   rv = view_of(recv.data(), recv.size(), s2);
+  v_call c;
+  c.op = op_code::alltoallv;
+  c.pattern = pid;
+  c.send = &sv;
+  c.recv = &rv;
+  c.send_counts = bad;
+  c.send_displs = displs;
+  c.recv_counts = counts;
+  c.recv_displs = displs;
+  int failures = 0;
+  try {
+    ctx.irregular().run(c);
+    failures += p > 1;
+  } catch (const usage_error& e) {
+    failures += std::string(e.what()).find("counts differ") == std::string::npos;
+  }
+  c.send_counts = counts;
+  ctx.irregular().run(c);
+  for (int j = 0; j < p; ++j) failures += recv[static_cast<std::size_t>(j)] != 1.0;
+  return failures ? 1 : 0;
+}
+
+template <class Body>
+std::vector<int> run_node(int n, Body body) {
+  auto* state = static_cast<shared_state*>(::mmap(
+      nullptr, sizeof(shared_state), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(state != MAP_FAILED);
+  new (state) shared_state{};
+  auto control = shm_segment::create(node_context::control_bytes(n));
+  control->unlink();
+  std::vector<pid_t> kids;
+  for (int r = 0; r < n; ++r)
+    kids.push_back(zcoll_test::fork_child([&, r] {
+      while (state->go.load() == 0) ::usleep(100);
+      context_config c;
+      c.rank = r;
+      c.size = n;
+      c.comm_size = n;
+      for (int j = 0; j < n; ++j) {
+        c.comm_ranks.push_back(j);
+        c.pids.push_back(state->pids[j]);
+      }
+      c.barrier = barrier_kind::central;
+      c.wait.timeout_s = 20;
+      c.wait.spin_iterations = 0;
+      node_context ctx(control, std::move(c));
+      ctx.setup_eager(4096);
+      return body(r, ctx);
+    }));
+  for (int r = 0; r < n; ++r) state->pids[r] = kids[static_cast<std::size_t>(r)];
+  state->go = 1;
+  std::vector<int> codes;
+  for (pid_t k : kids) codes.push_back(zcoll_test::wait_child(k, 60));
+  ::munmap(state, sizeof(shared_state));
+  return codes;
+}
+
+}  // namespace
+
+TEST_CASE("vexchange: alltoallv on forked ranks, every path") {
+  for (int n : {1, 2, 3, 5})
+    for (bool arena : {false, true})
+      for (int scale : {1, 300}) {  // eager-sized, then past the eager slots
+        const auto codes = run_node(
+            n, [&](int r, node_context& ctx) { return alltoallv_body(r, ctx, arena, scale); });
+        for (int c : codes) CHECK_MESSAGE(c == 0, "P=", n, " arena=", arena, " scale=", scale);
+      }
+}
+
+TEST_CASE("vexchange: counts that disagree raise on every rank") {
+  for (int n : {1, 3}) {
+    const auto codes = run_node(n, mismatch_body);
+    for (int c : codes) CHECK(c == 0);
+  }
+}
