@@ -11,8 +11,10 @@
 #include "bindings.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
+#include "plans.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/vexchange.hpp"
+#include "zcoll/vplan.hpp"
 
 namespace py = pybind11;
 
@@ -318,6 +320,33 @@ PyMethodDef fast_irregular_def = {
 
 }  // namespace fast
 
+using bound_vplan = bound_plan<v_plan>;
+
+// A persistent irregular call on arrays the caller checked (plan_buffers_error): an ndarray or
+// IN_PLACE, and a C-contiguous ndarray.
+std::unique_ptr<bound_vplan> make_vplan(const std::shared_ptr<node_context>& ctx, int code,
+                                        int pattern, py::object send, py::object recv, int in_place,
+                                        const counts_array& sc, const counts_array& sd,
+                                        const counts_array& rc, const counts_array& rd, int order,
+                                        int copy) {
+  auto bound = std::make_unique<bound_vplan>();
+  with_call(
+      code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
+      [&](const v_call& call) {
+        py::gil_scoped_release release;
+        bound->plan = std::make_unique<v_plan>(ctx, call);
+        bound->bytes = call.recv->nbytes;
+      },
+      [&](const std::string& why) {
+        py::gil_scoped_release release;
+        ctx->fail(arg_error::type,
+                  "zcoll." + std::string(name_of(irregular_op(code))) + "_init: " + why);
+      });
+  bound->send = std::move(send);
+  bound->recv = std::move(recv);
+  return bound;
+}
+
 std::string call_prefix(int code) {
   return "zcoll." + std::string(name_of(irregular_op(code))) + ": ";
 }
@@ -405,6 +434,24 @@ void register_vexchange(py::module_& m) {
       py::arg("sends"), py::arg("recvs"), py::arg("order"), py::arg("in_place") = 0,
       "The tuples an irregular call on one node of len(sends) ranks copies, in the order the "
       "engine copies them.");
+  py::class_<bound_vplan> plan(m, "VPlan", "A persistent irregular collective (see vplan.hpp).");
+  plan.def(py::init(&make_vplan), py::arg("context"), py::arg("code"), py::arg("pattern"),
+           py::arg("sendbuf"), py::arg("recvbuf"), py::arg("in_place"), py::arg("send_counts"),
+           py::arg("send_displs"), py::arg("recv_counts"), py::arg("recv_displs"), py::arg("order"),
+           py::arg("copy"))
+      .def("__call__",
+           [](bound_vplan& b) {
+             blocking(b, [](v_plan& p) { p.run(); });
+             return b.recv;
+           })
+      .def("start", [](bound_vplan& b) { blocking(b, [](v_plan& p) { p.start(); }); });
+  def_plan_runs(plan);
+  plan.def_property_readonly("sendbuf", [](const bound_vplan& b) { return b.send; })
+      .def_property_readonly("recvbuf", [](const bound_vplan& b) { return b.recv; })
+      .def_property_readonly("op", [](const bound_vplan& b) { return name_of(b.plan->op()); })
+      .def_property_readonly("order", [](const bound_vplan& b) { return name_of(b.plan->order()); })
+      .def_property_readonly("copied_bytes",
+                             [](const bound_vplan& b) { return b.plan->copied_bytes(); });
   m.add_object("fast_irregular",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                    &fast::fast_irregular_def, nullptr, m.attr("__name__").ptr())));

@@ -252,13 +252,7 @@ call_record v_exchange::describe(const v_call& c) const {
   return r;
 }
 
-void v_exchange::run(const v_call& c) {
-  checked_call mine;
-  const local_check v = check(c, mine);
-  if (!v.ok()) ctx_.fail(v.error, prefix(c.op) + v.message);
-  call_protocol& proto = ctx_.protocol();
-  auto& line = proto.next(c.op);
-  const std::size_t parity = proto.parity();
+void v_exchange::write_metadata(const checked_call& mine, std::size_t parity, bool eager) {
   const int me = ctx_.config().rank;
   const auto blocks = slot(me, parity);
   std::copy(mine.send.begin(), mine.send.end(), blocks.begin());
@@ -267,11 +261,25 @@ void v_exchange::run(const v_call& c) {
   std::uint64_t* header = extents(me, parity);
   header[0] = mine.send_extent;
   header[1] = mine.recv_extent;
-  header[2] = c.order == auto_order && fill_eager_slot(c, mine, parity) ? 1 : 0;
+  header[2] = eager ? 1 : 0;
+}
+
+void v_exchange::describe_line(const v_call& c, const checked_call& mine, detail::rank_line& line) {
   line.call.order = static_cast<std::int8_t>(mine.order);
   line.call.flag = static_cast<std::uint8_t>(c.in_place);
   line.call.dtype = c.recv->dtype;
   line.call.block_bytes = static_cast<std::uint64_t>(c.pattern) + 1;
+}
+
+void v_exchange::run(const v_call& c) {
+  checked_call mine;
+  const local_check v = check(c, mine);
+  if (!v.ok()) ctx_.fail(v.error, prefix(c.op) + v.message);
+  call_protocol& proto = ctx_.protocol();
+  auto& line = proto.next(c.op);
+  const std::size_t parity = proto.parity();
+  write_metadata(mine, parity, c.order == auto_order && fill_eager_slot(c, mine, parity));
+  describe_line(c, mine, line);
   if (c.send) line.send = ctx_.segments().locate(c.send->data, c.send->nbytes);
   line.recv = ctx_.segments().locate(c.recv->data, c.recv->nbytes);
   const auto all = proto.publish();

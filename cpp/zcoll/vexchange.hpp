@@ -124,6 +124,8 @@ struct v_call {
   int copy = auto_copy;    // copy_mode value or auto_copy
 };
 
+class v_plan;
+
 // The irregular collectives of one node context.
 class v_exchange {
  public:
@@ -146,12 +148,17 @@ class v_exchange {
   call_record describe(const v_call& call) const;
 
  private:
+  friend class v_plan;  // a persistent call runs the same steps once (vplan.hpp)
   struct checked_call {
     std::vector<v_span> send, recv;  // this rank's blocks, in bytes
     std::uint64_t send_extent = 0, recv_extent = 0;
     block_order order = block_order::row;
   };
   local_check check(const v_call& call, checked_call& out) const;
+  // Writes this rank's blocks and extents into its metadata slot of `parity`.
+  void write_metadata(const checked_call& mine, std::size_t parity, bool eager);
+  // Fills `line` with what the ranks must agree on.
+  static void describe_line(const v_call& call, const checked_call& mine, detail::rank_line& line);
   std::span<v_span> slot(int node_rank, std::size_t parity) const noexcept;
   std::uint64_t* extents(int node_rank, std::size_t parity) const noexcept;
   const std::vector<v_tuple>& tuples_for(int pattern, block_order order, v_in_place in_place);

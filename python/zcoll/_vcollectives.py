@@ -18,19 +18,28 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
+from ._plans import PlanMixin, finish_requests
 from ._registry import AUTO
 
 __all__ = [
+    "VPlan",
     "allgatherv",
+    "allgatherv_init",
     "alltoallv",
+    "alltoallv_init",
     "neighbor_allgather",
+    "neighbor_allgather_init",
     "neighbor_allgatherv",
+    "neighbor_allgatherv_init",
     "neighbor_alltoall",
+    "neighbor_alltoall_init",
     "neighbor_alltoallv",
+    "neighbor_alltoallv_init",
 ]
 
 _NONE, _GATHER, _SWAP = 0, 1, 2  # v_in_place codes
 _P2P_TAG = 0x7B00  # base tag of blocks between nodes (plus the edge's matching tag)
+_PLAN_TAG = 0x40000  # plans: a range of 64 tags per plan (plan id modulo 4096)
 _NO_COUNTS = np.zeros(0, np.int64)
 _DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path runs a pattern for
 # One crossing into the engine for a call on a known single-node communicator whose buffer
@@ -325,25 +334,25 @@ def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
     return out
 
 
+def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
+    """(peer, tag, byte view) of the receive blocks that ranks on other nodes fill."""
+    return [
+        (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
+        for i, peer, tag in _remote_entries(ctx, pattern.recvs)
+    ]
+
+
 def _exchange_remote(ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing) -> None:
     """Blocks to and from ranks on other nodes, by MPI point-to-point on the private dup; the
     k-th block of a (peer, tag) matches the k-th (MPI's non-overtaking order)."""
     comm = ctx.p2p_comm()
-    incoming = [
-        (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
-        for i, peer, tag in _remote_entries(ctx, pattern.recvs)
-    ]
+    incoming = _incoming_remote(ctx, pattern, call)
     if not incoming and not outgoing:
         return
     reqs = [comm.Irecv([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in incoming]
     reqs += [comm.Isend([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in outgoing]
     peers = [peer for peer, _, _ in incoming] + [peer for peer, _, _ in outgoing]
     ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=peers)
-
-
-def _begin(comm: MPI.Comm, opname: str, neighbours: bool) -> tuple[Context, Pattern]:
-    ctx = lookup(comm)
-    return ctx, _pattern(ctx, comm, opname, neighbours)
 
 
 def _uniform(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -354,7 +363,280 @@ def _strided(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full(blocks, count, np.int64), np.arange(blocks, dtype=np.int64) * count
 
 
-# --- the public functions ---------------------------------------------------------------------
+def _block_elements(array: np.ndarray, blocks: int, side: str) -> int:
+    """Elements per block of a neighbour buffer of `blocks` equal blocks (0: no blocks)."""
+    if not blocks:
+        return 0
+    if array.size % blocks:
+        raise ValueError(f"{side}: {array.size} elements cannot be split into {blocks} blocks")
+    return array.size // blocks
+
+
+# --- each operation's arguments as a _Call ------------------------------------------------------
+# A preparer turns one rank's (sendbuf, recvbuf) into a _Call, raising TypeError or ValueError
+# for what it finds wrong (raised on every rank by the caller); recvbuf=None was replaced by a
+# new arena array first (collectively: _new_result).
+
+
+def _prepare_alltoallv(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+    if sendbuf is IN_PLACE:
+        return _Call(IN_PLACE, recv, _SWAP, _NO_COUNTS, _NO_COUNTS, rcounts, rdispls)
+    send, scounts, sdispls = parse_vector(sendbuf, pattern.outdegree, "sendbuf", False)
+    return _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
+
+
+def _prepare_allgatherv(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+    if sendbuf is IN_PLACE:
+        scounts, sdispls = _uniform(int(rcounts[ctx.rank]), pattern.outdegree)
+        sdispls[:] = rdispls[ctx.rank]
+        return _Call(IN_PLACE, recv, _GATHER, scounts, sdispls, rcounts, rdispls)
+    send, count = parse_simple(sendbuf, "sendbuf")
+    return _Call(send, recv, _NONE, *_uniform(count, pattern.outdegree), rcounts, rdispls)
+
+
+def _prepare_neighbor_alltoall(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    send = _array_of(sendbuf, "sendbuf", False)
+    recv = _array_of(recvbuf, "recvbuf", True)
+    sblock = _block_elements(send, pattern.outdegree, "sendbuf")
+    rblock = _block_elements(recv, pattern.indegree, "recvbuf")
+    return _Call(
+        send,
+        recv,
+        _NONE,
+        *_strided(sblock, pattern.outdegree),
+        *_strided(rblock, pattern.indegree),
+    )
+
+
+def _prepare_neighbor_allgather(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    send = _array_of(sendbuf, "sendbuf", False)
+    recv = _array_of(recvbuf, "recvbuf", True)
+    rblock = _block_elements(recv, pattern.indegree, "recvbuf")
+    return _Call(
+        send,
+        recv,
+        _NONE,
+        *_uniform(send.size, pattern.outdegree),
+        *_strided(rblock, pattern.indegree),
+    )
+
+
+def _prepare_neighbor_alltoallv(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    send, scounts, sdispls = parse_vector(sendbuf, pattern.outdegree, "sendbuf", False)
+    recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+    return _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
+
+
+def _prepare_neighbor_allgatherv(ctx: Context, pattern: Pattern, sendbuf, recvbuf) -> _Call:
+    send, count = parse_simple(sendbuf, "sendbuf")
+    recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
+    return _Call(send, recv, _NONE, *_uniform(count, pattern.outdegree), rcounts, rdispls)
+
+
+_PREPARERS = {
+    _registry.ALLTOALLV: _prepare_alltoallv,
+    _registry.ALLGATHERV: _prepare_allgatherv,
+    _registry.NEIGHBOR_ALLTOALL: _prepare_neighbor_alltoall,
+    _registry.NEIGHBOR_ALLGATHER: _prepare_neighbor_allgather,
+    _registry.NEIGHBOR_ALLTOALLV: _prepare_neighbor_alltoallv,
+    _registry.NEIGHBOR_ALLGATHERV: _prepare_neighbor_allgatherv,
+}
+_DENSE_OPS = (_registry.ALLTOALLV, _registry.ALLGATHERV)
+
+
+def _new_result(ctx: Context, comm: MPI.Comm, opname: str, label: str, pattern: Pattern, sendbuf):
+    """The receive array of a call without one, in the arena (collective). allgatherv gathers
+    the counts first (as a ``[array, counts]`` specification); an invalid `sendbuf` on any
+    rank raises that rank's error on every rank."""
+    shape: tuple = ()
+    error = None
+    try:
+        if sendbuf is IN_PLACE:
+            raise ValueError("IN_PLACE needs recvbuf, which holds the data")
+        send, count = parse_simple(sendbuf, "sendbuf")
+        if send.dtype.hasobject:
+            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
+        if opname == _registry.NEIGHBOR_ALLGATHER:
+            shape = (pattern.indegree, *send.shape)
+        elif opname == _registry.NEIGHBOR_ALLTOALL:
+            if send.ndim == 1:
+                shape = (pattern.indegree * _block_elements(send, pattern.outdegree, "sendbuf"),)
+            elif send.ndim == 0 or send.shape[0] != pattern.outdegree:
+                raise ValueError(
+                    f"sendbuf's first axis must be the out-degree {pattern.outdegree}, "
+                    f"got shape {send.shape}"
+                )
+            else:
+                shape = (pattern.indegree, *send.shape[1:])
+        elif opname != _registry.ALLGATHERV:
+            raise ValueError("recvbuf is required")
+    except (TypeError, ValueError) as exc:
+        error = (isinstance(exc, TypeError), f"zcoll.{label}: {exc}")
+        count = 0
+    if opname == _registry.ALLGATHERV:  # the counts travel with the verdicts
+        gathered = comm.allgather((count, error))
+    else:
+        gathered = [(0, e) for e in comm.allgather(error)]
+    for _, failed in gathered:
+        if failed is not None:
+            raise (TypeError if failed[0] else ValueError)(failed[1])
+    if opname == _registry.ALLGATHERV:
+        counts = np.array([c for c, _ in gathered], np.int64)
+        return [_arena_array(ctx, (int(counts.sum()),), send.dtype), counts]
+    return _arena_array(ctx, shape, send.dtype)
+
+
+def _prepared(comm: MPI.Comm, opname: str, label: str, sendbuf, recvbuf):
+    """(context, pattern, call) of one rank's arguments; errors raised on every rank."""
+    ctx = lookup(comm)
+    pattern = _pattern(ctx, comm, opname, neighbours=opname not in _DENSE_OPS)
+    if recvbuf is None:
+        recvbuf = _new_result(ctx, comm, opname, label, pattern, sendbuf)
+    try:
+        call = _PREPARERS[opname](ctx, pattern, sendbuf, recvbuf)
+    except (TypeError, ValueError) as exc:
+        ctx.fail(label, exc)
+    return ctx, pattern, call
+
+
+def _call(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
+    """The Python path of every irregular call, for what `_fast` leaves to it."""
+    ctx, pattern, call = _prepared(comm, opname, opname, sendbuf, recvbuf)
+    return _run(ctx, opname, pattern, call, order, copy)
+
+
+# --- persistent plans ---------------------------------------------------------------------------
+
+
+class VPlan(PlanMixin, _core.VPlan):
+    """A persistent irregular collective, made by :func:`alltoallv_init` and its kin.
+
+    As :class:`zcoll.Plan`: ``plan()`` runs it once and returns the receive array;
+    ``plan.start()`` / ``plan.wait()`` / ``plan.test()``; ``plan.free()`` or a ``with``
+    block. Counts, displacements and buffers are those given at creation (write new data into
+    the send array between runs). Attributes ``sendbuf``, ``recvbuf``, ``op``, ``order`` (what
+    "auto" resolved to), ``copy``, ``active``, ``copied_bytes`` (what this rank copies per run).
+
+    Notes
+    -----
+    Creation checks and agrees on the call and checks every pair's counts once; it cuts this
+    rank's share of the copies and resolves every rank's buffers (arena shadows for private
+    ones). A run is one node barrier, this rank's copies and a completion barrier.
+    """
+
+    _kind = "zcoll.VPlan"
+
+    def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
+        super().__init__(
+            ctx.core,
+            _registry.OPS[opname],
+            pattern.id,
+            call.send,
+            call.recv,
+            call.in_place,
+            call.send_counts,
+            call.send_displs,
+            call.recv_counts,
+            call.recv_displs,
+            code,
+            copy_code,
+        )
+        self._ctx = ctx
+
+    def _summary(self) -> str:
+        return self.op
+
+
+class _MultiNodeVPlan(VPlan):
+    """A plan spanning several nodes: the node part in the engine, blocks between nodes by
+    persistent MPI point-to-point requests on the private dup, one tag range per plan."""
+
+    def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
+        args = (_registry.OPS[opname], pattern.id, call.send, call.recv, call.in_place)
+        counts = (call.send_counts, call.send_displs, call.recv_counts, call.recv_displs)
+        ctx.agree(f"{opname}_init", ctx.core.v_record(*args, *counts, code, copy_code))
+        _check_counts_across_nodes(ctx, f"{opname}_init", pattern, call)
+        super().__init__(ctx, opname, pattern, call, code, copy_code)
+        outgoing = _outgoing_remote(ctx, pattern, call)
+        self._saved = (
+            [(block, live) for (_, _, block), live in zip(outgoing, self._live(ctx, pattern, call))]
+            if call.in_place == _SWAP
+            else []
+        )
+        comm = ctx.p2p_comm()
+        base = _PLAN_TAG + (self.id % 0x1000) * 64
+        self._requests = [
+            comm.Recv_init([b, MPI.BYTE], peer, base + tag)
+            for peer, tag, b in _incoming_remote(ctx, pattern, call)
+        ]
+        self._requests += [
+            comm.Send_init([b, MPI.BYTE], peer, base + tag) for peer, tag, b in outgoing
+        ]
+        self._peers = [peer for peer, _, _ in _incoming_remote(ctx, pattern, call)]
+        self._peers += [peer for peer, _, _ in outgoing]
+
+    @staticmethod
+    def _live(ctx: Context, pattern: Pattern, call: _Call) -> list:
+        return [
+            _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i]))
+            for i, _, _ in _remote_entries(ctx, pattern.sends)
+        ]
+
+    def start(self) -> None:
+        self._ctx.check_unbroken()
+        if self.freed or self.active or self._ctx.core.closed:
+            super().start()  # raises the engine's error before any message goes out
+        for saved, live in self._saved:
+            np.copyto(saved, live)
+        if self._requests:
+            MPI.Prequest.Startall(self._requests)
+        super().start()
+
+    def wait(self) -> None:
+        super().wait()
+        finish_requests(self._ctx, self._requests, f"zcoll.{self.op} plan", self._peers)
+
+    def test(self) -> bool:
+        return super().test() and (not self._requests or MPI.Request.Testall(self._requests))
+
+    def __call__(self) -> np.ndarray:
+        self.start()
+        self.wait()
+        return self.recvbuf
+
+    def free(self) -> None:
+        if self.freed:
+            return
+        try:
+            if self.active or not MPI.Request.Testall(self._requests):
+                self.wait()
+        finally:
+            super().free()
+            for r in self._requests:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+            self._requests = []
+            self._saved = []
+
+
+def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
+    label = f"{opname}_init"
+    ctx, pattern, call = _prepared(comm, opname, label, sendbuf, recvbuf)
+    code, copy_code = option_codes(ctx, label, order, copy)
+    if (why := _core.plan_buffers_error(call.send, call.recv)) is not None:
+        ctx.fail(label, TypeError(why))
+    kind = _MultiNodeVPlan if ctx.multi_node else VPlan
+    return kind(ctx, opname, pattern, call, code, copy_code)
+
+
+# --- the public functions -----------------------------------------------------------------------
+
+_SPEC = """mpi4py's buffer specification, counts and displacements in elements of the array's
+        dtype: ``array`` (split evenly), ``[array, counts]`` (displacements packed),
+        ``[array, (counts, displs)]``, ``[array, counts, displs]``, or either with an mpi4py
+        datatype last, which must match the array's dtype"""
 
 
 def alltoallv(
@@ -363,25 +645,23 @@ def alltoallv(
     """All-to-all exchange with per-pair counts and displacements, in shared memory.
 
     Collective over `comm`; the semantics of ``comm.Alltoallv``: rank ``i`` sends
-    ``sendcounts[j]`` elements from ``sendbuf[sdispls[j]:]`` to rank ``j``, which stores them
-    at ``recvbuf[rdispls[i]:]``.
+    ``scounts[j]`` elements from ``sendbuf[sdispls[j]:]`` to rank ``j``, which stores them at
+    ``recvbuf[rdispls[i]:]``. The same arguments as ``comm.Alltoallv`` work unchanged.
 
     Parameters
     ----------
     comm : mpi4py.MPI.Comm
         Intracommunicator.
     sendbuf : buffer specification or zcoll.IN_PLACE
-        mpi4py's forms, counts and displacements in elements of the array's dtype: ``array``
-        (split evenly), ``[array, counts]`` (displacements packed), ``[array, (counts,
-        displs)]``, ``[array, counts, displs]``, ``[array, counts, displs, datatype]``; the
-        datatype must match the array's dtype. ``IN_PLACE``: `recvbuf`'s blocks are sent and
-        replaced (MPI's in-place alltoallv).
+        {spec}; one count per rank. ``IN_PLACE``: `recvbuf`'s blocks are sent and replaced
+        (MPI's in-place alltoallv: rank i's count for j equals j's count for i).
     recvbuf : buffer specification
-        The same forms, around a writable C-contiguous ndarray of the same dtype. Elements no
-        block covers are left as they are.
+        The same forms around a writable, C-contiguous ndarray of the same dtype. Elements
+        that no block covers are left as they are.
     order : {"auto", "row", "column", "morton", "hilbert"}
         Traversal of the (receiver, sender) grid of the pairs that communicate; the same on
-        every rank. "auto": row for up to 2 ranks per node, Morton beyond.
+        every rank. "auto": small calls through the eager path (every rank's data through its
+        slot, one barrier), others row order up to 2 ranks per node and Morton beyond.
     copy : {"auto", "temporal", "streaming", "hybrid"}
         Stores used by the block copies, as for :func:`zcoll.alltoall`.
 
@@ -392,17 +672,19 @@ def alltoallv(
 
     Notes
     -----
-    Every rank publishes its counts and displacements; after one node barrier every rank
-    checks every pair's counts (rank i's send count to j must equal j's receive count from
-    i) and copies an equal share of the bytes, cut along the order's curve. Arena buffers
-    move with one copy; others are staged (one more copy each way and one more barrier).
-    Blocks between nodes travel by MPI point-to-point.
+    Every rank publishes its counts and displacements in the node's shared control area;
+    after one node barrier every rank checks every pair's counts and copies an equal share of
+    the bytes along the order's curve (a large block may be split between ranks), then a
+    second barrier. Arena buffers (:func:`zcoll.empty`) move with one copy; others are
+    staged through the arena (one more copy each way and one more barrier). Blocks between
+    nodes travel by MPI point-to-point. The common buffer forms are parsed in C++ (one
+    crossing into the engine per call).
 
     Raises
     ------
     ValueError, TypeError
-        On every rank, if any rank's arguments are invalid (counts or displacements out of
-        bounds or negative, overlapping receive blocks, dtypes that differ) or the ranks'
+        On every rank, if any rank's arguments are invalid (counts or displacements negative
+        or out of bounds, overlapping receive blocks, dtypes that differ) or the ranks'
         counts disagree.
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
@@ -410,18 +692,7 @@ def alltoallv(
     recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.ALLTOALLV
-    ctx, pattern = _begin(comm, opname, neighbours=False)
-    try:
-        recv, rcounts, rdispls = parse_vector(recvbuf, ctx.size, "recvbuf", True)
-        if sendbuf is IN_PLACE:
-            call = _Call(IN_PLACE, recv, _SWAP, _NO_COUNTS, _NO_COUNTS, rcounts, rdispls)
-        else:
-            send, scounts, sdispls = parse_vector(sendbuf, ctx.size, "sendbuf", False)
-            call = _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
+    return _call(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
 def allgatherv(
@@ -436,12 +707,11 @@ def allgatherv(
     comm : mpi4py.MPI.Comm
         Intracommunicator.
     sendbuf : array_like, ``[array, count]``, ``[array, count, datatype]`` or zcoll.IN_PLACE
-        This rank's block (``count`` elements, default all). ``IN_PLACE``: it already sits
-        at ``recvbuf[displs[comm.rank]:]``.
+        This rank's block (``count`` elements, default all). ``IN_PLACE``: it already sits at
+        ``recvbuf[displs[comm.rank]:]``.
     recvbuf : buffer specification, optional
-        As for :func:`alltoallv`: ``[array, counts]``, ``[array, (counts, displs)]``, ...
-        When omitted, the counts are gathered and a 1-D arena array holding the blocks in
-        rank order is allocated (collectively).
+        {spec}; one count per rank. When omitted, the counts are gathered and a 1-D arena
+        array holding the blocks in rank order is allocated (collectively).
     order, copy
         As for :func:`alltoallv`.
 
@@ -457,57 +727,7 @@ def allgatherv(
     recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.ALLGATHERV
-    ctx, pattern = _begin(comm, opname, neighbours=False)
-    size = ctx.size
-    if recvbuf is None:
-        return _allgatherv_new(ctx, comm, opname, pattern, sendbuf, order, copy)
-    try:
-        recv, rcounts, rdispls = parse_vector(recvbuf, size, "recvbuf", True)
-        if sendbuf is IN_PLACE:
-            scounts, sdispls = _uniform(int(rcounts[ctx.rank]), size)
-            sdispls[:] = rdispls[ctx.rank]
-            call = _Call(IN_PLACE, recv, _GATHER, scounts, sdispls, rcounts, rdispls)
-        else:
-            send, count = parse_simple(sendbuf, "sendbuf")
-            call = _Call(send, recv, _NONE, *_uniform(count, size), rcounts, rdispls)
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
-
-
-def _allgatherv_new(ctx, comm, opname, pattern, sendbuf, order, copy) -> np.ndarray:
-    """allgatherv with the counts gathered and the result allocated in the arena; an invalid
-    sendbuf on any rank raises that rank's error on every rank."""
-    send, count, error = None, 0, None
-    try:
-        if sendbuf is IN_PLACE:
-            raise ValueError("IN_PLACE needs recvbuf, which holds the data")
-        send, count = parse_simple(sendbuf, "sendbuf")
-        if send.dtype.hasobject:
-            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
-    except (TypeError, ValueError) as exc:
-        error = (isinstance(exc, TypeError), f"zcoll.{opname}: {exc}")
-    gathered = comm.allgather((count, error))
-    for _, failed in gathered:
-        if failed is not None:
-            raise (TypeError if failed[0] else ValueError)(failed[1])
-    assert send is not None
-    counts = np.array([c for c, _ in gathered], np.int64)
-    recv = _arena_array(ctx, (int(counts.sum()),), send.dtype)
-    displs = np.zeros(counts.size, np.int64)
-    np.cumsum(counts[:-1], out=displs[1:])
-    call = _Call(send, recv, _NONE, *_uniform(count, ctx.size), counts, displs)
-    return _run(ctx, opname, pattern, call, order, copy)
-
-
-def _block_elements(array: np.ndarray, blocks: int, side: str) -> int | None:
-    """Elements per block of a neighbour buffer of `blocks` equal blocks (None: no blocks)."""
-    if not blocks:
-        return None
-    if array.size % blocks:
-        raise ValueError(f"{side}: {array.size} elements cannot be split into {blocks} blocks")
-    return array.size // blocks
+    return _call(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_alltoall(
@@ -515,22 +735,25 @@ def neighbor_alltoall(
 ) -> np.ndarray:
     """Send block ``i`` to the ``i``-th destination of the process topology, in shared memory.
 
-    Collective over `comm`, which has a Cartesian or graph topology; the semantics of
-    ``comm.Neighbor_alltoall`` (MPI's neighbour order: for a Cartesian communicator, per
-    dimension the negative then the positive neighbour, PROC_NULL slots left untouched).
+    Collective over `comm`, a communicator with a Cartesian or graph topology; the semantics
+    of ``comm.Neighbor_alltoall``: MPI's neighbour order (Cartesian: per dimension the
+    negative then the positive neighbour; a PROC_NULL neighbour's slot is neither sent nor
+    written; on a periodic dimension of 1 or 2 ranks the block sent toward the positive side
+    lands in the receiver's negative slot, as MPI-4.1 specifies), graph edges in the order
+    the topology lists them (an edge repeated k times carries k blocks, matched in order).
 
     Parameters
     ----------
     comm : mpi4py.MPI.Comm
-        Communicator made by ``Create_cart``, ``Create_dist_graph_adjacent``,
-        ``Create_dist_graph`` or ``Create_graph``.
+        Made by ``Create_cart``, ``Create_dist_graph_adjacent``, ``Create_dist_graph`` or
+        ``Create_graph``.
     sendbuf : array_like
-        First axis the out-degree (block ``i`` = ``sendbuf[i]``), or 1-D with a size divisible
-        by it.
+        First axis the out-degree (block ``i`` = ``sendbuf[i]``), or 1-D with a size
+        divisible by it.
     recvbuf : numpy.ndarray, optional
         First axis the in-degree (block ``j`` came from the ``j``-th source), or 1-D. When
         omitted, an arena array of shape ``(indegree, *sendbuf.shape[1:])`` is allocated
-        (collectively; 1-D sendbuf: ``(indegree * block,)``).
+        (collectively; a 1-D sendbuf gives ``(indegree * block,)``).
     order, copy
         As for :func:`alltoallv`.
 
@@ -538,29 +761,22 @@ def neighbor_alltoall(
     -------
     numpy.ndarray
         The receive array.
+
+    Notes
+    -----
+    The topology's edges become the engine's 4-tuples (sender, receiver, send block,
+    receive block) once per communicator (one ``allgather`` of the neighbour lists on the
+    first call); each call then costs what an :func:`alltoallv` over those pairs costs.
+
+    Raises
+    ------
+    ValueError
+        On every rank, for a communicator without topology, and as for :func:`alltoallv`.
     """
     recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.NEIGHBOR_ALLTOALL
-    ctx, pattern = _begin(comm, opname, neighbours=True)
-    if recvbuf is None:
-        recvbuf = _neighbour_result(ctx, opname, pattern, sendbuf, gather=False)
-    try:
-        send = _array_of(sendbuf, "sendbuf", False)
-        recv = _array_of(recvbuf, "recvbuf", True)
-        sblock = _block_elements(send, pattern.outdegree, "sendbuf")
-        rblock = _block_elements(recv, pattern.indegree, "recvbuf")
-        call = _Call(
-            send,
-            recv,
-            _NONE,
-            *_strided(sblock or 0, pattern.outdegree),
-            *_strided(rblock or 0, pattern.indegree),
-        )
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
+    return _call(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_allgather(
@@ -568,7 +784,8 @@ def neighbor_allgather(
 ) -> np.ndarray:
     """Send the whole `sendbuf` to every destination of the process topology.
 
-    Collective over `comm`; the semantics of ``comm.Neighbor_allgather``.
+    Collective over `comm`; the semantics of ``comm.Neighbor_allgather`` (neighbour order as
+    for :func:`neighbor_alltoall`).
 
     Parameters
     ----------
@@ -577,8 +794,8 @@ def neighbor_allgather(
     sendbuf : array_like
         This rank's block.
     recvbuf : numpy.ndarray, optional
-        In-degree blocks of the size of `sendbuf` (first axis the in-degree, or 1-D). When
-        omitted, an arena array of shape ``(indegree, *sendbuf.shape)`` is allocated.
+        In-degree blocks of the size of `sendbuf`. When omitted, an arena array of shape
+        ``(indegree, *sendbuf.shape)`` is allocated (collectively).
     order, copy
         As for :func:`alltoallv`.
 
@@ -590,53 +807,13 @@ def neighbor_allgather(
     recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.NEIGHBOR_ALLGATHER
-    ctx, pattern = _begin(comm, opname, neighbours=True)
-    if recvbuf is None:
-        recvbuf = _neighbour_result(ctx, opname, pattern, sendbuf, gather=True)
-    try:
-        send = _array_of(sendbuf, "sendbuf", False)
-        recv = _array_of(recvbuf, "recvbuf", True)
-        rblock = _block_elements(recv, pattern.indegree, "recvbuf")
-        call = _Call(
-            send,
-            recv,
-            _NONE,
-            *_uniform(send.size, pattern.outdegree),
-            *_strided(rblock or 0, pattern.indegree),
-        )
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
-
-
-def _neighbour_result(ctx, opname, pattern, sendbuf, gather: bool) -> np.ndarray:
-    """The receive array of a neighbour call without one, allocated in the arena."""
-    try:
-        send = _array_of(sendbuf, "sendbuf", False)
-        if send.dtype.hasobject:
-            raise TypeError("arrays of Python objects cannot be exchanged through shared memory")
-        if gather:
-            shape = (pattern.indegree, *send.shape)
-        elif send.ndim == 1:
-            block = _block_elements(send, pattern.outdegree, "sendbuf") or 0
-            shape = (pattern.indegree * block,)
-        else:
-            if send.ndim == 0 or send.shape[0] != pattern.outdegree:
-                raise ValueError(
-                    f"sendbuf's first axis must be the out-degree {pattern.outdegree}, "
-                    f"got shape {send.shape}"
-                )
-            shape = (pattern.indegree, *send.shape[1:])
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _arena_array(ctx, shape, send.dtype)
+    return _call(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_alltoallv(
     comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
 ) -> np.ndarray:
-    """neighbor_alltoall with per-edge counts and displacements.
+    """:func:`neighbor_alltoall` with per-edge counts and displacements.
 
     Collective over `comm`; the semantics of ``comm.Neighbor_alltoallv``.
 
@@ -645,9 +822,9 @@ def neighbor_alltoallv(
     comm : mpi4py.MPI.Comm
         Communicator with a Cartesian or graph topology.
     sendbuf : buffer specification
-        As for :func:`alltoallv`, one count per destination.
+        {spec}; one count per destination.
     recvbuf : buffer specification
-        As for :func:`alltoallv`, one count per source.
+        The same forms; one count per source.
     order, copy
         As for :func:`alltoallv`.
 
@@ -659,21 +836,13 @@ def neighbor_alltoallv(
     recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.NEIGHBOR_ALLTOALLV
-    ctx, pattern = _begin(comm, opname, neighbours=True)
-    try:
-        send, scounts, sdispls = parse_vector(sendbuf, pattern.outdegree, "sendbuf", False)
-        recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
-        call = _Call(send, recv, _NONE, scounts, sdispls, rcounts, rdispls)
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
+    return _call(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_allgatherv(
     comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
 ) -> np.ndarray:
-    """neighbor_allgather with per-source receive counts and displacements.
+    """:func:`neighbor_allgather` with per-source receive counts and displacements.
 
     Collective over `comm`; the semantics of ``comm.Neighbor_allgatherv``.
 
@@ -684,7 +853,7 @@ def neighbor_allgatherv(
     sendbuf : array_like, ``[array, count]`` or ``[array, count, datatype]``
         This rank's block.
     recvbuf : buffer specification
-        As for :func:`alltoallv`, one count per source.
+        {spec}; one count per source.
     order, copy
         As for :func:`alltoallv`.
 
@@ -696,12 +865,72 @@ def neighbor_allgatherv(
     recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    opname = _registry.NEIGHBOR_ALLGATHERV
-    ctx, pattern = _begin(comm, opname, neighbours=True)
-    try:
-        send, count = parse_simple(sendbuf, "sendbuf")
-        recv, rcounts, rdispls = parse_vector(recvbuf, pattern.indegree, "recvbuf", True)
-        call = _Call(send, recv, _NONE, *_uniform(count, pattern.outdegree), rcounts, rdispls)
-    except (TypeError, ValueError) as exc:
-        ctx.fail(opname, exc)
-    return _run(ctx, opname, pattern, call, order, copy)
+    return _call(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
+
+
+for _function in (alltoallv, allgatherv, neighbor_alltoallv, neighbor_allgatherv):
+    _function.__doc__ = (_function.__doc__ or "").replace("{spec}", _SPEC)
+
+
+def _init_doc(name: str) -> str:
+    mpi_name = name[0].upper() + name[1:]
+    return f"""A persistent :func:`{name}` (mpi4py's ``comm.{mpi_name}_init``).
+
+    Collective over `comm`; the arguments as for :func:`{name}`, fixed at creation (counts
+    and displacements included): checked, agreed on and resolved once. Returns a
+    :class:`zcoll.VPlan`: ``plan()`` runs it and returns the receive array, or
+    ``plan.start()`` / ``plan.wait()``. The send array is read on every run (it must be a
+    C-contiguous ndarray: write new data into it between runs).
+
+    Raises
+    ------
+    ValueError, TypeError
+        On every rank, as for :func:`{name}`.
+    """
+
+
+def alltoallv_init(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
+
+
+def allgatherv_init(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
+
+
+def neighbor_alltoall_init(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
+
+
+def neighbor_allgather_init(
+    comm: MPI.Comm, sendbuf, recvbuf=None, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
+
+
+def neighbor_alltoallv_init(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
+
+
+def neighbor_allgatherv_init(
+    comm: MPI.Comm, sendbuf, recvbuf, *, order: str = AUTO, copy: str = AUTO
+) -> VPlan:
+    return _plan(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
+
+
+for _persistent in (
+    alltoallv_init,
+    allgatherv_init,
+    neighbor_alltoall_init,
+    neighbor_allgather_init,
+    neighbor_alltoallv_init,
+    neighbor_allgatherv_init,
+):
+    _persistent.__doc__ = _init_doc(_persistent.__name__.removesuffix("_init"))
