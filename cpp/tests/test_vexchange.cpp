@@ -209,7 +209,9 @@ int alltoallv_body(int r, node_context& ctx, bool arena, int scale) {
     c.send_displs = sd;
     c.recv_counts = rc;
     c.recv_displs = rd;
-    c.order = k % 2 ? auto_order : static_cast<int>(block_order::morton);
+    c.order = k % 3 == 0   ? static_cast<int>(block_order::morton)
+              : k % 3 == 1 ? auto_order
+                           : static_cast<int>(block_order::row);
     ctx.irregular().run(c);
     std::vector<bool> covered(r_len);
     for (int s = 0; s < p; ++s)

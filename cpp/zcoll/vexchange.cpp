@@ -149,6 +149,8 @@ std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_ord
     out.push_back(t);
   }
   auto key = [&](const v_tuple& t) {
+    if (order == block_order::row)  // each receiver's blocks in its own (neighbour) order
+      return std::tuple(static_cast<std::uint32_t>(t.dst), t.recv_block, t.send_block);
     return std::tuple(
         position[static_cast<std::size_t>(t.dst) * n + static_cast<std::size_t>(t.src)],
         t.send_block, t.recv_block);
@@ -156,6 +158,25 @@ std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_ord
   std::sort(out.begin(), out.end(),
             [&](const v_tuple& a, const v_tuple& b) { return key(a) < key(b); });
   return out;
+}
+
+std::pair<std::uint64_t, std::uint64_t> v_exchange::my_piece(const v_pattern& p,
+                                                             const std::vector<v_tuple>& tuples,
+                                                             std::size_t parity,
+                                                             std::uint64_t total, block_order order,
+                                                             v_in_place in_place) const {
+  const int me = ctx_.config().rank;
+  if (order != block_order::row || in_place == v_in_place::swap)
+    return v_piece(total, ctx_.config().size, me);
+  // Row order is the naive baseline: each rank copies its own receive blocks (the tuples are
+  // sorted by receiver, so they are one run of the stream).
+  std::uint64_t first = 0, last = 0;
+  for (const v_tuple& t : tuples) {
+    const std::uint64_t bytes = received(p, t, parity).bytes;
+    if (t.dst < me) first += bytes;
+    if (t.dst <= me) last += bytes;
+  }
+  return {first, last};
 }
 
 std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts, int rank) noexcept {
@@ -389,7 +410,7 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
     else
       send_bases_[k] = line.send.segment ? segs.resolve(line.send) : segs.staging(j);
   }
-  const auto [first, last] = v_piece(total, n, me);
+  const auto [first, last] = my_piece(pat, tuples, parity, total, mine.order, c.in_place);
   ctx_.policy().timed_copies(c.op, total / tuples.size(), c.copy, mine.recv_extent, last - first,
                              [&](const copy_plan& how) {
                                copy_piece(pat, tuples, parity, first, last,

@@ -19,7 +19,8 @@
  * order within a buffer (the ordered buffers of §3.2) is followed through Bs and Br, never by
  * asking the user to reorder. Work: the ordered tuples form one stream of bytes cut into one
  * piece per node rank of equal bytes (cache-line aligned cuts; a block may be shared by two
- * ranks), so one large block does not leave the other ranks idle.
+ * ranks), so one large block does not leave the other ranks idle. order=row is the naive
+ * baseline the papers compare against: each receiver copies its own blocks, in its list's order.
  *
  * One call (no MPI):
  *   1. local checks (counts and displacements in bounds, receive blocks disjoint, dtypes);
@@ -94,8 +95,9 @@ v_pattern match_edges(std::span<const std::vector<v_edge>> sends,
                       std::span<const std::vector<v_edge>> recvs, std::span<const int> comm_ranks);
 
 // The tuples of `p` that an `in_place` call copies, along `order`'s curve over the (dst, src)
-// grid of `node_size` ranks (ties: send block, then receive block). gather drops self copies;
-// swap keeps one tuple per exchanged pair (src < dst).
+// grid of `node_size` ranks (ties: send block, then receive block); row order sorts by
+// receiver, then its receive block (the naive baseline: each receiver in its own list's
+// order). gather drops self copies; swap keeps one tuple per exchanged pair (src < dst).
 std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
                                     v_in_place in_place);
 
@@ -166,6 +168,12 @@ class v_exchange {
   const v_span& sent(const v_tuple& t, std::size_t parity) const noexcept;
   const v_span& received(const v_pattern& p, const v_tuple& t, std::size_t parity) const noexcept;
   void check_counts(const v_call& call, std::size_t parity) const;
+  // [first, last) of the stream of `tuples` (`total` bytes) that this rank copies: an equal
+  // share of the bytes, or under row order (not in place swaps) its own receive blocks.
+  std::pair<std::uint64_t, std::uint64_t> my_piece(const v_pattern& p,
+                                                   const std::vector<v_tuple>& tuples,
+                                                   std::size_t parity, std::uint64_t total,
+                                                   block_order order, v_in_place in_place) const;
   void execute(const v_call& call, const checked_call& mine, const call_protocol::published& all,
                std::size_t parity);
   // Copies (or, in place, swaps) bytes [first, last) of the stream of `tuples`.

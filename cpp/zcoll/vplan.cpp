@@ -43,7 +43,7 @@ void v_plan::plan_pieces(const v_exchange::checked_call& mine, const v_call& cal
   const auto& tuples = vx.tuples_for(call.pattern, order_, in_place_);
   std::uint64_t total = 0;
   for (const v_tuple& t : tuples) total += vx.received(pat, t, parity).bytes;
-  const auto [first, last] = v_piece(total, size_, rank_);
+  const auto [first, last] = vx.my_piece(pat, tuples, parity, total, order_, in_place_);
   std::uint64_t at = 0;
   for (const v_tuple& t : tuples) {
     const v_span& to = vx.received(pat, t, parity);
