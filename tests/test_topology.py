@@ -153,7 +153,14 @@ def test_synthetic_machine(tmp_path):
     assert machine["pus"] == 8
     assert SYNTHETIC in machine["source"]
     # This process runs on none of the synthetic machine's PUs.
-    assert where == {"pu": -1, "core": -1, "numa_node": -1, "package": -1, "bound": False}
+    assert where == {
+        "pu": -1,
+        "core": -1,
+        "numa_node": -1,
+        "package": -1,
+        "l3_cache": -1,
+        "bound": False,
+    }
 
 
 def test_invalid_synthetic_falls_back_to_this_machine(tmp_path):

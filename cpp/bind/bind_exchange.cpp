@@ -258,7 +258,8 @@ void register_exchange(py::module_& m) {
       .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,
                        std::vector<int> comm_ranks, std::vector<std::int32_t> pids, int barrier,
                        double timeout, std::uint32_t spin, std::uint32_t yields, double slice,
-                       std::vector<int> numa_nodes, std::vector<int> packages) {
+                       std::vector<int> numa_nodes, std::vector<int> packages,
+                       std::vector<int> l3_caches) {
              if (!is_code<barrier_kind>(barrier))
                throw std::invalid_argument("unknown barrier code");
              context_config c;
@@ -271,12 +272,14 @@ void register_exchange(py::module_& m) {
              c.wait = make_wait(timeout, spin, yields, slice);
              c.numa_nodes = std::move(numa_nodes);
              c.packages = std::move(packages);
+             c.l3_caches = std::move(l3_caches);
              return std::make_shared<node_context>(std::move(control), std::move(c));
            }),
            py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
            py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
            py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
-           py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{})
+           py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{},
+           py::arg("l3_caches") = std::vector<int>{})
       .def_static("control_bytes", &node_context::control_bytes, py::arg("size"))
       .def(
           "allocate",

@@ -28,6 +28,7 @@ py::dict to_dict(const process_location& p) {
   d["core"] = p.core;
   d["numa_node"] = p.numa_node;
   d["package"] = p.package;
+  d["l3_cache"] = p.l3_cache;
   d["bound"] = p.bound;
   return d;
 }
@@ -41,8 +42,9 @@ void register_topology(py::module_& m) {
       "cores, pus, l1d, l2, l3 (bytes, 0: unknown) and source.");
   m.def(
       "locate_this_process", [] { return to_dict(locate_this_process()); },
-      "Where the calling thread runs now: dict with pu (OS index), core, numa_node, package "
-      "(logical indexes; -1: unknown) and bound (pinned to a strict subset of the allowed PUs).");
+      "Where the calling thread runs now: dict with pu (OS index), core, numa_node, package, "
+      "l3_cache (logical indexes; -1: unknown) and bound (pinned to a strict subset of the allowed "
+      "PUs).");
 }
 
 }  // namespace zcoll::bind

@@ -214,3 +214,29 @@ TEST_CASE("reduction: the tree follows NUMA nodes, then packages") {
   CHECK(flat[0] == std::vector<tree_group>{{0, 1, 2, 3}});
   CHECK(make_reduction_tree(1, {}, {}).empty());
 }
+
+TEST_CASE("reduction: the tree's first level is the ranks under one L3 cache") {
+  // One package, one NUMA node, two L3 caches (ranks 0-2 and 3-5): the L3 groups, then their
+  // leaders. A NUMA level would only repeat the package's group, so it is left out.
+  const auto levels =
+      make_reduction_tree(6, {0, 0, 0, 0, 0, 0}, {0, 0, 0, 0, 0, 0}, {0, 0, 0, 1, 1, 1});
+  REQUIRE(levels.size() == 2);
+  CHECK(levels[0] == std::vector<tree_group>{{0, 1, 2}, {3, 4, 5}});
+  CHECK(levels[1] == std::vector<tree_group>{{0, 3}});
+  // Two packages, two NUMA nodes each, two L3 caches per NUMA node, two ranks per L3.
+  std::vector<int> numa, package, l3;
+  for (int r = 0; r < 16; ++r) {
+    l3.push_back(r / 2);
+    numa.push_back(r / 4);
+    package.push_back(r / 8);
+  }
+  const auto deep = make_reduction_tree(16, numa, package, l3);
+  REQUIRE(deep.size() == 4);
+  CHECK(deep[0].size() == 8);  // 8 L3 pairs
+  CHECK(deep[0][1] == tree_group{2, 3});
+  CHECK(deep[1] == std::vector<tree_group>{{0, 2}, {4, 6}, {8, 10}, {12, 14}});
+  CHECK(deep[2] == std::vector<tree_group>{{0, 4}, {8, 12}});
+  CHECK(deep[3] == std::vector<tree_group>{{0, 8}});
+  // Unknown L3s: the tree of NUMA nodes and packages, as before.
+  CHECK(make_reduction_tree(16, numa, package, {}).size() == 3);
+}

@@ -47,6 +47,7 @@ struct context_config {
   wait_options wait;
   std::vector<int> numa_nodes;  // NUMA node of each node rank (empty: unknown), for reductions
   std::vector<int> packages;    // package of each node rank (empty: unknown)
+  std::vector<int> l3_caches;   // L3 cache of each node rank (empty: unknown)
 };
 
 // What one rank says about one call: everything the ranks must agree on.

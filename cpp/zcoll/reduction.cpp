@@ -1,6 +1,7 @@
 #include "zcoll/reduction.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <map>
@@ -15,7 +16,8 @@
 namespace zcoll {
 
 std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::vector<int>& numa,
-                                                         const std::vector<int>& package) {
+                                                         const std::vector<int>& package,
+                                                         const std::vector<int>& l3) {
   const auto n = static_cast<std::size_t>(size);
   auto key = [&](const std::vector<int>& v, int r) {
     return v.size() == n ? v[static_cast<std::size_t>(r)] : -1;
@@ -24,7 +26,7 @@ std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::ve
   // Groups `members` (ascending ranks) by `group_of`; adds a level of the groups with more
   // than one member; returns each group's leader (its lowest rank), ascending.
   auto level = [&](const std::vector<int>& members, auto group_of) {
-    std::map<std::pair<int, int>, tree_group> groups;
+    std::map<std::array<int, 3>, tree_group> groups;
     for (int r : members) groups[group_of(r)].push_back(r);
     std::vector<tree_group> kept;
     std::vector<int> leaders;
@@ -38,9 +40,12 @@ std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::ve
   };
   std::vector<int> all(n);
   for (int r = 0; r < size; ++r) all[static_cast<std::size_t>(r)] = r;
-  auto leaders = level(all, [&](int r) { return std::pair{key(package, r), key(numa, r)}; });
-  leaders = level(leaders, [&](int r) { return std::pair{key(package, r), 0}; });
-  level(leaders, [](int) { return std::pair{0, 0}; });
+  using place = std::array<int, 3>;
+  auto leaders =
+      level(all, [&](int r) { return place{key(package, r), key(numa, r), key(l3, r)}; });
+  leaders = level(leaders, [&](int r) { return place{key(package, r), key(numa, r), 0}; });
+  leaders = level(leaders, [&](int r) { return place{key(package, r), 0, 0}; });
+  level(leaders, [](int) { return place{0, 0, 0}; });
   return levels;
 }
 
@@ -320,7 +325,8 @@ void node_context::execute_reduction(const reduction_args& a) {
       return;
     }
     case reduce_algorithm::tree: {
-      if (tree_.empty()) tree_ = make_reduction_tree(p, config_.numa_nodes, config_.packages);
+      if (tree_.empty())
+        tree_ = make_reduction_tree(p, config_.numa_nodes, config_.packages, config_.l3_caches);
       std::vector<bool> partial(np, false);  // whether a rank's value is its work buffer
       for (const auto& level : tree_) {
         for (const tree_group& g : level) {

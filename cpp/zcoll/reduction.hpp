@@ -57,10 +57,14 @@ struct reduction_call {
 };
 
 // The reduction tree of a node: levels, each a list of groups (leader first, then its members
-// in rank order); the leader of a group folds [leader, members...] at that level. `numa` and
-// `package` give each node rank's NUMA node and package (empty or -1: unknown, one group).
+// in rank order); the leader of a group folds [leader, members...] at that level. The levels
+// follow the hardware from the inside out (HPDC'13 §3): the ranks under one L3 cache, then one
+// NUMA node, then one package, then the node. `numa`, `package` and `l3` give each node rank's
+// NUMA node, package and L3 cache (empty or -1: unknown, one group); a level where no group
+// has two members is left out.
 using tree_group = std::vector<int>;
 std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::vector<int>& numa,
-                                                         const std::vector<int>& package);
+                                                         const std::vector<int>& package,
+                                                         const std::vector<int>& l3 = {});
 
 }  // namespace zcoll

@@ -185,6 +185,8 @@ process_location locate_this_process() {
       where.package =
           detail::logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_PACKAGE, pu), 0);
       where.numa_node = detail::logical_index_of(detail::numa_node_of(pu), 0);
+      where.l3_cache =
+          detail::logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_L3CACHE, pu), -1);
     }
   }
   where.bound = detail::is_bound(t);

@@ -33,6 +33,7 @@ struct process_location {
   int core = -1;       // logical index of that core
   int numa_node = -1;  // logical index of its NUMA node
   int package = -1;    // logical index of its package (socket)
+  int l3_cache = -1;   // logical index of the L3 cache above it (-1: none or unknown)
   bool bound = false;  // bound to a strict subset of the machine's PUs
 };
 

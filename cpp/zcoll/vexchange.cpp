@@ -401,9 +401,13 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
   }
   send_bases_.assign(static_cast<std::size_t>(n), nullptr);
   recv_bases_.assign(static_cast<std::size_t>(n), nullptr);
+  sent_.assign(static_cast<std::size_t>(n), nullptr);
+  received_.assign(static_cast<std::size_t>(n), nullptr);
   for (int j = 0; j < n; ++j) {
     const auto& line = all.line(j);
     const auto k = static_cast<std::size_t>(j);
+    sent_[k] = slot(j, parity).data();  // as sent() and received() read them
+    received_[k] = sent_[k] + pat.send_blocks[k];
     recv_bases_[k] = line.recv.segment ? segs.resolve(line.recv) : segs.staging(j) + send_part(j);
     if (in_place)
       send_bases_[k] = recv_bases_[k];
@@ -413,19 +417,22 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
   const auto [first, last] = my_piece(pat, tuples, parity, total, mine.order, c.in_place);
   ctx_.policy().timed_copies(c.op, total / tuples.size(), c.copy, mine.recv_extent, last - first,
                              [&](const copy_plan& how) {
-                               copy_piece(pat, tuples, parity, first, last,
-                                          c.in_place == v_in_place::swap, how);
+                               copy_tuples(tuples, sent_.data(), received_.data(),
+                                           send_bases_.data(), recv_bases_.data(), first, last,
+                                           c.in_place == v_in_place::swap, how);
                              });
   ctx_.protocol().sync();
   if (staged && all.line(me).recv.segment == 0) stage_out(c, pat, tuples, parity, send_part(me));
 }
 
-void v_exchange::copy_piece(const v_pattern& pat, const std::vector<v_tuple>& tuples,
-                            std::size_t parity, std::uint64_t first, std::uint64_t last, bool swap,
-                            const copy_plan& how) const {
+void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,
+                 const v_span* const* received, std::byte* const* send, std::byte* const* recv,
+                 std::uint64_t first, std::uint64_t last, bool swap,
+                 const copy_plan& how) noexcept {
   std::uint64_t at = 0;
   for (const v_tuple& t : tuples) {
-    const v_span& to = received(pat, t, parity);
+    const auto s = static_cast<std::size_t>(t.src), d = static_cast<std::size_t>(t.dst);
+    const v_span& to = received[d][t.recv_block];
     const std::uint64_t end = at + to.bytes;
     if (end <= first) {
       at = end;
@@ -433,14 +440,12 @@ void v_exchange::copy_piece(const v_pattern& pat, const std::vector<v_tuple>& tu
     }
     if (at >= last) break;
     const std::uint64_t from = std::max(first, at) - at, upto = std::min(last, end) - at;
-    std::byte* dst = recv_bases_[static_cast<std::size_t>(t.dst)] + to.offset + from;
-    const v_span& src_span = sent(t, parity);
+    std::byte* dst = recv[d] + to.offset + from;
+    const v_span& src_span = sent[s][t.send_block];
     if (swap)
-      swap_bytes(dst, recv_bases_[static_cast<std::size_t>(t.src)] + src_span.offset + from,
-                 upto - from);
+      swap_bytes(dst, recv[s] + src_span.offset + from, upto - from);
     else
-      copy_bytes(dst, send_bases_[static_cast<std::size_t>(t.src)] + src_span.offset + from,
-                 upto - from, how);
+      copy_bytes(dst, send[s] + src_span.offset + from, upto - from, how);
     at = end;
   }
 }

@@ -111,6 +111,16 @@ struct v_span {
 // cuts rounded to cache lines.
 std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts, int rank) noexcept;
 
+// The engine's copy loop: copies (swap: exchanges) bytes [first, last) of the stream of
+// `tuples`, in which tuple t stands for the bytes of its receive block. Per node rank j:
+// `sent[j]`, `received[j]` its send and receive blocks (indexed by send_block and recv_block),
+// `send[j]`, `recv[j]` the base addresses of its buffers (swap: both blocks in `recv`). A block
+// may be copied in part, where [first, last) cuts it. v_exchange copies its piece with it;
+// tools/replay.cpp replays it in one process.
+void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,
+                 const v_span* const* received, std::byte* const* send, std::byte* const* recv,
+                 std::uint64_t first, std::uint64_t last, bool swap, const copy_plan& how) noexcept;
+
 // One rank's arguments to an irregular call, as the binding converts them.
 struct v_call {
   op_code op = op_code::alltoallv;
@@ -176,9 +186,6 @@ class v_exchange {
                                                    block_order order, v_in_place in_place) const;
   void execute(const v_call& call, const checked_call& mine, const call_protocol::published& all,
                std::size_t parity);
-  // Copies (or, in place, swaps) bytes [first, last) of the stream of `tuples`.
-  void copy_piece(const v_pattern& p, const std::vector<v_tuple>& tuples, std::size_t parity,
-                  std::uint64_t first, std::uint64_t last, bool swap, const copy_plan& how) const;
   // Small calls: every rank's data went into its eager slot before the barrier; each rank
   // pulls its own receive blocks from the senders' slots. One barrier, no staging.
   void execute_eager(const v_call& call, std::size_t parity);
@@ -197,6 +204,7 @@ class v_exchange {
   std::shared_ptr<data_segment> meta_;  // per node rank: two slots (by parity) of capacity_
   std::size_t capacity_ = 0;            // blocks per slot
   std::vector<std::byte*> send_bases_, recv_bases_;
+  std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
 };
 
 }  // namespace zcoll

@@ -139,8 +139,8 @@ class Context:
             self.node_rank = node.rank
             self.local_ranks = tuple(node.allgather(comm.rank))
             pids = node.allgather(os.getpid())
-            here = _core.locate_this_process()  # the reductions' tree follows NUMA nodes
-            places = node.allgather((here["numa_node"], here["package"]))
+            here = _core.locate_this_process()  # the reductions' tree follows L3s, NUMA nodes
+            places = node.allgather((here["numa_node"], here["package"], here["l3_cache"]))
             control = _share_control_segment(node)
         finally:
             node.Free()
@@ -165,8 +165,9 @@ class Context:
             pids=pids,
             barrier=BARRIER_CODES[s.barrier],
             **s.wait_for(self.oversubscribed),
-            numa_nodes=[numa for numa, _ in places],
-            packages=[package for _, package in places],
+            numa_nodes=[numa for numa, _, _ in places],
+            packages=[package for _, package, _ in places],
+            l3_caches=[l3 for _, _, l3 in places],
         )
         self.core.setup_eager(s.eager_bytes_for(self.oversubscribed))
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))

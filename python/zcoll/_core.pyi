@@ -194,6 +194,7 @@ class NodeContext:
         sleep_slice: float,
         numa_nodes: list[int] = ...,
         packages: list[int] = ...,
+        l3_caches: list[int] = ...,
     ) -> None: ...
     @staticmethod
     def control_bytes(size: int) -> int: ...

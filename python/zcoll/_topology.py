@@ -43,6 +43,9 @@ class RankPlacement:
         hwloc logical index of its nearest NUMA node (-1: unknown).
     package : int
         hwloc logical index of its package, or socket (-1: unknown).
+    l3_cache : int
+        hwloc logical index of the L3 cache above it (-1: none or unknown); the reductions'
+        tree combines the ranks under one L3 first.
     bound : bool
         Whether it is pinned to a strict subset of the hardware threads it may use.
     """
@@ -54,6 +57,7 @@ class RankPlacement:
     core: int
     numa_node: int
     package: int
+    l3_cache: int
     bound: bool
 
 

@@ -5,13 +5,27 @@
 collective, number of ranks P, block size and order asked for, and prints the L1 and last-level
 misses per rank in the layout of the paper's tables, with the ratio Morton / row.
 
+``--collective neighbor_alltoall --grid 8x8`` (any ``AxB`` or ``AxBxC``, several separated by
+commas) does the same for the neighbourhood collective on a periodic Cartesian grid of
+P = A*B(*C) ranks (row-major, as ``comm.Create_cart`` without reordering), every edge carrying
+one block: the replay builds each rank's lists as zcoll does for a Cartesian communicator,
+matches them into 4-tuples (sender, receiver, send block, receive block) and orders them as the
+engine does (``zcoll::match_edges``, ``zcoll::ordered_tuples``). Row order is the engine's naive
+baseline (each rank copies its own receive blocks); the other orders cut the ordered stream of
+bytes into P equal pieces at cache lines. Each rank's piece runs through the engine's own copy
+loop (``zcoll::copy_tuples``), which walks the ordered tuples from the start of the stream; the
+engine reads every tuple's metadata just before copying (it checks all counts and sums the
+stream), so the replay does too outside the counted region, and the counts are the data's
+misses (``--metadata cold``: with every rank's walk through the tuples up to its piece cold).
+
 The model is the paper's ideal distributed cache (§2.3): every rank has a private cache. The
 replay runs the ranks' segments one after another; before each it evicts the simulated caches,
 so every rank starts cold as on its own core (the cache complexities of §2.3 count every line a
 rank touches). ``--warm own`` first reads the rank's own send and receive buffers, as the
 benchmark of TPDS'18 Fig. 9 does before each call.
 Only the segment's copies are counted (callgrind ``--toggle-collect`` on the function that runs
-them, through the engine's own ``zcoll::copy_segment``): setup, eviction and warm-up are not.
+them, through the engine's own ``zcoll::copy_segment``; neighbourhood collectives: the one that
+runs ``zcoll::copy_tuples``): setup, eviction and warm-up are not.
 
 valgrind simulates two levels: D1 (the L1 data cache) and an "LL" level, which this tool sets to
 each core's private L2 (the last private level; a shared L3 is not a per-rank cache and is not
@@ -41,6 +55,8 @@ from zcoll import _core, _registry, _settings
 from zcoll._registry import MORTON, ROW
 
 __all__ = [
+    "ALL_OPS",
+    "NEIGHBOR",
     "ORDERS",
     "OPS",
     "PAPER_GEOMETRY",
@@ -50,10 +66,12 @@ __all__ = [
     "add_options",
     "build_parser",
     "finish_args",
+    "format_grid",
     "host_geometry",
     "main",
     "measure",
     "parse_event_totals",
+    "parse_grid",
     "replay_binary",
     "run",
     "run_config",
@@ -61,9 +79,13 @@ __all__ = [
 
 ORDERS = _registry.ORDERS
 OPS = _registry.COLLECTIVES
+NEIGHBOR = "neighbor_alltoall"  # on a periodic Cartesian grid (--grid)
+ALL_OPS = (*OPS, NEIGHBOR)
 REPLAY_NAME = "zcoll_replay"
 ARENA_COLOUR_STRIDE = _core.ARENA_COLOUR_STRIDE  # the replay lays buffers out like the arena
 SEGMENT_FUNCTION = "zcoll_replay_segment"
+TUPLES_FUNCTION = "zcoll_replay_tuples"  # the measured function of neighbourhood replays
+DEFAULT_GRIDS = ((8, 8),)  # issue #14
 DEFAULT_PROCS = (16, 64)
 DEFAULT_BLOCKS = (8, 64, 512, 4096, 32768)  # the rows of TPDS'18 Tables 1-2 up to 32 KiB
 QUICK = {"procs": (16,), "blocks": (8, 512), "orders": (ROW, MORTON)}
@@ -150,14 +172,36 @@ def _parse_sysfs_size(text: str) -> int:
     return int(text)
 
 
+def parse_grid(text: str) -> tuple:
+    """``"8x8"`` -> ``(8, 8)``: a Cartesian grid's dimensions (each at least 1)."""
+    try:
+        dims = tuple(int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"a grid is AxB or AxBxC (positive integers), got {text!r}") from None
+    if min(dims) < 1:
+        raise ValueError(f"a grid is AxB or AxBxC (positive integers), got {text!r}")
+    return dims
+
+
+def format_grid(dims: Sequence[int]) -> str:
+    """``(8, 8)`` -> ``"8x8"``."""
+    return "x".join(map(str, dims))
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """One replay: a collective, P ranks, a block size in bytes, an order."""
+    """One replay: a collective, P ranks, a block size in bytes, an order; for
+    ``neighbor_alltoall`` the periodic Cartesian grid's dimensions (P is their product)."""
 
     op: str
     p: int
     block: int
     order: str
+    grid: tuple = ()
+
+    def key(self) -> tuple:
+        """(op, grid, p, block, order): what a table row and column stand for."""
+        return (self.op, self.grid, self.p, self.block, self.order)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,9 +226,14 @@ class Measurement:
         return (self.ll_read + self.ll_write) / self.config.p
 
     def row(self) -> dict:
-        """A flat dict for JSON/CSV output."""
+        """A flat dict for JSON/CSV output (``grid`` as ``"8x8"``, only for a grid)."""
+        config = dataclasses.asdict(self.config)
+        if self.config.grid:
+            config["grid"] = format_grid(self.config.grid)
+        else:
+            del config["grid"]
         return {
-            **dataclasses.asdict(self.config),
+            **config,
             "d1_read": self.d1_read,
             "d1_write": self.d1_write,
             "ll_read": self.ll_read,
@@ -276,8 +325,14 @@ def replay_command(
     warm: str = "none",
     prefetch: bool = False,
     skew: int = ARENA_COLOUR_STRIDE,
+    metadata: str = "warm",
 ) -> list:
     """The valgrind command line that simulates ``config`` (see :func:`run_config`)."""
+    if config.grid:
+        function = TUPLES_FUNCTION
+        shape = ["--grid", format_grid(config.grid), "--metadata", metadata]
+    else:
+        function, shape = SEGMENT_FUNCTION, ["--p", str(config.p)]
     return [
         valgrind_binary(),
         "--tool=callgrind",
@@ -285,15 +340,14 @@ def replay_command(
         f"--simulate-hwpref={'yes' if prefetch else 'no'}",
         f"--D1={d1.arg()}",
         f"--LL={ll.arg()}",
-        f"--toggle-collect={SEGMENT_FUNCTION}",
+        f"--toggle-collect={function}",
         f"--callgrind-out-file={out_file}",
         str(replay_binary()),
         "--op",
         config.op,
         "--order",
         config.order,
-        "--p",
-        str(config.p),
+        *shape,
         "--block",
         str(config.block),
         "--warm",
@@ -313,6 +367,7 @@ def run_config(
     warm: str = "none",
     prefetch: bool = False,
     skew: int = ARENA_COLOUR_STRIDE,
+    metadata: str = "warm",
 ) -> Measurement:
     """Simulates one replay under valgrind and returns its misses.
 
@@ -329,6 +384,9 @@ def run_config(
     skew : int
         Start rank r's partition r * skew bytes (mod 4096) into its pages instead of on a page
         boundary (a multiple of 64): shows what page-aligned partitions cost in conflict misses.
+    metadata : {"warm", "cold"}
+        Neighbourhood collectives: whether each rank reads the tuples' metadata before its piece,
+        as the engine does (warm), or its copy loop's walk through the tuples starts cold.
 
     Raises
     ------
@@ -337,7 +395,9 @@ def run_config(
     """
     with tempfile.TemporaryDirectory(prefix="zcoll-cachemiss-") as tmp:
         out_file = os.path.join(tmp, "callgrind.out")
-        cmd = replay_command(config, d1, ll, out_file, warm=warm, prefetch=prefetch, skew=skew)
+        cmd = replay_command(
+            config, d1, ll, out_file, warm=warm, prefetch=prefetch, skew=skew, metadata=metadata
+        )
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -363,6 +423,7 @@ def measure(
     warm: str = "none",
     prefetch: bool = False,
     skew: int = ARENA_COLOUR_STRIDE,
+    metadata: str = "warm",
     jobs: int | None = None,
     progress: bool | None = None,
 ) -> list:
@@ -370,7 +431,7 @@ def measure(
 
     Parameters
     ----------
-    warm, prefetch, skew
+    warm, prefetch, skew, metadata
         As for :func:`run_config`.
     jobs : int or None
         Valgrind runs at a time (default: the number of CPUs).
@@ -387,7 +448,9 @@ def measure(
     # The work runs in valgrind subprocesses: threads are enough to keep `jobs` of them going.
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
         futures = [
-            pool.submit(run_config, c, d1, ll, warm=warm, prefetch=prefetch, skew=skew)
+            pool.submit(
+                run_config, c, d1, ll, warm=warm, prefetch=prefetch, skew=skew, metadata=metadata
+            )
             for c in configs
         ]
         try:
@@ -413,18 +476,20 @@ def _progress_bar(total: int, progress: bool | None):
 
 
 def format_tables(results: Iterable[Measurement], orders: Sequence[str]) -> str:
-    """The results as the paper's tables: one per collective and P, rows by block size."""
-    by_key = {dataclasses.astuple(m.config): m for m in results}
-    ops = sorted({k[0] for k in by_key}, key=OPS.index)
+    """The results as the paper's tables: one per collective and P (or grid), rows by block
+    size."""
+    by_key = {m.config.key(): m for m in results}
     lines = []
-    for op in ops:
-        for p in sorted({k[1] for k in by_key if k[0] == op}):
-            blocks = sorted({k[2] for k in by_key if k[:2] == (op, p)})
-            lines += _table(op, p, blocks, orders, by_key)
+    for op in sorted({k[0] for k in by_key}, key=ALL_OPS.index):
+        for grid, p in sorted({k[1:3] for k in by_key if k[0] == op}, key=lambda g: (g[1], g[0])):
+            blocks = sorted({k[3] for k in by_key if k[:3] == (op, grid, p)})
+            lines += _table(op, grid, p, blocks, orders, by_key)
     return "\n".join(lines)
 
 
-def _table(op: str, p: int, blocks: Sequence[int], orders: Sequence[str], by_key: dict) -> list:
+def _table(
+    op: str, grid: tuple, p: int, blocks: Sequence[int], orders: Sequence[str], by_key: dict
+) -> list:
     ratio = ROW in orders and MORTON in orders
     group = list(orders) + (["m/row"] if ratio else [])
     width = 9
@@ -432,11 +497,12 @@ def _table(op: str, p: int, blocks: Sequence[int], orders: Sequence[str], by_key
     titles = (f"{t:^{group_width}}" for t in ("L1d misses per rank", "L2 misses per rank"))
     head = f"{'block':>8}  " + "  ".join(titles)
     names = "".join(f"{n:>{width}}" for n in group)
-    out = [f"{op}, P = {p}", head, f"{'':>8}  {names}  {names}"]
+    title = f"{op}, grid {format_grid(grid)} (P = {p})" if grid else f"{op}, P = {p}"
+    out = [title, head, f"{'':>8}  {names}  {names}"]
     for b in blocks:
         cells = []
         for attr in ("d1_per_rank", "ll_per_rank"):
-            vals = {o: getattr(by_key[(op, p, b, o)], attr) for o in orders}
+            vals = {o: getattr(by_key[(op, grid, p, b, o)], attr) for o in orders}
             cell = "".join(f"{vals[o]:>{width}.0f}" for o in orders)
             if ratio:
                 cell += f"{_ratio(vals['morton'], vals['row']):>{width}.2f}"
@@ -453,7 +519,7 @@ def _ratio(a: float, b: float) -> float:
 def target_report(results: Iterable[Measurement]) -> list:
     """Lines saying, per collective, whether Morton's L1 misses are at most 0.6 x row's for
     blocks up to 512 B at P = 64 (issue #5's target); empty when those runs are absent."""
-    by_key = {dataclasses.astuple(m.config): m for m in results}
+    by_key = {dataclasses.astuple(m.config)[:4]: m for m in results if not m.config.grid}
     lines = []
     for op in OPS:
         keys = sorted(
@@ -507,6 +573,13 @@ def _name_list(allowed: Sequence[str]):
     return parse
 
 
+def _grid_list(text: str) -> tuple:
+    try:
+        return tuple(parse_grid(g) for g in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _geometry(text: str) -> CacheGeometry:
     try:
         return CacheGeometry.parse(text)
@@ -516,7 +589,8 @@ def _geometry(text: str) -> CacheGeometry:
 
 DESCRIPTION = (
     "Simulated L1/L2 misses per rank of zcoll's block orders for alltoall and allgather "
-    "(TPDS'18 Tables 1-2), from a one-process replay under valgrind."
+    "(TPDS'18 Tables 1-2), or neighbor_alltoall on a periodic Cartesian grid (--grid), from a "
+    "one-process replay under valgrind."
 )
 
 
@@ -529,8 +603,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_options(p: argparse.ArgumentParser) -> None:
     """Add the options of ``python -m zcoll.bench cachemiss`` to `p`."""
-    p.add_argument("--ops", type=_name_list(OPS), default=OPS, help="collectives (default both)")
+    p.add_argument(
+        "--ops",
+        "--collective",
+        dest="ops",
+        type=_name_list(ALL_OPS),
+        default=None,
+        help=f"collectives: {', '.join(ALL_OPS)} (default: alltoall and allgather; with --grid "
+        f"{NEIGHBOR})",
+    )
     p.add_argument("--procs", type=_int_list, default=DEFAULT_PROCS, help="P values (16,64)")
+    p.add_argument(
+        "--grid",
+        dest="grids",
+        type=_grid_list,
+        default=None,
+        metavar="AxB[,...]",
+        help=f"{NEIGHBOR}'s periodic Cartesian grids, e.g. 8x8 or 4x4x4 (P = the product; "
+        f"default {','.join(map(format_grid, DEFAULT_GRIDS))}); --procs does not apply",
+    )
     p.add_argument(
         "--blocks",
         type=_int_list,
@@ -567,6 +658,14 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="start rank r's buffers r*BYTES (mod 4096, a multiple of 64) past a page boundary; "
         f"default {ARENA_COLOUR_STRIDE}, as the arena colours its partitions; 0: page-aligned",
     )
+    p.add_argument(
+        "--metadata",
+        choices=("warm", "cold"),
+        default="warm",
+        help=f"{NEIGHBOR}: warm (default): each rank reads every tuple's metadata before its "
+        "piece, as the engine does; cold: its copy loop's walk through the tuples to its piece "
+        "misses too",
+    )
     p.add_argument("--jobs", type=int, default=None, help="parallel valgrind runs (CPU count)")
     p.add_argument(
         "--quick",
@@ -582,8 +681,35 @@ def finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """Checks and defaults that argparse cannot express (``parser.error`` on misuse)."""
     if args.skew < 0 or args.skew % 64:
         parser.error(f"--skew must be a non-negative multiple of 64, got {args.skew}")
+    if args.grids and args.ops is not None and NEIGHBOR not in args.ops:
+        parser.error(f"--grid goes with --collective {NEIGHBOR}")
+    _default_ops(args)
     if args.quick:
         args.procs, args.blocks, args.orders = QUICK["procs"], QUICK["blocks"], QUICK["orders"]
+
+
+def _default_ops(args: argparse.Namespace) -> None:
+    if args.ops is None:
+        args.ops = (NEIGHBOR,) if args.grids else OPS
+    if NEIGHBOR in args.ops and not args.grids:
+        args.grids = DEFAULT_GRIDS
+
+
+def _configs(args: argparse.Namespace) -> list:
+    configs = []
+    for op in args.ops:
+        shapes = (
+            [(math.prod(g), g) for g in args.grids]
+            if op == NEIGHBOR
+            else [(p, ()) for p in args.procs]
+        )
+        configs += [
+            Config(op, p, b, o, grid)
+            for p, grid in shapes
+            for b in args.blocks
+            for o in args.orders
+        ]
+    return configs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -605,16 +731,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"zcoll.bench cachemiss: {e}", file=sys.stderr)
         return 2
     d1, ll = args.d1 or d1, args.ll or ll
-    configs = [
-        Config(op, p, b, o)
-        for op in args.ops
-        for p in args.procs
-        for b in args.blocks
-        for o in args.orders
-    ]
+    _default_ops(args)
+    configs = _configs(args)
+    neighbours = NEIGHBOR in args.ops
     print(
         f"# simulated caches: L1d {d1}, L2 {ll}; warm={args.warm}, "
-        f"prefetch={'on' if args.prefetch else 'off'}, skew={args.skew}; "
+        f"prefetch={'on' if args.prefetch else 'off'}, skew={args.skew}"
+        f"{f', metadata={args.metadata}' if neighbours else ''}; "
         "misses per rank, copies only"
     )
     try:
@@ -625,6 +748,7 @@ def run(args: argparse.Namespace) -> int:
             warm=args.warm,
             prefetch=args.prefetch,
             skew=args.skew,
+            metadata=args.metadata,
             jobs=args.jobs,
             progress=False if args.no_progress else None,
         )
@@ -648,11 +772,14 @@ def _write_outputs(results: Sequence[Measurement], args, d1, ll) -> None:
             "prefetch": args.prefetch,
             "skew": args.skew,
         }
+        if NEIGHBOR in args.ops:
+            meta["metadata"] = args.metadata
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"caches": meta, "results": rows}, f, indent=1)
     if args.csv:
         with open(args.csv, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+            fields = list(dict.fromkeys(k for row in rows for k in row))  # grid: some rows only
+            writer = csv.DictWriter(f, fieldnames=fields, restval="")
             writer.writeheader()
             writer.writerows(rows)
 
