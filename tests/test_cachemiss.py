@@ -1,5 +1,8 @@
 """zcoll_replay and python -m zcoll.bench cachemiss: the one-process schedule replay and its misses.
 
+Also the neighbourhood collective on periodic Cartesian grids (--op neighbor_alltoall --grid):
+the engine's 4-tuples, their order and each rank's piece, through the engine's copy loop.
+
 The tool needs no MPI, so these tests run once, in the P = 1 run of the suite. The replay's
 --verify mode checks every received byte against a pattern of (source, destination, offset);
 the simulated misses are checked against line counts worked out here from the buffer layout
@@ -78,12 +81,77 @@ def test_verify_catches_a_missing_segment(op):
         (["--op", "alltoall", "--p", "4", "--block", "8", "--warm", "hot"], "--warm"),
         (["--op", "alltoall", "--p", "4", "--block", "8", "--frob"], "unknown argument"),
         (["--op", "alltoall", "--p", "4", "--block", "8", "--skew", "10"], "multiple of 64"),
+        (["--op", "neighbor_alltoall", "--block", "8"], "needs --grid"),
+        (["--op", "neighbor_alltoall", "--grid", "8x0", "--block", "8"], "--grid dimensions"),
+        (["--op", "neighbor_alltoall", "--grid", "8xq", "--block", "8"], "non-negative integer"),
+        (["--op", "neighbor_alltoall", "--grid", "4x4", "--p", "8", "--block", "8"], "--p differs"),
+        (["--op", "neighbor_alltoall", "--grid", "4x4", "--block", "8", "--in-place"], "in-place"),
+        (["--op", "neighbor_alltoall", "--grid", "4", "--block", "8", "--metadata", "x"], "warm"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--grid", "2x2"], "--grid goes with"),
+        (["--op", "alltoall", "--p", "4", "--block", "8", "--metadata", "cold"], "--metadata goes"),
+        (["--op", "neighbor_allgather", "--grid", "4x4", "--block", "8"], "unknown --op"),
     ],
 )
 def test_replay_rejects_bad_arguments(args, message):
     r = replay(*args)
     assert r.returncode == 2
     assert message in r.stderr and "usage:" in r.stderr
+
+
+# --- neighbourhood collectives on periodic Cartesian grids -------------------------------------
+
+GRIDS = ("8x8", "3x5", "5x3", "2x2", "2x1", "1x1", "1x7", "7", "2x2x2", "4x3x2", "3x1x2")
+
+
+@pytest.mark.parametrize("order", [*cachemiss.ORDERS, "auto"])
+def test_neighbourhood_replay_delivers_every_block(order):
+    # Periodic dimensions of 1 and 2 ranks: both neighbours are one rank (itself, or the other
+    # one), told apart by the direction of travel; --verify checks each block's (sender, tag).
+    for grid in GRIDS:
+        p = math.prod(int(d) for d in grid.split("x"))
+        for block in (1, 24, 64, 100):
+            args = ["--op", "neighbor_alltoall", "--grid", grid, "--order", order]
+            args += ["--block", str(block), "--verify", "--evict-bytes", "4096"]
+            args += ["--skew", str(64 * (block % 3))]
+            r = replay(*args)
+            assert r.returncode == 0, f"{args}: {r.stderr}"
+            assert "verify=ok" in r.stdout, r.stdout
+            assert f"p={p} " in r.stdout and f"tuples={2 * grid.count('x') * p + 2 * p}" in r.stdout
+
+
+def test_neighbourhood_verify_catches_a_missing_piece():
+    for order in ("row", "morton"):
+        args = ["--op", "neighbor_alltoall", "--grid", "4x3", "--order", order, "--block", "16"]
+        assert replay(*args, "--verify").returncode == 0
+        r = replay(*args, "--verify", "--skip-rank", "5")
+        assert r.returncode == 1, order
+        assert "verify=FAILED" in r.stdout and "differs at byte" in r.stderr
+
+
+def test_grid_parsing():
+    assert cachemiss.parse_grid("8x8") == (8, 8)
+    assert cachemiss.parse_grid("4X3x2") == (4, 3, 2)
+    assert cachemiss.format_grid((4, 3, 2)) == "4x3x2"
+    for bad in ("8x", "0x4", "axb", ""):
+        with pytest.raises(ValueError, match="AxB"):
+            cachemiss.parse_grid(bad)
+
+
+def test_neighbourhood_replay_command(monkeypatch):
+    monkeypatch.setattr(cachemiss, "valgrind_binary", lambda: "valgrind")
+    cmd = cachemiss.replay_command(
+        Config("neighbor_alltoall", 64, 512, "morton", (8, 8)), L1, L2, "out", metadata="cold"
+    )
+    assert "--toggle-collect=zcoll_replay_tuples" in cmd and "--p" not in cmd
+    assert cmd[cmd.index("--grid") + 1] == "8x8" and cmd[cmd.index("--metadata") + 1] == "cold"
+    cmd = cachemiss.replay_command(Config("alltoall", 16, 8, "row"), L1, L2, "out")
+    assert "--toggle-collect=zcoll_replay_segment" in cmd and "--grid" not in cmd
+    assert "--metadata" not in cmd and cmd[cmd.index("--p") + 1] == "16"
+    # The records of alltoall and allgather are unchanged: no grid field.
+    m = cachemiss.Measurement(Config("alltoall", 16, 8, "row"), 1, 2, 3, 4, 5)
+    assert "grid" not in m.row()
+    m = cachemiss.Measurement(Config("neighbor_alltoall", 12, 8, "row", (3, 2, 2)), 1, 2, 3, 4, 5)
+    assert m.row()["grid"] == "3x2x2" and m.row()["p"] == 12
 
 
 CALLGRIND_SAMPLE = """\
@@ -203,6 +271,59 @@ def test_misses_of_8_byte_blocks_at_16_ranks(op):
 
 
 @needs_valgrind
+def test_neighbourhood_misses_of_64_byte_blocks():
+    # Every rank of a 4 x 4 torus receives 4 blocks; 64-byte blocks fill their lines, and every
+    # order's piece is 4 whole blocks (cuts at 256-byte multiples): 4 lines read, 4 written.
+    # Before its piece each rank reads the tuples' metadata, as the engine does; without that
+    # (cold) its walk through the tuples up to its piece misses as well.
+    data_lines = 4 + 4
+    got = {}
+    for order in cachemiss.ORDERS:
+        config = Config("neighbor_alltoall", 16, 64, order, (4, 4))
+        m = cachemiss.run_config(config, L1, L2)
+        got[order] = m.d1_per_rank
+        assert data_lines <= m.d1_per_rank <= data_lines + METADATA_LINES, (order, m)
+        assert m.ll_per_rank <= m.d1_per_rank
+        assert m.data_refs >= 2 * 4 * 64 / 8 * 16
+    assert max(got.values()) - min(got.values()) <= 2, got
+    cold = cachemiss.run_config(Config("neighbor_alltoall", 16, 64, "row", (4, 4)), L1, L2,
+                                metadata="cold")  # fmt: skip
+    assert cold.d1_per_rank > got["row"] + 4, (cold, got)
+
+
+@needs_valgrind
+def test_cli_neighbourhood(tmp_path, capsys):
+    out = tmp_path / "grid.json"
+    csv_file = tmp_path / "grid.csv"
+    argv = ["--collective", "neighbor_alltoall", "--grid", "4x4,2x3x2", "--blocks", "8,64"]
+    argv += ["--orders", "row,morton", "--cache", "paper", "--no-progress"]
+    assert cachemiss.main([*argv, "--json", str(out), "--csv", str(csv_file)]) == 0
+    printed = capsys.readouterr().out
+    assert "neighbor_alltoall, grid 4x4 (P = 16)" in printed and "m/row" in printed
+    assert "neighbor_alltoall, grid 2x3x2 (P = 12)" in printed and "metadata=warm" in printed
+    assert "alltoall, P =" not in printed and "target" not in printed
+    data = json.loads(out.read_text())
+    assert data["caches"]["metadata"] == "warm"
+    rows = data["results"]
+    assert {(x["op"], x["grid"], x["p"], x["block"], x["order"]) for x in rows} == {
+        ("neighbor_alltoall", g, p, b, o)
+        for g, p in (("4x4", 16), ("2x3x2", 12))
+        for b in (8, 64)
+        for o in ("row", "morton")
+    }
+    for x in rows:  # every rank receives 2 * dims blocks and sends as many
+        assert x["d1_per_rank"] >= 2 * lines_of(2 * x["grid"].count("x") * x["block"] + x["block"])
+    assert len(csv_file.read_text().splitlines()) == len(rows) + 1
+    # --grid alone means the neighbourhood collective; with the others, one table each.
+    assert bench.main(["cachemiss", "--grid", "2x2", "--blocks", "8", "--no-progress"]) == 0
+    assert "neighbor_alltoall, grid 2x2 (P = 4)" in capsys.readouterr().out
+    argv = ["cachemiss", "--ops", "alltoall,neighbor_alltoall", "--procs", "4", "--blocks", "8"]
+    assert bench.main([*argv, "--orders", "row", "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "alltoall, P = 4" in printed and "neighbor_alltoall, grid 8x8 (P = 64)" in printed
+
+
+@needs_valgrind
 def test_cli_quick(tmp_path, capsys):
     # In process: a Python child of an mpiexec-launched rank cannot initialise MPI on its own.
     out = tmp_path / "quick.json"
@@ -234,6 +355,12 @@ def test_cli_rejects_bad_options(capsys):
     with pytest.raises(SystemExit):
         cachemiss.main(["--skew", "100"])
     assert "multiple of 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--collective", "alltoall", "--grid", "8x8"])
+    assert "--grid goes with --collective neighbor_alltoall" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--grid", "8xq"])
+    assert "AxB or AxBxC" in capsys.readouterr().err
 
 
 # --- python -m zcoll.bench cachemiss ----------------------------------------------------------
@@ -255,7 +382,8 @@ def test_bench_subcommand_rejects_bad_options(capsys):
 def test_bench_subcommand_help_lists_the_options(capsys):
     assert bench.main(["cachemiss", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--quick", "--procs", "--blocks", "--orders", "--cache", "--warm", "--skew"):
+    for option in ("--quick", "--procs", "--blocks", "--orders", "--cache", "--warm", "--skew",
+                   "--collective", "--grid", "--metadata"):  # fmt: skip
         assert option in out, option
     assert bench.main(["--help"]) == 0
     assert "cachemiss" in capsys.readouterr().out
