@@ -382,8 +382,11 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
                          const call_protocol::published& all, std::size_t parity) {
   const v_pattern& pat = pattern(c.pattern);
   const auto& tuples = tuples_for(c.pattern, mine.order, c.in_place);
-  std::uint64_t total = 0;
-  for (const v_tuple& t : tuples) total += received(pat, t, parity).bytes;
+  starts_.resize(tuples.size() + 1);  // where each tuple's bytes start in the stream
+  starts_[0] = 0;
+  for (std::size_t i = 0; i < tuples.size(); ++i)
+    starts_[i + 1] = starts_[i] + received(pat, tuples[i], parity).bytes;
+  const std::uint64_t total = starts_.back();
   if (total == 0) return;  // nothing moves on this node: no second barrier (see the header)
   const int n = ctx_.config().size, me = ctx_.config().rank;
   const bool in_place = c.in_place != v_in_place::none;
@@ -415,11 +418,16 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
       send_bases_[k] = line.send.segment ? segs.resolve(line.send) : segs.staging(j);
   }
   const auto [first, last] = my_piece(pat, tuples, parity, total, mine.order, c.in_place);
+  // The piece starts in the first tuple that ends after `first`: the walk starts there.
+  const auto at = static_cast<std::size_t>(
+      std::upper_bound(starts_.begin() + 1, starts_.end(), first) - (starts_.begin() + 1));
+  const std::uint64_t base = starts_[at];
+  const auto piece = std::span<const v_tuple>(tuples).subspan(std::min(at, tuples.size()));
   ctx_.policy().timed_copies(c.op, total / tuples.size(), c.copy, mine.recv_extent, last - first,
                              [&](const copy_plan& how) {
-                               copy_tuples(tuples, sent_.data(), received_.data(),
-                                           send_bases_.data(), recv_bases_.data(), first, last,
-                                           c.in_place == v_in_place::swap, how);
+                               copy_tuples(piece, sent_.data(), received_.data(),
+                                           send_bases_.data(), recv_bases_.data(), first - base,
+                                           last - base, c.in_place == v_in_place::swap, how);
                              });
   ctx_.protocol().sync();
   if (staged && all.line(me).recv.segment == 0) stage_out(c, pat, tuples, parity, send_part(me));

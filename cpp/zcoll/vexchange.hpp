@@ -204,6 +204,7 @@ class v_exchange {
   std::shared_ptr<data_segment> meta_;  // per node rank: two slots (by parity) of capacity_
   std::size_t capacity_ = 0;            // blocks per slot
   std::vector<std::byte*> send_bases_, recv_bases_;
+  std::vector<std::uint64_t> starts_;  // per call: each ordered tuple's first byte in the stream
   std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
 };
 
