@@ -126,12 +126,15 @@ std::size_t array_size(PyObject* o) {
   return static_cast<std::size_t>(py::reinterpret_borrow<py::array>(o).size());
 }
 
-// An integer, a sequence of integers or a 1-D integer array as `blocks` values.
-bool int_vector(PyObject* o, std::size_t blocks, std::vector<std::int64_t>& out) {
+// An integer, a sequence of integers or a 1-D integer array as `blocks` values; one integer
+// means that value for every block, or with `stride` (displacements) i times it for block i.
+bool int_vector(PyObject* o, std::size_t blocks, std::vector<std::int64_t>& out,
+                bool stride = false) {
   if (PyLong_CheckExact(o)) {
     const long long v = PyLong_AsLongLong(o);
     if (v == -1 && PyErr_Occurred()) return PyErr_Clear(), false;
-    out.assign(blocks, v);
+    out.resize(blocks);
+    for (std::size_t i = 0; i < blocks; ++i) out[i] = stride ? static_cast<std::int64_t>(i) * v : v;
     return true;
   }
   if (PyList_CheckExact(o) || PyTuple_CheckExact(o)) {
@@ -164,7 +167,10 @@ void packed_displs(side& s) {
   }
 }
 
-// A v-variant's buffer specification with `blocks` entries.
+// A v-variant's buffer specification with `blocks` entries, read as mpi4py reads it: a tuple
+// as the second of two items is (counts, displs); an integer count is every block's, integer
+// displacements a stride; no counts split the array as mpi4py does. A datatype anywhere (or
+// anything else unusual) is left to the Python path.
 bool vector_spec(PyObject* spec, std::size_t blocks, side& out) {
   PyObject *counts = nullptr, *displs = nullptr;
   if (is_array(spec)) {
@@ -177,8 +183,8 @@ bool vector_spec(PyObject* spec, std::size_t blocks, side& out) {
     counts = items[1];
     if (n == 3) {
       displs = items[2];
-    } else if (PyTuple_CheckExact(counts) && PyTuple_GET_SIZE(counts) == 2 &&
-               !PyLong_Check(PyTuple_GET_ITEM(counts, 0))) {
+    } else if (PyTuple_CheckExact(counts)) {
+      if (PyTuple_GET_SIZE(counts) != 2) return false;
       displs = PyTuple_GET_ITEM(counts, 1);
       counts = PyTuple_GET_ITEM(counts, 0);
     }
@@ -188,14 +194,15 @@ bool vector_spec(PyObject* spec, std::size_t blocks, side& out) {
   if (!is_array(out.array)) return false;
   if (!counts) {
     const std::size_t size = array_size(out.array);
-    if (blocks && size % blocks) return false;  // the Python path says why
-    out.counts.assign(blocks, blocks ? static_cast<std::int64_t>(size / blocks) : 0);
+    out.counts.resize(blocks);
+    for (std::size_t i = 0; i < blocks; ++i)
+      out.counts[i] = static_cast<std::int64_t>(size / blocks + (i < size % blocks ? 1 : 0));
   } else if (!int_vector(counts, blocks, out.counts)) {
     return false;
   }
   if (!displs || displs == Py_None)
     packed_displs(out);
-  else if (!int_vector(displs, blocks, out.displs))
+  else if (!int_vector(displs, blocks, out.displs, true))
     return false;
   return true;
 }

@@ -149,49 +149,71 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
 # --- buffer specifications --------------------------------------------------------------------
 
 
+def _is_datatype(ob) -> bool:
+    return isinstance(ob, (MPI.Datatype, str))
+
+
+def _type_name(datatype) -> str:
+    return datatype.Get_name() if isinstance(datatype, MPI.Datatype) else repr(datatype)
+
+
 def _as_datatype_dtype(datatype) -> np.dtype:
-    if not isinstance(datatype, MPI.Datatype):
-        raise TypeError(f"expected an MPI datatype, got {type(datatype).__name__}")
-    code = MPI._typecode(datatype)
+    """The NumPy dtype of an mpi4py datatype or typecode string."""
+    code = datatype if isinstance(datatype, str) else MPI._typecode(datatype)
     if code is None:
-        raise TypeError(f"MPI datatype {datatype} has no NumPy equivalent")
-    return np.dtype(code)
+        raise TypeError(f"MPI datatype {_type_name(datatype)} has no NumPy equivalent")
+    try:
+        return np.dtype(code)
+    except TypeError:
+        raise TypeError(f"datatype {datatype!r} has no NumPy equivalent") from None
 
 
-def _counts_vector(counts, blocks: int, what: str) -> np.ndarray:
-    if isinstance(counts, (int, np.integer)) and not isinstance(counts, bool):
-        return np.full(blocks, int(counts), np.int64)
+def _is_integral(ob) -> bool:
+    return isinstance(ob, (int, np.integer)) and not isinstance(ob, (bool, np.bool_))
+
+
+def _counts_vector(counts, blocks: int, what: str, stride: bool = False) -> np.ndarray:
+    """An integer sequence of `blocks` values, or one integer: the same for every block, or
+    (displacements, `stride`) i times it for block i -- mpi4py's readings."""
+    if _is_integral(counts):
+        value = int(counts)
+        if stride:
+            return np.arange(blocks, dtype=np.int64) * value
+        return np.full(blocks, value, np.int64)
     array = np.asarray(counts)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise ValueError(f"{what} must be a sequence of integers")
+        raise ValueError(f"{what} must be an integer or a sequence of integers")
     return array.astype(np.int64, copy=False)
 
 
 def _split_spec(spec, side: str):
-    """(array, counts or None, displs or None, datatype or None) of an mpi4py message."""
-    if isinstance(spec, (list, tuple)):
-        items = list(spec)
-        if len(items) == 2 and isinstance(items[1], MPI.Datatype):
-            return items[0], None, None, items[1]
-        if len(items) == 2:
-            counts = items[1]
-            if isinstance(counts, tuple) and len(counts) == 2 and not np.isscalar(counts[0]):
-                return items[0], counts[0], counts[1], None
-            return items[0], counts, None, None
-        if len(items) == 3:
-            if isinstance(items[2], MPI.Datatype):
-                counts = items[1]
-                if isinstance(counts, tuple) and len(counts) == 2 and not np.isscalar(counts[0]):
-                    return items[0], counts[0], counts[1], items[2]
-                return items[0], counts, None, items[2]
-            return items[0], items[1], items[2], None
-        if len(items) == 4:
-            return items[0], items[1], items[2], items[3]
+    """(array, counts or None, displs or None, datatype or None) of an mpi4py message:
+    ``array``; ``[array, counts]``, ``[array, (counts, displs)]``, ``[array, datatype]``;
+    ``[array, counts or (counts, displs), datatype]``; ``[array, counts, displs, datatype]``.
+    Also ``[array, counts, displs]`` (a zcoll extension: mpi4py reads a third item as the
+    datatype and rejects it)."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, None, None
+    items = list(spec)
+    if len(items) == 4:
+        return items[0], items[1], items[2], items[3]
+    if len(items) not in (2, 3):
         raise ValueError(f"{side}: a buffer specification has 1 to 4 items, got {len(items)}")
-    return spec, None, None, None
+    buf, counts = items[0], items[1]
+    if len(items) == 2 and _is_datatype(counts):
+        return buf, None, None, counts
+    datatype = items[2] if len(items) == 3 and _is_datatype(items[2]) else None
+    displs = items[2] if len(items) == 3 and datatype is None else None
+    if isinstance(counts, tuple) and displs is None:
+        if len(counts) != 2:
+            raise ValueError(f"{side}: a tuple of counts is (counts, displacements)")
+        counts, displs = counts
+    return buf, counts, displs, datatype
 
 
 def _array_of(buf, side: str, writable: bool) -> np.ndarray:
+    if buf is IN_PLACE:
+        raise ValueError(f"{side}: IN_PLACE is not allowed here (MPI has no in-place form)")
     if isinstance(buf, np.ndarray):
         return buf
     if writable:
@@ -199,30 +221,30 @@ def _array_of(buf, side: str, writable: bool) -> np.ndarray:
     return np.asarray(buf)
 
 
+def _check_datatype(datatype, array: np.ndarray, side: str) -> None:
+    if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
+        name = _type_name(datatype)
+        raise TypeError(f"{side}: datatype {name} does not match the array's dtype {array.dtype}")
+
+
 def parse_vector(spec, blocks: int, side: str, writable: bool):
     """(array, counts, displs) in elements of a v-variant's buffer specification with `blocks`
-    entries; with no counts the array is split evenly (as mpi4py does)."""
+    entries; with no counts the array is split as mpi4py splits it (the first size % blocks
+    blocks one element longer)."""
     buf, counts, displs, datatype = _split_spec(spec, side)
     array = _array_of(buf, side, writable)
-    if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
-        raise TypeError(
-            f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}"
-        )
-    if counts is None:
-        if blocks and array.size % blocks:
-            raise ValueError(
-                f"{side}: {array.size} elements cannot be split evenly into {blocks} blocks; "
-                "give counts"
-            )
-        each = array.size // blocks if blocks else 0
+    _check_datatype(datatype, array, side)
+    if counts is None:  # as mpi4py: the first size % blocks blocks one element longer
+        each, extra = divmod(array.size, blocks) if blocks else (0, 0)
         counts = np.full(blocks, each, np.int64)
+        counts[:extra] += 1
     else:
         counts = _counts_vector(counts, blocks, f"{side} counts")
     if displs is None:
         displs = np.zeros(counts.size, np.int64)
         np.cumsum(counts[:-1], out=displs[1:])
     else:
-        displs = _counts_vector(displs, blocks, f"{side} displacements")
+        displs = _counts_vector(displs, blocks, f"{side} displacements", stride=True)
     return array, counts, displs
 
 
@@ -233,13 +255,10 @@ def parse_simple(spec, side: str):
     if displs is not None:
         raise ValueError(f"{side}: displacements are not allowed here")
     array = _array_of(buf, side, False)
-    if datatype is not None and _as_datatype_dtype(datatype) != array.dtype:
-        raise TypeError(
-            f"{side}: datatype {datatype} does not match the array's dtype {array.dtype}"
-        )
+    _check_datatype(datatype, array, side)
     if count is None:
         return array, array.size
-    if not isinstance(count, (int, np.integer)) or isinstance(count, bool):
+    if not _is_integral(count):
         raise ValueError(f"{side}: the count must be an integer")
     return array, int(count)
 
@@ -634,7 +653,7 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
 # --- the public functions -----------------------------------------------------------------------
 
 _SPEC = """mpi4py's buffer specification, counts and displacements in elements of the array's
-        dtype: ``array`` (split evenly), ``[array, counts]`` (displacements packed),
+        dtype: ``array`` (split as evenly as it goes), ``[array, counts]`` (packed),
         ``[array, (counts, displs)]``, ``[array, counts, displs]``, or either with an mpi4py
         datatype last, which must match the array's dtype"""
 
