@@ -24,7 +24,7 @@ from mpi4py import MPI
 import zcoll
 from conftest import all_ranks_agree
 from zcoll import _timing, bench
-from zcoll.bench import collectives, common, crossover, plotting
+from zcoll.bench import collectives, common, crossover, plotting, vcollectives
 
 WORLD = MPI.COMM_WORLD
 P = WORLD.size
@@ -617,6 +617,107 @@ def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
     on_root(check)
 
 
+# --- alltoallv, allgatherv, neighbourhood collectives ------------------------------------------
+
+VCOLLECTIVES = [
+    "alltoallv",
+    "allgatherv",
+    "neighbor_alltoall",
+    "neighbor_allgather",
+    "neighbor_alltoallv",
+    "neighbor_allgatherv",
+]
+NEIGHBORHOOD = {name for name in VCOLLECTIVES if name.startswith("neighbor_")}
+
+
+def grid(ndims: int) -> str:
+    """The periodic grid the neighbourhood benches run on, as ``--topology 2d/3d`` says."""
+    return "x".join(map(str, MPI.Compute_dims(P, ndims)))
+
+
+@pytest.mark.parametrize("collective", VCOLLECTIVES)
+def test_vcollective_json_csv_plot(collective, outdir, capsys):
+    """Uneven counts (the defaults: 0.5-1.5 x block, some zeros), checked against mpi4py."""
+    files = {k: outdir / f"v.{k}" for k in ("json", "csv")} | {"plot": outdir / "v.png"}
+    argv = [collective, "--sizes", "8,100,20K", "--orders", "row,morton,auto", "--check"]
+    argv += FAST + [f"--{k}={v}" for k, v in files.items()]
+    assert run_main(argv) == 0
+    out = capsys.readouterr().out
+    methods = ("MPI", "row", "morton", "auto")
+    expected = {(b, m) for b in (8, 100, 20480) for m in methods}
+    topology = grid(2) if collective in NEIGHBORHOOD else None
+
+    def check():
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert len(rows) == len(expected)
+        for r in rows:
+            assert r["collective"] == collective and r["P"] == P and r["topology"] == topology
+            assert r["latency_us"] > 0 and r["iterations"] == 3 and r["warmup"] == 1
+            assert r["order"] == (None if r["method"] == "MPI" else r["method"])
+            assert r["received_bytes"] >= 0
+        meta = document["metadata"]
+        assert meta["collective"] == collective and meta["P"] == P and meta["checked"]
+        assert meta["topology"] == topology and meta["orders"] == ["row", "morton", "auto"]
+        for key in ("speedup_small", "speedup_large", "auto_speedup_small", "auto_speedup_large"):
+            assert meta[f"geomean_{key}"] > 0, key
+        table = read_csv(files["csv"])
+        assert {(int(r["block_bytes"]), r["method"]) for r in table} == expected
+        assert_png(files["plot"])
+        assert f"comm.{collective.capitalize()}" in out and "geomean speedup" in out
+
+    on_root(check)
+
+
+@pytest.mark.parametrize("collective", VCOLLECTIVES)
+def test_vcollective_even_counts_3d(collective, outdir):
+    """With --spread 1,1 --zeros 0 every block has the nominal size: the bytes received are
+    known; the neighbourhood collectives on a 3D grid (6 neighbours)."""
+    out = outdir / "even.json"
+    argv = [collective, "--sizes", "64", "--orders", "hilbert", "--spread", "1,1", "--zeros", "0"]
+    argv += ["--topology", "3d", "--check", "--json", str(out)] + FAST
+    assert run_main(argv) == 0
+    per_rank = 6 * 64 if collective in NEIGHBORHOOD else P * 64
+
+    def check():
+        document = read_json(out)
+        assert {r["method"] for r in document["results"]} == {"MPI", "hilbert"}
+        for r in document["results"]:
+            assert r["received_bytes"] == P * per_rank
+            assert r["topology"] == (grid(3) if collective in NEIGHBORHOOD else None)
+        assert document["metadata"]["spread"] == (
+            None if collective in ("neighbor_alltoall", "neighbor_allgather") else [1.0, 1.0]
+        )
+
+    on_root(check)
+
+
+def test_vcollective_counts_are_seeded_and_bounded():
+    counts = vcollectives.draw_counts(100, (P, P), spread=(0.5, 1.5), zeros=0.25, seed=7)
+    all_ranks_agree(WORLD, WORLD.bcast(counts, root=0).tolist() == counts.tolist(), "seeded")
+    nonzero = counts[counts > 0]
+    assert ((nonzero >= 50) & (nonzero <= 150)).all()
+    many = vcollectives.draw_counts(100, 10_000, zeros=0.25, seed=7)
+    assert 0.2 < np.mean(many == 0) < 0.3
+    assert 90 < many[many > 0].mean() < 110
+    assert (vcollectives.draw_counts(8, 50, spread=(1, 1), zeros=0) == 8).all()
+    assert not (vcollectives.draw_counts(64, 50) == vcollectives.draw_counts(128, 50)).all()
+
+
+@pytest.mark.parametrize("collective", ["alltoallv", "neighbor_allgatherv"])
+def test_vcollective_check_failure_returns_1_everywhere(collective, monkeypatch, capsys):
+    def wrong(comm, send, recv, **kwargs):  # leaves the receive buffer as it was
+        return recv[0]
+
+    monkeypatch.setattr(zcoll, collective, wrong)
+    argv = [collective, "--sizes", "16", "--orders", "column", "--zeros", "0", "--check"] + FAST
+    assert run_main(argv) == 1
+    err = capsys.readouterr().err
+    if WORLD.rank == 0:
+        assert "check failed" in err and "column" in err, err
+
+
 # --- usage errors ------------------------------------------------------------------------------
 
 
@@ -637,6 +738,10 @@ def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
         ["crossover", "--rounds", "0"],
         ["crossover", "--fractions", "0.5,-1"],
         ["crossover", "--time-budget", "0"],
+        ["alltoallv", "--zeros", "2"],
+        ["allgatherv", "--spread", "1.5,0.5"],
+        ["neighbor_alltoall", "--topology", "cube"],
+        ["neighbor_alltoallv", "--topology", f"{P + 1}x1"],
     ],
 )
 def test_usage_errors(argv, capsys):

@@ -52,7 +52,7 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
     ALLTOALL: (run_collective, "zcoll.alltoall vs comm.Alltoall"),
     ALLGATHER: (run_collective, "zcoll.allgather vs comm.Allgather"),
     **{
-        name: (run_vcollective, f"zcoll.{name} vs comm.{MPI_NAMES[name]} (uneven or neighbour)")
+        name: (run_vcollective, f"zcoll.{name} vs comm.{MPI_NAMES[name]}")
         for name in VCOLLECTIVE_COMMANDS
     },
     "allreduce": (run_reduction, "zcoll.allreduce (each algorithm) vs comm.Allreduce"),
