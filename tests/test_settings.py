@@ -53,7 +53,7 @@ def test_defaults(clean_env):
     for name in ("barrier", "eager_bytes", "copy_threshold", "spin", "yields", "tuning_file"):
         assert s.sources[name] == "default", name
     # The built-in values, which depend on the node.
-    assert s.eager_bytes_for(False) == 4096 and s.eager_bytes_for(True) == 65536
+    assert s.eager_bytes_for(False) == 4096 and s.eager_bytes_for(True) == 16384
     assert s.wait_for(False) == {"timeout": s.timeout, "spin": 4096, "yields": 64,
                                  "sleep_slice": 0.02}  # fmt: skip
     assert s.wait_for(True) == {"timeout": s.timeout, "spin": 0, "yields": 20000,

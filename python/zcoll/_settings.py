@@ -50,10 +50,12 @@ TUNING_MODES = ("table", "online", "off")
 
 # order="auto" moves calls of at most this many bytes per rank through the one-barrier eager
 # path (two copies, one barrier) rather than the ordered one-copy schedule (two barriers).
-# Measured crossover on a 2-core EPYC VM: ~4-8 KiB per rank at P=2; past 32 KiB when ranks
-# outnumber cores, where every barrier costs context switches.
+# Measured crossover on a 2-core EPYC VM: ~4-8 KiB per rank at P=2; at P=4 on 2 cores (every
+# barrier costs context switches) eager and ordered tie at 16 KiB per rank (alltoall 6.6 vs
+# 6.9 us, neighbor_alltoall 9.2 vs 10.2 us) and eager loses above (32 KiB: 9.6 vs 7.4 us;
+# 64 KiB: 15.7 vs 8.6 us), so 16 KiB (64 KiB before 2026-11, when the ordered path cost more).
 DEFAULT_EAGER_BYTES = 4096
-OVERSUBSCRIBED_EAGER_BYTES = 65536
+OVERSUBSCRIBED_EAGER_BYTES = 16384
 # Busy-poll iterations of a node wait before it starts yielding. Oversubscribed ranks must hand
 # their core to the rank they wait for: no spinning at all.
 DEFAULT_SPIN = 4096
