@@ -22,7 +22,10 @@ neighbour), whose blocks have different lengths per dimension (the faces of a no
 block); the receive buffer, in the same order, is unpacked into the ghost layers. At the
 boundary of the domain the neighbour is ``MPI.PROC_NULL``: nothing arrives and the ghost layer
 keeps the boundary value 0. Both buffers are zcoll arena arrays (``zcoll.empty``), so the
-exchange copies each face once, from the sender's buffer into the receiver's. The residual
+exchange copies each face once, from the sender's buffer into the receiver's. The exchange is a
+persistent plan (``zcoll.neighbor_alltoallv_init``, made once: counts checked and copies
+resolved at creation, each step two node barriers and the copies); ``--no-plan`` calls
+``zcoll.neighbor_alltoallv`` every step instead. The residual
 ``||u^{n+1} - u^n||_2`` is summed over the ranks with ``zcoll.allreduce``. ``--mpi`` runs the
 same program on mpi4py alone (``comm.Neighbor_alltoallv`` on NumPy arrays, ``comm.Allreduce``);
 ``--compare`` runs both in one launch, their steps interleaved (so that both see the machine
@@ -190,7 +193,13 @@ class GhostExchange:
     """
 
     def __init__(
-        self, cart: MPI.Cartcomm, block: Block, library: str, order: str, arena: bool = True
+        self,
+        cart: MPI.Cartcomm,
+        block: Block,
+        library: str,
+        order: str,
+        arena: bool = True,
+        persistent: bool = True,
     ) -> None:
         shape, dim = block.shape, len(block.shape)
         self.neighbours = []
@@ -215,9 +224,14 @@ class GhostExchange:
                 self.send, self.recv = np.empty(total), np.empty(total)
             send_spec = [self.send, (counts, displs)]
             recv_spec = [self.recv, (counts, displs)]
-            self.collective = lambda: zcoll.neighbor_alltoallv(
-                cart, send_spec, recv_spec, order=order
-            )
+            if persistent:  # counts, checks and copies settled once: a run is two barriers
+                self.collective = zcoll.neighbor_alltoallv_init(
+                    cart, send_spec, recv_spec, order=order
+                )
+            else:
+                self.collective = lambda: zcoll.neighbor_alltoallv(
+                    cart, send_spec, recv_spec, order=order
+                )
         else:
             self.send, self.recv = np.empty(total), np.empty(total)
             send_spec = [self.send, (counts, displs), MPI.DOUBLE]
@@ -358,13 +372,14 @@ class Solver:
         dims=None,
         order: str = "auto",
         arena: bool = True,
+        persistent: bool = True,
         warmup: int = 3,
         residual_every: int = 1,
     ) -> None:
         self.problem, self.library, self.residual_every = problem, library, residual_every
         self.cart = make_cart(comm, problem, dims)
         self.block = Block(self.cart, problem)
-        self.exchange = GhostExchange(self.cart, self.block, library, order, arena)
+        self.exchange = GhostExchange(self.cart, self.block, library, order, arena, persistent)
         self.stencil = Stencil(self.block, problem.r)
         self.reduce = Reductions(self.cart, library)
         self.u = np.zeros(tuple(m + 2 for m in self.block.shape))  # ghosts 0: the boundary
@@ -490,6 +505,12 @@ def parse_args(argv) -> argparse.Namespace:
     )
     parser.add_argument("--order", default="auto", help="zcoll's block order (auto)")
     parser.add_argument(
+        "--no-plan",
+        action="store_true",
+        help="zcoll: call neighbor_alltoallv every step instead of running a persistent plan "
+        "(neighbor_alltoallv_init; mpi4py has no persistent neighbourhood call on Open MPI 4)",
+    )
+    parser.add_argument(
         "--private",
         action="store_true",
         help="zcoll on plain NumPy exchange buffers (staged: one more copy) instead of arena ones",
@@ -585,7 +606,13 @@ def main(argv=None, comm: MPI.Comm | None = None) -> int:
     )
     if args.log:
         say(comm, f"{LABELS[libraries[0]]}:\n{'step':>8} {'t':>12} {'residual':>14}")
-    options = dict(dims=dims, order=args.order, arena=not args.private, warmup=args.warmup)
+    options = dict(
+        dims=dims,
+        order=args.order,
+        arena=not args.private,
+        persistent=not args.no_plan,
+        warmup=args.warmup,
+    )
     try:
         solvers = [
             Solver(comm, problem, library, residual_every=args.residual_every, **options)

@@ -63,11 +63,15 @@ def test_heat_zcoll_equals_mpi4py(dim, order):
     assert mine.residual == pytest.approx(theirs.residual, rel=1e-12)
 
 
+@pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("dim", [2, 3])
-def test_heat_private_buffers(dim):
-    """zcoll on plain NumPy exchange buffers (staged), every few steps a residual."""
+def test_heat_private_buffers(dim, persistent):
+    """zcoll on plain NumPy exchange buffers (staged, or a plan's shadows), every few steps a
+    residual; with a persistent plan and with a call per step."""
     problem = heat.Problem(SIZES[dim], STEPS)
-    mine = heat.solve(WORLD, problem, heat.ZCOLL, arena=False, residual_every=4)
+    mine = heat.solve(
+        WORLD, problem, heat.ZCOLL, arena=False, persistent=persistent, residual_every=4
+    )
     theirs = heat.solve(WORLD, problem, heat.MPI4PY, residual_every=4)
     assert_checks_pass(mine)
     all_ranks_agree(WORLD, np.array_equal(mine.field, theirs.field), "private buffers")
