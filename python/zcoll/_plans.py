@@ -140,7 +140,58 @@ def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -
         ctx.wait_bounded(requests, f"{what} (blocks between nodes)", peers=peers)
 
 
-class _MultiNodePlan(Plan):
+class RemoteRuns:
+    """What a plan spanning several nodes adds to its engine plan: persistent MPI requests for
+    the blocks between nodes, started with every run and finished with it. A class using it
+    (before the engine plan class in its bases) sets ``_ctx``, ``_requests``, ``_peers`` (the
+    rank behind each request) and ``_saved``: (copy, live block) pairs of outgoing blocks that
+    a receive overwrites (in place), refreshed before each start."""
+
+    _ctx: Context
+    _requests: list
+    _peers: list[int]
+    _saved: list[tuple[np.ndarray, np.ndarray]]
+
+    def start(self) -> None:
+        self._ctx.check_unbroken()
+        if self.freed or self.active or self._ctx.core.closed:  # type: ignore[attr-defined]
+            super().start()  # type: ignore[misc]  # the engine's error, before any message
+        for saved, live in self._saved:
+            np.copyto(saved, live)
+        if self._requests:
+            MPI.Prequest.Startall(self._requests)
+        super().start()  # type: ignore[misc]
+
+    def wait(self) -> None:
+        super().wait()  # type: ignore[misc]
+        what = f"zcoll.{self.op} plan"  # type: ignore[attr-defined]
+        finish_requests(self._ctx, self._requests, what, self._peers)
+
+    def test(self) -> bool:
+        done = super().test()  # type: ignore[misc]
+        return done and (not self._requests or MPI.Request.Testall(self._requests))
+
+    def __call__(self) -> np.ndarray:
+        self.start()
+        self.wait()
+        return self.recvbuf  # type: ignore[attr-defined]
+
+    def free(self) -> None:
+        if self.freed:  # type: ignore[attr-defined]
+            return
+        try:
+            if self.active or not MPI.Request.Testall(self._requests):  # type: ignore[attr-defined]
+                self.wait()
+        finally:
+            super().free()  # type: ignore[misc]
+            for r in self._requests:
+                if r != MPI.REQUEST_NULL:
+                    r.Free()
+            self._requests = []
+            self._saved = []
+
+
+class _MultiNodePlan(RemoteRuns, Plan):
     """A plan on a communicator spanning several nodes: the node part in the engine, blocks
     between nodes by persistent MPI point-to-point requests on the context's private dup."""
 
@@ -150,8 +201,8 @@ class _MultiNodePlan(Plan):
         record = ctx.core.record(opname, sendbuf, recvbuf, order, copy, planned=True)
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
-        self._remote = _remote_ranks(ctx)
-        self._outgoing: list[tuple[np.ndarray, np.ndarray]] = []  # (saved copy, live block)
+        self._peers = _remote_ranks(ctx) * 2
+        self._saved = []
         self._requests = self._remote_requests(ctx, opname, sendbuf, recvbuf)
 
     def _remote_requests(self, ctx: Context, opname: str, sendbuf, recv: np.ndarray) -> list:
@@ -160,49 +211,13 @@ class _MultiNodePlan(Plan):
         if not incoming or block == 0:
             return []
         if sendbuf is IN_PLACE and opname == _ALLTOALL:  # saved at start: a receive overwrites it
-            self._outgoing = [(live.copy(), live) for live in outgoing.values()]
-            outgoing = {r: saved for r, (saved, _) in zip(outgoing, self._outgoing)}
+            self._saved = [(live.copy(), live) for live in outgoing.values()]
+            outgoing = {r: saved for r, (saved, _) in zip(outgoing, self._saved)}
         comm = ctx.p2p_comm()
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
         reqs = [comm.Recv_init([b, MPI.BYTE], r, tag) for r, b in incoming.items()]
         reqs += [comm.Send_init([outgoing[r], MPI.BYTE], r, tag) for r in incoming]
         return reqs
-
-    def start(self) -> None:
-        self._ctx.check_unbroken()
-        if self.freed or self.active or self._ctx.core.closed:
-            super().start()  # raises the engine's error before any message goes out
-        for saved, live in self._outgoing:
-            np.copyto(saved, live)
-        if self._requests:
-            MPI.Prequest.Startall(self._requests)
-        super().start()
-
-    def wait(self) -> None:
-        super().wait()
-        finish_requests(self._ctx, self._requests, f"zcoll.{self.op} plan", self._remote * 2)
-
-    def test(self) -> bool:
-        return super().test() and (not self._requests or MPI.Request.Testall(self._requests))
-
-    def __call__(self) -> np.ndarray:
-        self.start()
-        self.wait()
-        return self.recvbuf
-
-    def free(self) -> None:
-        if self.freed:
-            return
-        try:
-            if self.active or not MPI.Request.Testall(self._requests):
-                self.wait()
-        finally:
-            super().free()
-            for r in self._requests:
-                if r != MPI.REQUEST_NULL:
-                    r.Free()
-            self._requests = []
-            self._outgoing = []
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:

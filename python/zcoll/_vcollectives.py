@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
-from ._plans import PlanMixin, finish_requests
+from ._plans import PlanMixin, RemoteRuns
 from ._registry import AUTO
 
 __all__ = [
@@ -568,7 +568,7 @@ class VPlan(PlanMixin, _core.VPlan):
         return self.op
 
 
-class _MultiNodeVPlan(VPlan):
+class _MultiNodeVPlan(RemoteRuns, VPlan):
     """A plan spanning several nodes: the node part in the engine, blocks between nodes by
     persistent MPI point-to-point requests on the private dup, one tag range per plan."""
 
@@ -602,42 +602,6 @@ class _MultiNodeVPlan(VPlan):
             _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i]))
             for i, _, _ in _remote_entries(ctx, pattern.sends)
         ]
-
-    def start(self) -> None:
-        self._ctx.check_unbroken()
-        if self.freed or self.active or self._ctx.core.closed:
-            super().start()  # raises the engine's error before any message goes out
-        for saved, live in self._saved:
-            np.copyto(saved, live)
-        if self._requests:
-            MPI.Prequest.Startall(self._requests)
-        super().start()
-
-    def wait(self) -> None:
-        super().wait()
-        finish_requests(self._ctx, self._requests, f"zcoll.{self.op} plan", self._peers)
-
-    def test(self) -> bool:
-        return super().test() and (not self._requests or MPI.Request.Testall(self._requests))
-
-    def __call__(self) -> np.ndarray:
-        self.start()
-        self.wait()
-        return self.recvbuf
-
-    def free(self) -> None:
-        if self.freed:
-            return
-        try:
-            if self.active or not MPI.Request.Testall(self._requests):
-                self.wait()
-        finally:
-            super().free()
-            for r in self._requests:
-                if r != MPI.REQUEST_NULL:
-                    r.Free()
-            self._requests = []
-            self._saved = []
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
@@ -679,8 +643,10 @@ def alltoallv(
         that no block covers are left as they are.
     order : {"auto", "row", "column", "morton", "hilbert"}
         Traversal of the (receiver, sender) grid of the pairs that communicate; the same on
-        every rank. "auto": small calls through the eager path (every rank's data through its
-        slot, one barrier), others row order up to 2 ranks per node and Morton beyond.
+        every rank. "auto": calls where every rank's data (sent and received) fits the eager
+        slots (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its
+        slot, one barrier), others Morton order (its pieces balanced by bytes). "row" is the
+        naive baseline: each receiver copies its own blocks, in its list's order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
         Stores used by the block copies, as for :func:`zcoll.alltoall`.
 
