@@ -55,10 +55,6 @@ auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&&
   return ok(&send_view, recv_view);
 }
 
-std::string call_prefix(op_code op) {
-  return "zcoll." + std::string(name_of(op)) + ": ";
-}
-
 // Runs alltoall or allgather; the engine checks everything the conversion did not.
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int order,
          int copy) {

@@ -32,11 +32,6 @@ op_code reduction_op(int code) {
   return static_cast<op_code>(code);
 }
 
-std::string call_prefix(op_code op) {
-  return "zcoll." + std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]) +
-         ": ";
-}
-
 // Converts (sendbuf, recvbuf) -- sendbuf IN_PLACE or None: no send view; recvbuf None: no
 // receive view -- and calls ok(send view or nullptr, recv view or nullptr), or error(message)
 // when an argument cannot be converted.
@@ -69,7 +64,7 @@ void run(node_context& ctx, op_code op, const py::object& send, const py::object
       },
       [&](const std::string& why) {
         py::gil_scoped_release release;
-        ctx.fail(arg_error::type, call_prefix(op) + why);
+        ctx.fail(arg_error::type, public_call_prefix(op) + why);
       });
 }
 
@@ -80,7 +75,9 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
       [&](const array_view* s, const array_view* r) {
         return ctx.describe_reduction({op, s, r, reduce, algorithm, root});
       },
-      [&](const std::string& why) { return error_record(arg_error::type, call_prefix(op) + why); });
+      [&](const std::string& why) {
+        return error_record(arg_error::type, public_call_prefix(op) + why);
+      });
 }
 
 // dst = srcs[0] op srcs[1] op ... (in this order), for the multi-node path's leaders.

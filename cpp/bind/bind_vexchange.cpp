@@ -346,16 +346,11 @@ std::unique_ptr<bound_vplan> make_vplan(const std::shared_ptr<node_context>& ctx
       },
       [&](const std::string& why) {
         py::gil_scoped_release release;
-        ctx->fail(arg_error::type,
-                  "zcoll." + std::string(name_of(irregular_op(code))) + "_init: " + why);
+        ctx->fail(arg_error::type, call_prefix(irregular_op(code), "_init") + why);
       });
   bound->send = std::move(send);
   bound->recv = std::move(recv);
   return bound;
-}
-
-std::string call_prefix(int code) {
-  return "zcoll." + std::string(name_of(irregular_op(code))) + ": ";
 }
 
 }  // namespace
@@ -390,7 +385,7 @@ void register_vexchange(py::module_& m) {
             },
             [&](const std::string& why) {
               py::gil_scoped_release release;
-              ctx.fail(arg_error::type, call_prefix(code) + why);
+              ctx.fail(arg_error::type, call_prefix(irregular_op(code)) + why);
             });
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
@@ -408,7 +403,7 @@ void register_vexchange(py::module_& m) {
             code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
             [&](const v_call& call) { return ctx.irregular().describe(call); },
             [&](const std::string& why) {
-              return error_record(arg_error::type, call_prefix(code) + why);
+              return error_record(arg_error::type, call_prefix(irregular_op(code)) + why);
             }));
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),

@@ -19,10 +19,6 @@ const context_config& checked(const context_config& c) {
   return c;
 }
 
-std::string call_name(op_code op) {
-  return "zcoll." + std::string(name_of(op)) + ": ";
-}
-
 }  // namespace
 
 node_context::node_context(std::shared_ptr<shm_segment> control, context_config config)
@@ -100,7 +96,7 @@ collective_args node_context::checked_args(op_code op, const array_view* send,
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   collective_args args;
   if (check_codes(check, order, copy, true)) prepare(op, send, recv, order, copy, check, args);
-  if (!check.ok()) fail(check.error, call_name(op) + check.message);
+  if (!check.ok()) fail(check.error, call_prefix(op) + check.message);
   return args;
 }
 
@@ -108,7 +104,7 @@ call_record node_context::describe(op_code op, const array_view* send, const arr
                                    int order, int copy) const {
   local_check check = check_local_args(op, config_.comm_size, send, recv);
   if (!check_codes(check, order, copy, false))
-    return error_record(check.error, call_name(op) + check.message);
+    return error_record(check.error, call_prefix(op) + check.message);
   call_record r;
   r.call.op = op;
   r.call.order = static_cast<std::int8_t>(order);

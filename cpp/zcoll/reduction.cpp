@@ -67,11 +67,6 @@ struct node_context::reduction_args {
 
 namespace {
 
-std::string call_name(op_code op) {
-  return "zcoll." + std::string(registry<op_code>::descriptions[static_cast<std::size_t>(op)]) +
-         ": ";
-}
-
 std::size_t third_of(std::size_t partition) noexcept {
   return partition / 3 / 64 * 64;
 }
@@ -82,7 +77,7 @@ node_context::reduction_args node_context::checked_reduction(const reduction_cal
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   const local_check check = check_reduction_args(c.op, config_.comm_size, me, c.send, c.recv,
                                                  c.reduce, c.algorithm, c.root);
-  if (!check.ok()) fail(check.error, call_name(c.op) + check.message);
+  if (!check.ok()) fail(check.error, public_call_prefix(c.op) + check.message);
   reduction_args a;
   a.op = c.op;
   a.root = c.root;
@@ -114,7 +109,7 @@ call_record node_context::describe_reduction(const reduction_call& c) const {
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   const local_check check = check_reduction_args(c.op, config_.comm_size, me, c.send, c.recv,
                                                  c.reduce, c.algorithm, c.root);
-  if (!check.ok()) return error_record(check.error, call_name(c.op) + check.message);
+  if (!check.ok()) return error_record(check.error, public_call_prefix(c.op) + check.message);
   call_record r;
   r.call.op = c.op;
   r.call.dtype = c.op == op_code::bcast ? c.recv->dtype : (c.send ? *c.send : *c.recv).dtype;

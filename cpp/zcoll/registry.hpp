@@ -237,6 +237,21 @@ constexpr std::string_view name_of(Enum value) noexcept {
   return registry<Enum>::names[static_cast<std::size_t>(value)];
 }
 
+// How error messages begin for a call of `op`: "zcoll.alltoallv: " (`suffix` "_init": of its
+// persistent form).
+inline std::string call_prefix(op_code op, std::string_view suffix = {}) {
+  std::string text = "zcoll.";
+  text.append(name_of(op)).append(suffix).append(": ");
+  return text;
+}
+
+// The same with the name users call it by ("zcoll.reduce_scatter_block: "): the reductions'.
+inline std::string public_call_prefix(op_code op) {
+  std::string text = "zcoll.";
+  text.append(registry<op_code>::descriptions[static_cast<std::size_t>(op)]).append(": ");
+  return text;
+}
+
 // Whether `code` is a value of `Enum`.
 template <class Enum>
 constexpr bool is_code(int code) noexcept {

@@ -20,14 +20,6 @@ namespace {
 constexpr std::size_t line_bytes = 64;  // a cache line
 constexpr std::size_t slot_header_bytes = line_bytes;
 
-std::string prefix(op_code op) {
-  return "zcoll." + std::string(name_of(op)) + ": ";
-}
-
-std::string rank_text(int rank) {
-  return "rank " + std::to_string(rank);
-}
-
 std::uint64_t ordered_key(int pattern, block_order order, v_in_place in_place) {
   return (static_cast<std::uint64_t>(pattern) << 16) | (static_cast<std::uint64_t>(order) << 8) |
          static_cast<std::uint64_t>(in_place);
@@ -264,7 +256,7 @@ local_check v_exchange::check(const v_call& c, checked_call& out) const {
 call_record v_exchange::describe(const v_call& c) const {
   checked_call mine;
   const local_check v = check(c, mine);
-  if (!v.ok()) return error_record(v.error, prefix(c.op) + v.message);
+  if (!v.ok()) return error_record(v.error, call_prefix(c.op) + v.message);
   call_record r;
   r.call.op = c.op;
   r.call.order = static_cast<std::int8_t>(mine.order);
@@ -296,7 +288,7 @@ void v_exchange::describe_line(const v_call& c, const checked_call& mine, detail
 void v_exchange::run(const v_call& c) {
   checked_call mine;
   const local_check v = check(c, mine);
-  if (!v.ok()) ctx_.fail(v.error, prefix(c.op) + v.message);
+  if (!v.ok()) ctx_.fail(v.error, call_prefix(c.op) + v.message);
   call_protocol& proto = ctx_.protocol();
   auto& line = proto.next(c.op);
   const std::size_t parity = proto.parity();
@@ -323,13 +315,10 @@ bool v_exchange::fill_eager_slot(const v_call& c, const checked_call& mine, std:
   // the bytes received (a neighbour allgather of 16 KiB receives 4 x 16 KiB: eager lost 2.6x).
   if (!ctx_.policy().eager_fits(std::max(extent, mine.recv_extent))) return false;
   std::byte* slot = ctx_.eager_slot(ctx_.config().rank, parity);
-  if (!in_place) {
+  if (in_place)
+    copy_spans(slot, static_cast<const std::byte*>(c.recv->data), mine.in_place_data(c.in_place));
+  else
     copy_bytes(slot, c.send->data, extent);
-    return true;
-  }
-  const auto* data = static_cast<const std::byte*>(c.recv->data);
-  const auto& blocks = c.in_place == v_in_place::swap ? mine.recv : mine.send;
-  for (const v_span& b : blocks) copy_bytes(slot + b.offset, data + b.offset, b.bytes);
   return true;
 }
 
@@ -361,10 +350,10 @@ void v_exchange::check_counts(const v_call& c, std::size_t parity) const {
     const std::uint64_t out = sent(t, parity).bytes, in = received(pat, t, parity).bytes;
     if (out == in) continue;
     throw usage_error(
-        prefix(c.op) + "counts differ between ranks: " +
-        rank_text(cr[static_cast<std::size_t>(t.src)]) + " sends " +
+        call_prefix(c.op) + "counts differ between ranks: " + "rank " +
+        std::to_string(cr[static_cast<std::size_t>(t.src)]) + " sends " +
         std::to_string(out / itemsize) + " elements (its block " + std::to_string(t.send_block) +
-        ") to " + rank_text(cr[static_cast<std::size_t>(t.dst)]) + ", which expects " +
+        ") to rank " + std::to_string(cr[static_cast<std::size_t>(t.dst)]) + ", which expects " +
         std::to_string(in / itemsize) + " (its block " + std::to_string(t.recv_block) + ")");
   }
 }
@@ -440,25 +429,19 @@ void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,
                  const v_span* const* received, std::byte* const* send, std::byte* const* recv,
                  std::uint64_t first, std::uint64_t last, bool swap,
                  const copy_plan& how) noexcept {
-  std::uint64_t at = 0;
-  for (const v_tuple& t : tuples) {
-    const auto s = static_cast<std::size_t>(t.src), d = static_cast<std::size_t>(t.dst);
-    const v_span& to = received[d][t.recv_block];
-    const std::uint64_t end = at + to.bytes;
-    if (end <= first) {
-      at = end;
-      continue;
-    }
-    if (at >= last) break;
-    const std::uint64_t from = std::max(first, at) - at, upto = std::min(last, end) - at;
-    std::byte* dst = recv[d] + to.offset + from;
-    const v_span& src_span = sent[s][t.send_block];
-    if (swap)
-      swap_bytes(dst, recv[s] + src_span.offset + from, upto - from);
-    else
-      copy_bytes(dst, send[s] + src_span.offset + from, upto - from, how);
-    at = end;
-  }
+  auto bytes = [&](const v_tuple& t) {
+    return received[static_cast<std::size_t>(t.dst)][t.recv_block].bytes;
+  };
+  for_each_piece(
+      tuples, first, last, bytes, [&](const v_tuple& t, std::uint64_t lo, std::uint64_t hi) {
+        const auto s = static_cast<std::size_t>(t.src), d = static_cast<std::size_t>(t.dst);
+        std::byte* dst = recv[d] + received[d][t.recv_block].offset + lo;
+        const std::uint64_t from = sent[s][t.send_block].offset + lo;
+        if (swap)
+          swap_bytes(dst, recv[s] + from, hi - lo);
+        else
+          copy_bytes(dst, send[s] + from, hi - lo, how);
+      });
 }
 
 void v_exchange::stage_in(const v_call& c, const checked_call& mine, const detail::rank_line& line,
@@ -469,31 +452,31 @@ void v_exchange::stage_in(const v_call& c, const checked_call& mine, const detai
     return;
   }
   if (line.recv.segment != 0) return;
-  // In place, the data to send is in the receive buffer: its own block (gather) or every block
-  // (swap); the holes between blocks are never read.
-  const auto* data = static_cast<const std::byte*>(c.recv->data);
-  const auto& blocks = c.in_place == v_in_place::swap ? mine.recv : mine.send;
-  for (const v_span& b : blocks) copy_bytes(stage + send_part + b.offset, data + b.offset, b.bytes);
+  // In place, the data to send is in the receive buffer; the holes between blocks are never read.
+  copy_spans(stage + send_part, static_cast<const std::byte*>(c.recv->data),
+             mine.in_place_data(c.in_place));
 }
 
 void v_exchange::stage_out(const v_call& c, const v_pattern& pat,
                            const std::vector<v_tuple>& tuples, std::size_t parity,
                            std::uint64_t send_part) const {
+  const std::byte* stage = ctx_.segments().staging(ctx_.config().rank) + send_part;
+  copy_spans(static_cast<std::byte*>(const_cast<void*>(c.recv->data)), stage,
+             written_blocks(pat, tuples, parity, c.in_place));
+}
+
+std::vector<v_span> v_exchange::written_blocks(const v_pattern& p,
+                                               const std::vector<v_tuple>& tuples,
+                                               std::size_t parity, v_in_place in_place) const {
+  // Only these: the others (holes, blocks from other nodes, an in-place rank's own block) keep
+  // what the user's buffer holds.
   const int me = ctx_.config().rank;
-  const std::byte* stage = ctx_.segments().staging(me) + send_part;
-  auto* data = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
-  // Only the blocks this node's copies wrote: the others (holes, blocks from other nodes, an
-  // in-place rank's own block) keep what the user's buffer holds.
+  std::vector<v_span> out;
   for (const v_tuple& t : tuples) {
-    if (t.dst == me) {
-      const v_span& b = received(pat, t, parity);
-      copy_bytes(data + b.offset, stage + b.offset, b.bytes);
-    }
-    if (c.in_place == v_in_place::swap && t.src == me) {
-      const v_span& b = sent(t, parity);
-      copy_bytes(data + b.offset, stage + b.offset, b.bytes);
-    }
+    if (t.dst == me) out.push_back(received(p, t, parity));
+    if (in_place == v_in_place::swap && t.src == me) out.push_back(sent(t, parity));
   }
+  return out;
 }
 
 }  // namespace zcoll

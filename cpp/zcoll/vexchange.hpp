@@ -111,6 +111,25 @@ struct v_span {
 // cuts rounded to cache lines.
 std::pair<std::uint64_t, std::uint64_t> v_piece(std::uint64_t total, int parts, int rank) noexcept;
 
+// Calls piece(t, lo, hi) for each tuple that bytes [first, last) of the stream of `tuples`
+// overlap, where tuple t stands for bytes(t) bytes and [lo, hi) is the overlap within them.
+template <class Bytes, class Piece>
+void for_each_piece(std::span<const v_tuple> tuples, std::uint64_t first, std::uint64_t last,
+                    Bytes&& bytes, Piece&& piece) {
+  std::uint64_t at = 0;
+  for (const v_tuple& t : tuples) {
+    if (at >= last) break;
+    const std::uint64_t end = at + bytes(t);
+    if (end > first) piece(t, std::max(first, at) - at, std::min(last, end) - at);
+    at = end;
+  }
+}
+
+// Copies each of `blocks` from `src` + its offset to `dst` + its offset.
+inline void copy_spans(std::byte* dst, const std::byte* src, std::span<const v_span> blocks) {
+  for (const v_span& b : blocks) copy_bytes(dst + b.offset, src + b.offset, b.bytes);
+}
+
 // The engine's copy loop: copies (swap: exchanges) bytes [first, last) of the stream of
 // `tuples`, in which tuple t stands for the bytes of its receive block. Per node rank j:
 // `sent[j]`, `received[j]` its send and receive blocks (indexed by send_block and recv_block),
@@ -165,6 +184,12 @@ class v_exchange {
     std::vector<v_span> send, recv;  // this rank's blocks, in bytes
     std::uint64_t send_extent = 0, recv_extent = 0;
     block_order order = block_order::row;
+    // In place, the receive buffer's blocks that hold what this rank sends: its own block
+    // (gather: every send block is that one block) or every block (swap).
+    std::span<const v_span> in_place_data(v_in_place in_place) const {
+      if (in_place == v_in_place::swap) return recv;
+      return std::span<const v_span>(send).first(std::min<std::size_t>(send.size(), 1));
+    }
   };
   local_check check(const v_call& call, checked_call& out) const;
   // Writes this rank's blocks and extents into its metadata slot of `parity`.
@@ -178,6 +203,10 @@ class v_exchange {
   const v_span& sent(const v_tuple& t, std::size_t parity) const noexcept;
   const v_span& received(const v_pattern& p, const v_tuple& t, std::size_t parity) const noexcept;
   void check_counts(const v_call& call, std::size_t parity) const;
+  // This rank's receive-buffer blocks that the node's copies of `tuples` write (swap: the
+  // blocks it sends are overwritten too), as published at `parity`.
+  std::vector<v_span> written_blocks(const v_pattern& p, const std::vector<v_tuple>& tuples,
+                                     std::size_t parity, v_in_place in_place) const;
   // [first, last) of the stream of `tuples` (`total` bytes) that this rank copies: an equal
   // share of the bytes, or under row order (not in place swaps) its own receive blocks.
   std::pair<std::uint64_t, std::uint64_t> my_piece(const v_pattern& p,

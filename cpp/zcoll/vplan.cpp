@@ -12,7 +12,7 @@ v_plan::v_plan(std::shared_ptr<node_context> ctx, const v_call& call)
   v_exchange& vx = ctx_->irregular();
   v_exchange::checked_call mine;
   const local_check v = vx.check(call, mine);
-  if (!v.ok()) ctx_->fail(v.error, "zcoll." + std::string(name_of(op_)) + "_init: " + v.message);
+  if (!v.ok()) ctx_->fail(v.error, call_prefix(op_, "_init") + v.message);
   order_ = mine.order;
   send_ = call.send ? static_cast<const std::byte*>(call.send->data) : nullptr;
   recv_ = static_cast<std::byte*>(const_cast<void*>(call.recv->data));
@@ -44,22 +44,19 @@ void v_plan::plan_pieces(const v_exchange::checked_call& mine, const v_call& cal
   std::uint64_t total = 0;
   for (const v_tuple& t : tuples) total += vx.received(pat, t, parity).bytes;
   const auto [first, last] = vx.my_piece(pat, tuples, parity, total, order_, in_place_);
-  std::uint64_t at = 0;
-  for (const v_tuple& t : tuples) {
-    const v_span& to = vx.received(pat, t, parity);
-    const v_span& from = vx.sent(t, parity);
-    const std::uint64_t end = at + to.bytes;
-    if (end > first && at < last && to.bytes) {
-      const std::uint64_t lo = std::max(first, at) - at, hi = std::min(last, end) - at;
-      pieces_.push_back({t.src, t.dst, from.offset + lo, to.offset + lo, hi - lo});
-    }
-    at = end;
-    if (t.dst == rank_) written_.push_back(to);
-    if (in_place_ == v_in_place::swap && t.src == rank_) written_.push_back(from);
-  }
+  auto bytes = [&](const v_tuple& t) { return vx.received(pat, t, parity).bytes; };
+  for_each_piece(tuples, first, last, bytes,
+                 [&](const v_tuple& t, std::uint64_t lo, std::uint64_t hi) {
+                   if (hi > lo)
+                     pieces_.push_back({t.src, t.dst, vx.sent(t, parity).offset + lo,
+                                        vx.received(pat, t, parity).offset + lo, hi - lo});
+                 });
+  written_ = vx.written_blocks(pat, tuples, parity, in_place_);
   copied_ = last - first;
-  if (in_place_ == v_in_place::swap) stage_blocks_ = mine.recv;
-  if (in_place_ == v_in_place::gather && !mine.send.empty()) stage_blocks_ = {mine.send.front()};
+  if (in_place_ != v_in_place::none) {
+    const auto data = mine.in_place_data(in_place_);
+    stage_blocks_.assign(data.begin(), data.end());
+  }
 }
 
 void v_plan::resolve_buffers(const v_call& call, const v_exchange::checked_call& mine,
@@ -101,9 +98,7 @@ void v_plan::resolve_buffers(const v_call& call, const v_exchange::checked_call&
 
 void v_plan::run_part(detail::rank_line& /*line*/) {
   if (send_shadow_) copy_bytes(send_shadow_, send_, send_extent_);
-  if (recv_shadow_)
-    for (const v_span& b : stage_blocks_)
-      copy_bytes(recv_shadow_ + b.offset, recv_ + b.offset, b.bytes);
+  if (recv_shadow_) copy_spans(recv_shadow_, recv_, stage_blocks_);
   ordered_part();
 }
 
@@ -119,8 +114,7 @@ void v_plan::copy_blocks(const copy_plan& how) noexcept {
 }
 
 void v_plan::after_barrier() {
-  if (!recv_shadow_) return;
-  for (const v_span& b : written_) copy_bytes(recv_ + b.offset, recv_shadow_ + b.offset, b.bytes);
+  if (recv_shadow_) copy_spans(recv_, recv_shadow_, written_);
 }
 
 void v_plan::release() noexcept {

@@ -48,23 +48,14 @@ _DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path
 _fast = _core.fast_irregular
 
 
-_ALLTOALLV_CODE = _registry.OPS[_registry.ALLTOALLV]
-_ALLGATHERV_CODE = _registry.OPS[_registry.ALLGATHERV]
-_NEIGHBOR_ALLTOALL_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALL]
-_NEIGHBOR_ALLGATHER_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHER]
-_NEIGHBOR_ALLTOALLV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALLV]
-_NEIGHBOR_ALLGATHERV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHERV]
-
-
 @dataclass(frozen=True)
 class Pattern:
-    """A communicator's pattern: each rank's send and receive lists, as (peer, tag) pairs."""
+    """A communicator's pattern as this rank sees it: the engine's id for it, this rank's send
+    and receive lists as (peer, tag) pairs, and across nodes the whole communicator's tuples."""
 
     id: int  # the node context's pattern id
     sends: np.ndarray  # this rank's send list, (k, 2) int32: peer (-1: PROC_NULL), tag
     recvs: np.ndarray  # this rank's receive list
-    all_sends: tuple  # every communicator rank's send list (multi-node checks)
-    all_recvs: tuple
     tuples: np.ndarray | None  # the whole communicator's 4-tuples (multi-node only)
 
     @property
@@ -141,7 +132,7 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
     tuples = None
     if ctx.multi_node:
         tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
-    pattern = Pattern(pid, lists[0], lists[1], all_sends, all_recvs, tuples)
+    pattern = Pattern(pid, lists[0], lists[1], tuples)
     ctx.patterns[key] = pattern
     return pattern
 
@@ -279,9 +270,9 @@ class _Call:
     recv_displs: np.ndarray
 
 
-def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) -> np.ndarray:
-    code, copy_code = option_codes(ctx, opname, order, copy)
-    args = (
+def _engine_args(opname: str, pattern: Pattern, call: _Call, code: int, copy_code: int) -> tuple:
+    """The arguments of the engine's vexchange, v_record and VPlan for `call`."""
+    return (
         _registry.OPS[opname],
         pattern.id,
         call.send,
@@ -294,12 +285,25 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
         code,
         copy_code,
     )
+
+
+def _agree_across_nodes(ctx: Context, label: str, args: tuple, pattern: Pattern, call: _Call):
+    """Several nodes: every rank's call record agreed on, then every pair's counts checked;
+    the same error on every rank."""
+    ctx.agree(label, ctx.core.v_record(*args))
+    _check_counts_across_nodes(ctx, label, pattern, call)
+
+
+def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) -> np.ndarray:
+    code, copy_code = option_codes(ctx, opname, order, copy)
+    args = _engine_args(opname, pattern, call, code, copy_code)
     if not ctx.multi_node:
         ctx.core.vexchange(*args)
         return call.recv
-    ctx.agree(opname, ctx.core.v_record(*args))
-    _check_counts_across_nodes(ctx, opname, pattern, call)
+    _agree_across_nodes(ctx, opname, args, pattern, call)
     outgoing = _outgoing_remote(ctx, pattern, call)
+    if call.in_place == _SWAP:  # saved: a receive overwrites them
+        outgoing = [(peer, tag, block.copy()) for peer, tag, block in outgoing]
     ctx.core.vexchange(*args)
     _exchange_remote(ctx, opname, pattern, call, outgoing)
     return call.recv
@@ -337,8 +341,8 @@ def _byte_block(a: np.ndarray, displ: int, count: int) -> np.ndarray:
 
 
 def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
-    """The blocks this rank sends to other nodes (copies where the node's copies overwrite
-    them: in place)."""
+    """(peer, tag, byte view) of the blocks this rank sends to other nodes, where they are
+    (in place swap: blocks of the receive buffer, which a receive overwrites)."""
     out = []
     if call.in_place == _SWAP:
         source, counts, displs = call.recv, call.recv_counts, call.recv_displs
@@ -348,8 +352,7 @@ def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
         source = np.ascontiguousarray(call.send)
         counts, displs = call.send_counts, call.send_displs
     for i, peer, tag in _remote_entries(ctx, pattern.sends):
-        block = _byte_block(source, int(displs[i]), int(counts[i]))
-        out.append((peer, tag, block.copy() if call.in_place == _SWAP else block))
+        out.append((peer, tag, _byte_block(source, int(displs[i]), int(counts[i]))))
     return out
 
 
@@ -521,7 +524,11 @@ def _prepared(comm: MPI.Comm, opname: str, label: str, sendbuf, recvbuf):
 
 
 def _call(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
-    """The Python path of every irregular call, for what `_fast` leaves to it."""
+    """Every irregular call: the engine's one crossing, else (what `_fast` leaves) the Python
+    path."""
+    recv = _fast(_registry.OPS[opname], comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     ctx, pattern, call = _prepared(comm, opname, opname, sendbuf, recvbuf)
     return _run(ctx, opname, pattern, call, order, copy)
 
@@ -548,20 +555,7 @@ class VPlan(PlanMixin, _core.VPlan):
     _kind = "zcoll.VPlan"
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
-        super().__init__(
-            ctx.core,
-            _registry.OPS[opname],
-            pattern.id,
-            call.send,
-            call.recv,
-            call.in_place,
-            call.send_counts,
-            call.send_displs,
-            call.recv_counts,
-            call.recv_displs,
-            code,
-            copy_code,
-        )
+        super().__init__(ctx.core, *_engine_args(opname, pattern, call, code, copy_code))
         self._ctx = ctx
 
     def _summary(self) -> str:
@@ -573,35 +567,25 @@ class _MultiNodeVPlan(RemoteRuns, VPlan):
     persistent MPI point-to-point requests on the private dup, one tag range per plan."""
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
-        args = (_registry.OPS[opname], pattern.id, call.send, call.recv, call.in_place)
-        counts = (call.send_counts, call.send_displs, call.recv_counts, call.recv_displs)
-        ctx.agree(f"{opname}_init", ctx.core.v_record(*args, *counts, code, copy_code))
-        _check_counts_across_nodes(ctx, f"{opname}_init", pattern, call)
+        _agree_across_nodes(
+            ctx,
+            f"{opname}_init",
+            _engine_args(opname, pattern, call, code, copy_code),
+            pattern,
+            call,
+        )
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         outgoing = _outgoing_remote(ctx, pattern, call)
-        self._saved = (
-            [(block, live) for (_, _, block), live in zip(outgoing, self._live(ctx, pattern, call))]
-            if call.in_place == _SWAP
-            else []
-        )
+        self._saved = []
+        if call.in_place == _SWAP:  # sent from copies refreshed at each start
+            self._saved = [(live.copy(), live) for _, _, live in outgoing]
+            outgoing = [(p, t, saved) for (p, t, _), (saved, _) in zip(outgoing, self._saved)]
         comm = ctx.p2p_comm()
         base = _PLAN_TAG + (self.id % 0x1000) * 64
-        self._requests = [
-            comm.Recv_init([b, MPI.BYTE], peer, base + tag)
-            for peer, tag, b in _incoming_remote(ctx, pattern, call)
-        ]
-        self._requests += [
-            comm.Send_init([b, MPI.BYTE], peer, base + tag) for peer, tag, b in outgoing
-        ]
-        self._peers = [peer for peer, _, _ in _incoming_remote(ctx, pattern, call)]
-        self._peers += [peer for peer, _, _ in outgoing]
-
-    @staticmethod
-    def _live(ctx: Context, pattern: Pattern, call: _Call) -> list:
-        return [
-            _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i]))
-            for i, _, _ in _remote_entries(ctx, pattern.sends)
-        ]
+        incoming = _incoming_remote(ctx, pattern, call)
+        self._requests = [comm.Recv_init([b, MPI.BYTE], p, base + t) for p, t, b in incoming]
+        self._requests += [comm.Send_init([b, MPI.BYTE], p, base + t) for p, t, b in outgoing]
+        self._peers = [peer for peer, _, _ in incoming + outgoing]
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
@@ -674,9 +658,6 @@ def alltoallv(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
-    recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -709,9 +690,6 @@ def allgatherv(
     -----
     Costs and errors as for :func:`alltoallv`.
     """
-    recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -758,9 +736,6 @@ def neighbor_alltoall(
     ValueError
         On every rank, for a communicator without topology, and as for :func:`alltoallv`.
     """
-    recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -789,9 +764,6 @@ def neighbor_allgather(
     numpy.ndarray
         The receive array; block ``j`` is the ``j``-th source's `sendbuf`.
     """
-    recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -818,9 +790,6 @@ def neighbor_alltoallv(
     numpy.ndarray
         The receive array.
     """
-    recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -847,9 +816,6 @@ def neighbor_allgatherv(
     numpy.ndarray
         The receive array.
     """
-    recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
     return _call(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
