@@ -843,27 +843,9 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     return 0
 
 
-def add_collective_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``alltoall`` and ``allgather`` (output options are added elsewhere)."""
-    sizes = parser.add_argument_group("block sizes (default: powers of two, 8 B to 1 MiB)")
-    sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
-    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two block (default 8)")
-    sizes.add_argument("--max", type=parse_size, help="largest power-of-two block (default 1M)")
-    parser.add_argument(
-        "--orders",
-        type=parse_orders,
-        help=f"zcoll block orders to time (default: {','.join(ALL_ORDERS)}; "
-        f"with --persistent: {AUTO})",
-    )
-    parser.add_argument(
-        "--copy",
-        dest="copies",
-        type=parse_copy_modes,
-        default=[AUTO],
-        metavar="MODE[,MODE...]",
-        help="zcoll copy mode(s): auto, temporal, streaming, hybrid; several give one method "
-        "per (order, mode), named order/mode (default auto)",
-    )
+def add_timing_options(parser: argparse.ArgumentParser) -> None:
+    """The options of how a collective is timed and checked: --method, --iterations,
+    --warmup, --time-budget, --check (shared by the collective and irregular benches)."""
     parser.add_argument(
         "--method",
         choices=BENCH_METHODS,
@@ -891,6 +873,30 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--check", action="store_true", help="first compare each method's result with MPI's"
     )
+
+
+def add_collective_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``alltoall`` and ``allgather`` (output options are added elsewhere)."""
+    sizes = parser.add_argument_group("block sizes (default: powers of two, 8 B to 1 MiB)")
+    sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
+    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two block (default 8)")
+    sizes.add_argument("--max", type=parse_size, help="largest power-of-two block (default 1M)")
+    parser.add_argument(
+        "--orders",
+        type=parse_orders,
+        help=f"zcoll block orders to time (default: {','.join(ALL_ORDERS)}; "
+        f"with --persistent: {AUTO})",
+    )
+    parser.add_argument(
+        "--copy",
+        dest="copies",
+        type=parse_copy_modes,
+        default=[AUTO],
+        metavar="MODE[,MODE...]",
+        help="zcoll copy mode(s): auto, temporal, streaming, hybrid; several give one method "
+        "per (order, mode), named order/mode (default auto)",
+    )
+    add_timing_options(parser)
     parser.add_argument(
         "--persistent",
         action="store_true",

@@ -55,6 +55,7 @@ from .collectives import (
     BlockCase,
     Call,
     Timer,
+    add_timing_options,
     best_order,
     measure_block,
     parse_copy_modes,
@@ -62,11 +63,8 @@ from .collectives import (
     zcoll_methods,
 )
 from .common import (
-    BENCH_METHODS,
-    COLD_ITERATIONS,
     KIB,
     MIB,
-    MIN_ITERATIONS,
     MPI_METHOD,
     Reporter,
     command_line,
@@ -457,32 +455,7 @@ def add_vcollective_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=DEFAULT_SEED, help=f"of the counts (default {DEFAULT_SEED})"
     )
-    parser.add_argument(
-        "--method",
-        choices=BENCH_METHODS,
-        default="warm",
-        help="warm: OSU loop; cold: TPDS'18 Fig. 9, caches flushed before each call (default warm)",
-    )
-    parser.add_argument(
-        "--iterations",
-        type=int,
-        help=f"timed calls per measurement (default: scaled by size, warm; {COLD_ITERATIONS}, "
-        "cold)",
-    )
-    parser.add_argument(
-        "--warmup", type=int, help="untimed calls first (default: 10%% of iterations, >= 2; cold 1)"
-    )
-    parser.add_argument(
-        "--time-budget",
-        type=float,
-        default=0.5,
-        metavar="SECONDS",
-        help="cap on a measurement's timed loop, in seconds; 0: no cap; never cuts below "
-        f"{MIN_ITERATIONS} (warm) calls (default 0.5)",
-    )
-    parser.add_argument(
-        "--check", action="store_true", help="first compare each method's result with MPI's"
-    )
+    add_timing_options(parser)
     parser.set_defaults(persistent=False)
 
 
