@@ -304,7 +304,7 @@ def test_rules_for_other_node_sizes_are_ignored(shared_dir, monkeypatch):
 
 def test_block_ranges(shared_dir, monkeypatch):
     """Both ends of a range are included; gaps between ranges keep the built-in rule."""
-    n = _context._split_node(WORLD)
+    n, _ = _context._split_node(WORLD)
     ranks = WORLD.allreduce(n.size, op=MPI.MAX)  # rank 0's node is the largest
     n.Free()
     rules = [
@@ -397,7 +397,7 @@ def test_forced_eager_too_large_is_an_error():
 
 def test_tune_quick_writes_a_table_that_loads(shared_dir, monkeypatch, capsys):
     path = shared_dir / "out" / "tuning.json"
-    node = _context._split_node(WORLD)
+    node, _ = _context._split_node(WORLD)
     sizes = set(WORLD.allgather(node.size))
     node_size = node.size
     node.Free()

@@ -81,10 +81,11 @@ def set_tuning(mode: str) -> str:
     return previous
 
 
-def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> MPI.Comm:
+def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> tuple[MPI.Comm, int]:
     """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
     into virtual nodes of `virtual_node_size` ranks (default: ZCOLL_VIRTUAL_NODE_SIZE) so the
-    multi-node path runs for real.
+    multi-node path runs for real. Also returns how many ranks of `comm` share the machine
+    (the CPUs are shared by all of them, virtual nodes or not).
 
     A rank's virtual node is its ``COMM_WORLD`` rank // k, the same for every communicator,
     so arena arrays allocated on one communicator are shared exactly as on a real node."""
@@ -92,11 +93,12 @@ def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> MPI.Com
     if k is None:
         k = _settings.read("virtual_node_size").value
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    machine_ranks = node.size
     if k:
         virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
         node.Free()
         node = virtual
-    return node
+    return node, machine_ranks
 
 
 def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
@@ -133,7 +135,7 @@ class Context:
         self.size = comm.size
         self.rank = comm.rank
         self.handle = comm.handle
-        node = _split_node(comm, s.virtual_node_size)
+        node, machine_ranks = _split_node(comm, s.virtual_node_size)
         try:
             self.node_size = node.size
             self.node_rank = node.rank
@@ -147,7 +149,8 @@ class Context:
         leaders = comm.allgather(self.local_ranks[0])
         self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
         self.multi_node = len(set(leaders)) > 1
-        self.oversubscribed = self.node_size > s.cpus
+        # Virtual nodes share the machine's CPUs: count every rank on it.
+        self.oversubscribed = machine_ranks > s.cpus
         self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         # One rank per node (its lowest), in node order: the reductions' inter-node part.

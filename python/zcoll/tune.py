@@ -561,7 +561,7 @@ def main(argv=None, comm: MPI.Comm | None = None) -> int:
     args = parse_args(argv)
     world = MPI.COMM_WORLD if comm is None else comm
     report = Reporter(world)
-    node = _context._split_node(world)
+    node, _ = _context._split_node(world)
     try:
         sizes_per_node = set(world.allgather(node.size))
         if len(sizes_per_node) > 1:
