@@ -15,6 +15,7 @@
 #include "bindings.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
+#include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
 
 namespace py = pybind11;
@@ -53,6 +54,15 @@ auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&&
   if (!send_array) return error(std::string("sendbuf cannot be converted to a NumPy array"));
   const array_view send_view = view_of(send_array);
   return ok(&send_view, recv_view);
+}
+
+// The messages of an aggregated alltoall this rank sends or receives: [(peer, memoryview)].
+py::list message_views(std::span<const node_message> messages) {
+  py::list out;
+  for (const node_message& m : messages)
+    out.append(py::make_tuple(
+        m.peer, py::memoryview::from_memory(m.data, static_cast<py::ssize_t>(m.bytes), false)));
+  return out;
 }
 
 // Runs alltoall or allgather; the engine checks everything the conversion did not.
@@ -294,6 +304,60 @@ void register_exchange(py::module_& m) {
           [](node_context& ctx, const py::object& send, const py::object& recv, int order,
              int copy) { run(ctx, op_code::allgather, send, recv, order, copy); },
           py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy)
+      .def(
+          "setup_nodes",
+          [](node_context& ctx, const std::vector<int>& leader_of) {
+            ctx.between_nodes(node_map::from_leaders(leader_of));
+          },
+          py::arg("leader_of"),
+          "Local: the communicator's nodes (lowest communicator rank of each rank's node), for "
+          "the rounds of messages between nodes.")
+      .def(
+          "nodes_begin",
+          [](node_context& ctx, const py::bytes& record, const py::object& send,
+             const py::object& recv, int order, int copy) {
+            const std::string_view bytes = record;
+            if (bytes.size() != sizeof(call_record))
+              throw std::invalid_argument("record must be one call record");
+            call_record r;
+            std::memcpy(&r, bytes.data(), sizeof r);
+            node_messages& round = ctx.between_nodes(node_map{});
+            if (recv.is_none()) {
+              py::gil_scoped_release release;
+              round.begin(r, nullptr);
+              return;
+            }
+            with_views(
+                send, recv,
+                [&](const array_view* send_view, const array_view& recv_view) {
+                  gil_released_on_block gil(ctx, recv_view.nbytes);
+                  const alltoall_data data{send_view, &recv_view, order, copy};
+                  round.begin(r, &data);
+                },
+                [&](const std::string&) {  // the record says what is wrong
+                  py::gil_scoped_release release;
+                  round.begin(r, nullptr);
+                });
+          },
+          py::arg("record"), py::arg("sendbuf") = py::none(), py::arg("recvbuf") = py::none(),
+          py::arg("order") = 0, py::arg("copy") = 0,
+          "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
+          "(an alltoall), its blocks are packed when the node's records allow.")
+      .def(
+          "nodes_messages",
+          [](node_context& ctx) {
+            const node_messages& round = ctx.between_nodes(node_map{});
+            return py::make_tuple(message_views(round.outgoing()), message_views(round.incoming()),
+                                  round.packed());
+          },
+          "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).")
+      .def(
+          "nodes_finish",
+          [](node_context& ctx) {
+            py::gil_scoped_release release;
+            ctx.between_nodes(node_map{}).finish();
+          },
+          "Collective (node): the verdict over every rank's record, then phase 3 if packed.")
       .def(
           "record",
           [](const node_context& ctx, const std::string& op, const py::object& send,

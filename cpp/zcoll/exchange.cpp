@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "zcoll/aggregate.hpp"
 #include "zcoll/copy.hpp"
 #include "zcoll/departure.hpp"
 #include "zcoll/vexchange.hpp"
@@ -39,6 +40,7 @@ void node_context::close() noexcept {
   segments_.close();
   eager_.reset();
   irregular_.reset();
+  between_nodes_.reset();
   schedules_.clear();
   protocol_.close();
 }
@@ -47,6 +49,12 @@ v_exchange& node_context::irregular() {
   protocol_.check_usable();
   if (!irregular_) irregular_ = std::make_unique<v_exchange>(*this);
   return *irregular_;
+}
+
+node_messages& node_context::between_nodes(const node_map& nodes) {
+  protocol_.check_usable();
+  if (!between_nodes_) between_nodes_ = std::make_unique<node_messages>(*this, nodes);
+  return *between_nodes_;
 }
 
 void node_context::barrier() {

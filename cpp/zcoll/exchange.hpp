@@ -45,6 +45,8 @@
 namespace zcoll {
 
 class v_exchange;
+class node_messages;
+struct node_map;
 
 // One rank's arguments to one collective, checked and resolved.
 struct collective_args {
@@ -61,6 +63,8 @@ struct collective_args {
 };
 
 class node_context {
+  friend class node_messages;  // stages private buffers as execute() does
+
  public:
   // Bytes of the control segment for `size` node ranks (created and shared by the caller).
   static std::size_t control_bytes(int size) noexcept { return call_protocol::control_bytes(size); }
@@ -104,6 +108,9 @@ class node_context {
   call_record describe_reduction(const reduction_call& call) const;
   // The irregular collectives of this context (vexchange.hpp): patterns and their calls.
   v_exchange& irregular();
+  // The rounds of messages between nodes (aggregate.hpp): every multi-node call's agreement
+  // and the aggregated alltoall. Made on first use from `nodes` (ignored afterwards).
+  node_messages& between_nodes(const node_map& nodes);
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(arg_error kind, std::string_view message);
   // Collective: a node barrier.
@@ -185,6 +192,7 @@ class node_context {
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t plans_ = 0;                          // plans created
   std::unique_ptr<v_exchange> irregular_;            // made on first use
+  std::unique_ptr<node_messages> between_nodes_;     // made on first use (several nodes)
   std::vector<std::vector<tree_group>> tree_;        // reductions' tree (made on first use)
   std::vector<const std::byte*> inputs_;             // per reduction: each node rank's input
   std::vector<buffer_ref> refs_;                     // per reduction: the published inputs

@@ -8,6 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
+from ._aggregated import alltoall_between_nodes
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -130,6 +131,9 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
     ctx = lookup(comm)
     if recvbuf is None:
         recvbuf = _new_recvbuf(ctx, opname, sendbuf)
+    if ctx.multi_node and opname == _ALLTOALL:
+        alltoall_between_nodes(ctx, sendbuf, recvbuf, order, copy)
+        return recvbuf
     code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:
         _multi_node(ctx, opname, sendbuf, recvbuf, code, copy_code)

@@ -31,6 +31,7 @@ __all__ = [
 ]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
+_NODE_TAG = 0x7A0D  # rounds of messages between nodes, on the private dup
 
 
 _live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
@@ -172,6 +173,8 @@ class Context:
             packages=[package for _, package, _ in places],
             l3_caches=[l3 for _, _, l3 in places],
         )
+        if self.multi_node:
+            self.core.setup_nodes(list(self.node_of))
         self.core.setup_eager(s.eager_bytes_for(self.oversubscribed))
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
         self.core.set_copy_cache(s.llc_bytes)
@@ -252,15 +255,75 @@ class Context:
         `record`, from the engine) and raises the error the ranks of one node would raise
         for those calls -- the same on every rank -- or returns.
 
-        One non-blocking allgather of fixed-size records on the private dup, waited for with
-        the same bound as the node barrier; the engine compares them."""
+        One round of messages between nodes (`node_round`): the records of a node travel
+        together, one message per ordered pair of nodes."""
+        self.node_round(opname, record)
+
+    def node_round(self, opname: str, record: bytes, alltoall: tuple | None = None) -> bool:
+        """Multi-node only: a round of messages between nodes (aggregate.hpp) that carries
+        every rank's call record to every rank, and raises on every rank the error the
+        records call for. `alltoall` = (sendbuf, recvbuf, order code, copy code): the call's
+        blocks travel in the same messages when the node's ranks agree on them; returns
+        whether they did (the call is then complete)."""
         self.check_unbroken()
-        mine = np.frombuffer(record, np.uint8).copy()
-        everything = np.empty((self.size, mine.size), np.uint8)
-        assert self._p2p is not None  # made in __init__ when multi_node
-        request = self._p2p.Iallgather([mine, MPI.BYTE], [everything, MPI.BYTE])
-        self.wait_bounded([request], f"zcoll.{opname} (agreeing on arguments across nodes)")
-        _core.agree(everything, self.rank)
+        if alltoall is None:
+            self.core.nodes_begin(record)
+        else:
+            self.core.nodes_begin(record, *alltoall)
+        outgoing, incoming, packed = self.core.nodes_messages()
+        self._exchange_messages(opname, outgoing, incoming)
+        self.core.nodes_finish()
+        return packed
+
+    def _exchange_messages(self, opname: str, outgoing: list, incoming: list) -> None:
+        """Sends this rank's messages of the round, receives the ones it owns, then a node
+        barrier. A message of another size than expected (calls that differ between nodes)
+        is received whole and only its head -- the records, whose size is known -- kept."""
+        comm = self.p2p_comm()
+        what = f"zcoll.{opname} (messages between nodes)"
+        requests = [comm.Isend([view, MPI.BYTE], peer, _NODE_TAG) for peer, view in outgoing]
+        peers = [peer for peer, _ in outgoing]
+        pending = dict(incoming)
+        resized: list[tuple[memoryview, np.ndarray]] = []
+        status = MPI.Status()
+        start, polls = time.monotonic(), 0
+        while pending:
+            for peer in list(pending):
+                message = comm.Improbe(peer, _NODE_TAG, status)
+                if message is None:
+                    continue
+                view = pending.pop(peer)
+                count = status.Get_count(MPI.BYTE)
+                if count == len(view):
+                    requests.append(message.Irecv([view, MPI.BYTE]))
+                else:
+                    whole = np.empty(count, np.uint8)
+                    requests.append(message.Irecv([whole, MPI.BYTE]))
+                    resized.append((view, whole))
+                peers.append(peer)
+            if pending:
+                polls = self._pause(start, polls, what, sorted(pending))
+        self.wait_bounded(requests, what, peers=peers)
+        for view, whole in resized:
+            into = np.frombuffer(view, np.uint8)
+            head = min(len(whole), len(into))
+            into[:head] = whole[:head]
+        self.core.barrier()
+
+    def _pause(self, start: float, polls: int, what: str, late: list[int]) -> int:
+        """One pause of a polling loop between nodes, bounded by the zcoll timeout."""
+        polls += 1
+        if polls < _EAGER_POLLS:
+            return polls
+        waited = time.monotonic() - start
+        if waited >= get_timeout():
+            self.break_context(
+                f"zcoll: rank {self.rank}: {what}: rank(s) {late} did not take part within "
+                f"{get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
+            )
+        # Yield first (a peer may need this core), sleep once the wait is clearly long.
+        time.sleep(0 if waited < 0.01 else 1e-3)
+        return polls
 
     def wait_bounded(self, requests: list, what: str, peers: list | None = None) -> None:
         """Wait for MPI requests at most the zcoll timeout; then raise PeerError naming the
@@ -275,13 +338,17 @@ class Context:
             if waited >= get_timeout():
                 late = sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
                 who = f"rank(s) {late}" if late else "a peer on another node"
-                self._broken = (
+                self.break_context(
                     f"zcoll: rank {self.rank}: {what}: {who} did not take part within "
                     f"{get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
                 )
-                raise _core.PeerError(self._broken)
             # Yield first (a peer may need this core), sleep once the wait is clearly long.
             time.sleep(0 if waited < 0.01 else 1e-3)
+
+    def break_context(self, why: str) -> NoReturn:
+        """A multi-node wait failed: every later call on this context raises at once."""
+        self._broken = why
+        raise _core.PeerError(why)
 
     def check_unbroken(self) -> None:
         if self._broken:

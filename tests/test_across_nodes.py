@@ -1,0 +1,219 @@
+"""alltoall across nodes (TPDS'18 §2.5): the aggregated path (one message per node pair) and
+the direct one (rank to rank), on virtual nodes of 1, 2 and 3 ranks at P = 4, 5, 6 and 8 --
+uneven nodes included -- bit for bit against mpi4py's Alltoall; calls that differ between
+nodes; a rank killed in the middle of the exchange between nodes.
+
+Each configuration is its own mpiexec job (ZCOLL_VIRTUAL_NODE_SIZE is read when a context is
+made), launched from the P = 1 run; the suite's own virtual-node runs (P = 4, 5 with nodes of
+2) run the rest of the suite on the same path.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import textwrap
+
+import pytest
+from test_leaks import alone, is_open_mpi, job_env, mpiexec, read_job_pids, run_job
+from test_leaks import leaked_entries, zcoll_shm_entries
+
+from zcoll import _aggregated
+
+CHECK_JOB = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _aggregated
+
+    world = MPI.COMM_WORLD
+    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+    dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
+    bad = []
+    for limit, path in ((1 << 40, "aggregated"), (-1, "direct")):
+        _aggregated.AGGREGATE_MAX_BLOCK = limit
+        for name, comm in comms.items():
+            p = comm.size
+            rng = np.random.default_rng(7 + comm.rank)
+            for dt in dtypes:
+                for count in (0, 1, 3, 17):
+                    data = rng.integers(0, 256, (p, count * np.dtype(dt).itemsize), np.uint8)
+                    send = np.ascontiguousarray(data).view(dt)
+                    expect = np.empty_like(data)
+                    comm.Alltoall(data, expect)  # as bytes: MPI has no float16
+                    for where in ("private", "arena"):
+                        if where == "arena":
+                            s = zcoll.empty(comm, send.shape, send.dtype)
+                            r = zcoll.empty(comm, send.shape, send.dtype)
+                            s[...] = send
+                        else:
+                            s, r = send.copy(), np.empty_like(send)
+                        r.view(np.uint8)[...] = 0xA5
+                        zcoll.alltoall(comm, s, r)
+                        if r.tobytes() != expect.tobytes():
+                            bad.append((path, name, dt, count, where))
+                        r[...] = send
+                        zcoll.alltoall(comm, zcoll.IN_PLACE, r)
+                        if r.tobytes() != expect.tobytes():
+                            bad.append((path, name, dt, count, where, "in place"))
+                    out = zcoll.alltoall(comm, send)  # recvbuf=None: a new arena array
+                    if out.tobytes() != expect.tobytes():
+                        bad.append((path, name, dt, count, "new recvbuf"))
+    everyone = world.gather(bad, root=0)
+    if world.rank == 0:
+        failed = [b for rank_bad in everyone for b in rank_bad]
+        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+    """
+)
+
+ERROR_JOB = textwrap.dedent(
+    """
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _aggregated
+
+    world = MPI.COMM_WORLD
+    p, rank = world.size, world.rank
+    last = p - 1  # on the last node
+    results = []
+
+    def attempt(what, send, recv, **kw):
+        recv_before = recv.copy()
+        try:
+            zcoll.alltoall(world, send, recv, **kw)
+            results.append((what, "ok", True))
+        except (ValueError, TypeError) as exc:
+            results.append((what, type(exc).__name__, np.array_equal(recv, recv_before)))
+
+    small = np.ones((p, 2), np.int64) * rank
+    # Block sizes that differ between nodes, on both sides of the aggregation limit.
+    big = _aggregated.AGGREGATE_MAX_BLOCK // 8 + 8
+    n = big if rank == last else 2
+    attempt("size straddles the limit", np.ones((p, n), np.int64), np.zeros((p, n), np.int64))
+    n = 3 if rank == last else 2
+    attempt("size differs", np.ones((p, n), np.int64), np.zeros((p, n), np.int64))
+    # dtype differs on one rank
+    dt = np.float64 if rank == last else np.int64
+    attempt("dtype differs", np.ones((p, 2), dt), np.zeros((p, 2), dt))
+    # a read-only receive buffer on one rank
+    recv = np.zeros((p, 2), np.int64)
+    recv.flags.writeable = rank != last
+    attempt("read-only recvbuf", small, recv)
+    # an unknown order on one rank
+    attempt("bad order", small, np.zeros((p, 2), np.int64), order="zigzag" if rank == last else "auto")
+    # the communicator still works
+    out = zcoll.alltoall(world, small)
+    good = bool((out[:, 0] == np.arange(p)).all())
+    everyone = world.gather((results, good), root=0)
+    if rank == 0:
+        print("<<RESULT", everyone, ">>", flush=True)
+    """
+)
+
+CONFIGS = [(4, 1), (4, 2), (5, 2), (5, 3), (6, 2), (6, 3), (8, 2), (8, 3)]
+
+
+def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60"):
+    path = tmp_path / "job.py"
+    path.write_text(script)
+    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE=str(node), ZCOLL_TIMEOUT=timeout)
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    proc = run_job(mpiexec(ranks) + [sys.executable, str(path)], env, timeout=240)
+    found = re.search(r"<<RESULT (.*?) >>", proc.stdout, re.S)
+    assert found, f"no result:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return found.group(1)
+
+
+@alone
+@pytest.mark.parametrize(("ranks", "node"), CONFIGS, ids=[f"P{p}-node{k}" for p, k in CONFIGS])
+def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node):
+    """Every dtype family, zero/one/odd block lengths, private and arena buffers, in place and
+    recvbuf=None, on WORLD, a dup and a split with reversed keys; aggregated and direct."""
+    assert _run(tmp_path, CHECK_JOB, ranks, node) == "OK"
+
+
+@alone
+@pytest.mark.parametrize(("ranks", "node"), [(4, 2), (5, 2)], ids=["P4-node2", "P5-node2"])
+def test_calls_that_differ_between_nodes(tmp_path, ranks, node):
+    """Bad input on the last rank only: every rank of every node raises the same type at once
+    (not a timeout: ZCOLL_TIMEOUT is 60 s and the job has 240 s for five calls), the receive
+    buffers are untouched, and the communicator works afterwards."""
+    result = eval(_run(tmp_path, ERROR_JOB, ranks, node))  # noqa: S307 - our own job's repr
+    expected = ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError"]
+    for rank, (results, good) in enumerate(result):
+        kinds = [kind for _, kind, _ in results]
+        assert kinds == expected, f"rank {rank}: {results}"
+        assert all(untouched for _, _, untouched in results), f"rank {rank}: {results}"
+        assert good, f"rank {rank}: the communicator is unusable afterwards"
+
+
+KILL_JOB = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _context
+
+    comm = MPI.COMM_WORLD
+    rank, p = comm.rank, comm.size
+    victim, out = int(sys.argv[1]), sys.argv[2]
+    with open(os.path.join(out, f"pid.{rank}"), "w") as f:
+        f.write(str(os.getpid()))
+    send = np.full((p, 4), rank, np.int64)
+    recv = np.empty_like(send)
+    calls = 0
+    exchange = _context.Context._exchange_messages
+
+    def dying_exchange(ctx, *args):  # phase 1 done, the messages not yet sent
+        if calls == 50 and rank == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        exchange(ctx, *args)
+
+    _context.Context._exchange_messages = dying_exchange
+    try:
+        for calls in range(200):
+            zcoll.alltoall(comm, send, recv)
+            assert (recv[:, 0] == np.arange(p)).all()
+    except zcoll.PeerError as exc:
+        os.write(1, f"<<PEERERROR rank={rank} call={calls} {exc}>>".encode())
+        os._exit(3)
+    os.write(1, f"<<DONE rank={rank}>>".encode())
+    """
+)
+
+
+@alone
+def test_rank_killed_in_the_exchange_between_nodes(tmp_path):
+    """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
+    SIGKILLs itself after packing, before sending. Its node-mate sees it die; rank 0, which
+    waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
+    0 leaves. No rank finishes, no segment is left in /dev/shm."""
+    if not is_open_mpi():
+        pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
+    path = tmp_path / "job.py"
+    path.write_text(KILL_JOB)
+    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE="2", ZCOLL_TIMEOUT="5")
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"
+    before = zcoll_shm_entries()
+    cmd = mpiexec(4, "--enable-recovery") + [sys.executable, str(path), "2", str(tmp_path)]
+    proc = run_job(cmd, env, timeout=60)
+    pids = read_job_pids(tmp_path)
+    assert len(pids) == 4, proc.stdout + proc.stderr
+    assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
+    assert "<<DONE" not in proc.stdout
+    reports = dict(re.findall(r"<<PEERERROR rank=(\d) call=50 (.*?)>>", proc.stdout, re.S))
+    assert set(reports) == {"0", "1", "3"}, proc.stdout + proc.stderr
+    assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
+    assert re.search(r"rank\(s\) \[2\] did not take part within 5", reports["0"]), reports["0"]
+
+
+def test_messages_per_call():
+    """N * (N - 1) aggregated; direct adds one per pair of ranks on different nodes."""
+    assert _aggregated.messages_per_call([2, 2, 2, 2], aggregate=True) == 12
+    assert _aggregated.messages_per_call([2, 2, 2, 2], aggregate=False) == 12 + 8 * 6
+    assert _aggregated.messages_per_call([2, 2, 1], aggregate=True) == 6
+    assert _aggregated.messages_per_call([2, 2, 1], aggregate=False) == 6 + 2 * 3 + 2 * 3 + 1 * 4
