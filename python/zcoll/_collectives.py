@@ -7,7 +7,7 @@ from typing import NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _registry
+from . import _core, _internode, _registry
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -121,6 +121,11 @@ def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_cod
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     getattr(ctx.core, opname)(send, recvbuf, code, copy_code)
     block = recvbuf.nbytes // ctx.size
+    if opname == _ALLGATHER:  # the leaders' SC'05 concurrent exchange, or the direct path
+        choice = _internode.choose(ctx, block)
+        if choice.method == _internode.CONCURRENT:
+            _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
+            return
     _exchange_remote(ctx, opname, send, recvbuf, block)
 
 
