@@ -11,6 +11,7 @@ tests/test_internode.py``.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 
 import numpy as np
@@ -278,3 +279,18 @@ def test_table_versions(tmp_path):
     ):
         with pytest.raises(_tuning.TuningError):
             _tuning.load_tuning(_table(tmp_path, bad))
+
+
+def test_bench_virtual_node_option(monkeypatch):
+    """``--virtual-node-size K`` parses for the collective subcommands and sets the variable;
+    once a zcoll context exists it refuses (the node split is already made)."""
+    from zcoll.bench import cli
+
+    for command in ("alltoall", "allgather", "allreduce", "alltoallv"):
+        assert cli.parse_args([command, "--virtual-node-size", "3"]).virtual_node_size == 3
+    monkeypatch.delenv("ZCOLL_VIRTUAL_NODE_SIZE", raising=False)
+    cli.apply_virtual_nodes(None)
+    assert "ZCOLL_VIRTUAL_NODE_SIZE" not in os.environ
+    _context.context(MPI.COMM_WORLD)  # a context exists from here on
+    with pytest.raises(RuntimeError, match="before any zcoll context"):
+        cli.apply_virtual_nodes(2)
