@@ -3,11 +3,11 @@
 After the node-local part of an allgather (the engine fills every rank's blocks of its own
 node), the blocks of the other nodes are missing. The *direct* path
 (:func:`zcoll._collectives._exchange_remote`) sends every rank's block to every rank on another
-node: ``P - q`` messages per rank. The *concurrent exchange* (Vadhiyar-style concurrency index,
-SC'05 "Optimizing All-to-All Collective Communication by Exploiting Concurrency in Modern
-Networks", §3) runs between the node leaders only (``ctx.leaders``: one rank per node, in node
-order), moving whole nodes' worth of blocks at once, and then each leader hands the blocks it
-received to its node's other ranks through shared memory (one node-local ``bcast``).
+node: ``P - q`` messages per rank. The *concurrent exchange* of the SC'05 all-gather paper
+on network concurrency (its concurrency index C, §3) runs between the node leaders only
+(``ctx.leaders``: one rank per node, in node order), moving whole nodes' worth of blocks at
+once, and then each leader hands the blocks it received to its node's other ranks
+through shared memory (one node-local ``bcast``).
 
 The concurrent exchange with concurrency index ``C`` (§3.1): the ``N`` leaders form ``C``
 groups of consecutive nodes (sizes differ by at most one). Within a group of ``m`` members the
