@@ -149,7 +149,7 @@ BAD_TABLES = {
     "not_utf8": b"\xff\xfe\x00garbage",
     "not_an_object": [],
     "wrong_format": document(every_node_size(), format="mpich"),
-    "wrong_version": document(every_node_size(), version=3),
+    "wrong_version": document(every_node_size(), version=4),
     "bad_model": document([], version=2, reductions=[{"ranks_per_node": 1, "algorithm": "x"}]),
     "negative_cost": document(
         [],

@@ -18,7 +18,6 @@ before every rank of every node is known to have valid, matching arguments.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from . import _core, _registry
 from ._context import Context
@@ -50,7 +49,7 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     carries the call records) up to `AGGREGATE_MAX_BLOCK`, else the round carries the records
     only and the blocks go rank to rank after the node-local part."""
     from ._collectives import COPY_CODES, IN_PLACE, ORDER_CODES  # noqa: PLC0415
-    from ._collectives import _option_error, remote_blocks  # noqa: PLC0415
+    from ._collectives import _exchange_remote, _option_error  # noqa: PLC0415
 
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     code = ORDER_CODES.get(order) if type(order) is str else None
@@ -67,18 +66,4 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     if ctx.node_round(ALLTOALL, record, data):
         return
     ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
-    if block:
-        incoming, outgoing = remote_blocks(ctx, ALLTOALL, send, recvbuf, block)
-        _rank_to_rank(ctx, send, incoming, outgoing)
-
-
-def _rank_to_rank(ctx: Context, send, incoming: dict, outgoing: dict) -> None:
-    from ._collectives import _P2P_TAG, IN_PLACE  # noqa: PLC0415
-
-    if send is IN_PLACE:  # saved before it is overwritten
-        outgoing = {r: b.copy() for r, b in outgoing.items()}
-    comm = ctx.p2p_comm()
-    reqs = [comm.Irecv([b, MPI.BYTE], r, _P2P_TAG) for r, b in incoming.items()]
-    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in incoming]
-    remote = list(incoming)
-    ctx.wait_bounded(reqs, "zcoll.alltoall (blocks between nodes)", peers=remote + remote)
+    _exchange_remote(ctx, ALLTOALL, send, recvbuf, block)

@@ -7,7 +7,7 @@ from typing import NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _registry
+from . import _core, _internode, _registry
 from ._aggregated import alltoall_between_nodes
 from ._context import Context, lookup
 from ._registry import AUTO
@@ -116,12 +116,17 @@ def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: i
 
 
 def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_code: int) -> None:
-    """Hierarchical path: every rank's call record agreed on across nodes, then node-local
-    blocks through the arena and the rest by MPI point-to-point."""
+    """Hierarchical allgather (alltoall: _aggregated): every rank's call record agreed on
+    across nodes, then node-local blocks through the arena and the rest by MPI."""
     ctx.agree(opname, ctx.core.record(opname, sendbuf, recvbuf, code, copy_code))
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     getattr(ctx.core, opname)(send, recvbuf, code, copy_code)
     block = recvbuf.nbytes // ctx.size
+    if opname == _ALLGATHER:  # the leaders' SC'05 concurrent exchange, or the direct path
+        choice = _internode.choose(ctx, block)
+        if choice.method == _internode.CONCURRENT:
+            _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
+            return
     _exchange_remote(ctx, opname, send, recvbuf, block)
 
 

@@ -8,7 +8,10 @@ number of ranks per node, disjoint ranges of block sizes (bytes per block, both 
 with the order (or the eager path) and the copy mode that were fastest there on this machine.
 Format version 2 adds ``reductions``: for each number of ranks per node and reduction
 algorithm, the pieces of its cost model (HPDC'13 §3.4): calls of up to ``max_bytes`` bytes per
-rank take ``a + b * bytes`` seconds. Version 1 tables (no reductions) are still read.
+rank take ``a + b * bytes`` seconds. Version 3 adds ``internode``: for a multi-node allgather on a
+number of nodes and ranks per node, ranges of block sizes with how blocks cross nodes
+(``method`` "direct" or "concurrent" with a ``concurrency`` index; :mod:`zcoll._internode`).
+Version 1 and 2 tables (no reductions, no internode rules) are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
 (platformdirs). The mode (``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: ``table``, ``online``,
@@ -49,6 +52,7 @@ from ._registry import (
 __all__ = [
     "FORMAT",
     "VERSION",
+    "InternodeRule",
     "ReductionModel",
     "TuningError",
     "TuningRule",
@@ -61,9 +65,9 @@ __all__ = [
 ]
 
 FORMAT = "zcoll-tuning"
-VERSION = 2
-#: Format versions this zcoll reads (1: no reduction models).
-READABLE_VERSIONS = (1, 2)
+VERSION = 3
+#: Format versions this zcoll reads (1: no reduction models; 1, 2: no internode rules).
+READABLE_VERSIONS = (1, 2, 3)
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
@@ -143,6 +147,42 @@ class ReductionModel:
         return asdict(self)
 
 
+#: The ``method`` values of an internode rule (see :mod:`zcoll._internode`).
+INTERNODE_METHODS = ("direct", "concurrent")
+_INTERNODE_KEYS = {
+    "collective",
+    "nodes",
+    "ranks_per_node",
+    "min_block",
+    "max_block",
+    "method",
+    "concurrency",
+}
+
+
+@dataclass(frozen=True)
+class InternodeRule:
+    """How a multi-node `collective` on `nodes` nodes of `ranks_per_node` ranks (the largest
+    node's) with blocks of `min_block` to `max_block` bytes (both included; ``None``: no upper
+    bound) moves blocks between nodes: `method` "direct", or "concurrent" with the
+    concurrency index `concurrency` (0 for "direct")."""
+
+    collective: str
+    nodes: int
+    ranks_per_node: int
+    min_block: int
+    max_block: int | None
+    method: str
+    concurrency: int = 0
+
+    def covers(self, block: int) -> bool:
+        """Whether blocks of `block` bytes fall in this rule's range."""
+        return self.min_block <= block and (self.max_block is None or block <= self.max_block)
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class TuningTable:
     """A validated tuning table (see :func:`load_tuning`)."""
@@ -152,6 +192,7 @@ class TuningTable:
     created: str = ""
     zcoll_version: str = ""
     reductions: tuple[ReductionModel, ...] = ()
+    internode: tuple[InternodeRule, ...] = ()
 
     def models_for(self, ranks_per_node: int) -> dict[str, tuple[ReductionModel, ...]]:
         """The reduction cost models for one node size, by algorithm (pieces by size)."""
@@ -191,6 +232,7 @@ class TuningTable:
             "machine": dict(self.machine),
             "rules": [r.as_json() for r in self.rules],
             "reductions": [m.as_json() for m in self.reductions],
+            "internode": [r.as_json() for r in self.internode],
         }
 
     @classmethod
@@ -222,12 +264,18 @@ class TuningTable:
         if not isinstance(models, list):
             raise TuningError("'reductions' must be a list")
         reductions = tuple(_parse_model(i, m) for i, m in enumerate(models))
+        crossing = doc.get("internode", []) if version >= 3 else []
+        if not isinstance(crossing, list):
+            raise TuningError("'internode' must be a list")
+        internode = tuple(parse_internode_rule(i, r) for i, r in enumerate(crossing))
+        _check_internode_disjoint(internode)
         return cls(
             parsed,
             dict(machine),
             str(doc.get("created", "")),
             str(doc.get("zcoll_version", "")),
             reductions,
+            internode,
         )
 
 
@@ -298,6 +346,58 @@ def _parse_rule(index: int, rule) -> TuningRule:
     if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
         raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
     return TuningRule(rule["collective"], ranks, low, high, rule["order"], rule["copy"], threshold)
+
+
+def parse_internode_rule(index: int, rule) -> InternodeRule:
+    """Validate one internode rule (a JSON object); raises :class:`TuningError`."""
+    where = f"internode rule {index}"
+    if not isinstance(rule, dict) or rule.keys() != _INTERNODE_KEYS:
+        raise TuningError(f"{where} must be an object with keys {sorted(_INTERNODE_KEYS)}")
+    if rule["collective"] not in COLLECTIVES:
+        raise TuningError(
+            f"{where}: collective must be one of {COLLECTIVES}, got {rule['collective']!r}"
+        )
+    if rule["method"] not in INTERNODE_METHODS:
+        raise TuningError(
+            f"{where}: method must be one of {INTERNODE_METHODS}, got {rule['method']!r}"
+        )
+    for key in ("nodes", "ranks_per_node"):
+        value = rule[key]
+        if type(value) is not int or not 1 <= value <= 1 << 20:
+            raise TuningError(f"{where}: {key} must be a positive integer, got {value!r}")
+    concurrency = rule["concurrency"]
+    low = 1 if rule["method"] == "concurrent" else 0
+    if type(concurrency) is not int or not low <= concurrency <= 1 << 20:
+        raise TuningError(
+            f"{where}: concurrency must be an integer >= {low} for {rule['method']!r}, "
+            f"got {concurrency!r}"
+        )
+    low_block = _size(rule["min_block"], f"{where}: min_block")
+    high = _size(rule["max_block"], f"{where}: max_block", minimum=low_block, optional=True)
+    return InternodeRule(
+        rule["collective"],
+        rule["nodes"],
+        rule["ranks_per_node"],
+        low_block,
+        high,
+        rule["method"],
+        concurrency,
+    )
+
+
+def _check_internode_disjoint(rules: tuple[InternodeRule, ...]) -> None:
+    groups: dict[tuple[str, int, int], list[InternodeRule]] = {}
+    for r in rules:
+        groups.setdefault((r.collective, r.nodes, r.ranks_per_node), []).append(r)
+    for (collective, nodes, ranks), group in groups.items():
+        group.sort(key=lambda r: r.min_block)
+        for a, b in zip(group, group[1:]):
+            if a.max_block is None or b.min_block <= a.max_block:
+                raise TuningError(
+                    f"internode rules for {collective} on {nodes} nodes of {ranks} ranks "
+                    f"overlap: blocks [{a.min_block}, {a.max_block}] and "
+                    f"[{b.min_block}, {b.max_block}]"
+                )
 
 
 def _check_disjoint(rules: tuple[TuningRule, ...]) -> None:
@@ -400,6 +500,25 @@ def _table_or_warn(mode: str) -> tuple[tuple[TuningRule, ...], tuple[ReductionMo
             stacklevel=3,
         )
         return (), ()
+
+
+def internode_rules_or_warn(mode: str) -> tuple[InternodeRule, ...]:
+    """This process's table internode rules, or () (with a RuntimeWarning when the table
+    cannot be used); () under mode "off"."""
+    if mode == "off":
+        return ()
+    try:
+        path = tuning_path()
+        if not _settings.read("tuning_file").text and not path.exists():
+            return ()
+        return load_tuning(path).internode
+    except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
+        warnings.warn(
+            f"zcoll: ignoring the tuning table's internode rules: {exc}; using the built-in rule",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return ()
 
 
 def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:

@@ -32,6 +32,13 @@ beyond the last the last piece extended. Algorithms are compared only within a s
 they share the machine's conditions: this VM's bursts of load last several sizes.
 ``algorithm="auto"`` then takes the least predicted time (HPDC'13 §3.4) -- at a measured size,
 the algorithm that was fastest.
+
+``--internode`` (on ranks spanning several nodes: real ones, or virtual ones with
+``--virtual-node-size K`` / ``ZCOLL_VIRTUAL_NODE_SIZE``) times how a multi-node allgather's
+blocks cross nodes -- the direct path and the leaders' concurrent exchange with C = 1, 2, 4
+(:mod:`zcoll._internode`) -- as whole ``zcoll.allgather`` calls on arena arrays, at every size
+of ``--internode-sizes``, in the same interleaved rounds, and writes the fastest per size as
+the table's ``internode`` rules for (nodes, ranks per node), merged into ranges as above.
 """
 
 from __future__ import annotations
@@ -54,8 +61,9 @@ from mpi4py import MPI
 
 import zcoll
 
-from . import _context, _core, _settings, _tuning
+from . import _context, _core, _internode, _settings, _tuning
 from ._registry import (
+    ALLGATHER,
     ALLTOALL,
     AUTO,
     COLLECTIVES,
@@ -97,6 +105,11 @@ REDUCTION = "allreduce"  # --collectives name of the reduction sweep
 REDUCTION_SIZES = powers_of_two(8, 32 * MIB)  # bytes per rank
 QUICK_REDUCTION_SIZES = [8, 4 * KIB, 256 * KIB]
 QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
+INTERNODE_SIZES = powers_of_two(8, 256 * KIB)[::3]  # 8 B, 64 B, ..., 256 KiB
+INTERNODE_CHOICES = (
+    _internode.Choice(_internode.DIRECT),
+    *(_internode.Choice(_internode.CONCURRENT, c) for c in (1, 2, 4)),
+)
 QUICK_ITERATIONS = 20
 COPY_SWEEP_BLOCKS = 64 * KIB  # blocks from this size also try streaming and hybrid copies
 HYBRID_STEPS = 3  # thresholds T0, T0/2, T0/4
@@ -165,7 +178,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         help=f"seconds per timed loop, caps the iterations (default {DEFAULT_TIME_BUDGET})",
     )
     p.add_argument("--quick", action="store_true", help="three sizes, few iterations (CI)")
+    p.add_argument(
+        "--internode",
+        action="store_true",
+        help="also time the multi-node allgather's inter-node methods (direct, C = 1, 2, 4) "
+        "on the ranks' nodes and write the table's internode rules",
+    )
+    p.add_argument(
+        "--internode-sizes",
+        type=parse_sizes,
+        help="block sizes of the --internode sweep (default 8, 64, 512 ... 256K)",
+    )
+    p.add_argument(
+        "--virtual-node-size",
+        type=int,
+        metavar="K",
+        help="virtual nodes of K ranks (sets ZCOLL_VIRTUAL_NODE_SIZE before any context)",
+    )
     args = p.parse_args(argv)
+    if args.virtual_node_size is not None and args.virtual_node_size < 1:
+        p.error("--virtual-node-size must be at least 1")
+    if args.internode_sizes is None:
+        args.internode_sizes = QUICK_SIZES if args.quick else INTERNODE_SIZES
     if args.iterations is not None and args.iterations < 1:
         p.error("--iterations must be at least 1")
     if args.time_budget < 0:
@@ -480,11 +514,16 @@ def merged_table(
     replaced: set,
     new_models: list | None = None,
     ranks_per_node: int = 0,
+    new_internode: list | None = None,
 ) -> _tuning.TuningTable:
     """The new rules plus those of `path` for other (collective, ranks per node) pairs; the
-    new reduction models (when given) replace those of `path` for `ranks_per_node`."""
+    new reduction models (when given) replace those of `path` for `ranks_per_node`; the new
+    internode rules (when given) those of `path` for their (collective, nodes, ranks per
+    node)."""
     kept: tuple = ()
     kept_models: tuple = ()
+    kept_internode: tuple = ()
+    swept = {(r.collective, r.nodes, r.ranks_per_node) for r in new_internode or ()}
     if path.exists():
         try:
             old = _tuning.load_tuning(path)
@@ -494,6 +533,9 @@ def merged_table(
                 for m in old.reductions
                 if new_models is None or m.ranks_per_node != ranks_per_node
             )
+            kept_internode = tuple(
+                r for r in old.internode if (r.collective, r.nodes, r.ranks_per_node) not in swept
+            )
         except (OSError, ValueError) as exc:
             warnings.warn(f"zcoll.tune: replacing {path}: {exc}", RuntimeWarning, stacklevel=2)
     rules = tuple(
@@ -501,9 +543,82 @@ def merged_table(
     )
     models = (*kept_models, *(new_models or ()))
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    internode = (*kept_internode, *(new_internode or ()))
     return _tuning.TuningTable(
-        rules, _tuning.current_machine(), now, zcoll.__version__, tuple(models)
+        rules, _tuning.current_machine(), now, zcoll.__version__, tuple(models), internode
     )
+
+
+# --- between nodes -----------------------------------------------------------------------------
+
+
+def _forced_allgather(comm: MPI.Comm, send, recv, choice: _internode.Choice) -> None:
+    previous = _internode.force(choice)
+    try:
+        zcoll.allgather(comm, send, recv)
+    finally:
+        _internode.force(previous)
+
+
+def sweep_internode(
+    world: MPI.Comm, sw: _Sweep, sizes, report: Reporter
+) -> dict[int, dict[_internode.Choice, float]]:
+    """Seconds per multi-node allgather of each inter-node method at every block size: the
+    best of the interleaved rounds, the slowest rank's; collective over `world`."""
+    results: dict[int, dict[_internode.Choice, float]] = {}
+    for block in sizes:
+        send = zcoll.empty(world, block, np.uint8)
+        send[:] = world.rank % 251
+        recv = zcoll.zeros(world, (world.size, block), np.uint8)
+        calls = {
+            c: functools.partial(_forced_allgather, world, send, recv, c) for c in INTERNODE_CHOICES
+        }
+        wanted = sw.args.iterations or default_iterations(block, world.size, sw.oversubscription)
+        counts = {
+            c: budget_iterations(call, wanted, sw.args.time_budget / sw.repeats, world)
+            for c, call in calls.items()
+        }
+        best = dict.fromkeys(calls, math.inf)
+        for _ in range(sw.repeats):
+            for c, call in calls.items():
+                warmup = min(100, max(2, counts[c] // 10))
+                best[c] = min(best[c], measure(call, counts[c], warmup, world))
+                report.step(f"allgather between nodes {format_size(block)} {c.label()}")
+        results[block] = best  # measure() returns the largest mean over the ranks already
+        del send, recv
+    return results
+
+
+def internode_rules(
+    nodes: int, ranks_per_node: int, results: dict[int, dict[_internode.Choice, float]]
+) -> list[_tuning.InternodeRule]:
+    """The fastest method per block size, neighbouring sizes with the same winner merged
+    (boundaries as in :func:`rules_from_winners`)."""
+    winners = {b: min(t, key=t.__getitem__) for b, t in results.items()}
+    sizes = sorted(winners)
+    rules, low = [], 0
+    for i, block in enumerate(sizes):
+        c = winners[block]
+        last = i + 1 == len(sizes)
+        if not last and winners[sizes[i + 1]] == c:
+            continue
+        high = None if last else math.isqrt(block * sizes[i + 1])
+        rules.append(
+            _tuning.InternodeRule(
+                ALLGATHER, nodes, ranks_per_node, low, high, c.method, c.concurrency
+            )
+        )
+        low = (high or 0) + 1
+    return rules
+
+
+def print_internode(report, results: dict[int, dict[_internode.Choice, float]]) -> None:
+    report("\nallgather between nodes: us per call (max over ranks) by method")
+    report(f"  {'block':>9}" + "".join(f"{c.label():>12}" for c in INTERNODE_CHOICES) + "  fastest")
+    for block, t in results.items():
+        best = min(t, key=t.__getitem__)
+        cells = "".join(f"{_us(t.get(c)):>12}" for c in INTERNODE_CHOICES)
+        report(f"  {format_size(block):>9}{cells}  {best.label()}")
 
 
 # --- output ------------------------------------------------------------------------------------
@@ -559,6 +674,8 @@ def main(argv=None, comm: MPI.Comm | None = None) -> int:
         written (the same on every rank).
     """
     args = parse_args(argv)
+    if args.virtual_node_size is not None:  # before any context: the node split reads it
+        os.environ["ZCOLL_VIRTUAL_NODE_SIZE"] = str(args.virtual_node_size)
     world = MPI.COMM_WORLD if comm is None else comm
     report = Reporter(world)
     node, _ = _context._split_node(world)
@@ -581,10 +698,22 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
         f"L3 {format_size(l3)}; eager path up to {format_size(sw.eager_bytes)} per rank, "
         f"hybrid T0 {format_size(sw.base_threshold)}"
     )
-    report.start(planned_steps(args.sizes, args.collectives, sw), "zcoll.tune")
+    steps = planned_steps(args.sizes, args.collectives, sw)
+    if args.internode:
+        steps += len(args.internode_sizes) * len(INTERNODE_CHOICES) * sw.repeats
+    report.start(steps, "zcoll.tune")
     new_rules = []
     new_models: list[_tuning.ReductionModel] = []
+    new_internode: list[_tuning.InternodeRule] | None = None
+    crossing = args.internode and _context.context(world).multi_node
+    if args.internode and not crossing:
+        report("zcoll.tune: --internode needs ranks on several nodes (or --virtual-node-size)")
     try:
+        if crossing:
+            nodes = len(set(_context.context(world).node_of))
+            timed_x = sweep_internode(world, sw, args.internode_sizes, report)
+            print_internode(report, timed_x)
+            new_internode = internode_rules(nodes, node.size, timed_x)
         for collective in args.collectives:
             if collective == REDUCTION:
                 timed = sweep_reductions(sw, args.reduction_sizes, report)
@@ -608,8 +737,15 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
             replaced,
             new_models if REDUCTION in args.collectives else None,
             node.size,
+            new_internode,
         )
         print_rules(report, table.rules)
+        for r in table.internode:
+            report(
+                f"{r.collective} on {r.nodes} nodes of {r.ranks_per_node}: blocks "
+                f"{r.min_block}..{'inf' if r.max_block is None else r.max_block} "
+                f"{r.method}{f' C={r.concurrency}' if r.concurrency else ''}"
+            )
         if args.dry_run:
             report("\n(dry run: nothing written)")
         else:

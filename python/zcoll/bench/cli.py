@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable
 
 from mpi4py import MPI
 
+from zcoll import _context
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO
 
 from . import cachemiss, crossover
@@ -72,6 +74,29 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
 }
 
 
+def _virtual_node_size(text: str) -> int:
+    try:
+        k = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if k < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {k}")
+    return k
+
+
+def apply_virtual_nodes(k: int | None) -> None:
+    """Put ``ZCOLL_VIRTUAL_NODE_SIZE=k`` in force for every zcoll context made from now on
+    (nothing when `k` is None). Raises RuntimeError when a context already exists: its node
+    split is made, and a bench mixing the two would compare different things."""
+    if k is None:
+        return
+    if any(not ctx.core.closed for ctx in list(_context._live_contexts)):
+        raise RuntimeError(
+            "zcoll.bench: --virtual-node-size must take effect before any zcoll context exists"
+        )
+    os.environ["ZCOLL_VIRTUAL_NODE_SIZE"] = str(k)
+
+
 class _RootParser(argparse.ArgumentParser):
     """An argument parser that prints help and errors on rank 0 only (all ranks still exit)."""
 
@@ -81,6 +106,14 @@ class _RootParser(argparse.ArgumentParser):
 
 
 def _add_output_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--virtual-node-size",
+        type=_virtual_node_size,
+        metavar="K",
+        help="split the ranks into virtual nodes of K ranks (COMM_WORLD rank // K), so the "
+        "multi-node path runs on one machine; sets ZCOLL_VIRTUAL_NODE_SIZE before any zcoll "
+        "context exists (default: the variable, else real nodes)",
+    )
     output = parser.add_argument_group("output (written by rank 0)")
     output.add_argument("--json", metavar="FILE", help="write raw results and metadata as JSON")
     output.add_argument("--csv", metavar="FILE", help="write raw results as CSV")
@@ -354,5 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         args = parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+    apply_virtual_nodes(getattr(args, "virtual_node_size", None))
     function, _ = COMMANDS[args.command]
     return function(MPI.COMM_WORLD, args)

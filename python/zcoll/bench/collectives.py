@@ -30,8 +30,8 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _context, _core
-from zcoll._registry import ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
+from zcoll import _collectives, _context, _core, _internode
+from zcoll._registry import ALLGATHER, ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
 
 from .common import (
     BENCH_METHODS,
@@ -73,6 +73,7 @@ __all__ = [
     "FIELDS",
     "CheckError",
     "ZcollMethod",
+    "internode_methods",
     "is_persistent",
     "mpi_persistent_missing",
     "parse_copy_modes",
@@ -135,6 +136,53 @@ class ZcollMethod:
     order: str
     copy: str
     persistent: bool = False
+    internode: _internode.Choice | None = None  # allgather across nodes: forced this way
+    phase: bool = False  # the blocks between nodes alone (no agreement, no node-local part)
+
+
+#: The allgather methods added on a communicator spanning several nodes: the direct path and
+#: the leaders' concurrent exchange with C = 1, 2, 4, as whole calls (``xn:...``) and as the
+#: inter-node phase alone (``phase:...``: after one whole call, only the blocks between nodes).
+INTERNODE_CHOICES = (
+    _internode.Choice(_internode.DIRECT),
+    *(_internode.Choice(_internode.CONCURRENT, c) for c in (1, 2, 4)),
+)
+
+
+def internode_methods() -> list[ZcollMethod]:
+    """The ``xn:...`` and ``phase:...`` methods of a multi-node allgather (order and copy
+    "auto")."""
+    methods = []
+    for phase in (False, True):
+        for choice in INTERNODE_CHOICES:
+            name = f"{'phase' if phase else 'xn'}:{choice.label()}"
+            methods.append(ZcollMethod(name, AUTO, AUTO, internode=choice, phase=phase))
+    return methods
+
+
+def _forced_call(fn: Callable[[], object], choice: _internode.Choice) -> Callable[[], None]:
+    """`fn` run with the inter-node method forced to `choice` (restored after)."""
+    force = _internode.force
+
+    def run() -> None:
+        previous = force(choice)
+        try:
+            fn()
+        finally:
+            force(previous)
+
+    return run
+
+
+def _phase_call(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, choice) -> Callable:
+    """The inter-node phase of a multi-node allgather alone, as the whole call runs it."""
+    ctx = _context.context(comm)
+    block = recv.nbytes // comm.size
+    if choice.method == _internode.DIRECT:
+        return functools.partial(_collectives._exchange_remote, ctx, ALLGATHER, send, recv, block)
+    return functools.partial(
+        _internode.allgather_between_nodes, ctx, send, recv, block, choice.concurrency
+    )
 
 
 def zcoll_methods(
@@ -321,6 +369,15 @@ class BlockCase:
         zcoll_fn = getattr(zcoll, collective)
         init_fn = getattr(zcoll, f"{collective}_init")
         for m in methods:
+            if m.internode is not None:
+                if m.phase:  # the result of a whole call first, then the phase alone
+                    fn = _phase_call(comm, self.zsend, self.zrecv, m.internode)
+                    self.calls[m.name] = Call(fn, (self.zsend, self.zrecv))
+                    continue
+                plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
+                fn = _forced_call(plain, m.internode)
+                self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+                continue
             if m.persistent:
                 plan = init_fn(comm, self.zsend, self.zrecv, order=m.order, copy=m.copy)
                 self.plans[m.name] = plan
@@ -496,6 +553,7 @@ def best_order(latencies: dict[str, float], persistent: bool = False) -> str:
         for m in latencies
         if m not in (MPI_METHOD, MEMCPY_METHOD, MPI_PERSISTENT_METHOD)
         and is_persistent(m) == persistent
+        and not m.startswith("phase:")  # a part of a call, not a call
     )
     return min(orders, key=latencies.__getitem__)
 
@@ -774,6 +832,8 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     now, command = now_iso(), command_line(args)
     report = Reporter(comm, args.progress)
     timer = Timer(comm, args, layout[2])
+    if collective == ALLGATHER and _context.context(comm).multi_node and not args.persistent:
+        args.methods = [*args.methods, *internode_methods()]
     names = [m.name for m in args.methods]
     missing = mpi_persistent_missing(comm, collective) if args.persistent else None
 

@@ -1,0 +1,383 @@
+"""allgather between nodes: the SC'05 concurrent exchange among the nodes' leaders.
+
+After the node-local part of an allgather (the engine fills every rank's blocks of its own
+node), the blocks of the other nodes are missing. The *direct* path
+(:func:`zcoll._collectives._exchange_remote`) sends every rank's block to every rank on another
+node: ``P - q`` messages per rank. The *concurrent exchange* of the SC'05 all-gather paper
+on network concurrency (its concurrency index C, §3) runs between the node leaders only
+(``ctx.leaders``: one rank per node, in node order), moving whole nodes' worth of blocks at
+once, and then each leader hands the blocks it received to its node's other ranks
+through shared memory (one node-local ``bcast``).
+
+The concurrent exchange with concurrency index ``C`` (§3.1): the ``N`` leaders form ``C``
+groups of consecutive nodes (sizes differ by at most one). Within a group of ``m`` members the
+leaders run a dissemination (Bruck) allgather: in step ``s`` (distance ``d = 2**s``,
+``ceil(log2 m)`` steps) member ``j`` sends the group's blocks it holds, those of members
+``j .. j + min(d, m - d) - 1`` (mod ``m``), to member ``j - d``; the same message goes to the
+*peers of the pair* in every other group -- the members ``k`` with ``k mod m == j - d`` -- and
+before the first step each member sends its own node's blocks to its peers (``k mod m == j``).
+A member ``k`` of another group so receives, from its anchor ``a = k mod m`` and the members
+``a + 1, a + 2, a + 4, ...``, every block of the group exactly once. A round waits for all its
+messages: round 0 has the ``C - 1`` preamble messages and the first step's ``C`` (the paper
+overlaps the preamble with the first step), every later round ``C``. ``C = 1`` is the ordinary
+dissemination allgather over the leaders (``ceil(log2 N)`` rounds of one exchange), the
+baseline. Group sizes need not be powers of two, nor equal (``k mod m`` maps a larger group's
+extra members onto the smaller group's chains).
+
+Message splitting (§3.2): for blocks of :data:`SPLIT_BYTES` and more, with ``C >= 2``, every
+block is cut in two halves; the first halves travel as above, the second halves by the mirror
+scheme (members numbered from the other end: the *co-pair* at the same distance in the
+opposite direction), with ``C // 2`` groups, so each step still has ``C`` exchanges in flight.
+
+No Python packing: each message is one MPI derived datatype over the receive buffer (an
+``hindexed_block`` of the blocks of the message's nodes, by comm rank, so a node whose comm
+ranks are not contiguous costs nothing extra), built once per (context, block size, scheme)
+and cached. Every wait is bounded (:meth:`Context.wait_bounded`).
+
+The choice between the direct path and the concurrent exchange (and ``C``) follows the tuning
+table's ``internode`` rules (``python -m zcoll.tune --internode``) where one covers the call,
+else :func:`builtin_choice`; it is the same on every rank (the table's rules are those rank 0
+read, shared once per context).
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _registry, _tuning
+from ._context import Context
+
+__all__ = [
+    "CONCURRENT",
+    "DIRECT",
+    "METHODS",
+    "SPLIT_BYTES",
+    "Choice",
+    "Message",
+    "allgather_between_nodes",
+    "builtin_choice",
+    "choose",
+    "force",
+    "schedule",
+]
+
+DIRECT = "direct"
+CONCURRENT = "concurrent"
+#: The ``method`` names of the tuning table's internode rules.
+METHODS = (DIRECT, CONCURRENT)
+#: Blocks of this many bytes and more are split in halves between pair and co-pair (C >= 2).
+SPLIT_BYTES = 64 * 1024
+#: Concurrency index of the built-in choice.
+DEFAULT_CONCURRENCY = 2
+#: The built-in choice takes the direct path for larger blocks (bytes).
+CONCURRENT_MAX_BLOCK = 64 * 1024
+_TAG_BASE = 0x7B00  # tags of the leaders' messages (the direct path uses 0x7A0C)
+_CACHED_BLOCKS = 8  # datatype sets kept per context (least recently used dropped)
+_BCAST_CODE = _registry.OPS[_registry.BCAST]
+_AUTO_ALGORITHM = _registry.REDUCE_ALGORITHM_CODES[_registry.AUTO]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """How an allgather's blocks cross nodes: `method` "direct" (every rank to every remote
+    rank) or "concurrent" (the leaders' concurrent exchange with index `concurrency`)."""
+
+    method: str
+    concurrency: int = 0
+
+    def label(self) -> str:
+        return DIRECT if self.method == DIRECT else f"C={self.concurrency}"
+
+
+# --- which method ------------------------------------------------------------------------------
+
+_forced: Choice | None = None
+
+
+def force(choice: Choice | None) -> Choice | None:
+    """Make every later multi-node allgather of this process use `choice` (None: the table or
+    the built-in rule again); returns the previous forced choice. Local, but it must be the same
+    on every rank (benchmarks and tests call it on every rank, between collectives)."""
+    global _forced
+    if choice is not None:
+        _check_choice(choice)
+    previous, _forced = _forced, choice
+    return previous
+
+
+def _check_choice(choice: Choice) -> None:
+    if choice.method not in METHODS:
+        raise ValueError(f"internode method must be one of {METHODS}, got {choice.method!r}")
+    if choice.method == CONCURRENT and not (
+        type(choice.concurrency) is int and choice.concurrency >= 1
+    ):
+        raise ValueError(f"concurrency must be a positive integer, got {choice.concurrency!r}")
+
+
+def builtin_choice(nodes: int, block: int) -> Choice:
+    """The choice without a table rule: the concurrent exchange with C = 2 (C = 1 on two
+    nodes, where both are the same single exchange) for blocks of up to
+    :data:`CONCURRENT_MAX_BLOCK` bytes -- the leaders move whole nodes' blocks in
+    ``ceil(log2(N / 2))`` rounds instead of every rank sending ``P - q`` messages -- and the
+    direct path above, where the leader's share of the bytes (everything through one rank, then
+    a node-wide bcast) costs more than the messages it saves (dev VM, P = 4 and 8 on nodes of
+    2: direct 1.3-1.7x faster at 256 KiB, 1.2-1.6x slower at 32 KiB)."""
+    if block > CONCURRENT_MAX_BLOCK:
+        return Choice(DIRECT)
+    return Choice(CONCURRENT, 1 if nodes <= 2 else DEFAULT_CONCURRENCY)
+
+
+class _State:
+    """What this module keeps per context: the table's internode rules (shared once) and the
+    cached schedules and datatypes."""
+
+    def __init__(self) -> None:
+        self.rules: tuple[_tuning.InternodeRule, ...] | None = None
+        self.types: OrderedDict[tuple, list] = OrderedDict()
+
+
+def _free_types(types: OrderedDict) -> None:
+    if MPI.Is_finalized():
+        return
+    for entry in types.values():
+        _free_entry(entry)
+    types.clear()
+
+
+def _free_entry(entry: list) -> None:
+    for rounds in entry:
+        for _peer, _tag, datatype, _is_send in rounds:
+            if datatype is not None:
+                datatype.Free()
+
+
+_states: weakref.WeakKeyDictionary[Context, _State] = weakref.WeakKeyDictionary()
+
+
+def _state(ctx: Context) -> _State:
+    state = _states.get(ctx)
+    if state is None:
+        state = _states[ctx] = _State()
+        weakref.finalize(ctx, _free_types, state.types)
+    return state
+
+
+def _shared_rules(ctx: Context) -> tuple[_tuning.InternodeRule, ...]:
+    """Collective (first multi-node allgather of the context under a tuning mode other than
+    "off"): rank 0's table rules, broadcast as JSON with bounded waits."""
+    state = _state(ctx)
+    if state.rules is not None:
+        return state.rules
+    comm = ctx.p2p_comm()
+    payload = b""
+    if ctx.rank == 0:
+        rules = _tuning.internode_rules_or_warn(ctx.settings.tuning)
+        payload = json.dumps([r.as_json() for r in rules]).encode()
+    length = np.array([len(payload)], np.int64)
+    what = "zcoll.allgather (sharing the tuning table)"
+    ctx.wait_bounded([comm.Ibcast([length, MPI.INT64_T], root=0)], what)
+    data = (
+        np.frombuffer(payload, np.uint8).copy() if ctx.rank == 0 else np.empty(length[0], np.uint8)
+    )
+    if data.size:
+        ctx.wait_bounded([comm.Ibcast([data, MPI.BYTE], root=0)], what)
+    parsed = json.loads(data.tobytes()) if data.size else []
+    state.rules = tuple(_tuning.parse_internode_rule(i, r) for i, r in enumerate(parsed))
+    return state.rules
+
+
+def _layout(ctx: Context) -> tuple[list[int], list[list[int]]]:
+    """The nodes (named by their leader's comm rank, in node order) and each node's ranks."""
+    nodes = sorted(set(ctx.node_of))
+    index = {n: i for i, n in enumerate(nodes)}
+    members: list[list[int]] = [[] for _ in nodes]
+    for rank, node in enumerate(ctx.node_of):
+        members[index[node]].append(rank)
+    return nodes, members
+
+
+def choose(ctx: Context, block: int) -> Choice:
+    """How this multi-node allgather of `block`-byte blocks crosses nodes: a forced choice
+    (:func:`force`), else the tuning table's rule for (nodes, largest node, block) when the
+    tuning mode is not "off", else :func:`builtin_choice`. Collective on a context's first
+    call (the table's rules are shared then); the same on every rank."""
+    if _forced is not None:
+        return _forced
+    nodes, members = _layout(ctx)
+    if ctx.settings.tuning != "off":
+        per_node = max(len(m) for m in members)
+        for rule in _shared_rules(ctx):
+            if rule.nodes == len(nodes) and rule.ranks_per_node == per_node and rule.covers(block):
+                return Choice(rule.method, rule.concurrency)
+    return builtin_choice(len(nodes), block)
+
+
+# --- the schedule ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of the leaders' exchange: from node `source` to node `dest` (indices in
+    node order) in round `round`, carrying the blocks of nodes `content`; `part` 0 is the
+    whole block (or its first half when split), 1 the second half; `preamble` marks the
+    own-node messages sent before the first step."""
+
+    source: int
+    dest: int
+    round: int
+    content: tuple[int, ...]
+    part: int = 0
+    preamble: bool = False
+
+    @property
+    def tag(self) -> int:
+        return _TAG_BASE + ((self.round * 2 + self.part) * 2 + int(self.preamble))
+
+
+def _groups(nodes: int, count: int) -> list[list[int]]:
+    """`count` groups of consecutive node indices, sizes differing by at most one."""
+    base, extra = divmod(nodes, count)
+    out, start = [], 0
+    for g in range(count):
+        size = base + (g < extra)
+        out.append(list(range(start, start + size)))
+        start += size
+    return out
+
+
+def _steps(m: int) -> int:
+    return (m - 1).bit_length()  # ceil(log2 m), 0 for m = 1
+
+
+def schedule(nodes: int, concurrency: int, split: bool = False) -> list[Message]:
+    """Every message of the concurrent exchange on `nodes` nodes (see the module docstring).
+
+    Parameters
+    ----------
+    nodes : int
+        Number of nodes (leaders).
+    concurrency : int
+        The concurrency index C (capped at `nodes`); 1 is the dissemination allgather.
+    split : bool
+        Halves of every block by pair and co-pair (§3.2): ``C // 2`` groups, each run in both
+        directions, part 0 and part 1.
+
+    Returns
+    -------
+    list of Message
+        Each node receives every other node's blocks exactly once per part.
+    """
+    parts: tuple[tuple[int, bool], ...] = ((0, False), (1, True)) if split else ((0, False),)
+    count = max(1, min(concurrency // 2 if split else concurrency, nodes))
+    groups = _groups(nodes, count)
+    messages = []
+    for part, mirrored in parts:
+        # The mirror scheme numbers each group's members from the other end.
+        order = [g[::-1] if mirrored else g for g in groups]
+        for gi, group in enumerate(order):
+            m = len(group)
+            for gj, receivers in enumerate(order):
+                for k, dest in enumerate(receivers):
+                    a = k % m
+                    if gi != gj:  # the preamble: the anchor's own node
+                        messages.append(Message(group[a], dest, 0, (group[a],), part, True))
+                    for s in range(_steps(m)):
+                        d = 1 << s
+                        j = (a + d) % m
+                        content = tuple(group[(j + t) % m] for t in range(min(d, m - d)))
+                        messages.append(Message(group[j], dest, s, content, part))
+    return messages
+
+
+# --- running it --------------------------------------------------------------------------------
+
+
+def _datatype(members: list[list[int]], content, block: int, part: int, split: bool):
+    """The hindexed-block datatype over the receive buffer (bytes) of `content`'s blocks."""
+    first = block // 2 if split else block
+    offset, length = (0, first) if part == 0 else (first, block - first)
+    displacements = [r * block + offset for node in content for r in members[node]]
+    datatype = MPI.BYTE.Create_hindexed_block(length, displacements)
+    datatype.Commit()
+    return datatype
+
+
+def _plan(ctx: Context, concurrency: int, block: int) -> list:
+    """This leader's rounds for (C, block): per round, (peer leader, tag, datatype, is_send)
+    entries; cached per context (LRU over block sizes)."""
+    state = _state(ctx)
+    split = concurrency >= 2 and block >= SPLIT_BYTES
+    key = (concurrency, block, split)
+    entry = state.types.get(key)
+    if entry is not None:
+        state.types.move_to_end(key)
+        return entry
+    nodes, members = _layout(ctx)
+    assert ctx.leaders is not None  # leaders only
+    me = ctx.leaders.rank
+    messages = schedule(len(nodes), concurrency, split)
+    rounds: list[list] = [[] for _ in range(1 + max(m.round for m in messages))]
+    for m in messages:  # receives first in each round, then sends
+        if m.dest == me:
+            dt = _datatype(members, m.content, block, m.part, split)
+            rounds[m.round].append((m.source, m.tag, dt, False))
+    for m in messages:
+        if m.source == me:
+            dt = _datatype(members, m.content, block, m.part, split)
+            rounds[m.round].append((m.dest, m.tag, dt, True))
+    entry = [r for r in rounds if r]
+    state.types[key] = entry
+    if len(state.types) > _CACHED_BLOCKS:
+        _, old = state.types.popitem(last=False)
+        _free_entry(old)
+    return entry
+
+
+def allgather_between_nodes(ctx: Context, send, recv: np.ndarray, block: int, concurrency: int):
+    """The blocks of the other nodes into every rank's `recv`, after the node-local engine
+    allgather filled this node's blocks: the leaders' concurrent exchange with index
+    `concurrency`, then a node-local bcast of the leader's `recv`.
+
+    Parameters
+    ----------
+    ctx : Context
+        A multi-node context.
+    send : numpy.ndarray or zcoll.IN_PLACE
+        This rank's block (unused: the node's blocks are already in `recv`); kept for the
+        signature the direct path has.
+    recv : numpy.ndarray
+        C-contiguous receive buffer, ``ctx.size`` blocks of `block` bytes.
+    block : int
+        Bytes per block, the same on every rank.
+    concurrency : int
+        Concurrency index C >= 1.
+
+    Raises
+    ------
+    zcoll.PeerError
+        If a peer leader does not take part within the timeout, or a node peer dies.
+    """
+    del send
+    if block == 0:
+        return
+    flat = recv.reshape(-1).view(np.uint8)
+    if ctx.leaders is not None:
+        comm = ctx.leaders
+        nodes = sorted(set(ctx.node_of))
+        what = f"zcoll.allgather (concurrent exchange between nodes, C={concurrency})"
+        for entries in _plan(ctx, concurrency, block):
+            requests = [
+                comm.Isend([flat, 1, dt], peer, tag)
+                if is_send
+                else comm.Irecv([flat, 1, dt], peer, tag)
+                for peer, tag, dt, is_send in entries
+            ]
+            ctx.wait_bounded(requests, what, peers=[nodes[e[0]] for e in entries])
+    if ctx.node_size > 1:
+        ctx.core.reduction(_BCAST_CODE, None, flat, 0, _AUTO_ALGORITHM, ctx.local_ranks[0])
