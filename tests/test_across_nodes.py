@@ -15,8 +15,16 @@ import sys
 import textwrap
 
 import pytest
-from test_leaks import alone, is_open_mpi, job_env, mpiexec, read_job_pids, run_job
-from test_leaks import leaked_entries, zcoll_shm_entries
+from test_leaks import (
+    alone,
+    is_open_mpi,
+    job_env,
+    leaked_entries,
+    mpiexec,
+    read_job_pids,
+    run_job,
+    zcoll_shm_entries,
+)
 
 from zcoll import _aggregated
 
@@ -103,7 +111,8 @@ ERROR_JOB = textwrap.dedent(
     recv.flags.writeable = rank != last
     attempt("read-only recvbuf", small, recv)
     # an unknown order on one rank
-    attempt("bad order", small, np.zeros((p, 2), np.int64), order="zigzag" if rank == last else "auto")
+    order = "zigzag" if rank == last else "auto"
+    attempt("bad order", small, np.zeros((p, 2), np.int64), order=order)
     # the communicator still works
     out = zcoll.alltoall(world, small)
     good = bool((out[:, 0] == np.arange(p)).all())

@@ -300,9 +300,9 @@ void node_messages::unpack() {
                      cfg.comm_ranks.data(), how);
         for (std::size_t i = first; i < last; ++i) {
           const aggregate_copy& c = unpack_copies_[i];
-          copy_bytes(recv_[static_cast<std::size_t>(c.rank)] +
-                         static_cast<std::size_t>(c.peer) * block_,
-                     from[static_cast<std::size_t>(c.message)] + c.slot * block_, block_, how);
+          copy_bytes(
+              recv_[static_cast<std::size_t>(c.rank)] + static_cast<std::size_t>(c.peer) * block_,
+              from[static_cast<std::size_t>(c.message)] + c.slot * block_, block_, how);
         }
       });
   ctx_.protocol().sync();

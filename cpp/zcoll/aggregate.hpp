@@ -68,7 +68,7 @@ std::size_t message_head_bytes(int senders) noexcept;
 
 // One block copy of phase 1 or 3: node ranks' buffers and message offsets, in the order run.
 struct aggregate_copy {
-  std::int32_t rank = 0;  // node rank whose send (pack) or receive (unpack) buffer it touches
+  std::int32_t rank = 0;     // node rank whose send (pack) or receive (unpack) buffer it touches
   std::int32_t message = 0;  // index into the node's outgoing (pack) or incoming (unpack) list
   std::int32_t peer = 0;     // communicator rank at the other end
   std::uint32_t slot = 0;    // block index within the message's payload
@@ -81,8 +81,8 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 
 // A message this rank sends or receives in phase 2.
 struct node_message {
-  int node = 0;          // the other node
-  int peer = 0;          // the communicator rank at the other end
+  int node = 0;  // the other node
+  int peer = 0;  // the communicator rank at the other end
   std::byte* data = nullptr;
   std::size_t bytes = 0;
 };

@@ -31,7 +31,6 @@ ALLTOALL = _registry.ALLTOALL
 AGGREGATE_MAX_BLOCK = 16384
 
 
-
 def messages_per_call(nodes: list[int], aggregate: bool) -> int:
     """MPI messages between nodes per alltoall on nodes of `nodes` ranks each: one per ordered
     node pair when aggregated (N * (N - 1)), else those plus one per pair of ranks on
@@ -48,8 +47,7 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     """One alltoall on a multi-node context: aggregated (the blocks travel in the round that
     carries the call records) up to `AGGREGATE_MAX_BLOCK`, else the round carries the records
     only and the blocks go rank to rank after the node-local part."""
-    from ._collectives import COPY_CODES, IN_PLACE, ORDER_CODES  # noqa: PLC0415
-    from ._collectives import _exchange_remote, _option_error  # noqa: PLC0415
+    from ._collectives import COPY_CODES, IN_PLACE, ORDER_CODES, _exchange_remote, _option_error  # noqa: PLC0415  # noqa: PLC0415
 
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     code = ORDER_CODES.get(order) if type(order) is str else None
