@@ -1,0 +1,130 @@
+// Rounds between nodes (aggregate.hpp): the node map, who sends and receives each message, and
+// the pack and unpack copy lists. Expected values are derived here from the header's
+// definitions (message from node a to node b: q_a * q_b blocks, receiver-major).
+#include <doctest/doctest.h>
+
+#include <map>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "zcoll/aggregate.hpp"
+
+using zcoll::aggregate_copies;
+using zcoll::node_map;
+
+namespace {
+
+// Node leader of each rank for nodes of the given sizes, ranks dealt out in the given order.
+std::vector<int> leaders_for(const std::vector<std::vector<int>>& nodes, int p) {
+  std::vector<int> leader(static_cast<std::size_t>(p), -1);
+  for (const auto& ranks : nodes) {
+    int low = p;
+    for (int r : ranks) low = std::min(low, r);
+    for (int r : ranks) leader[static_cast<std::size_t>(r)] = low;
+  }
+  return leader;
+}
+
+const std::vector<std::vector<std::vector<int>>> layouts = {
+    {{0, 1}, {2, 3}},                          // 2 nodes of 2
+    {{0, 1}, {2, 3}, {4}},                     // uneven: P = 5, nodes of 2
+    {{0, 1, 2}, {3, 4, 5}, {6, 7}},            // nodes of 3, 3, 2
+    {{0}, {1}, {2}, {3}},                      // one rank per node
+    {{0, 4}, {1, 5}, {2, 6}, {3, 7}},          // interleaved (a split with reordered keys)
+    {{0, 1, 2, 3, 4}, {5}, {6, 7, 8, 9, 10}},  // a lone rank between two large nodes
+};
+
+}  // namespace
+
+TEST_CASE("node_map orders nodes by their lowest rank and ranks within a node ascending") {
+  const node_map m = node_map::from_leaders(leaders_for({{3, 7}, {0, 5, 2}, {1, 4, 6}}, 8));
+  REQUIRE(m.nodes() == 3);
+  CHECK(m.members[0] == std::vector<int>{0, 2, 5});
+  CHECK(m.members[1] == std::vector<int>{1, 4, 6});
+  CHECK(m.members[2] == std::vector<int>{3, 7});
+  CHECK(m.node_of == std::vector<int>{0, 1, 0, 2, 1, 0, 1, 2});
+  CHECK(m.node_rank == std::vector<int>{0, 0, 1, 0, 1, 2, 2, 1});
+}
+
+TEST_CASE("each message has one sender and one receiver, spread over the node's ranks") {
+  for (const auto& layout : layouts) {
+    int p = 0;
+    for (const auto& n : layout) p += static_cast<int>(n.size());
+    const node_map m = node_map::from_leaders(leaders_for(layout, p));
+    const int n = m.nodes();
+    std::map<std::pair<int, int>, int> sends, receives;  // (node, node rank) -> messages
+    for (int a = 0; a < n; ++a)
+      for (int b = 0; b < n; ++b) {
+        if (a == b) continue;
+        const int s = m.sender(a, b), r = m.receiver(a, b);
+        REQUIRE(s >= 0);
+        REQUIRE(s < m.ranks_on(a));
+        REQUIRE(r >= 0);
+        REQUIRE(r < m.ranks_on(b));
+        ++sends[{a, s}];
+        ++receives[{b, r}];
+      }
+    // Node a sends N - 1 messages over its q ranks: no rank sends more than ceil((N-1)/q).
+    for (int a = 0; a < n; ++a) {
+      const int q = m.ranks_on(a);
+      const int most = (n - 1 + q - 1) / q;
+      for (int j = 0; j < q; ++j) {
+        CHECK(sends[{a, j}] <= most);
+        CHECK(receives[{a, j}] <= most);
+      }
+    }
+  }
+}
+
+TEST_CASE("pack and unpack lists move every block between nodes exactly once, to its place") {
+  for (const auto& layout : layouts) {
+    int p = 0;
+    for (const auto& n : layout) p += static_cast<int>(n.size());
+    const node_map m = node_map::from_leaders(leaders_for(layout, p));
+    const int n = m.nodes();
+    // Block (s -> d) packed by node(s) into message (node(s) -> node(d)) at slot
+    // ld * q_s + ls; unpacked by node(d) from the same message and slot into d's buffer at s.
+    std::set<std::tuple<int, int, int>> packed;    // (src node, dst node, slot)
+    std::set<std::tuple<int, int, int>> unpacked;  // same key
+    std::set<std::pair<int, int>> pairs_packed, pairs_unpacked;
+    for (int node = 0; node < n; ++node) {
+      const auto& here = m.members[static_cast<std::size_t>(node)];
+      for (const auto& c : aggregate_copies(m, node, true)) {
+        const int src = here[static_cast<std::size_t>(c.rank)];
+        const int dst = c.peer;
+        const int other = (node + c.message + 1) % n;  // staggered: message k goes k+1 steps
+        REQUIRE(m.node_of[static_cast<std::size_t>(dst)] == other);
+        const int slot = m.node_rank[static_cast<std::size_t>(dst)] * m.ranks_on(node) + c.rank;
+        CHECK(static_cast<int>(c.slot) == slot);
+        CHECK(packed.emplace(node, other, slot).second);
+        CHECK(pairs_packed.emplace(src, dst).second);
+      }
+      for (const auto& c : aggregate_copies(m, node, false)) {
+        const int dst = here[static_cast<std::size_t>(c.rank)];
+        const int src = c.peer;
+        const int other = (node - c.message - 1 + n) % n;
+        REQUIRE(m.node_of[static_cast<std::size_t>(src)] == other);
+        const int slot = c.rank * m.ranks_on(other) + m.node_rank[static_cast<std::size_t>(src)];
+        CHECK(static_cast<int>(c.slot) == slot);
+        CHECK(unpacked.emplace(other, node, slot).second);
+        CHECK(pairs_unpacked.emplace(src, dst).second);
+      }
+    }
+    CHECK(packed == unpacked);
+    std::set<std::pair<int, int>> expected;  // every pair of ranks on different nodes
+    for (int s = 0; s < p; ++s)
+      for (int d = 0; d < p; ++d)
+        if (m.node_of[static_cast<std::size_t>(s)] != m.node_of[static_cast<std::size_t>(d)])
+          expected.emplace(s, d);
+    CHECK(pairs_packed == expected);
+    CHECK(pairs_unpacked == expected);
+  }
+}
+
+TEST_CASE("message heads hold one call record per sending rank, cache-line padded") {
+  CHECK(zcoll::message_head_bytes(1) % 64 == 0);
+  CHECK(zcoll::message_head_bytes(1) >= sizeof(zcoll::call_record));
+  CHECK(zcoll::message_head_bytes(3) >= 3 * sizeof(zcoll::call_record));
+  CHECK(zcoll::message_head_bytes(3) < 3 * sizeof(zcoll::call_record) + 64);
+}
