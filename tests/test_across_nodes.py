@@ -40,8 +40,8 @@ CHECK_JOB = textwrap.dedent(
     comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
     bad = []
-    for limit, path in ((1 << 40, "aggregated"), (-1, "direct")):
-        _aggregated.AGGREGATE_MAX_BLOCK = limit
+    for aggregate, path in ((True, "aggregated"), (False, "direct")):
+        _aggregated.force(aggregate)
         for name, comm in comms.items():
             p = comm.size
             rng = np.random.default_rng(7 + comm.rank)

@@ -154,6 +154,33 @@ def test_collective_json_csv_plot(collective, method, outdir):
     on_root(check)
 
 
+BETWEEN_NODES = {
+    "alltoall": {"xn:aggregated", "xn:direct"},
+    "allgather": {"xn:direct", "xn:C=1", "xn:C=2", "xn:C=4"},
+}
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "allgather"])
+def test_between_nodes_methods(collective, outdir):
+    """--between-nodes adds the ways blocks cross nodes (checked against MPI) on a communicator
+    spanning nodes (the suite's virtual-node runs), and nothing on one node."""
+    out = outdir / "between.json"
+    argv = [collective, "--sizes", "64", "--orders", "auto", "--between-nodes", "--check"]
+    assert run_main(argv + FAST + ["--json", str(out)]) == 0
+    multi_node = zcoll._context.context(WORLD).multi_node
+
+    def check():
+        document = read_json(out)
+        methods = {r["method"] for r in document["results"]}
+        if multi_node:
+            assert BETWEEN_NODES[collective] <= methods, methods
+        else:
+            assert methods == {"MPI", "auto"}
+        assert document["metadata"]["checked"]
+
+    on_root(check)
+
+
 def test_copy_mode_list_names_methods(outdir):
     out = outdir / "modes.json"
     argv = ["alltoall", "--sizes", "64", "--orders", "row,hilbert", "--copy", "auto,streaming"]

@@ -22,13 +22,25 @@ import numpy as np
 from . import _core, _registry
 from ._context import Context
 
-__all__ = ["AGGREGATE_MAX_BLOCK", "alltoall_between_nodes", "messages_per_call"]
+__all__ = ["AGGREGATE_MAX_BLOCK", "alltoall_between_nodes", "force", "messages_per_call"]
 
 ALLTOALL = _registry.ALLTOALL
 
 #: Largest block (bytes) an alltoall across nodes packs into one message per node pair
 #: (measured with virtual nodes of 2 on 2 cores; README "Across nodes").
 AGGREGATE_MAX_BLOCK = 16384
+
+_forced: bool | None = None
+
+
+def force(aggregate: bool | None) -> bool | None:
+    """Make every later alltoall across nodes of this process aggregate (True) or go rank to
+    rank (False) whatever its block size; None: the size rule again. Returns the previous
+    setting. Local, but it must be the same on every rank (benches and tests call it on every
+    rank, between collectives)."""
+    global _forced
+    previous, _forced = _forced, aggregate
+    return previous
 
 
 def messages_per_call(nodes: list[int], aggregate: bool) -> int:
@@ -60,7 +72,8 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
         raise AssertionError("unreachable: the round raises the published error")
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
-    data = (send, recvbuf, code, copy_code) if block <= AGGREGATE_MAX_BLOCK else None
+    aggregate = block <= AGGREGATE_MAX_BLOCK if _forced is None else _forced
+    data = (send, recvbuf, code, copy_code) if aggregate else None
     if ctx.node_round(ALLTOALL, record, data):
         return
     ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks

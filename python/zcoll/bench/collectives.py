@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _collectives, _context, _core, _internode
+from zcoll import _aggregated, _collectives, _context, _core, _internode
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
 
 from .common import (
@@ -137,6 +137,7 @@ class ZcollMethod:
     copy: str
     persistent: bool = False
     internode: _internode.Choice | None = None  # allgather across nodes: forced this way
+    aggregate: bool | None = None  # alltoall across nodes: aggregated (True) or direct, forced
     phase: bool = False  # the blocks between nodes alone (no agreement, no node-local part)
 
 
@@ -158,6 +159,46 @@ def internode_methods() -> list[ZcollMethod]:
             name = f"{'phase' if phase else 'xn'}:{choice.label()}"
             methods.append(ZcollMethod(name, AUTO, AUTO, internode=choice, phase=phase))
     return methods
+
+
+#: The alltoall methods added on a communicator spanning several nodes with --between-nodes:
+#: the blocks aggregated into one message per node pair, or rank to rank (TPDS'18 §2.5).
+AGGREGATION_METHODS = (
+    ZcollMethod("xn:aggregated", AUTO, AUTO, aggregate=True),
+    ZcollMethod("xn:direct", AUTO, AUTO, aggregate=False),
+)
+
+
+def _aggregated_call(fn: Callable[[], object], aggregate: bool) -> Callable[[], None]:
+    """`fn` run with the alltoall across nodes forced to aggregate or not (restored after)."""
+
+    def run() -> None:
+        previous = _aggregated.force(aggregate)
+        try:
+            fn()
+        finally:
+            _aggregated.force(previous)
+
+    return run
+
+
+def messages_between_nodes(comm: MPI.Comm, collective: str) -> str:
+    """What crosses nodes per call on `comm` (several nodes): the node sizes and, for alltoall,
+    the MPI messages of each way (the round of records is one message per ordered node pair)."""
+    node_of = _context.context(comm).node_of
+    sizes = [node_of.count(leader) for leader in sorted(set(node_of))]
+    text = f"{len(sizes)} nodes of {sizes} ranks; MPI messages between nodes per call: "
+    if collective == ALLTOALL:
+        aggregated = _aggregated.messages_per_call(sizes, aggregate=True)
+        direct = _aggregated.messages_per_call(sizes, aggregate=False)
+        limit = format_size(_aggregated.AGGREGATE_MAX_BLOCK)
+        return text + f"aggregated {aggregated} (blocks <= {limit}), direct {direct}"
+    n, p = len(sizes), sum(sizes)
+    return (
+        text
+        + f"records {n * (n - 1)}, then direct {sum(q * (p - q) for q in sizes)} or "
+        + ("the leaders' concurrent exchange")
+    )
 
 
 def _forced_call(fn: Callable[[], object], choice: _internode.Choice) -> Callable[[], None]:
@@ -369,6 +410,11 @@ class BlockCase:
         zcoll_fn = getattr(zcoll, collective)
         init_fn = getattr(zcoll, f"{collective}_init")
         for m in methods:
+            if m.aggregate is not None:
+                plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
+                fn = _aggregated_call(plain, m.aggregate)
+                self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+                continue
             if m.internode is not None:
                 if m.phase:  # the result of a whole call first, then the phase alone
                     fn = _phase_call(comm, self.zsend, self.zrecv, m.internode)
@@ -832,8 +878,10 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     now, command = now_iso(), command_line(args)
     report = Reporter(comm, args.progress)
     timer = Timer(comm, args, layout[2])
-    if collective == ALLGATHER and _context.context(comm).multi_node and not args.persistent:
-        args.methods = [*args.methods, *internode_methods()]
+    multi_node = _context.context(comm).multi_node
+    if args.between_nodes and multi_node and not args.persistent:
+        added = internode_methods() if collective == ALLGATHER else list(AGGREGATION_METHODS)
+        args.methods = [*args.methods, *added]
     names = [m.name for m in args.methods]
     missing = mpi_persistent_missing(comm, collective) if args.persistent else None
 
@@ -881,6 +929,8 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             + note
         )
     report(where(comm, layout))
+    if multi_node:
+        report(messages_between_nodes(comm, collective))
     report(f"MPI library: {mpi_library()}")
     if comm.rank == 0:
         metadata = {
@@ -957,6 +1007,14 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
         "per (order, mode), named order/mode (default auto)",
     )
     add_timing_options(parser)
+    parser.add_argument(
+        "--between-nodes",
+        action="store_true",
+        help="on a communicator spanning several nodes (or virtual nodes: --virtual-node-size), "
+        "also time each way blocks cross nodes: alltoall xn:aggregated (one message per node "
+        "pair, TPDS'18 MN-CO) and xn:direct (rank to rank); allgather xn:direct and the "
+        "leaders' concurrent exchange xn:C=1,2,4 (SC'05), and phase:* (that part alone)",
+    )
     parser.add_argument(
         "--persistent",
         action="store_true",
