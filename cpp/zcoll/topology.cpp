@@ -138,16 +138,17 @@ loaded_topology::loaded_topology(std::string_view description) {
     why = errno_text("hwloc_topology_init");
   } else if ((xml ? hwloc_topology_set_xml(handle, text.c_str())
                   : hwloc_topology_set_synthetic(handle, text.c_str())) != 0) {
-    why = xml ? "hwloc cannot read it as XML" : "hwloc rejects it as a synthetic description";
+    why = xml ? "hwloc cannot read the XML file '" + text + "'"
+              : "hwloc rejects '" + text + "' as a synthetic description (nor is it a file)";
   } else if (hwloc_topology_load(handle) != 0) {
     why = errno_text("hwloc_topology_load");
   } else if (count_of(handle, HWLOC_OBJ_PU) == 0) {
-    why = "it has no PU";
+    why = "the machine '" + text + "' has no PU";
   }
   if (!why.empty()) {
     if (handle) hwloc_topology_destroy(handle);
     handle = nullptr;
-    throw std::invalid_argument("zcoll: topology '" + text + "': " + why);
+    throw std::invalid_argument("zcoll: " + why);
   }
   machine = read_machine(handle, (xml ? "XML file " : "synthetic ") + text);
 }
