@@ -19,6 +19,7 @@ import subprocess
 import pytest
 from mpi4py import MPI
 
+import zcoll
 from zcoll import bench
 from zcoll.bench import cachemiss
 from zcoll.bench.cachemiss import CacheGeometry, Config
@@ -407,3 +408,64 @@ def test_bench_subcommand_quick(tmp_path, capsys):
     assert {(x["op"], x["order"]) for x in rows} == {
         (op, o) for op in cachemiss.OPS for o in ("row", "morton")
     }
+
+
+# --- --topology: order numa on a described NUMA machine, cross-domain bytes -------------------
+
+# 2 NUMA domains of 3 PUs. (On 2 domains of 4, Morton's segments at P = 8 happen to stay in
+# their domain's rows; at P = 6 on 2 of 3 as well.)
+TWO_SOCKETS = "package:2 numa:1 core:3 pu:1"
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in_place"])
+@pytest.mark.parametrize("op", cachemiss.OPS)
+def test_numa_replay_delivers_every_block(op, in_place):
+    layouts = [[0, 0, 1, 1], [0, 0, 0, 1, 1, 1, 1, 1], [3, 1, 3, 0, 2, 2, 1], [0, 1], [4, 4, 4]]
+    for numa in layouts:
+        args = ["--op", op, "--order", "numa", "--p", str(len(numa)), "--block", "24"]
+        args += ["--numa", ",".join(map(str, numa)), "--verify", "--evict-bytes", "4096"]
+        args += ["--in-place"] if in_place else []
+        r = replay(*args)
+        assert r.returncode == 0, f"{args}: {r.stderr}"
+        assert "verify=ok" in r.stdout
+    r = replay("--op", op, "--order", "numa", "--p", "4", "--block", "8", "--numa", "0,1")
+    assert r.returncode == 2 and "--numa gives the NUMA node of each" in r.stderr
+
+
+def independent_cross_writes(p: int, order: str, numa: list[int], block: int) -> int:
+    """Bytes written into another domain's buffers: the block (d, s) that rank e copies lands in
+    rank d's receive buffer, in d's domain."""
+    s = zcoll.schedule(p, order, numa_nodes=numa)
+    return sum(block for e in range(p) for d, _ in s.segment(e).tolist() if numa[d] != numa[e])
+
+
+@pytest.mark.parametrize("p", [4, 8, 12, 16, 24])
+def test_numa_writes_less_across_domains_than_morton(p):
+    numa = list(cachemiss.placed_numa_nodes(TWO_SOCKETS, p))
+    assert numa == [i % 6 // 3 for i in range(p)]
+    writes = {}
+    for order in ("morton", "numa"):
+        config = Config("alltoall", p, 64, order, numa=tuple(numa))
+        read, write = cachemiss.cross_domain_bytes(config)
+        writes[order] = independent_cross_writes(p, order, numa, 64)
+        assert write == writes[order]
+        assert read > 0  # half the blocks come from the other socket, whoever copies them
+    assert writes["numa"] == 0 < writes["morton"]
+
+
+@needs_valgrind
+def test_cli_topology_reports_cross_domain_bytes(tmp_path, capsys):
+    out = tmp_path / "numa.json"
+    argv = ["--topology", TWO_SOCKETS, "--ops", "alltoall", "--procs", "8", "--blocks", "64"]
+    argv += ["--orders", "morton,numa", "--cache", "paper", "--json", str(out), "--no-progress"]
+    assert cachemiss.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "alltoall, P = 8 on 2 NUMA domains: bytes per rank in another domain" in printed
+    rows = {x["order"]: x for x in json.loads(out.read_text())["results"]}
+    numa = [i % 6 // 3 for i in range(8)]
+    for order, row in rows.items():
+        assert row["cross_write"] == independent_cross_writes(8, order, numa, 64)
+    assert rows["numa"]["cross_write"] < rows["morton"]["cross_write"]
+    with pytest.raises(SystemExit):
+        cachemiss.main(["--topology", "socket:x"])
+    assert "--topology: hwloc rejects 'socket:x'" in capsys.readouterr().err

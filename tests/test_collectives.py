@@ -16,8 +16,13 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import DTYPES, all_ranks_agree, random_bytes
+from zcoll import _context
 
-ORDERS = ["auto", *zcoll.ORDERS]
+# "numa" without a NUMA topology is Morton's schedule (test_schedule.py): it runs here under a
+# described 4-NUMA-node machine (test_numa_matches_mpi) instead of in every test below.
+ORDERS = ["auto", *(o for o in zcoll.ORDERS if o != "numa")]
+# 2 packages of 2 NUMA nodes of 2 cores: node ranks 0-1 on NUMA node 0, 2-3 on 1, ...
+NUMA_TOPOLOGY = "package:2 numa:2 core:2 pu:1"
 COUNTS = [0, 1, 3, 17, 1000]  # elements per block
 LARGE_COUNT = 70_001  # ~0.5-1 MiB blocks for 8-16 byte types
 
@@ -117,6 +122,57 @@ def test_allgather_in_place_matches_mpi(comm, order, mode):
         if got is not buf or not same_bits(buf, expected):
             failures.append((np.dtype(dtype).name, count))
     all_ranks_agree(comm, not failures, f"in-place allgather order={order}: {failures}")
+
+
+@pytest.fixture
+def numa_world(world, monkeypatch):
+    """A duplicate of COMM_WORLD whose context places node rank i on PU i of NUMA_TOPOLOGY."""
+    monkeypatch.setenv("ZCOLL_TOPOLOGY", NUMA_TOPOLOGY)
+    comm = world.Dup()
+    yield comm
+    comm.Free()
+
+
+@pytest.mark.parametrize("order", ["numa", "auto"])
+def test_numa_matches_mpi(numa_world, order):
+    """SH-NUMA-CO (order="numa", and "auto", which picks it when the node spans NUMA nodes):
+    every schedule kind, arena and private buffers, bit for bit against mpi4py."""
+    comm = numa_world
+    p = comm.size
+    failures = []
+    cases = [(d, c) for d in (np.uint8, np.float64, np.complex128) for c in (0, 1, 17, 1000)]
+    for tag, (dtype, count) in enumerate(cases):
+        for arena in (True, False):
+            what = (np.dtype(dtype).name, count, "arena" if arena else "private")
+            send = make_buffer(comm, (p, count), dtype, arena)
+            fill(send, seeded(comm, tag, send.nbytes))
+            expected = reference_alltoall(comm, send)
+            if not same_bits(zcoll.alltoall(comm, send, order=order), expected):
+                failures.append(("alltoall", *what))
+            buf = make_buffer(comm, (p, count), dtype, arena)
+            buf[...] = send
+            zcoll.alltoall(comm, zcoll.IN_PLACE, buf, order=order)
+            if not same_bits(buf, expected):
+                failures.append(("in-place alltoall", *what))
+            expected = reference_allgather(comm, send[0])
+            if not same_bits(zcoll.allgather(comm, send[0], order=order), expected):
+                failures.append(("allgather", *what))
+            fill(buf, random_bytes(tag, buf.nbytes))
+            buf[comm.rank] = send[0]
+            zcoll.allgather(comm, zcoll.IN_PLACE, buf, order=order)
+            if not same_bits(buf, expected):
+                failures.append(("in-place allgather", *what))
+    send = zcoll.empty(comm, (p, 33), np.int64)
+    with zcoll.alltoall_init(comm, send, order=order) as plan:  # a plan runs the same schedule
+        for run in range(2):
+            send[...] = np.arange(send.size).reshape(send.shape) + 1000 * comm.rank + run
+            if not same_bits(plan(), reference_alltoall(comm, send)):
+                failures.append(("alltoall_init", run))
+    all_ranks_agree(comm, not failures, f"order={order} on {NUMA_TOPOLOGY}: {failures}")
+    # The context saw the described NUMA nodes (node rank i on PU i: NUMA node i // 2).
+    ctx = _context.context(comm)
+    want = len({r // 2 % 4 for r in range(ctx.node_size)})
+    all_ranks_agree(comm, ctx.core.numa_domains == want, f"{ctx.core.numa_domains} != {want}")
 
 
 @pytest.mark.parametrize("order", ORDERS)

@@ -163,3 +163,96 @@ def test_public_schedule_kinds_and_errors():
             zcoll.schedule(*bad)
     with pytest.raises(ValueError, match="rank"):
         zcoll.schedule(4, "row").segment(4)
+
+
+# --- order="numa" (TPDS'18 §2.4) on machines described as ZCOLL_TOPOLOGY describes them -------
+
+NUMA_MACHINES = [
+    "package:2 numa:1 core:4 pu:1",  # 2 sockets of 4
+    "package:2 numa:2 core:2 pu:1",  # 4 NUMA nodes of 2
+    "package:4 numa:1 core:4 pu:1",  # 4 sockets of 4
+    "package:2 numa:2 core:4 pu:2",  # 4 NUMA nodes of 8 PUs
+]
+
+
+def placed_numa_nodes(machine: str, p: int) -> list[int]:
+    """Node rank i on the machine's i-th PU (wrapping), as ZCOLL_TOPOLOGY places ranks."""
+    return [_core.locate_described_pu(machine, i)["numa_node"] for i in range(p)]
+
+
+def test_described_placement_follows_the_pus():
+    # "package:2 numa:2 core:2 pu:1": PUs 0-1 on NUMA node 0, 2-3 on 1, ... 8 PUs, then wrap.
+    got = placed_numa_nodes("package:2 numa:2 core:2 pu:1", 11)
+    assert got == [0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1]
+    where = _core.locate_described_pu("package:2 numa:2 core:2 pu:1", 5)
+    assert (where["package"], where["numa_node"], where["core"], where["bound"]) == (1, 2, 5, False)
+
+
+@pytest.mark.parametrize("kind", ["full", "swap", "offdiagonal"])
+@pytest.mark.parametrize("machine", NUMA_MACHINES)
+@pytest.mark.parametrize("p", [4, 5, 8, 11, 16, 24, 32])
+def test_numa_schedule_on_described_machines(machine, p, kind):
+    numa = placed_numa_nodes(machine, p)
+    ids = sorted(set(numa))
+    dom = [ids.index(n) for n in numa]
+    s = len(ids)
+    blocks, starts = _core.schedule(p, ORDERS["numa"], kind, numa)
+    blocks = [tuple(map(int, b)) for b in blocks]
+    want = {
+        "full": set(itertools.product(range(p), range(p))),
+        "swap": {(d, x) for d in range(p) for x in range(d)},
+        "offdiagonal": {(d, x) for d in range(p) for x in range(p) if d != x},
+    }[kind]
+    assert len(blocks) == len(want) and set(blocks) == want  # every block exactly once
+    sizes = np.diff(starts)
+    for r in range(s):
+        members = [e for e in range(p) if dom[e] == r]
+        assert sizes[members].max() - sizes[members].min() <= 1  # balanced inside a domain
+        if kind != "swap":
+            assert set(sizes[members]) == {p if kind == "full" else p - 1}
+        for e in members:
+            steps = []
+            for d, x in blocks[starts[e] : starts[e + 1]]:
+                if kind == "swap":  # a swap writes both ends: one must be in e's domain
+                    assert r in (dom[d], dom[x])
+                    other = dom[x] if dom[d] == r else dom[d]
+                else:  # each rank writes only its own domain's receive buffers
+                    assert dom[d] == r
+                    other = dom[x]
+                steps.append((other - r) % s)
+            assert steps == sorted(steps)  # step i reads domain (r + i) % s
+
+
+@pytest.mark.parametrize("kind", ["full", "swap", "offdiagonal"])
+@pytest.mark.parametrize("p", [1, 3, 4, 7, 16])
+def test_numa_over_one_domain_is_morton(p, kind):
+    morton = _core.schedule(p, ORDERS["morton"], kind)
+    for numa in ([], [2] * p, [-1] + [0] * (p - 1)):
+        numa_blocks, numa_starts = _core.schedule(p, ORDERS["numa"], kind, numa)
+        assert np.array_equal(numa_blocks, morton[0]) and np.array_equal(numa_starts, morton[1])
+
+
+def test_numa_two_sockets_of_two_is_the_papers_figure():
+    # 2 domains of 2 ranks: step 0 the own 2 x 2 quadrant (Morton: rank 0 its own row), step 1
+    # the other domain's columns.
+    blocks, starts = _core.schedule(4, ORDERS["numa"], "full", [0, 0, 1, 1])
+    seg = [[tuple(map(int, b)) for b in blocks[starts[r] : starts[r + 1]]] for r in range(4)]
+    assert seg[0] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert seg[2] == [(2, 2), (2, 3), (2, 0), (2, 1)]
+    assert seg[3] == [(3, 2), (3, 3), (3, 0), (3, 1)]
+
+
+def test_numa_nodes_of_the_wrong_length_raise():
+    with pytest.raises(ValueError, match="NUMA node of each"):
+        _core.schedule(4, ORDERS["numa"], "full", [0, 1])
+
+
+def test_public_schedule_takes_numa_nodes():
+    import zcoll
+
+    s = zcoll.schedule(4, "numa", numa_nodes=[5, 5, 1, 1])  # ranks 2-3 are domain 0
+    assert s.numa_nodes == (5, 5, 1, 1)
+    assert s.segment(0).tolist() == [[0, 0], [0, 1], [0, 2], [0, 3]]
+    assert s.segment(2).tolist() == [[2, 2], [2, 3], [2, 0], [2, 1]]
+    with pytest.raises(ValueError, match="NUMA node of each"):
+        zcoll.schedule(4, "numa", numa_nodes=[0, 1, 2])

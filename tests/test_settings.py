@@ -157,6 +157,8 @@ BAD_VALUES = [
     ("ZCOLL_YIELDS", "1.5", "zcoll: ZCOLL_YIELDS='1.5' is not a valid int"),
     ("ZCOLL_VIRTUAL_NODE_SIZE", "two", "zcoll: ZCOLL_VIRTUAL_NODE_SIZE='two' is not an integer"),
     ("ZCOLL_VIRTUAL_NODE_SIZE", "-2", "zcoll: ZCOLL_VIRTUAL_NODE_SIZE must be >= 0"),
+    ("ZCOLL_TOPOLOGY", "socket:two", "zcoll: ZCOLL_TOPOLOGY: hwloc rejects 'socket:two' as a "
+     "synthetic description (nor is it a file)"),
 ]  # fmt: skip
 
 

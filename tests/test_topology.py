@@ -170,6 +170,60 @@ def test_invalid_synthetic_falls_back_to_this_machine(tmp_path):
     assert machine["pus"] > 0
 
 
+def test_described_machine_places_node_ranks_on_its_pus(comm, monkeypatch, tmp_path):
+    # ZCOLL_TOPOLOGY: node rank i on PU i (wrapping) of the described machine, not bound.
+    described = "package:2 numa:2 core:2 pu:1"
+    monkeypatch.setenv("ZCOLL_TOPOLOGY", described)
+    t = topology(comm)
+    assert (t.packages, t.numa_nodes, t.cores, t.pus) == (2, 4, 8, 8)
+    assert t.source == f"ZCOLL_TOPOLOGY: synthetic {described}"
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    ranks_here = node.allgather(comm.rank)
+    node.Free()
+    for i, rank in enumerate(ranks_here):  # this node's ranks, in node rank order
+        p = t.ranks[rank]
+        assert (p.pu, p.core, p.numa_node, p.package) == (i % 8, i % 8, i % 8 // 2, i % 8 // 4)
+        assert not p.bound
+    # An hwloc XML file works as well.
+    xml = tmp_path / f"machine-{comm.rank}.xml"
+    xml.write_text(two_socket_xml())
+    monkeypatch.setenv("ZCOLL_TOPOLOGY", str(xml))
+    t = topology(comm)
+    assert t.source.startswith("ZCOLL_TOPOLOGY: XML file ")  # rank 0's file
+    assert t.source.endswith("machine-0.xml")
+    assert (t.packages, t.numa_nodes, t.cores, t.pus) == (2, 2, 4, 4)
+    assert [t.ranks[r].numa_node for r in ranks_here] == [
+        i % 4 // 2 for i in range(len(ranks_here))
+    ]
+
+
+def two_socket_xml() -> str:
+    """hwloc 2 XML of 2 packages, each one NUMA node and 2 single-PU cores."""
+
+    def obj(kind: str, index: int, cpus: int, nodes: int, inner: str = "", extra: str = "") -> str:
+        sets = (
+            f'cpuset="{cpus:#x}" complete_cpuset="{cpus:#x}" '
+            f'nodeset="{nodes:#x}" complete_nodeset="{nodes:#x}"'
+        )
+        head = f'<object type="{kind}" os_index="{index}" {sets}{extra}'
+        return f"{head}>{inner}</object>" if inner else f"{head}/>"
+
+    packages = ""
+    for p in range(2):
+        cores = "".join(
+            obj("Core", c, 1 << c, 1 << p, obj("PU", c, 1 << c, 1 << p)) for c in (2 * p, 2 * p + 1)
+        )
+        numa = obj("NUMANode", p, 3 << 2 * p, 1 << p, extra=' local_memory="1073741824"')
+        packages += obj("Package", p, 3 << 2 * p, 1 << p, numa + cores)
+    machine = obj(
+        "Machine", 0, 0xF, 0x3, packages, extra=' allowed_cpuset="0xf" allowed_nodeset="0x3"'
+    )
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<!DOCTYPE topology SYSTEM "hwloc2.dtd">\n'
+        f'<topology version="2.0">{machine}</topology>\n'
+    )
+
+
 def test_comm_null_is_rejected():
     with pytest.raises(ValueError, match="COMM_NULL"):
         topology(MPI.COMM_NULL)

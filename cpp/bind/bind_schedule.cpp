@@ -1,7 +1,9 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "zcoll/schedule.hpp"
@@ -12,13 +14,14 @@ namespace zcoll::bind {
 
 namespace {
 
-schedule schedule_named(int p, int order, const std::string& kind) {
+schedule schedule_named(int p, int order, const std::string& kind,
+                        const std::vector<int>& domains) {
   if (!is_code<block_order>(order)) throw std::invalid_argument("unknown order code");
   const auto k = parse_name<schedule_kind>(kind);
   if (!k)
     throw std::invalid_argument("kind must be one of " + joined_names<schedule_kind>(", ") +
                                 ", got '" + kind + "'");
-  return make_schedule(*k, p, static_cast<block_order>(order));
+  return make_schedule({*k, p, static_cast<block_order>(order), domains});
 }
 
 }  // namespace
@@ -26,8 +29,8 @@ schedule schedule_named(int p, int order, const std::string& kind) {
 void register_schedule(py::module_& m) {
   m.def(
       "schedule",
-      [](int p, int order, const std::string& kind) {
-        const schedule s = schedule_named(p, order, kind);
+      [](int p, int order, const std::string& kind, const std::vector<int>& domains) {
+        const schedule s = schedule_named(p, order, kind, domains);
         py::array_t<std::int32_t> blocks(
             {static_cast<py::ssize_t>(s.blocks.size()), py::ssize_t{2}});
         auto b = blocks.mutable_unchecked<2>();
@@ -42,8 +45,10 @@ void register_schedule(py::module_& m) {
         return py::make_tuple(blocks, starts);
       },
       py::arg("p"), py::arg("order"), py::arg("kind") = "full",
+      py::arg("numa_nodes") = std::vector<int>{},
       "(blocks, starts): the (dst, src) blocks in order; rank r copies "
-      "blocks[starts[r]:starts[r+1]].");
+      "blocks[starts[r]:starts[r+1]]. numa_nodes: each rank's NUMA node (order numa; empty: one "
+      "domain).");
   m.def(
       "morton_decode",
       [](std::uint64_t code) {

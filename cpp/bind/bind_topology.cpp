@@ -1,5 +1,7 @@
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 #include "bindings.hpp"
 #include "zcoll/topology.hpp"
 
@@ -45,6 +47,21 @@ void register_topology(py::module_& m) {
       "Where the calling thread runs now: dict with pu (OS index), core, numa_node, package, "
       "l3_cache (logical indexes; -1: unknown) and bound (pinned to a strict subset of the allowed "
       "PUs).");
+  m.def(
+      "described_topology",
+      [](const std::string& description) { return to_dict(read_described_topology(description)); },
+      py::arg("description"),
+      "The machine an hwloc synthetic description or XML file path describes (ZCOLL_TOPOLOGY), "
+      "as machine_topology's dict; ValueError when hwloc rejects it.");
+  m.def(
+      "locate_described_pu",
+      [](const std::string& description, int index) {
+        return to_dict(locate_described_pu(description, index));
+      },
+      py::arg("description"), py::arg("index"),
+      "Where the index-th PU (logical order, wrapping) of the described machine is, as "
+      "locate_this_process's dict (bound: False): the place of node rank `index` under "
+      "ZCOLL_TOPOLOGY.");
 }
 
 }  // namespace zcoll::bind

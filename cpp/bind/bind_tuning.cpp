@@ -88,10 +88,14 @@ void register_tuning(py::module_& m) {
                             "Largest per-rank receive size of the eager path (0: none).");
   m.def(
       "default_order",
-      [](int p, std::size_t block_bytes) {
-        return static_cast<int>(default_order(p, block_bytes));
+      [](int p, std::size_t block_bytes, int numa_domains) {
+        return static_cast<int>(default_order(p, block_bytes, numa_domains));
       },
-      py::arg("p"), py::arg("block_bytes"), "Order code used for order='auto'.");
+      py::arg("p"), py::arg("block_bytes"), py::arg("numa_domains") = 1,
+      "Order code used for order='auto' on p ranks spanning numa_domains NUMA nodes.");
+  cls.def_property_readonly(
+      "numa_domains", [](node_context& ctx) { return ctx.policy().numa_domains(); },
+      "How many NUMA nodes this node's ranks span (1: unknown or one).");
 }
 
 }  // namespace zcoll::bind

@@ -111,10 +111,10 @@ TEST_CASE("overlapping send and receive buffers are refused") {
 TEST_CASE("check_codes takes the registry's codes and keeps an earlier error") {
   local_check ok;
   CHECK(check_codes(ok, auto_order, auto_copy, false));
-  CHECK(check_codes(ok, 3, 2, false));
+  CHECK(check_codes(ok, 4, 2, false));
   local_check bad_order;
-  CHECK_FALSE(check_codes(bad_order, 4, auto_copy, true));
-  CHECK(bad_order.message == "unknown order code 4");
+  CHECK_FALSE(check_codes(bad_order, 5, auto_copy, true));
+  CHECK(bad_order.message == "unknown order code 5");
   local_check eager;
   CHECK_FALSE(check_codes(eager, eager_order, auto_copy, false));
   local_check eager_ok;
@@ -129,7 +129,8 @@ TEST_CASE("check_codes takes the registry's codes and keeps an earlier error") {
 
 TEST_CASE("bad_option_message lists the names as Python does") {
   CHECK(bad_option_message("order", "'zigzag'") ==
-        "order must be 'auto' or one of ['row', 'column', 'morton', 'hilbert'], got 'zigzag'");
+        "order must be 'auto' or one of ['row', 'column', 'morton', 'hilbert', 'numa'], got "
+        "'zigzag'");
   CHECK(bad_option_message("copy", "3") ==
         "copy must be 'auto' or one of ['temporal', 'streaming', 'hybrid'], got 3");
 }

@@ -27,13 +27,13 @@ TEST_CASE("every enum's names round-trip through parse_name, in code order") {
 }
 
 TEST_CASE("counts and codes") {
-  CHECK(count_of<block_order> == 4);
+  CHECK(count_of<block_order> == 5);
   CHECK(count_of<copy_mode> == 3);
   CHECK(count_of<copy_isa> == 4);
   CHECK(count_of<barrier_kind> == 3);
   CHECK(is_code<block_order>(0));
-  CHECK(is_code<block_order>(3));
-  CHECK_FALSE(is_code<block_order>(4));
+  CHECK(is_code<block_order>(4));
+  CHECK_FALSE(is_code<block_order>(5));
   CHECK_FALSE(is_code<block_order>(auto_order));
   CHECK_FALSE(is_code<block_order>(eager_order));
   CHECK_FALSE(is_code<copy_mode>(auto_copy));
@@ -41,7 +41,7 @@ TEST_CASE("counts and codes") {
 }
 
 TEST_CASE("joined_names lists every name in order") {
-  CHECK(joined_names<block_order>("|") == "row|column|morton|hilbert");
+  CHECK(joined_names<block_order>("|") == "row|column|morton|hilbert|numa");
   CHECK(joined_names<copy_mode>(", ") == "temporal, streaming, hybrid");
 }
 

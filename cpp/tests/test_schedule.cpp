@@ -346,3 +346,264 @@ TEST_CASE("space-filling segments touch about sqrt(P) rows and columns") {
   CHECK(spread(zcoll::full_schedule(p, block_order::morton)) == 16);  // 8 x 8 squares
   CHECK(spread(zcoll::full_schedule(p, block_order::hilbert)) <= 24);
 }
+
+// ---- NUMA order (TPDS'18 §2.4) --------------------------------------------------------------
+// Expected properties from schedule.hpp's comment, checked against domains computed here.
+
+namespace {
+
+constexpr zcoll::schedule_kind all_kinds[] = {
+    zcoll::schedule_kind::full, zcoll::schedule_kind::swap, zcoll::schedule_kind::offdiagonal};
+
+// Ranks' NUMA nodes: `sizes[k]` ranks on node `ids[k]`, consecutive ranks (blocked) or dealt
+// round-robin over the nodes while they have room (interleaved).
+std::vector<int> layout(const std::vector<int>& sizes, const std::vector<int>& ids,
+                        bool interleaved) {
+  std::vector<int> numa;
+  if (!interleaved) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) numa.insert(numa.end(), sizes[k], ids[k]);
+    return numa;
+  }
+  std::vector<int> left(sizes);
+  for (bool any = true; any;) {
+    any = false;
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      if (left[k] > 0) --left[k], numa.push_back(ids[k]), any = true;
+  }
+  return numa;
+}
+
+// 2- and 4-socket layouts at P = 4...64, uneven ones, one-rank domains, odd node ids.
+std::vector<std::vector<int>> numa_layouts() {
+  std::vector<std::vector<int>> all;
+  for (bool inter : {false, true}) {
+    all.push_back(layout({2, 2}, {0, 1}, inter));
+    all.push_back(layout({4, 4, 4, 4}, {0, 1, 2, 3}, inter));
+    all.push_back(layout({3, 5}, {0, 1}, inter));
+    all.push_back(layout({5, 3}, {4, 9}, inter));
+    all.push_back(layout({1, 3, 2, 5}, {7, 2, 5, 9}, inter));
+    all.push_back(layout({1, 1, 1, 1}, {0, 1, 2, 3}, inter));
+    all.push_back(layout({1, 6}, {1, 0}, inter));
+    for (int p : {6, 10, 16, 24, 32, 48, 64}) {
+      all.push_back(layout({p / 2, p - p / 2}, {0, 1}, inter));
+      all.push_back(layout({p / 4, p / 4, p / 4, p - 3 * (p / 4)}, {0, 1, 2, 3}, inter));
+    }
+    all.push_back(layout({20, 44}, {1, 0}, inter));
+    all.push_back(layout({7, 13, 1, 19}, {3, 0, 2, 1}, inter));
+    all.push_back(layout({8, 8, 8, 8, 8, 8, 8, 8}, {0, 1, 2, 3, 4, 5, 6, 7}, inter));
+  }
+  return all;
+}
+
+// Domain index of each rank: node ids in increasing order -> 0, 1, ...
+std::vector<int> ref_domains(const std::vector<int>& numa) {
+  std::set<int> ids(numa.begin(), numa.end());
+  std::vector<int> sorted(ids.begin(), ids.end()), out;
+  for (int v : numa)
+    out.push_back(static_cast<int>(std::find(sorted.begin(), sorted.end(), v) - sorted.begin()));
+  return out;
+}
+
+std::string numa_label(const std::vector<int>& numa, zcoll::schedule_kind kind) {
+  std::string s = std::string(zcoll::name_of(kind)) + " numa=";
+  for (int v : numa) s += std::to_string(v) + ",";
+  return s;
+}
+
+zcoll::schedule numa_schedule(zcoll::schedule_kind kind, const std::vector<int>& numa) {
+  return zcoll::make_schedule({kind, static_cast<int>(numa.size()), block_order::numa, numa});
+}
+
+// The domain a block belongs to as seen by domain r: the other end's domain (in place swaps
+// write both ends; out of place, the source's).
+int other_domain(const block_coord& b, int r, const std::vector<int>& dom, bool swap) {
+  const int a = dom[static_cast<std::size_t>(b.dst)], c = dom[static_cast<std::size_t>(b.src)];
+  if (!swap) return c;
+  return a == r ? c : a;
+}
+
+}  // namespace
+
+TEST_CASE("numa schedule: every block once, each domain writes only its own receive buffers") {
+  for (const auto& numa : numa_layouts()) {
+    const int p = static_cast<int>(numa.size());
+    const auto dom = ref_domains(numa);
+    for (const auto kind : all_kinds) {
+      INFO(numa_label(numa, kind));
+      const bool swap = kind == zcoll::schedule_kind::swap;
+      const auto s = numa_schedule(kind, numa);
+      CHECK(s.p == p);
+      CHECK(s.order == block_order::numa);
+      REQUIRE(s.starts.size() == static_cast<std::size_t>(p) + 1);
+      CHECK(s.starts.front() == 0);
+      CHECK(s.starts.back() == s.blocks.size());
+      CHECK(std::is_sorted(s.starts.begin(), s.starts.end()));
+      if (kind == zcoll::schedule_kind::full)
+        check_covers(s.blocks, p, [](int, int) { return true; }, "full");
+      else if (swap)
+        check_covers(s.blocks, p, [](int d, int src) { return d > src; }, "swap");
+      else
+        check_covers(s.blocks, p, [](int d, int src) { return d != src; }, "offdiagonal");
+      int foreign = 0;  // blocks written outside the copying rank's domain
+      for (int e = 0; e < p; ++e) {
+        const int r = dom[static_cast<std::size_t>(e)];
+        for (const auto& b : s.segment(e)) {
+          const int dd = dom[static_cast<std::size_t>(b.dst)],
+                    ds = dom[static_cast<std::size_t>(b.src)];
+          // Out of place a block is written into dst's buffer; a swap writes both ends, one of
+          // which must be in the rank's domain (both, for pairs inside a domain).
+          const bool ok = swap ? (dd == r || ds == r) : dd == r;
+          foreign += ok ? 0 : 1;
+        }
+      }
+      CHECK(foreign == 0);
+    }
+  }
+}
+
+TEST_CASE("numa schedule: s staggered steps, Morton inside a step, balanced pieces") {
+  for (const auto& numa : numa_layouts()) {
+    const int p = static_cast<int>(numa.size());
+    const auto dom = ref_domains(numa);
+    const int domains = *std::max_element(dom.begin(), dom.end()) + 1;
+    std::vector<std::vector<int>> members(static_cast<std::size_t>(domains));
+    for (int e = 0; e < p; ++e)
+      members[static_cast<std::size_t>(dom[static_cast<std::size_t>(e)])].push_back(e);
+    for (const auto kind : all_kinds) {
+      INFO(numa_label(numa, kind));
+      const bool swap = kind == zcoll::schedule_kind::swap;
+      const auto s = numa_schedule(kind, numa);
+      // step[e][i]: rank e's blocks of its step i (reading domain (r + i) % s).
+      std::vector<std::vector<std::vector<block_coord>>> step(static_cast<std::size_t>(p));
+      int unordered = 0;
+      for (int e = 0; e < p; ++e) {
+        const int r = dom[static_cast<std::size_t>(e)];
+        auto& mine = step[static_cast<std::size_t>(e)];
+        mine.resize(static_cast<std::size_t>(domains));
+        int last = 0;
+        for (const auto& b : s.segment(e)) {
+          const int i = (other_domain(b, r, dom, swap) - r + domains) % domains;
+          unordered += i < last ? 1 : 0;  // steps in increasing order: (r + i) % s
+          last = i;
+          mine[static_cast<std::size_t>(i)].push_back(b);
+        }
+      }
+      CHECK(unordered == 0);
+      int uneven_steps = 0, wrong_morton = 0, wrong_halves = 0;
+      for (int r = 0; r < domains; ++r) {
+        const auto& in_r = members[static_cast<std::size_t>(r)];
+        std::size_t lo_total = SIZE_MAX, hi_total = 0;
+        for (int e : in_r) {
+          std::size_t total = s.segment(e).size();
+          lo_total = std::min(lo_total, total), hi_total = std::max(hi_total, total);
+          if (kind == zcoll::schedule_kind::full) CHECK(total == static_cast<std::size_t>(p));
+          if (kind == zcoll::schedule_kind::offdiagonal)
+            CHECK(total == static_cast<std::size_t>(p - 1));
+        }
+        CHECK(hi_total - lo_total <= 1);  // balanced work inside a domain
+        for (int i = 0; i < domains; ++i) {
+          const int x = (r + i) % domains;
+          std::vector<block_coord> bunch;
+          std::size_t lo = SIZE_MAX, hi = 0;
+          for (int e : in_r) {
+            const auto& piece = step[static_cast<std::size_t>(e)][static_cast<std::size_t>(i)];
+            lo = std::min(lo, piece.size()), hi = std::max(hi, piece.size());
+            bunch.insert(bunch.end(), piece.begin(), piece.end());
+          }
+          uneven_steps += hi - lo <= 1 ? 0 : 1;  // the domain's ranks progress together
+          // The bunch, pieces in local rank order, is the Morton order of (r's ranks, x's
+          // ranks) restricted to what this kind copies (swaps between domains: the lower
+          // domain's Morton order over (lower, higher), first half to the lower one).
+          std::vector<block_coord> local, want;
+          const bool cross_swap = swap && r != x;
+          const auto& rows = members[static_cast<std::size_t>(cross_swap ? std::min(r, x) : r)];
+          const auto& cols = members[static_cast<std::size_t>(cross_swap ? std::max(r, x) : x)];
+          ref_balanced(0, static_cast<int>(rows.size()), 0, static_cast<int>(cols.size()), local);
+          for (const auto& b : local) {
+            const int d = rows[static_cast<std::size_t>(b.dst)];
+            const int src = cols[static_cast<std::size_t>(b.src)];
+            if (cross_swap) {
+              want.push_back({std::max(d, src), std::min(d, src)});
+              continue;
+            }
+            if (kind == zcoll::schedule_kind::offdiagonal && d == src) continue;
+            if (swap && d <= src) continue;
+            want.push_back({d, src});
+          }
+          if (cross_swap) {
+            const std::size_t half = want.size() / 2;
+            if (r < x)
+              want.resize(half);
+            else
+              want.erase(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(half));
+            wrong_halves += bunch.size() == (r < x ? half : local.size() - half) ? 0 : 1;
+          }
+          wrong_morton += bunch == want ? 0 : 1;
+        }
+      }
+      CHECK(uneven_steps == 0);
+      CHECK(wrong_morton == 0);
+      CHECK(wrong_halves == 0);
+    }
+  }
+}
+
+TEST_CASE("numa schedule: at each step every domain reads a different domain") {
+  // Staggering: in step i domain r reads domain (r + i) % s, a permutation of the domains.
+  for (const auto& numa : numa_layouts()) {
+    const auto dom = ref_domains(numa);
+    const int domains = *std::max_element(dom.begin(), dom.end()) + 1;
+    const auto s = numa_schedule(zcoll::schedule_kind::full, numa);
+    INFO(numa_label(numa, zcoll::schedule_kind::full));
+    // The first block each rank copies comes from its own domain (step 0 is local) and its
+    // k-th source domain change moves to the next domain up.
+    int bad = 0;
+    for (int e = 0; e < static_cast<int>(numa.size()); ++e) {
+      const int r = dom[static_cast<std::size_t>(e)];
+      std::vector<int> seen;
+      for (const auto& b : s.segment(e)) {
+        const int x = dom[static_cast<std::size_t>(b.src)];
+        if (seen.empty() || seen.back() != x) seen.push_back(x);
+      }
+      std::vector<int> want;
+      for (int i = 0; i < domains; ++i) want.push_back((r + i) % domains);
+      bad += seen == want ? 0 : 1;
+    }
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("numa schedule over one domain is the Morton schedule") {
+  for (int p = 1; p <= 64; ++p) {
+    for (const auto kind : all_kinds) {
+      INFO(numa_label({}, kind) << " P=" << p);
+      const auto morton = zcoll::make_schedule({kind, p, block_order::morton, {}});
+      for (const std::vector<int>& numa :
+           {std::vector<int>{}, std::vector<int>(static_cast<std::size_t>(p), 3),
+            layout({p - p / 2, p / 2}, {-1, 0}, false)}) {
+        const auto s = zcoll::make_schedule({kind, p, block_order::numa, numa});
+        CHECK(s.blocks == morton.blocks);
+        CHECK(s.starts == morton.starts);
+        CHECK(s.order == block_order::numa);
+      }
+    }
+  }
+  // Other orders ignore the domains.
+  const auto row =
+      zcoll::make_schedule({zcoll::schedule_kind::full, 4, block_order::row, {0, 0, 1, 1}});
+  CHECK(row.blocks == zcoll::block_curve(4, block_order::row));
+}
+
+TEST_CASE("numa_domains numbers NUMA nodes in increasing order and checks the length") {
+  CHECK(zcoll::numa_domains(4, {7, 2, 7, 5}) == std::vector<int>{2, 0, 2, 1});
+  CHECK(zcoll::numa_domains(3, {}) == std::vector<int>{0, 0, 0});
+  CHECK(zcoll::numa_domains(3, {1, -1, 0}) == std::vector<int>{0, 0, 0});
+  CHECK(zcoll::numa_domain_count(4, {7, 2, 7, 5}) == 3);
+  CHECK(zcoll::numa_domain_count(4, {7, 2}) == 1);
+  CHECK(zcoll::numa_domain_count(2, {0, -1}) == 1);
+  CHECK_THROWS_AS(zcoll::numa_domains(4, {0, 1}), std::invalid_argument);
+  CHECK_THROWS_AS(zcoll::make_schedule({zcoll::schedule_kind::full, 4, block_order::numa, {0, 1}}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(zcoll::make_schedule({zcoll::schedule_kind::full, 0, block_order::numa, {}}),
+                  std::invalid_argument);
+}

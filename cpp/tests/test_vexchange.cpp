@@ -117,6 +117,10 @@ TEST_CASE("vexchange: ordered tuples are the pattern along the curve") {
       return std::tie(a.src, a.dst) < std::tie(b.src, b.dst);
     });
     CHECK(ordered_tuples(pat, n, block_order::column, v_in_place::none) == column);
+    // numa runs as Morton in the irregular engine (vexchange.hpp).
+    for (v_in_place in : {v_in_place::none, v_in_place::gather, v_in_place::swap})
+      CHECK(ordered_tuples(pat, n, block_order::numa, in) ==
+            ordered_tuples(pat, n, block_order::morton, in));
   }
 }
 

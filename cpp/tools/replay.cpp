@@ -12,7 +12,8 @@
  * as the benchmark of TPDS'18 Fig. 9 does before every call; then zcoll_replay_segment() runs
  * r's segment through zcoll::copy_segment, the function the engine itself calls. Only
  * zcoll_replay_segment is measured (callgrind --toggle-collect, inclusive of the memcpy calls),
- * so setup, eviction and warm-up misses are excluded.
+ * so setup, eviction and warm-up misses are excluded. --order numa takes the ranks' NUMA nodes
+ * from --numa (as ZCOLL_TOPOLOGY places them; without it, one domain: Morton).
  *
  * Neighbourhood collectives (--op neighbor_alltoall --grid AxB[xC]): the P = A*B[*C] ranks of a
  * periodic Cartesian grid (row-major ranks, as MPI_Cart_create without reordering), each with
@@ -78,6 +79,7 @@ struct replay_options {
   int skip_rank = -1;          // leave this rank's segment out (shows that --verify catches it)
   std::vector<int> grid;       // neighbor_alltoall: the periodic Cartesian grid's dimensions
   bool cold_metadata = false;  // neighbor_alltoall: skip warm_metadata()
+  std::vector<int> numa;       // --order numa: each rank's NUMA node (empty: one domain)
 };
 
 bool neighbourhood(const replay_options& o) noexcept {
@@ -317,7 +319,7 @@ std::size_t check_receive_lists(const replay_options& o, const rank_buffers& b,
       "zcoll_replay: %s\n"
       "usage: zcoll_replay --op %s --order %s|auto"
       " --p P --block BYTES [--in-place] [--warm none|own] [--evict-bytes BYTES]"
-      " [--skew BYTES] [--verify [--skip-rank R]]\n"
+      " [--skew BYTES] [--numa N0,N1,...] [--verify [--skip-rank R]]\n"
       "       zcoll_replay --op neighbor_alltoall --grid AxB[xC...] (periodic; P = A*B...)"
       " [--order ...] --block BYTES [--warm ...] [--metadata warm|cold] [--evict-bytes ...]"
       " [--skew ...]"
@@ -386,6 +388,16 @@ replay_options parse_arguments(int argc, char** argv) {
       if (v != "warm" && v != "cold")
         usage_error("--metadata is 'warm' or 'cold', not '" + std::string(v) + "'");
       o.cold_metadata = v == "cold";
+    } else if (a == "--numa") {
+      std::string_view v = value();
+      o.numa.clear();
+      while (true) {
+        const std::size_t comma = v.find(',');
+        o.numa.push_back(static_cast<int>(
+            std::min<std::size_t>(parse_size("--numa", v.substr(0, comma)), 1u << 20)));
+        if (comma == std::string_view::npos) break;
+        v.remove_prefix(comma + 1);
+      }
     } else if (a == "--evict-bytes") {
       o.evict_bytes = parse_size(a, value());
     } else if (a == "--skew") {
@@ -414,9 +426,11 @@ replay_options parse_arguments(int argc, char** argv) {
                 " goes with --op neighbor_alltoall only");
   }
   if (o.p < 1 || o.p > 4096) usage_error("--p must be in 1..4096");
+  if (!o.numa.empty() && (neighbourhood(o) || o.numa.size() != static_cast<std::size_t>(o.p)))
+    usage_error("--numa gives the NUMA node of each of the --p ranks (not with --grid)");
   if (o.block < 1 || o.block > (std::size_t{1} << 30)) usage_error("--block must be in 1..2^30");
   if (order == auto_name)  // the irregular engine's default ignores the block size
-    o.order = default_order(o.p, neighbourhood(o) ? 0 : o.block);
+    o.order = default_order(o.p, neighbourhood(o) ? 0 : o.block, numa_domain_count(o.p, o.numa));
   else if (const auto named = parse_name<block_order>(order))
     o.order = *named;
   else
@@ -522,7 +536,8 @@ int main(int argc, char** argv) {
     if (neighbourhood(o)) return replay_neighbourhood(o);
     rank_buffers b = allocate_buffers(o);
     first_touch(o, b);
-    const schedule sched = make_schedule(schedule_kind_of(o.op, o.in_place), o.p, o.order);
+    const schedule sched =
+        make_schedule({schedule_kind_of(o.op, o.in_place), o.p, o.order, o.numa});
     const buffer scratch = page_aligned(o.evict_bytes);
     std::memset(scratch.get(), 0, o.evict_bytes);
     for (int r = 0; r < o.p; ++r) {

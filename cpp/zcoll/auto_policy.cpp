@@ -17,8 +17,9 @@ double thread_cpu_seconds() noexcept {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-block_order default_order(int p, std::size_t block_bytes) noexcept {
+block_order default_order(int p, std::size_t block_bytes, int numa_domains) noexcept {
   (void)block_bytes;
+  if (numa_domains > 1) return block_order::numa;
   return p <= 2 ? block_order::row : block_order::morton;
 }
 
@@ -41,7 +42,7 @@ void auto_policy::set_rules(op_code op, std::vector<order_rule> orders,
 auto_choice auto_policy::resolve(op_code op, std::size_t block_bytes,
                                  std::size_t recv_bytes) const {
   // Eager is judged by what a rank receives (P blocks), the bulk of the pull for both.
-  auto_choice c{default_order(node_size_, block_bytes), eager_fits(recv_bytes), false};
+  auto_choice c{builtin_order(block_bytes), eager_fits(recv_bytes), false};
   const int table = tuned_index(op);
   if (table == no_rules || order_rules_[static_cast<std::size_t>(table)].empty()) return c;
   const order_rule* r = find_rule(order_rules_[static_cast<std::size_t>(table)], block_bytes);

@@ -3,7 +3,10 @@
  *
  * Order: calls in which each rank receives at most the eager size take the eager path (two
  * copies, one barrier: what dominates small calls, far more so when ranks outnumber cores);
- * larger ones the built-in default_order (row for P <= 2, Morton otherwise). A tuning-table
+ * larger ones the built-in default_order: numa (TPDS'18 §2.4) whenever the node's ranks span
+ * more than one NUMA node (each domain then writes only its own receive buffers, and cross-domain
+ * reads are staggered; one rank per domain is row order with staggered sources), else row for
+ * P <= 2 and Morton otherwise. A tuning-table
  * rule (python -m zcoll.tune, set_rules) for the call's block size overrides this: its order,
  * or the eager path where the call fits it. Every rank of a node holds the same rules
  * (broadcast at context creation) and the same eager size, so they all resolve "auto" alike --
@@ -58,12 +61,21 @@ struct auto_choice {
 // decide the choice more than the copies do.
 double thread_cpu_seconds() noexcept;
 
-// Order used for order="auto" when no tuning table says otherwise.
-block_order default_order(int p, std::size_t block_bytes) noexcept;
+// Order used for order="auto" when no tuning table says otherwise, for p ranks spanning
+// `numa_domains` NUMA nodes.
+block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) noexcept;
 
 class auto_policy {
  public:
-  explicit auto_policy(int node_size) noexcept : node_size_(node_size) {}
+  // `numa_domains`: how many NUMA nodes the node's ranks span (numa_domain_count).
+  explicit auto_policy(int node_size, int numa_domains = 1) noexcept
+      : node_size_(node_size), numa_domains_(numa_domains) {}
+
+  // The built-in order for blocks of `block_bytes` (default_order for this node).
+  block_order builtin_order(std::size_t block_bytes) const noexcept {
+    return default_order(node_size_, block_bytes, numa_domains_);
+  }
+  int numa_domains() const noexcept { return numa_domains_; }
 
   // Calls receiving at most `bytes` per rank may take the eager path (0: never).
   void set_eager_bytes(std::size_t bytes) noexcept {
@@ -131,6 +143,7 @@ class auto_policy {
 
  private:
   int node_size_;
+  int numa_domains_;
   std::size_t eager_bytes_ = 0;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;

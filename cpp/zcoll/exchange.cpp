@@ -15,7 +15,8 @@ namespace {
 const context_config& checked(const context_config& c) {
   const auto n = static_cast<std::size_t>(c.size);
   if (c.size < 1 || c.rank < 0 || c.rank >= c.size || c.comm_ranks.size() != n ||
-      c.pids.size() != n || c.comm_size < c.size)
+      c.pids.size() != n || c.comm_size < c.size ||
+      (!c.numa_nodes.empty() && c.numa_nodes.size() != n))
     throw std::invalid_argument("zcoll: inconsistent node context configuration");
   return c;
 }
@@ -26,7 +27,7 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
     : config_(std::move(config)),
       protocol_(std::move(control), checked(config_)),
       segments_(protocol_, config_.rank, config_.size, config_.pids),
-      policy_(config_.size) {
+      policy_(config_.size, numa_domain_count(config_.size, config_.numa_nodes)) {
   watch_departure(&protocol_.barrier());
 }
 
@@ -213,12 +214,12 @@ void node_context::stage_in(const collective_args& args, std::size_t send_part,
 }
 
 const schedule& node_context::schedule_for(op_code op, bool in_place, block_order order) {
-  const schedule_kind kind = schedule_kind_of(op, in_place);
-  const auto key = static_cast<std::uint32_t>(static_cast<int>(kind) * count_of<block_order> +
-                                              static_cast<int>(order));
-  auto it = schedules_.find(key);
+  schedule_spec spec{schedule_kind_of(op, in_place), config_.size, order, {}};
+  if (order == block_order::numa) spec.domains = config_.numa_nodes;
+  auto it = schedules_.find(spec);
   if (it != schedules_.end()) return it->second;
-  return schedules_.emplace(key, make_schedule(kind, config_.size, order)).first->second;
+  schedule made = make_schedule(spec);
+  return schedules_.emplace(std::move(spec), std::move(made)).first->second;
 }
 
 schedule_kind schedule_kind_of(op_code op, bool in_place) noexcept {

@@ -155,7 +155,8 @@ class node_context {
   std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
     return eager_->partition(rank) + parity * policy_.eager_bytes();
   }
-  // The schedule this context uses for `op` (in place or not) and `order`.
+  // The schedule this context uses for `op` (in place or not) and `order` (numa: over the node
+  // ranks' NUMA nodes, config().numa_nodes).
   const schedule& schedule_for(op_code op, bool in_place, block_order order);
   // Base address of every node rank's buffer (`recv` or `send` side) published for a call that
   // cannot stage; throws the same error on every rank when one is not in the arena.
@@ -187,8 +188,8 @@ class node_context {
   call_protocol protocol_;
   node_segments segments_;
   auto_policy policy_;
-  std::shared_ptr<data_segment> eager_;  // two slots of eager_bytes() per rank, by parity
-  std::map<std::uint32_t, schedule> schedules_;
+  std::shared_ptr<data_segment> eager_;          // two slots of eager_bytes() per rank, by parity
+  std::map<schedule_spec, schedule> schedules_;  // by (kind, order, numa domains)
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::uint64_t plans_ = 0;                          // plans created
   std::unique_ptr<v_exchange> irregular_;            // made on first use

@@ -53,6 +53,10 @@ enum class block_order : std::uint8_t {
   column = 1,   // column-major: each rank pushes its own send row to every peer
   morton = 2,   // Z-order; bit de-interleave for power-of-two P, balanced recursion otherwise
   hilbert = 3,  // generalised Hilbert curve, defined for any P; consecutive blocks are neighbours
+  numa = 4,     // TPDS'18 §2.4 (SH-NUMA-CO): each NUMA domain fills its own ranks' receive
+                // buffers in s staggered steps (step i: from domain (r + i) % s), Morton inside
+                // a step; needs the ranks' NUMA nodes (one domain: exactly Morton). The
+                // irregular collectives run it as Morton (vexchange.hpp)
 };
 
 // How a copy treats the destination's cache lines (see copy.hpp).
@@ -193,7 +197,8 @@ struct registry<op_code> {
 };
 template <>
 struct registry<block_order> {
-  static constexpr std::array<std::string_view, 4> names{"row", "column", "morton", "hilbert"};
+  static constexpr std::array<std::string_view, 5> names{"row", "column", "morton", "hilbert",
+                                                         "numa"};
 };
 template <>
 struct registry<copy_mode> {

@@ -1,8 +1,10 @@
 #include "zcoll/schedule.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -89,7 +91,7 @@ void balanced_morton(int d0, int nd, int s0, int ns, std::vector<block_coord>& o
 }
 
 void morton_curve(int p, std::vector<block_coord>& out) {
-  if (std::has_single_bit(static_cast<unsigned>(p))) {
+  if (p > 0 && std::has_single_bit(static_cast<unsigned>(p))) {
     const auto n = static_cast<std::uint64_t>(p) * static_cast<std::uint64_t>(p);
     for (std::uint64_t code = 0; code < n; ++code)
       out.push_back({static_cast<std::int32_t>(detail::morton_decode_dst(code)),
@@ -165,6 +167,9 @@ std::vector<block_coord> block_curve(int p, block_order order) {
     case block_order::hilbert:
       hilbert_curve(p, out);
       break;
+    case block_order::numa:  // one domain
+      morton_curve(p, out);
+      break;
     default:
       throw std::invalid_argument("zcoll: unknown block order");
   }
@@ -195,7 +200,82 @@ schedule offdiagonal_schedule(int p, block_order order) {
   return cut(p, order, std::move(blocks));
 }
 
-schedule make_schedule(schedule_kind kind, int p, block_order order) {
+namespace detail {
+
+std::vector<block_coord> morton_rectangle(int rows, int cols) {
+  std::vector<block_coord> out;
+  if (rows < 1 || cols < 1) return out;
+  out.reserve(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+  if (rows == cols)
+    morton_curve(rows, out);  // the bit interleave for powers of two, as the full curve
+  else
+    balanced_morton(0, rows, 0, cols, out);
+  return out;
+}
+
+}  // namespace detail
+
+std::vector<int> numa_domains(int p, const std::vector<int>& numa) {
+  if (p < 1) throw std::invalid_argument("zcoll: a schedule needs P >= 1");
+  const auto n = static_cast<std::size_t>(p);
+  std::vector<int> domain(n, 0);
+  if (numa.empty()) return domain;
+  if (numa.size() != n)
+    throw std::invalid_argument("zcoll: the NUMA schedule needs the NUMA node of each of the " +
+                                std::to_string(p) + " ranks, got " + std::to_string(numa.size()));
+  if (std::any_of(numa.begin(), numa.end(), [](int v) { return v < 0; })) return domain;
+  std::vector<int> ids(numa);
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  for (std::size_t r = 0; r < n; ++r)
+    domain[r] = static_cast<int>(std::lower_bound(ids.begin(), ids.end(), numa[r]) - ids.begin());
+  return domain;
+}
+
+int numa_domain_count(int p, const std::vector<int>& numa) noexcept {
+  if (p < 1 || numa.size() != static_cast<std::size_t>(p)) return 1;
+  if (std::any_of(numa.begin(), numa.end(), [](int v) { return v < 0; })) return 1;
+  std::vector<int> ids(numa);
+  std::sort(ids.begin(), ids.end());
+  return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
+}
+
+namespace {
+
+// The blocks of `kind` that domain r copies in its step reading domain x (see schedule.hpp),
+// in order, as node ranks.
+void numa_bunch(schedule_kind kind, const std::vector<std::vector<int>>& members, int r, int x,
+                std::vector<block_coord>& bunch) {
+  bunch.clear();
+  const auto& mine = members[static_cast<std::size_t>(r)];
+  const auto& theirs = members[static_cast<std::size_t>(x)];
+  if (kind == schedule_kind::swap && r != x) {
+    // The pairs between the two domains, in the Morton order of (lower's ranks, higher's
+    // ranks): the lower domain swaps the first half, the higher one the rest.
+    const bool lower = r < x;
+    const auto& rows = lower ? mine : theirs;
+    const auto& cols = lower ? theirs : mine;
+    const auto curve =
+        detail::morton_rectangle(static_cast<int>(rows.size()), static_cast<int>(cols.size()));
+    const std::size_t half = curve.size() / 2;
+    for (std::size_t k = lower ? 0 : half; k < (lower ? half : curve.size()); ++k) {
+      const int a = rows[static_cast<std::size_t>(curve[k].dst)];
+      const int b = cols[static_cast<std::size_t>(curve[k].src)];
+      bunch.push_back({std::max(a, b), std::min(a, b)});
+    }
+    return;
+  }
+  for (const block_coord& b :
+       detail::morton_rectangle(static_cast<int>(mine.size()), static_cast<int>(theirs.size()))) {
+    const int dst = mine[static_cast<std::size_t>(b.dst)];
+    const int src = theirs[static_cast<std::size_t>(b.src)];
+    if (kind == schedule_kind::offdiagonal && dst == src) continue;
+    if (kind == schedule_kind::swap && dst <= src) continue;  // own domain: (max, min) once
+    bunch.push_back({dst, src});
+  }
+}
+
+schedule plain_schedule(schedule_kind kind, int p, block_order order) {
   switch (kind) {
     case schedule_kind::full:
       return full_schedule(p, order);
@@ -205,6 +285,55 @@ schedule make_schedule(schedule_kind kind, int p, block_order order) {
       return offdiagonal_schedule(p, order);
   }
   throw std::invalid_argument("zcoll: unknown schedule kind");
+}
+
+schedule numa_schedule(schedule_kind kind, int p, const std::vector<int>& numa) {
+  const std::vector<int> domain = numa_domains(p, numa);
+  const int s = *std::max_element(domain.begin(), domain.end()) + 1;
+  if (s == 1) {  // one domain: the Morton schedule itself
+    schedule one = plain_schedule(kind, p, block_order::morton);
+    one.order = block_order::numa;
+    return one;
+  }
+  std::vector<std::vector<int>> members(static_cast<std::size_t>(s));
+  for (int r = 0; r < p; ++r)
+    members[static_cast<std::size_t>(domain[static_cast<std::size_t>(r)])].push_back(r);
+  std::vector<std::vector<block_coord>> work(static_cast<std::size_t>(p));
+  std::vector<block_coord> bunch;
+  for (int r = 0; r < s; ++r) {
+    const auto& mine = members[static_cast<std::size_t>(r)];
+    const std::size_t q = mine.size();
+    std::size_t next_larger = 0;  // the local rank that takes the next larger piece
+    for (int i = 0; i < s; ++i) {
+      numa_bunch(kind, members, r, (r + i) % s, bunch);
+      // q contiguous pieces of m or m + 1 blocks; the e larger ones go round-robin over steps.
+      const std::size_t m = bunch.size() / q, e = bunch.size() % q;
+      auto from = bunch.begin();
+      for (std::size_t j = 0; j < q; ++j) {
+        const std::size_t n = m + ((j + q - next_larger) % q < e ? 1 : 0);
+        auto& mine_j = work[static_cast<std::size_t>(mine[j])];
+        mine_j.insert(mine_j.end(), from, from + static_cast<std::ptrdiff_t>(n));
+        from += static_cast<std::ptrdiff_t>(n);
+      }
+      next_larger = (next_larger + e) % q;
+    }
+  }
+  schedule out{p, block_order::numa, {}, {}};
+  out.starts.reserve(static_cast<std::size_t>(p) + 1);
+  for (const auto& w : work) {
+    out.starts.push_back(out.blocks.size());
+    out.blocks.insert(out.blocks.end(), w.begin(), w.end());
+  }
+  out.starts.push_back(out.blocks.size());
+  return out;
+}
+
+}  // namespace
+
+schedule make_schedule(const schedule_spec& spec) {
+  if (spec.p < 1) throw std::invalid_argument("zcoll: a schedule needs P >= 1");
+  if (spec.order == block_order::numa) return numa_schedule(spec.kind, spec.p, spec.domains);
+  return plain_schedule(spec.kind, spec.p, spec.order);
 }
 
 }  // namespace zcoll

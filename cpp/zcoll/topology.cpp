@@ -1,11 +1,15 @@
 #include "zcoll/topology.hpp"
 
 #include <hwloc.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <stdexcept>
 
 namespace zcoll {
 
@@ -20,6 +24,9 @@ struct loaded_topology {
   machine_topology machine;
 
   loaded_topology();  // loads; never throws on hwloc failure (handle stays null)
+  // Loads `description` (see read_described_topology); throws std::invalid_argument when hwloc
+  // rejects it.
+  explicit loaded_topology(std::string_view description);
   loaded_topology(const loaded_topology&) = delete;
   loaded_topology& operator=(const loaded_topology&) = delete;
   ~loaded_topology() {
@@ -117,6 +124,35 @@ loaded_topology::loaded_topology() {
   machine = read_machine(handle, std::move(source));
 }
 
+bool is_file(const std::string& path) {
+  struct stat st{};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+loaded_topology::loaded_topology(std::string_view description) {
+  const std::string text(description);
+  const bool xml = is_file(text);
+  std::string why;
+  if (hwloc_topology_init(&handle) != 0) {
+    handle = nullptr;
+    why = errno_text("hwloc_topology_init");
+  } else if ((xml ? hwloc_topology_set_xml(handle, text.c_str())
+                  : hwloc_topology_set_synthetic(handle, text.c_str())) != 0) {
+    why = xml ? "hwloc cannot read the XML file '" + text + "'"
+              : "hwloc rejects '" + text + "' as a synthetic description (nor is it a file)";
+  } else if (hwloc_topology_load(handle) != 0) {
+    why = errno_text("hwloc_topology_load");
+  } else if (count_of(handle, HWLOC_OBJ_PU) == 0) {
+    why = "the machine '" + text + "' has no PU";
+  }
+  if (!why.empty()) {
+    if (handle) hwloc_topology_destroy(handle);
+    handle = nullptr;
+    throw std::invalid_argument("zcoll: " + why);
+  }
+  machine = read_machine(handle, (xml ? "XML file " : "synthetic ") + text);
+}
+
 // Loaded on first use; C++ makes the initialisation of a function-local static thread-safe.
 const loaded_topology& loaded() {
   static const loaded_topology instance;
@@ -137,6 +173,28 @@ hwloc_obj_t numa_node_of(hwloc_obj_t pu) {
 // Logical index of obj, or `missing` when the level does not exist (see read_machine).
 int logical_index_of(hwloc_obj_t obj, int missing) {
   return obj ? static_cast<int>(obj->logical_index) : missing;
+}
+
+// The core, package, NUMA node and L3 above `pu` (a missing level as read_machine counts it).
+void place_of(hwloc_topology_t t, hwloc_obj_t pu, process_location& where) {
+  const int pu_logical = static_cast<int>(pu->logical_index);
+  where.core = logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_CORE, pu), pu_logical);
+  where.package = logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_PACKAGE, pu), 0);
+  where.numa_node = logical_index_of(numa_node_of(pu), 0);
+  where.l3_cache = logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_L3CACHE, pu), -1);
+}
+
+// The described machines loaded so far, by description (never unloaded: a process names few).
+const loaded_topology& described(std::string_view description) {
+  static std::mutex lock;
+  static std::map<std::string, std::unique_ptr<loaded_topology>, std::less<>> loaded_ones;
+  const std::lock_guard<std::mutex> hold(lock);
+  auto it = loaded_ones.find(description);
+  if (it == loaded_ones.end())
+    it = loaded_ones
+             .emplace(std::string(description), std::make_unique<loaded_topology>(description))
+             .first;
+  return *it->second;
 }
 
 // Where the calling thread last ran, as an OS PU index (-1: unknown). The thread rather than the
@@ -178,18 +236,24 @@ process_location locate_this_process() {
   where.pu = detail::last_pu(t);
   if (where.pu >= 0) {
     const hwloc_obj_t pu = hwloc_get_pu_obj_by_os_index(t, static_cast<unsigned>(where.pu));
-    if (pu) {
-      const int pu_logical = static_cast<int>(pu->logical_index);
-      where.core = detail::logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_CORE, pu),
-                                            pu_logical);
-      where.package =
-          detail::logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_PACKAGE, pu), 0);
-      where.numa_node = detail::logical_index_of(detail::numa_node_of(pu), 0);
-      where.l3_cache =
-          detail::logical_index_of(hwloc_get_ancestor_obj_by_type(t, HWLOC_OBJ_L3CACHE, pu), -1);
-    }
+    if (pu) detail::place_of(t, pu, where);
   }
   where.bound = detail::is_bound(t);
+  return where;
+}
+
+const machine_topology& read_described_topology(std::string_view description) {
+  return detail::described(description).machine;
+}
+
+process_location locate_described_pu(std::string_view description, int index) {
+  if (index < 0) throw std::invalid_argument("zcoll: a PU index must be >= 0");
+  const hwloc_topology_t t = detail::described(description).handle;
+  const int pus = hwloc_get_nbobjs_by_type(t, HWLOC_OBJ_PU);
+  const hwloc_obj_t pu = hwloc_get_obj_by_type(t, HWLOC_OBJ_PU, static_cast<unsigned>(index % pus));
+  process_location where;
+  where.pu = static_cast<int>(pu->os_index);
+  detail::place_of(t, pu, where);
   return where;
 }
 

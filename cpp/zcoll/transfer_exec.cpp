@@ -35,7 +35,7 @@ void node_context::run_transfer(const transfer_geometry& g, const array_view& se
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   local_check check = check_transfer_args(g, me, send, recv);
   if (!check_codes(check, order, copy, false)) fail(check.error, transfer_prefix + check.message);
-  const block_order o = order == auto_order ? default_order(config_.size, check.block_bytes)
+  const block_order o = order == auto_order ? policy_.builtin_order(check.block_bytes)
                                             : static_cast<block_order>(order);
   execute_transfer(g, send, recv, o, copy);
 }

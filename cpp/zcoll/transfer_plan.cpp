@@ -20,7 +20,7 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
   const int me = cr[static_cast<std::size_t>(rank_)];
   local_check check = check_transfer_args(g, me, send, recv);
   if (!check_codes(check, order, copy, false)) ctx_->fail(check.error, init_prefix + check.message);
-  order_ = order == auto_order ? default_order(size_, check.block_bytes)
+  order_ = order == auto_order ? ctx_->policy().builtin_order(check.block_bytes)
                                : static_cast<block_order>(order);
   own_send_ = static_cast<const std::byte*>(send.data);
   own_recv_ = static_cast<const std::byte*>(recv.data);

@@ -21,6 +21,10 @@
  * piece per node rank of equal bytes (cache-line aligned cuts; a block may be shared by two
  * ranks), so one large block does not leave the other ranks idle. order=row is the naive
  * baseline the papers compare against: each receiver copies its own blocks, in its list's order.
+ * order=numa runs as Morton here: TPDS'18 §2.4's rule (each NUMA domain copies only into its
+ * own receivers) would cut the stream per domain, and with uneven blocks one domain's receivers
+ * can hold most of the bytes, idling the other domains -- the byte balance above is what the
+ * irregular engine is for, so it keeps it.
  *
  * One call (no MPI):
  *   1. local checks (counts and displacements in bounds, receive blocks disjoint, dtypes);

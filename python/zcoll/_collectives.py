@@ -166,11 +166,14 @@ def alltoall(
     recvbuf : numpy.ndarray, optional
         C-contiguous, writable, same dtype and size as `sendbuf`, first axis ``comm.size`` or
         1-D. Allocated in the arena (collectively) when omitted.
-    order : {"auto", "row", "column", "morton", "hilbert"}
+    order : {"auto", "row", "column", "morton", "hilbert", "numa"}
         Traversal of the P x P block matrix; must be the same on every rank. "row" is the
-        SH-Naive baseline (each rank fills its own receive row). "auto" follows the tuning
-        table where it has a rule (see :func:`zcoll.set_tuning`), else small calls take the
-        one-barrier eager path and larger ones row (P <= 2) or Morton order.
+        SH-Naive baseline (each rank fills its own receive row); "numa" (TPDS'18 §2.4): each
+        NUMA node's ranks fill only their own receive buffers, in staggered steps, Morton
+        inside (see :func:`zcoll.schedule`). "auto" follows the tuning table where it has a
+        rule (see :func:`zcoll.set_tuning`), else small calls take the one-barrier eager path
+        and larger ones "numa" when the node's ranks span NUMA nodes, else row (P <= 2) or
+        Morton order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
         Stores used by the block copies (see :data:`zcoll.COPY_MODES`): ordinary, non-temporal
         (cache-bypassing), or hybrid (the first part of each block ordinary, the rest

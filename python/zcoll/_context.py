@@ -142,7 +142,9 @@ class Context:
             self.node_rank = node.rank
             self.local_ranks = tuple(node.allgather(comm.rank))
             pids = node.allgather(os.getpid())
-            here = _core.locate_this_process()  # the reductions' tree follows L3s, NUMA nodes
+            # The reductions' tree follows L3s and NUMA nodes, order="numa" the NUMA nodes; under
+            # ZCOLL_TOPOLOGY each rank's place on the described machine.
+            here = s.placement(node.rank)
             places = node.allgather((here["numa_node"], here["package"], here["l3_cache"]))
             control = _share_control_segment(node)
         finally:

@@ -3,12 +3,15 @@
 A collective over P ranks moves the P x P blocks of a block matrix whose row d is rank d's
 receive buffer and whose column s holds the blocks that came from rank s. The schedule is a
 traversal of that matrix in one of :data:`zcoll.ORDERS`, cut into P contiguous segments; rank r
-copies segment r, in order. This module exposes it for inspection and plotting; the collectives
-compute and cache their own.
+copies segment r, in order. The ``"numa"`` order (TPDS'18 §2.4) is instead made per NUMA domain:
+each domain's ranks copy only blocks bound for the domain's receive buffers, in s staggered
+steps. This module exposes it for inspection and plotting; the collectives compute and cache
+their own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +43,8 @@ class Schedule:
         rank ``src`` sends to rank ``dst`` (row ``dst``, column ``src`` of the receive matrix).
     starts : numpy.ndarray
         ``(p + 1,)`` int64 array: rank ``r`` copies ``blocks[starts[r]:starts[r + 1]]``.
+    numa_nodes : tuple of int
+        The ranks' NUMA nodes the ``"numa"`` order was made for (empty: one domain).
     """
 
     p: int
@@ -47,6 +52,7 @@ class Schedule:
     kind: str
     blocks: np.ndarray
     starts: np.ndarray
+    numa_nodes: tuple[int, ...] = ()
 
     def segment(self, rank: int) -> np.ndarray:
         """Return the ``(dst, src)`` blocks rank `rank` copies, in order.
@@ -76,7 +82,9 @@ class Schedule:
         return np.repeat(np.arange(self.p), np.diff(self.starts))
 
 
-def schedule(p: int, order: str, kind: str = FULL) -> Schedule:
+def schedule(
+    p: int, order: str, kind: str = FULL, numa_nodes: Sequence[int] | None = None
+) -> Schedule:
     """Compute the block schedule zcoll's collectives use for `p` ranks and `order`.
 
     Parameters
@@ -84,10 +92,18 @@ def schedule(p: int, order: str, kind: str = FULL) -> Schedule:
     p : int
         Number of ranks, at least 1.
     order : str
-        One of ``zcoll.ORDERS``: ``"row"``, ``"column"``, ``"morton"``, ``"hilbert"``.
+        One of ``zcoll.ORDERS``: ``"row"``, ``"column"``, ``"morton"``, ``"hilbert"``,
+        ``"numa"``.
     kind : str, optional
         ``"full"`` (default: every block, as out-of-place alltoall and allgather copy them),
         ``"swap"`` (in-place alltoall) or ``"offdiagonal"`` (in-place allgather).
+    numa_nodes : sequence of int, optional
+        For ``"numa"``: the NUMA node of each of the `p` ranks (any integers; None, or any
+        negative entry: unknown, one domain, which is Morton's schedule). Domain r (the r-th
+        smallest node) copies the blocks bound for its ranks' receive buffers, in steps
+        i = 0, 1, ...: the blocks from domain (r + i) % s, in Morton order, split evenly among
+        its ranks. In place, a swap writes both blocks of its pair: pairs across two domains are
+        split half and half between them. Other orders ignore it.
 
     Returns
     -------
@@ -97,7 +113,7 @@ def schedule(p: int, order: str, kind: str = FULL) -> Schedule:
     Raises
     ------
     ValueError
-        If `p` is below 1, or `order` or `kind` is unknown.
+        If `p` is below 1, `order` or `kind` is unknown, or `numa_nodes` is not `p` long.
 
     Examples
     --------
@@ -111,7 +127,10 @@ def schedule(p: int, order: str, kind: str = FULL) -> Schedule:
         raise ValueError(f"unknown order {order!r}; choose among {', '.join(ORDERS)}")
     if kind not in SCHEDULE_KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose among {', '.join(SCHEDULE_KINDS)}")
-    blocks, starts = _core.schedule(int(p), ORDERS.index(order), kind)
+    numa = tuple(int(n) for n in numa_nodes) if numa_nodes is not None else ()
+    if numa and len(numa) != p:
+        raise ValueError(f"numa_nodes must give the NUMA node of each of the {p} ranks")
+    blocks, starts = _core.schedule(int(p), ORDERS.index(order), kind, list(numa))
     blocks.flags.writeable = False
     starts.flags.writeable = False
-    return Schedule(int(p), order, kind, blocks, starts)
+    return Schedule(int(p), order, kind, blocks, starts, numa)

@@ -134,6 +134,18 @@ def _no_replay() -> None:
     return None
 
 
+def _topology(name: str, text: str) -> str | None:
+    """An hwloc synthetic description or XML file path, checked by loading it with hwloc."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        _core.described_topology(text)
+    except ValueError as e:
+        raise ValueError(f"zcoll: {name}: {str(e).removeprefix('zcoll: ')}") from None
+    return text
+
+
 class _Variable(NamedTuple):
     env: str  # the environment variable
     parse: Callable[[str, str], Any]
@@ -199,6 +211,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             None,
             "context",
             "zcoll_replay executable of bench cachemiss",
+        ),
+        "topology": _Variable(
+            "ZCOLL_TOPOLOGY",
+            _topology,
+            None,
+            "context",
+            "machine described instead of this one (hwloc synthetic or XML)",
         ),
     }
 )
@@ -340,6 +359,11 @@ class Settings:
         ``ZCOLL_COPY_ISA``: the streaming-copy kernel asked for ("auto": the best one).
     replay : pathlib.Path or None
         ``ZCOLL_REPLAY``: the ``zcoll_replay`` executable (None: the installed one).
+    topology : str or None
+        ``ZCOLL_TOPOLOGY``: an hwloc synthetic description (``"package:2 numa:2 core:4 pu:1"``)
+        or the path of an hwloc XML file, used instead of this machine: node rank i is placed on
+        its i-th PU (wrapping), which gives it its package, NUMA node, L3 and core (None: this
+        machine, where each rank runs). Only the placement: cache sizes stay this machine's.
     l2_bytes, llc_bytes : int
         A core's L2 and the last-level cache, in bytes (hwloc).
     cpu_model : str
@@ -361,6 +385,7 @@ class Settings:
     tuning_file: Path
     copy_isa: str
     replay: Path | None
+    topology: str | None
     l2_bytes: int
     llc_bytes: int
     cpu_model: str
@@ -379,6 +404,14 @@ class Settings:
         if self.eager_bytes is not None:
             return self.eager_bytes
         return OVERSUBSCRIBED_EAGER_BYTES if oversubscribed else DEFAULT_EAGER_BYTES
+
+    def placement(self, node_rank: int) -> dict:
+        """Where node rank `node_rank` runs, as ``_core.locate_this_process()`` describes it:
+        on the described machine's PU `node_rank` (wrapping) when ``topology`` is set, else
+        where this process runs now."""
+        if self.topology is None:
+            return _core.locate_this_process()
+        return _core.locate_described_pu(self.topology, node_rank)
 
     def copy_threshold_for(self, node_size: int) -> int:
         """Initial hybrid-copy threshold: L2 / ranks per node unless set."""
@@ -417,6 +450,7 @@ _BUILT_IN = {
     "yields": f"auto ({DEFAULT_YIELDS}; {OVERSUBSCRIBED_YIELDS} oversubscribed)",
     "virtual_node_size": "0 (off)",
     "replay": "the installed zcoll_replay",
+    "topology": "this machine",
 }
 
 
@@ -454,7 +488,8 @@ def settings() -> Settings:
     Settings
         A frozen dataclass: ``timeout``, ``barrier``, ``eager_bytes``, ``copy_threshold``,
         ``spin``, ``yields`` (None: the built-in default for the node), ``virtual_node_size``,
-        ``tuning``, ``tuning_file``, ``copy_isa``, ``replay``, the machine's ``l2_bytes``,
+        ``tuning``, ``tuning_file``, ``copy_isa``, ``replay``, ``topology``, the machine's
+        ``l2_bytes``,
         ``llc_bytes``, ``cpu_model`` and ``cpus``, and ``sources`` (where each came from).
 
     Raises

@@ -3,7 +3,9 @@
 The C++ core loads the hwloc topology once per process; :func:`topology` adds what only MPI
 knows (host names, ranks) by allgathering each rank's placement, so that every rank can print
 or inspect the same picture. hwloc honours ``HWLOC_SYNTHETIC`` and ``HWLOC_XMLFILE``, which
-describe a machine other than this one (the placements are then unknown, -1).
+describe a machine other than this one (the placements are then unknown, -1). ``ZCOLL_TOPOLOGY``
+describes one too, and places the ranks on it as zcoll's collectives then see them: node rank i
+on the described machine's i-th PU (wrapping).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from . import _core
+from . import _context, _core, _settings
 
 __all__ = ["Topology", "RankPlacement", "topology"]
 
@@ -73,7 +75,8 @@ class Topology:
         Size in bytes of one L1 data, L2 and L3 cache (0: unknown).
     source : str
         ``"this machine"``, or the ``HWLOC_SYNTHETIC`` / ``HWLOC_XMLFILE`` description used,
-        with a note in parentheses when hwloc rejected one of them.
+        with a note in parentheses when hwloc rejected one of them, or ``"ZCOLL_TOPOLOGY:
+        synthetic ..."`` / ``"ZCOLL_TOPOLOGY: XML file ..."`` for a described machine.
     ranks : tuple of RankPlacement
         One entry per rank, in rank order.
     """
@@ -110,6 +113,8 @@ def topology(comm: MPI.Comm) -> Topology:
     """Describe the machine and where each rank of `comm` runs.
 
     Collective over `comm`: every rank must call it, and every rank gets an identical result.
+    With ``ZCOLL_TOPOLOGY`` set, the machine is the described one and each rank's placement is
+    the one zcoll simulates (node rank i on its i-th PU, not bound; pid and host are real).
 
     Parameters
     ----------
@@ -129,8 +134,18 @@ def topology(comm: MPI.Comm) -> Topology:
         If `comm` is ``MPI.COMM_NULL``.
     """
     _check_comm(comm)
-    mine = (MPI.Get_processor_name(), os.getpid(), _core.locate_this_process())
-    everyone = comm.allgather((mine, _core.machine_topology() if comm.rank == 0 else None))
+    described = _settings.read("topology").value
+    if described is None:
+        where, machine = _core.locate_this_process(), _core.machine_topology()
+    else:
+        node, _ = _context._split_node(comm)  # the node ranks zcoll's contexts use
+        node_rank = node.rank
+        node.Free()
+        where = _core.locate_described_pu(described, node_rank)
+        machine = _core.described_topology(described)
+        machine["source"] = f"ZCOLL_TOPOLOGY: {machine['source']}"
+    mine = (MPI.Get_processor_name(), os.getpid(), where)
+    everyone = comm.allgather((mine, machine if comm.rank == 0 else None))
     ranks = tuple(
         RankPlacement(rank=rank, host=host, pid=pid, **where)
         for rank, ((host, pid, where), _) in enumerate(everyone)

@@ -625,9 +625,10 @@ def alltoallv(
     recvbuf : buffer specification
         The same forms around a writable, C-contiguous ndarray of the same dtype. Elements
         that no block covers are left as they are.
-    order : {"auto", "row", "column", "morton", "hilbert"}
+    order : {"auto", "row", "column", "morton", "hilbert", "numa"}
         Traversal of the (receiver, sender) grid of the pairs that communicate; the same on
-        every rank. "auto": calls where every rank's data (sent and received) fits the eager
+        every rank ("numa" runs as Morton: the pieces are balanced by bytes over all ranks).
+        "auto": calls where every rank's data (sent and received) fits the eager
         slots (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its
         slot, one barrier), others Morton order (its pieces balanced by bytes). "row" is the
         naive baseline: each receiver copies its own blocks, in its list's order.

@@ -31,6 +31,12 @@ valgrind simulates two levels: D1 (the L1 data cache) and an "LL" level, which t
 each core's private L2 (the last private level; a shared L3 is not a per-rank cache and is not
 modelled). ``perf stat`` hardware counters would count the whole process, not one segment, and
 are often unavailable (virtual machines); this tool uses the simulator only.
+
+``--topology "package:2 numa:2 core:4 pu:1"`` (an hwloc synthetic description or XML file, as
+``ZCOLL_TOPOLOGY``) places rank i on that machine's i-th PU (wrapping), replays ``numa`` (and
+every order) with those NUMA nodes, and reports per order the cross-domain bytes: what the
+ranks read and write in a NUMA domain other than their own, every buffer living in its owner's
+domain (TPDS'18 §2.4's remote accesses), counted from the schedule itself (no simulation).
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ __all__ = [
     "PAPER_GEOMETRY",
     "CacheGeometry",
     "Config",
+    "cross_domain_bytes",
+    "placed_numa_nodes",
     "Measurement",
     "add_options",
     "build_parser",
@@ -198,6 +206,7 @@ class Config:
     block: int
     order: str
     grid: tuple = ()
+    numa: tuple = ()  # each rank's NUMA node (--topology), empty: unknown (one domain)
 
     def key(self) -> tuple:
         """(op, grid, p, block, order): what a table row and column stand for."""
@@ -214,6 +223,8 @@ class Measurement:
     ll_read: int
     ll_write: int
     data_refs: int  # loads and stores the segments made
+    cross_read: int | None = None  # bytes read in another NUMA domain (--topology only)
+    cross_write: int | None = None  # bytes written in another NUMA domain
 
     @property
     def d1_per_rank(self) -> float:
@@ -232,6 +243,10 @@ class Measurement:
             config["grid"] = format_grid(self.config.grid)
         else:
             del config["grid"]
+        del config["numa"]
+        cross = {}
+        if self.cross_read is not None:
+            cross = {"cross_read": self.cross_read, "cross_write": self.cross_write}
         return {
             **config,
             "d1_read": self.d1_read,
@@ -241,7 +256,31 @@ class Measurement:
             "data_refs": self.data_refs,
             "d1_per_rank": self.d1_per_rank,
             "ll_per_rank": self.ll_per_rank,
+            **cross,
         }
+
+
+def placed_numa_nodes(topology: str, p: int) -> tuple:
+    """The NUMA node of each of `p` ranks placed on `topology`'s PUs in order (wrapping), as
+    ``ZCOLL_TOPOLOGY`` places a node's ranks."""
+    return tuple(_core.locate_described_pu(topology, i)["numa_node"] for i in range(p))
+
+
+def cross_domain_bytes(config: Config) -> tuple:
+    """(read, write): bytes the ranks of `config` read and write, over the whole call, in a
+    NUMA domain (``config.numa``) other than their own; each rank's buffers live in its own.
+
+    A block (d, s) copied by rank e is read from rank s's buffer and written into rank d's, as
+    the engine's copy loop does (out of place: the replay's collectives)."""
+    import numpy as np
+
+    p = config.p
+    numa = np.asarray(config.numa or (0,) * p)
+    blocks, starts = _core.schedule(p, ORDERS.index(config.order), "full", list(config.numa))
+    copier = np.repeat(np.arange(p), np.diff(starts))
+    read = int(np.count_nonzero(numa[blocks[:, 1]] != numa[copier])) * config.block
+    write = int(np.count_nonzero(numa[blocks[:, 0]] != numa[copier])) * config.block
+    return read, write
 
 
 def parse_event_totals(path: str | os.PathLike) -> dict:
@@ -333,6 +372,8 @@ def replay_command(
         shape = ["--grid", format_grid(config.grid), "--metadata", metadata]
     else:
         function, shape = SEGMENT_FUNCTION, ["--p", str(config.p)]
+        if config.numa:
+            shape += ["--numa", ",".join(map(str, config.numa))]
     return [
         valgrind_binary(),
         "--tool=callgrind",
@@ -407,9 +448,10 @@ def run_config(
                 f"{config}: valgrind exited {proc.returncode}:\n{proc.stderr[-2000:]}"
             )
         ev = parse_event_totals(out_file)
+    cross = cross_domain_bytes(config) if config.numa else (None, None)
     try:
         return Measurement(
-            config, ev["D1mr"], ev["D1mw"], ev["DLmr"], ev["DLmw"], ev["Dr"] + ev["Dw"]
+            config, ev["D1mr"], ev["D1mw"], ev["DLmr"], ev["DLmw"], ev["Dr"] + ev["Dw"], *cross
         )
     except KeyError as e:
         raise RuntimeError(f"{config}: callgrind did not report event {e}") from None
@@ -507,6 +549,35 @@ def _table(
             if ratio:
                 cell += f"{_ratio(vals['morton'], vals['row']):>{width}.2f}"
             cells.append(cell)
+        out.append(f"{_human(b):>8}  {cells[0]}  {cells[1]}")
+    out.append("")
+    if all(by_key[(op, grid, p, b, o)].cross_read is not None for b in blocks for o in orders):
+        out += _cross_table(op, p, blocks, orders, by_key)
+    return out
+
+
+def _cross_table(
+    op: str, p: int, blocks: Sequence[int], orders: Sequence[str], by_key: dict
+) -> list:
+    """Cross-domain bytes per rank (reads, writes) of each order: a table under the misses."""
+    width = max(9, *(len(o) + 1 for o in orders))
+    group_width = width * len(orders)
+    titles = (f"{t:^{group_width}}" for t in ("cross-domain reads", "cross-domain writes"))
+    names = "".join(f"{n:>{width}}" for n in orders)
+    domains = len(set(by_key[(op, (), p, blocks[0], orders[0])].config.numa))
+    out = [
+        f"{op}, P = {p} on {domains} NUMA domains: bytes per rank in another domain",
+        f"{'block':>8}  " + "  ".join(titles),
+        f"{'':>8}  {names}  {names}",
+    ]
+    for b in blocks:
+        cells = []
+        for attr in ("cross_read", "cross_write"):
+            cells.append(
+                "".join(
+                    f"{getattr(by_key[(op, (), p, b, o)], attr) / p:>{width}.0f}" for o in orders
+                )
+            )
         out.append(f"{_human(b):>8}  {cells[0]}  {cells[1]}")
     out.append("")
     return out
@@ -666,6 +737,13 @@ def add_options(p: argparse.ArgumentParser) -> None:
         "piece, as the engine does; cold: its copy loop's walk through the tuples to its piece "
         "misses too",
     )
+    p.add_argument(
+        "--topology",
+        metavar="DESCRIPTION",
+        help="an hwloc synthetic description (e.g. 'package:2 numa:2 core:4 pu:1') or XML file: "
+        "rank i on its i-th PU (as ZCOLL_TOPOLOGY); order numa follows its NUMA nodes, and a "
+        "table of cross-domain bytes per rank follows each table of misses",
+    )
     p.add_argument("--jobs", type=int, default=None, help="parallel valgrind runs (CPU count)")
     p.add_argument(
         "--quick",
@@ -681,6 +759,11 @@ def finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     """Checks and defaults that argparse cannot express (``parser.error`` on misuse)."""
     if args.skew < 0 or args.skew % 64:
         parser.error(f"--skew must be a non-negative multiple of 64, got {args.skew}")
+    if args.topology is not None:
+        try:
+            _core.described_topology(args.topology)
+        except ValueError as e:
+            parser.error(f"--topology: {str(e).removeprefix('zcoll: ')}")
     if args.grids and args.ops is not None and NEIGHBOR not in args.ops:
         parser.error(f"--grid goes with --collective {NEIGHBOR}")
     _default_ops(args)
@@ -703,8 +786,11 @@ def _configs(args: argparse.Namespace) -> list:
             if op == NEIGHBOR
             else [(p, ()) for p in args.procs]
         )
+        topology = getattr(args, "topology", None)
         configs += [
-            Config(op, p, b, o, grid)
+            Config(
+                op, p, b, o, grid, placed_numa_nodes(topology, p) if topology and not grid else ()
+            )
             for p, grid in shapes
             for b in args.blocks
             for o in args.orders
@@ -739,6 +825,7 @@ def run(args: argparse.Namespace) -> int:
         f"prefetch={'on' if args.prefetch else 'off'}, skew={args.skew}"
         f"{f', metadata={args.metadata}' if neighbours else ''}; "
         "misses per rank, copies only"
+        f"{f'; topology {args.topology!r}' if getattr(args, 'topology', None) else ''}"
     )
     try:
         results = measure(
@@ -774,6 +861,8 @@ def _write_outputs(results: Sequence[Measurement], args, d1, ll) -> None:
         }
         if NEIGHBOR in args.ops:
             meta["metadata"] = args.metadata
+        if getattr(args, "topology", None):
+            meta["topology"] = args.topology
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"caches": meta, "results": rows}, f, indent=1)
     if args.csv:
