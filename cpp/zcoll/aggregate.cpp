@@ -103,17 +103,17 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {
-  return ctx_.segments().staging(owner) + offset;
+  return messages_->partition(owner) + offset;
 }
 
 // Offsets of this node's outgoing and incoming messages (payloads of `block`-byte blocks, or
-// heads only when 0) in their owners' staging partitions, after `base` bytes of private-buffer
-// staging; makes the partitions large enough (collective: the same sizes on every node rank).
-void node_messages::plan_messages(std::size_t block, std::size_t base) {
+// heads only when 0) in their owners' partitions of the message segment; makes the partitions
+// large enough (collective: the same sizes on every node rank).
+void node_messages::plan_messages(std::size_t block) {
   const int n = nodes_.nodes();
   const int here = nodes_.ranks_on(me_node_);
   const int me = ctx_.config().rank;
-  std::vector<std::size_t> used(static_cast<std::size_t>(here), base);
+  std::vector<std::size_t> used(static_cast<std::size_t>(here), 0);
   out_offset_.assign(static_cast<std::size_t>(n - 1), 0);
   in_offset_.assign(static_cast<std::size_t>(n - 1), 0);
   out_.clear();
@@ -143,8 +143,12 @@ void node_messages::plan_messages(std::size_t block, std::size_t base) {
       in_.push_back({from, from_ranks[static_cast<std::size_t>(nodes_.sender(from, me_node_))],
                      nullptr, in_bytes});
   }
-  ctx_.segments().reserve_staging(*std::max_element(used.begin(), used.end()));
-  // Addresses only now: reserve_staging may have moved the partitions.
+  const std::size_t need = *std::max_element(used.begin(), used.end());
+  if (!messages_ || messages_->partition_bytes < need) {
+    const std::size_t old = messages_ ? messages_->partition_bytes : 0;
+    ctx_.segments().renew(messages_, std::max(round_up(need, page_size()), 2 * old));
+  }
+  // Addresses only now: the partitions may have moved.
   for (node_message& m : out_) {
     const int step = ((m.node - me_node_) % n + n) % n;
     m.data = message(me, out_offset_[static_cast<std::size_t>(step - 1)]);
@@ -191,7 +195,6 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
                 c.flag == line.call.flag;
   }
   aggregate_ = together && line.call.block_bytes > 0;
-  std::size_t base = 0;
   if (aggregate_) {
     in_place_ = data->send == nullptr;
     block_ = args.block_bytes;
@@ -200,9 +203,8 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
     staged_ = false;
     for (int j = 0; j < cfg.size; ++j)
       staged_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
-    base = staged_ ? rounded(send_part_ + recv_bytes_) : 0;
   }
-  plan_messages(aggregate_ ? block_ : 0, base);
+  plan_messages(aggregate_ ? block_ : 0);
   const int n = nodes_.nodes();
   for (int step = 1; step < n; ++step) {  // this rank's record in every message of its node
     const int owner = nodes_.sender(me_node_, (me_node_ + step) % n);

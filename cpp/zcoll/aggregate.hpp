@@ -25,13 +25,14 @@
  *
  * Message from node a (q_a ranks) to node b (q_b ranks): q_a call records, padded to 64 bytes,
  * then q_a * q_b blocks, receiver-major (the blocks for b's node rank 0 from a's ranks 0..q_a-1
- * first), so each receiver's blocks are contiguous. Messages live in the staging partitions of
- * the ranks that send or receive them, after any private-buffer staging.
+ * first), so each receiver's blocks are contiguous. Messages live in a shared segment of their
+ * own, in the partitions of the ranks that send or receive them.
  */
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -44,6 +45,7 @@ namespace zcoll {
 
 class node_context;
 struct collective_args;
+struct data_segment;
 
 // The nodes of a communicator, as every rank sees them.
 struct node_map {
@@ -122,7 +124,7 @@ class node_messages {
 
  private:
   std::byte* message(int owner, std::size_t offset) const;
-  void plan_messages(std::size_t block, std::size_t base);
+  void plan_messages(std::size_t block);
   // Resolves the node's buffers (staging private ones) and packs this rank's share.
   void pack(const collective_args& args, const call_protocol::published& all,
             const detail::rank_line& line);
@@ -132,6 +134,10 @@ class node_messages {
   node_map nodes_;
   int me_node_ = 0;
   std::vector<aggregate_copy> pack_copies_, unpack_copies_;
+  // The messages, each in the partition of the rank that sends or receives it: a segment of
+  // their own, as a fast rank's next call may write its staging partition while a slow one
+  // still reads the heads of this round.
+  std::shared_ptr<data_segment> messages_;
   // Per round (between begin and finish):
   op_code op_ = op_code::none;
   std::vector<std::size_t> out_offset_, in_offset_;  // per message: offset in its owner's partition
