@@ -18,13 +18,26 @@ before every rank of every node is known to have valid, matching arguments.
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
 from . import _core, _registry
 from ._context import Context
 
-__all__ = ["AGGREGATE_MAX_BLOCK", "alltoall_between_nodes", "force", "messages_per_call"]
+__all__ = [
+    "AGGREGATE_MAX_BLOCK",
+    "alltoall_between_nodes",
+    "exchange_remote",
+    "force",
+    "messages_per_call",
+    "remote_blocks",
+    "remote_ranks",
+]
 
 ALLTOALL = _registry.ALLTOALL
+ORDER_CODES = _registry.ORDER_CODES
+COPY_CODES = _registry.COPY_CODES
+IN_PLACE = MPI.IN_PLACE
+_P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private dup
 
 #: Largest block (bytes) an alltoall across nodes packs into one message per node pair
 #: (measured with virtual nodes of 2 on 2 cores; README "Across nodes").
@@ -59,16 +72,14 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     """One alltoall on a multi-node context: aggregated (the blocks travel in the round that
     carries the call records) up to `AGGREGATE_MAX_BLOCK`, else the round carries the records
     only and the blocks go rank to rank after the node-local part."""
-    from ._collectives import COPY_CODES, IN_PLACE, ORDER_CODES, _exchange_remote, _option_error  # noqa: PLC0415  # noqa: PLC0415
 
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     code = ORDER_CODES.get(order) if type(order) is str else None
     copy_code = COPY_CODES.get(copy) if type(copy) is str else None
     if code is None or copy_code is None:  # the ranks still meet, then all raise it
-        error = _option_error(order, copy)
+        error = _core.option_error(order, copy)
         assert error is not None
-        message = f"zcoll.{ALLTOALL}: {error}"
-        ctx.agree(ALLTOALL, _core.error_record(isinstance(error, TypeError), message))
+        ctx.agree(ALLTOALL, _core.error_record(False, f"zcoll.{ALLTOALL}: {error}"))
         raise AssertionError("unreachable: the round raises the published error")
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
@@ -77,4 +88,42 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     if ctx.node_round(ALLTOALL, record, data):
         return
     ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
-    _exchange_remote(ctx, ALLTOALL, send, recvbuf, block)
+    exchange_remote(ctx, ALLTOALL, send, recvbuf, block)
+
+
+def _byte_blocks(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def remote_ranks(ctx: Context) -> list[int]:
+    mine = ctx.node_of[ctx.rank]
+    return [r for r in range(ctx.size) if ctx.node_of[r] != mine]
+
+
+def remote_blocks(ctx: Context, opname: str, send, recv: np.ndarray, block: int):
+    """The blocks of `recv` that ranks on other nodes fill, and the live blocks this rank sends
+    them (`send`: IN_PLACE or a C-contiguous array), each a {rank: byte view}; for an in-place
+    alltoall the outgoing views alias `recv` and must be copied before anything is received."""
+    remote = remote_ranks(ctx)
+    rb = _byte_blocks(recv)
+    incoming = {r: rb[r * block : (r + 1) * block] for r in remote}
+    if opname == ALLTOALL:
+        sb = rb if send is IN_PLACE else _byte_blocks(send)
+        return incoming, {r: sb[r * block : (r + 1) * block] for r in remote}
+    mine = rb[ctx.rank * block : (ctx.rank + 1) * block] if send is IN_PLACE else _byte_blocks(send)
+    return incoming, dict.fromkeys(remote, mine)
+
+
+def exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
+    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup
+    (`send`: IN_PLACE or a C-contiguous array)."""
+    incoming, outgoing = remote_blocks(ctx, opname, send, recv, block)
+    if not incoming or block == 0:
+        return
+    if send is IN_PLACE and opname == ALLTOALL:  # saved before it is overwritten
+        outgoing = {r: b.copy() for r, b in outgoing.items()}
+    comm = ctx.p2p_comm()
+    reqs = [comm.Irecv([b, MPI.BYTE], r, _P2P_TAG) for r, b in incoming.items()]
+    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in incoming]
+    remote = list(incoming)
+    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)

@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _internode, _registry
-from ._aggregated import alltoall_between_nodes
+from ._aggregated import alltoall_between_nodes, exchange_remote
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -18,7 +18,6 @@ __all__ = ["IN_PLACE", "allgather", "alltoall"]
 IN_PLACE = MPI.IN_PLACE
 _core._set_in_place(IN_PLACE)
 
-_P2P_TAG = 0x7A0C
 ORDER_CODES = _registry.ORDER_CODES
 COPY_CODES = _registry.COPY_CODES
 _ALLTOALL = _registry.ALLTOALL
@@ -77,44 +76,6 @@ def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(memoryview(block), dtype=dtype, count=count).reshape(shape)
 
 
-def _byte_blocks(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
-def _remote_ranks(ctx: Context) -> list[int]:
-    mine = ctx.node_of[ctx.rank]
-    return [r for r in range(ctx.size) if ctx.node_of[r] != mine]
-
-
-def remote_blocks(ctx: Context, opname: str, send, recv: np.ndarray, block: int):
-    """The blocks of `recv` that ranks on other nodes fill, and the live blocks this rank sends
-    them (`send`: IN_PLACE or a C-contiguous array), each a {rank: byte view}; for an in-place
-    alltoall the outgoing views alias `recv` and must be copied before anything is received."""
-    remote = _remote_ranks(ctx)
-    rb = _byte_blocks(recv)
-    incoming = {r: rb[r * block : (r + 1) * block] for r in remote}
-    if opname == _ALLTOALL:
-        sb = rb if send is IN_PLACE else _byte_blocks(send)
-        return incoming, {r: sb[r * block : (r + 1) * block] for r in remote}
-    mine = rb[ctx.rank * block : (ctx.rank + 1) * block] if send is IN_PLACE else _byte_blocks(send)
-    return incoming, dict.fromkeys(remote, mine)
-
-
-def _exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
-    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup
-    (`send`: IN_PLACE or a C-contiguous array)."""
-    incoming, outgoing = remote_blocks(ctx, opname, send, recv, block)
-    if not incoming or block == 0:
-        return
-    if send is IN_PLACE and opname == _ALLTOALL:  # saved before it is overwritten
-        outgoing = {r: b.copy() for r, b in outgoing.items()}
-    comm = ctx.p2p_comm()
-    reqs = [comm.Irecv([b, MPI.BYTE], r, _P2P_TAG) for r, b in incoming.items()]
-    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in incoming]
-    remote = list(incoming)
-    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
-
-
 def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_code: int) -> None:
     """Hierarchical allgather (alltoall: _aggregated): every rank's call record agreed on
     across nodes, then node-local blocks through the arena and the rest by MPI."""
@@ -127,7 +88,7 @@ def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_cod
         if choice.method == _internode.CONCURRENT:
             _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
             return
-    _exchange_remote(ctx, opname, send, recvbuf, block)
+    exchange_remote(ctx, opname, send, recvbuf, block)
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:

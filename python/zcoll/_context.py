@@ -9,6 +9,7 @@ engine itself never calls MPI.
 from __future__ import annotations
 
 import atexit
+import math
 import os
 import signal
 import sys
@@ -31,7 +32,7 @@ __all__ = [
 ]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
-_NODE_TAG = 0x7A0D  # rounds of messages between nodes, on the private dup
+_NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
 
 
 _live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
@@ -283,13 +284,23 @@ class Context:
         is received whole and only its head -- the records, whose size is known -- kept."""
         comm = self.p2p_comm()
         what = f"zcoll.{opname} (messages between nodes)"
-        requests = [comm.Isend([view, MPI.BYTE], peer, _NODE_TAG) for peer, view in outgoing]
-        peers = [peer for peer, _ in outgoing]
+        # At most sqrt(P) sends in flight per rank (TPDS'18 §2.5); receives as they come.
+        window = max(1, math.isqrt(self.size))
+        queued = list(outgoing)
+        requests: list = []
+        peers: list[int] = []
+        in_flight: list = []
         pending = dict(incoming)
         resized: list[tuple[memoryview, np.ndarray]] = []
         status = MPI.Status()
         start, polls = time.monotonic(), 0
-        while pending:
+        while True:
+            in_flight = [r for r in in_flight if not r.Test()]
+            while queued and len(in_flight) < window:
+                peer, view = queued.pop(0)
+                in_flight.append(comm.Isend([view, MPI.BYTE], peer, _NODE_TAG))
+                requests.append(in_flight[-1])
+                peers.append(peer)
             for peer in list(pending):
                 message = comm.Improbe(peer, _NODE_TAG, status)
                 if message is None:
@@ -303,8 +314,10 @@ class Context:
                     requests.append(message.Irecv([whole, MPI.BYTE]))
                     resized.append((view, whole))
                 peers.append(peer)
-            if pending:
-                polls = self._pause(start, polls, what, sorted(pending))
+            if not pending and not queued:
+                break
+            late = sorted(pending) or [peer for peer, _ in queued]
+            polls = self._pause(start, polls, what, late)
         self.wait_bounded(requests, what, peers=peers)
         for view, whole in resized:
             into = np.frombuffer(view, np.uint8)

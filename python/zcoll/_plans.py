@@ -9,15 +9,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._collectives import (
-    _ALLGATHER,
-    _ALLTOALL,
-    IN_PLACE,
-    _new_recvbuf,
-    _remote_ranks,
-    option_codes,
-    remote_blocks,
-)
+from ._aggregated import remote_blocks, remote_ranks
+from ._collectives import _ALLGATHER, _ALLTOALL, IN_PLACE, _new_recvbuf, option_codes
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -201,7 +194,7 @@ class _MultiNodePlan(RemoteRuns, Plan):
         record = ctx.core.record(opname, sendbuf, recvbuf, order, copy, planned=True)
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
-        self._peers = _remote_ranks(ctx) * 2
+        self._peers = remote_ranks(ctx) * 2
         self._saved = []
         self._requests = self._remote_requests(ctx, opname, sendbuf, recvbuf)
 

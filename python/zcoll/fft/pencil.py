@@ -20,8 +20,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
+from .._aggregated import remote_ranks
 from .._arena import empty, is_shared
-from .._collectives import _option_error, _remote_ranks, option_codes
+from .._collectives import _option_error, option_codes
 from .._context import Context, lookup
 from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin, finish_requests
 from .._registry import AUTO, TRANSFER
@@ -687,7 +688,7 @@ class _MultiNodeTransferPlan(TransferPlan):
             requests.append(init([array, 1, t], r, self._tag))
 
     def _remote_types(self, ctx: Context, src, dst, shape, a: int, b: int) -> None:
-        remote = _remote_ranks(ctx)
+        remote = remote_ranks(ctx)
         if not remote:
             return
         self._base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
