@@ -283,6 +283,11 @@ def _piece_key(m: ReductionModel) -> int:
     return _MAX_BYTES if m.max_bytes is None else m.max_bytes
 
 
+def _check_ranks(where: str, ranks) -> None:
+    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
+        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+
+
 _MODEL_KEYS = {"ranks_per_node", "algorithm", "max_bytes", "a", "b"}
 
 
@@ -295,8 +300,7 @@ def _parse_model(index: int, model) -> ReductionModel:
             f"{where}: algorithm must be one of {REDUCE_ALGORITHMS}, got {model['algorithm']!r}"
         )
     ranks = model["ranks_per_node"]
-    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
-        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+    _check_ranks(where, ranks)
     high = _size(model["max_bytes"], f"{where}: max_bytes", optional=True)
     costs = []
     for key in ("a", "b"):
@@ -343,8 +347,7 @@ def _parse_rule(index: int, rule) -> TuningRule:
     if threshold is not None and rule["copy"] != HYBRID:
         raise TuningError(f"{where}: a threshold needs copy 'hybrid', got {rule['copy']!r}")
     ranks = rule["ranks_per_node"]
-    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
-        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+    _check_ranks(where, ranks)
     return TuningRule(rule["collective"], ranks, low, high, rule["order"], rule["copy"], threshold)
 
 

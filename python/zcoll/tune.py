@@ -55,6 +55,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from mpi4py import MPI
@@ -439,6 +440,9 @@ def print_reductions(report, results: dict[int, dict[str, float]]) -> None:
 # --- from measurements to rules ----------------------------------------------------------------
 
 
+_W = TypeVar("_W")
+
+
 def rules_from_winners(
     collective: str, ranks_per_node: int, winners: dict[int, Candidate]
 ) -> list[_tuning.TuningRule]:
@@ -448,8 +452,17 @@ def rules_from_winners(
     lies halfway in log2 (``floor(sqrt(a * b))`` belongs to a's range); the first range starts
     at 0 and the last has no upper bound.
     """
+    return [
+        _tuning.TuningRule(collective, ranks_per_node, low, high, c.order, c.copy, c.threshold)
+        for low, high, c in winner_ranges(winners)
+    ]
+
+
+def winner_ranges(winners: dict[int, _W]) -> list[tuple[int, int | None, _W]]:
+    """(low, high, winner) block ranges from the winner per measured block size, as
+    :func:`rules_from_winners` describes them."""
     sizes = sorted(winners)
-    rules: list[_tuning.TuningRule] = []
+    ranges: list[tuple[int, int | None, _W]] = []
     low = 0
     for i, block in enumerate(sizes):
         c = winners[block]
@@ -457,11 +470,9 @@ def rules_from_winners(
         if not last and winners[sizes[i + 1]] == c:
             continue
         high = None if last else math.isqrt(block * sizes[i + 1])
-        rules.append(
-            _tuning.TuningRule(collective, ranks_per_node, low, high, c.order, c.copy, c.threshold)
-        )
+        ranges.append((low, high, c))
         low = (high or 0) + 1
-    return rules
+    return ranges
 
 
 def winner(times: dict, builtin: Candidate) -> Candidate:
@@ -595,21 +606,10 @@ def internode_rules(
     """The fastest method per block size, neighbouring sizes with the same winner merged
     (boundaries as in :func:`rules_from_winners`)."""
     winners = {b: min(t, key=t.__getitem__) for b, t in results.items()}
-    sizes = sorted(winners)
-    rules, low = [], 0
-    for i, block in enumerate(sizes):
-        c = winners[block]
-        last = i + 1 == len(sizes)
-        if not last and winners[sizes[i + 1]] == c:
-            continue
-        high = None if last else math.isqrt(block * sizes[i + 1])
-        rules.append(
-            _tuning.InternodeRule(
-                ALLGATHER, nodes, ranks_per_node, low, high, c.method, c.concurrency
-            )
-        )
-        low = (high or 0) + 1
-    return rules
+    return [
+        _tuning.InternodeRule(ALLGATHER, nodes, ranks_per_node, low, high, c.method, c.concurrency)
+        for low, high, c in winner_ranges(winners)
+    ]
 
 
 def print_internode(report, results: dict[int, dict[_internode.Choice, float]]) -> None:
