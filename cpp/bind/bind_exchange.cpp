@@ -91,18 +91,6 @@ call_record describe(const node_context& ctx, const std::string& name, const py:
       [&](const std::string& why) { return error_record(arg_error::type, call_prefix(op) + why); });
 }
 
-// Every rank's record (as gathered, rank order) -> the verdict, as the node path reaches it.
-void agree_on(const py::buffer& records, int rank) {
-  const py::buffer_info info = records.request();
-  const auto bytes = static_cast<std::size_t>(info.size * info.itemsize);
-  if (bytes % sizeof(call_record) != 0 || rank < 0 ||
-      static_cast<std::size_t>(rank) >= bytes / sizeof(call_record))
-    throw std::invalid_argument("records must hold whole call records, one per rank");
-  std::vector<call_record> all(bytes / sizeof(call_record));
-  std::memcpy(all.data(), info.ptr, bytes);
-  agree(all, all[static_cast<std::size_t>(rank)].call.op);
-}
-
 // Whether `value` is a str naming "auto" or a value of `Enum`.
 template <class Enum>
 bool names_auto_or(const py::object& value) {
@@ -436,9 +424,6 @@ void register_exchange(py::module_& m) {
         return record_bytes(r);
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
-  m.def("agree", &agree_on, py::arg("records"), py::arg("rank"),
-        "Every rank's call record (rank order, CALL_RECORD_BYTES each): raises the error the "
-        "ranks of one node would raise for these calls, the same on every rank.");
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
   m.def("register_fast", &fast_path::register_context, py::arg("handle"),

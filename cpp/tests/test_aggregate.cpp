@@ -26,6 +26,13 @@ std::vector<int> leaders_for(const std::vector<std::vector<int>>& nodes, int p) 
   return leader;
 }
 
+// The node map of a layout (ranks 0..P-1 dealt into the given nodes).
+node_map map_of(const std::vector<std::vector<int>>& layout) {
+  int p = 0;
+  for (const auto& n : layout) p += static_cast<int>(n.size());
+  return node_map::from_leaders(leaders_for(layout, p));
+}
+
 const std::vector<std::vector<std::vector<int>>> layouts = {
     {{0, 1}, {2, 3}},                          // 2 nodes of 2
     {{0, 1}, {2, 3}, {4}},                     // uneven: P = 5, nodes of 2
@@ -49,9 +56,7 @@ TEST_CASE("node_map orders nodes by their lowest rank and ranks within a node as
 
 TEST_CASE("each message has one sender and one receiver, spread over the node's ranks") {
   for (const auto& layout : layouts) {
-    int p = 0;
-    for (const auto& n : layout) p += static_cast<int>(n.size());
-    const node_map m = node_map::from_leaders(leaders_for(layout, p));
+    const node_map m = map_of(layout);
     const int n = m.nodes();
     std::map<std::pair<int, int>, int> sends, receives;  // (node, node rank) -> messages
     for (int a = 0; a < n; ++a)
@@ -79,9 +84,8 @@ TEST_CASE("each message has one sender and one receiver, spread over the node's 
 
 TEST_CASE("pack and unpack lists move every block between nodes exactly once, to its place") {
   for (const auto& layout : layouts) {
-    int p = 0;
-    for (const auto& n : layout) p += static_cast<int>(n.size());
-    const node_map m = node_map::from_leaders(leaders_for(layout, p));
+    const node_map m = map_of(layout);
+    const int p = static_cast<int>(m.node_of.size());
     const int n = m.nodes();
     // Block (s -> d) packed by node(s) into message (node(s) -> node(d)) at slot
     // ld * q_s + ls; unpacked by node(d) from the same message and slot into d's buffer at s.

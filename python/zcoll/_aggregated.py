@@ -1,4 +1,5 @@
-"""alltoall on a communicator spanning several nodes (TPDS'18 §2.5, "MN-CO").
+"""alltoall on a communicator spanning several nodes (TPDS'18 §2.5, "MN-CO"), and the blocks
+that alltoall and allgather send rank to rank between nodes.
 
 Every call on several nodes starts with a round of messages between nodes that carries each
 rank's call record to every rank (`Context.node_round`, engine `aggregate.hpp`): one message
@@ -77,11 +78,8 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     code = ORDER_CODES.get(order) if type(order) is str else None
     copy_code = COPY_CODES.get(copy) if type(copy) is str else None
-    if code is None or copy_code is None:  # the ranks still meet, then all raise it
-        error = _core.option_error(order, copy)
-        assert error is not None
-        ctx.agree(ALLTOALL, _core.error_record(False, f"zcoll.{ALLTOALL}: {error}"))
-        raise AssertionError("unreachable: the round raises the published error")
+    if code is None or copy_code is None:  # the ranks still meet in the round, then all raise
+        ctx.fail(ALLTOALL, ValueError(_core.option_error(order, copy)))
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
     aggregate = block <= AGGREGATE_MAX_BLOCK if _forced is None else _forced

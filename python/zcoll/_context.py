@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -316,8 +316,9 @@ class Context:
                 peers.append(peer)
             if not pending and not queued:
                 break
-            late = sorted(pending) or [peer for peer, _ in queued]
-            polls = self._pause(start, polls, what, late)
+            polls = self._pause(
+                start, polls, what, lambda: sorted(pending) or [p for p, _ in queued]
+            )
         self.wait_bounded(requests, what, peers=peers)
         for view, whole in resized:
             into = np.frombuffer(view, np.uint8)
@@ -325,15 +326,16 @@ class Context:
             into[:head] = whole[:head]
         self.core.barrier()
 
-    def _pause(self, start: float, polls: int, what: str, late: list[int]) -> int:
-        """One pause of a polling loop between nodes, bounded by the zcoll timeout."""
+    def _pause(self, start: float, polls: int, what: str, late: Callable[[], list[int]]) -> int:
+        """One pause of a polling loop between nodes, bounded by the zcoll timeout (`late`:
+        the ranks still waited for, asked only when the wait gives up)."""
         polls += 1
         if polls < _EAGER_POLLS:
             return polls
         waited = time.monotonic() - start
         if waited >= get_timeout():
             self.break_context(
-                f"zcoll: rank {self.rank}: {what}: rank(s) {late} did not take part within "
+                f"zcoll: rank {self.rank}: {what}: rank(s) {late()} did not take part within "
                 f"{get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
             )
         # Yield first (a peer may need this core), sleep once the wait is clearly long.

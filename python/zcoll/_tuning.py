@@ -283,9 +283,14 @@ def _piece_key(m: ReductionModel) -> int:
     return _MAX_BYTES if m.max_bytes is None else m.max_bytes
 
 
-def _check_ranks(where: str, ranks) -> None:
-    if type(ranks) is not int or not 1 <= ranks <= 1 << 20:
-        raise TuningError(f"{where}: ranks_per_node must be a positive integer, got {ranks!r}")
+def _check_count(where: str, key: str, value) -> None:
+    if type(value) is not int or not 1 <= value <= 1 << 20:
+        raise TuningError(f"{where}: {key} must be a positive integer, got {value!r}")
+
+
+def _check_one_of(where: str, key: str, value, choices) -> None:
+    if value not in choices:
+        raise TuningError(f"{where}: {key} must be one of {choices}, got {value!r}")
 
 
 _MODEL_KEYS = {"ranks_per_node", "algorithm", "max_bytes", "a", "b"}
@@ -295,12 +300,9 @@ def _parse_model(index: int, model) -> ReductionModel:
     where = f"reduction model {index}"
     if not isinstance(model, dict) or model.keys() != _MODEL_KEYS:
         raise TuningError(f"{where} must be an object with keys {sorted(_MODEL_KEYS)}")
-    if model["algorithm"] not in REDUCE_ALGORITHMS:
-        raise TuningError(
-            f"{where}: algorithm must be one of {REDUCE_ALGORITHMS}, got {model['algorithm']!r}"
-        )
+    _check_one_of(where, "algorithm", model["algorithm"], REDUCE_ALGORITHMS)
     ranks = model["ranks_per_node"]
-    _check_ranks(where, ranks)
+    _check_count(where, "ranks_per_node", ranks)
     high = _size(model["max_bytes"], f"{where}: max_bytes", optional=True)
     costs = []
     for key in ("a", "b"):
@@ -333,21 +335,16 @@ def _parse_rule(index: int, rule) -> TuningRule:
         raise TuningError(
             f"{where}: missing keys {sorted(missing)}, unknown keys {sorted(unknown)}"
         )
-    if rule["collective"] not in COLLECTIVES:
-        raise TuningError(
-            f"{where}: collective must be one of {COLLECTIVES}, got {rule['collective']!r}"
-        )
-    if rule["order"] not in RULE_ORDERS:
-        raise TuningError(f"{where}: order must be one of {RULE_ORDERS}, got {rule['order']!r}")
-    if rule["copy"] not in RULE_COPIES:
-        raise TuningError(f"{where}: copy must be one of {RULE_COPIES}, got {rule['copy']!r}")
+    _check_one_of(where, "collective", rule["collective"], COLLECTIVES)
+    _check_one_of(where, "order", rule["order"], RULE_ORDERS)
+    _check_one_of(where, "copy", rule["copy"], RULE_COPIES)
     low = _size(rule["min_block"], f"{where}: min_block")
     high = _size(rule["max_block"], f"{where}: max_block", minimum=low, optional=True)
     threshold = _size(rule.get("threshold"), f"{where}: threshold", optional=True)
     if threshold is not None and rule["copy"] != HYBRID:
         raise TuningError(f"{where}: a threshold needs copy 'hybrid', got {rule['copy']!r}")
     ranks = rule["ranks_per_node"]
-    _check_ranks(where, ranks)
+    _check_count(where, "ranks_per_node", ranks)
     return TuningRule(rule["collective"], ranks, low, high, rule["order"], rule["copy"], threshold)
 
 
@@ -356,18 +353,10 @@ def parse_internode_rule(index: int, rule) -> InternodeRule:
     where = f"internode rule {index}"
     if not isinstance(rule, dict) or rule.keys() != _INTERNODE_KEYS:
         raise TuningError(f"{where} must be an object with keys {sorted(_INTERNODE_KEYS)}")
-    if rule["collective"] not in COLLECTIVES:
-        raise TuningError(
-            f"{where}: collective must be one of {COLLECTIVES}, got {rule['collective']!r}"
-        )
-    if rule["method"] not in INTERNODE_METHODS:
-        raise TuningError(
-            f"{where}: method must be one of {INTERNODE_METHODS}, got {rule['method']!r}"
-        )
+    _check_one_of(where, "collective", rule["collective"], COLLECTIVES)
+    _check_one_of(where, "method", rule["method"], INTERNODE_METHODS)
     for key in ("nodes", "ranks_per_node"):
-        value = rule[key]
-        if type(value) is not int or not 1 <= value <= 1 << 20:
-            raise TuningError(f"{where}: {key} must be a positive integer, got {value!r}")
+        _check_count(where, key, rule[key])
     concurrency = rule["concurrency"]
     low = 1 if rule["method"] == "concurrent" else 0
     if type(concurrency) is not int or not low <= concurrency <= 1 << 20:

@@ -985,12 +985,21 @@ def add_timing_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_size_options(
+    parser: argparse.ArgumentParser, title: str, what: str = "block", largest: str = "1M"
+) -> None:
+    """``--sizes``, ``--min`` and ``--max`` in a group titled `title` (sizes of `what`)."""
+    sizes = parser.add_argument_group(title)
+    sizes.add_argument("--sizes", type=parse_sizes, help=f"list of {what} sizes, e.g. 8,64,4K,1M")
+    sizes.add_argument("--min", type=parse_size, help=f"smallest power-of-two {what} (default 8)")
+    sizes.add_argument(
+        "--max", type=parse_size, help=f"largest power-of-two {what} (default {largest})"
+    )
+
+
 def add_collective_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``alltoall`` and ``allgather`` (output options are added elsewhere)."""
-    sizes = parser.add_argument_group("block sizes (default: powers of two, 8 B to 1 MiB)")
-    sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
-    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two block (default 8)")
-    sizes.add_argument("--max", type=parse_size, help="largest power-of-two block (default 1M)")
+    add_size_options(parser, "block sizes (default: powers of two, 8 B to 1 MiB)")
     parser.add_argument(
         "--orders",
         type=parse_orders,

@@ -28,7 +28,7 @@ import zcoll
 from zcoll import _context, _core
 from zcoll._registry import AUTO, TEMPORAL
 
-from .collectives import Call, Timer
+from .collectives import Call, Timer, add_size_options
 from .common import (
     KIB,
     MEMCPY_METHOD,
@@ -42,8 +42,6 @@ from .common import (
     node_layout,
     now_iso,
     parse_choices,
-    parse_size,
-    parse_sizes,
     powers_of_two,
     ratio,
     times,
@@ -343,10 +341,9 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
 
 def add_reduction_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
-    sizes = parser.add_argument_group("message sizes (default: powers of two, 8 B to 16 MiB)")
-    sizes.add_argument("--sizes", type=parse_sizes, help="list of sizes in bytes, e.g. 8,4K,1M")
-    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two size (default 8)")
-    sizes.add_argument("--max", type=parse_size, help="largest power-of-two size (default 16M)")
+    add_size_options(
+        parser, "message sizes (default: powers of two, 8 B to 16 MiB)", "message", "16M"
+    )
     parser.add_argument(
         "--algorithms",
         type=functools.partial(parse_choices, choices=ALL_ALGORITHMS, what="algorithm"),

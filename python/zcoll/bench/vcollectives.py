@@ -55,6 +55,7 @@ from .collectives import (
     BlockCase,
     Call,
     Timer,
+    add_size_options,
     add_timing_options,
     best_order,
     measure_block,
@@ -74,8 +75,6 @@ from .common import (
     mpi_library,
     node_layout,
     now_iso,
-    parse_size,
-    parse_sizes,
     powers_of_two,
     times,
     where,
@@ -413,10 +412,7 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
 
 def add_vcollective_options(parser: argparse.ArgumentParser) -> None:
     """The options of the subcommands of this module (output options are added elsewhere)."""
-    sizes = parser.add_argument_group("nominal block sizes (default: powers of two, 8 B to 1 MiB)")
-    sizes.add_argument("--sizes", type=parse_sizes, help="list of block sizes, e.g. 8,64,4K,1M")
-    sizes.add_argument("--min", type=parse_size, help="smallest power-of-two block (default 8)")
-    sizes.add_argument("--max", type=parse_size, help="largest power-of-two block (default 1M)")
+    add_size_options(parser, "nominal block sizes (default: powers of two, 8 B to 1 MiB)")
     parser.add_argument(
         "--orders",
         type=parse_orders,
