@@ -125,10 +125,17 @@ ERROR_JOB = textwrap.dedent(
 CONFIGS = [(4, 1), (4, 2), (5, 2), (5, 3), (6, 2), (6, 3), (8, 2), (8, 3)]
 
 
-def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60"):
+# Who sends the messages between nodes (ZCOLL_NODE_MESSAGES): the extension by default; the
+# mpi4py loop, the fallback of builds without MPI, on a few configurations.
+MPI4PY_CONFIGS = [(4, 2), (5, 2)]
+
+
+def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60", sender: str = "cpp"):
     path = tmp_path / "job.py"
     path.write_text(script)
-    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE=str(node), ZCOLL_TIMEOUT=timeout)
+    env = job_env(
+        ZCOLL_VIRTUAL_NODE_SIZE=str(node), ZCOLL_TIMEOUT=timeout, ZCOLL_NODE_MESSAGES=sender
+    )
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     proc = run_job(mpiexec(ranks) + [sys.executable, str(path)], env, timeout=240)
     found = re.search(r"<<RESULT (.*?) >>", proc.stdout, re.S)
@@ -137,20 +144,28 @@ def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60"):
 
 
 @alone
-@pytest.mark.parametrize(("ranks", "node"), CONFIGS, ids=[f"P{p}-node{k}" for p, k in CONFIGS])
-def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node):
+@pytest.mark.parametrize(
+    ("ranks", "node", "sender"),
+    [(p, k, "cpp") for p, k in CONFIGS] + [(p, k, "mpi4py") for p, k in MPI4PY_CONFIGS],
+    ids=[f"P{p}-node{k}" for p, k in CONFIGS] + [f"P{p}-node{k}-mpi4py" for p, k in MPI4PY_CONFIGS],
+)
+def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     """Every dtype family, zero/one/odd block lengths, private and arena buffers, in place and
     recvbuf=None, on WORLD, a dup and a split with reversed keys; aggregated and direct."""
-    assert _run(tmp_path, CHECK_JOB, ranks, node) == "OK"
+    assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 
 @alone
-@pytest.mark.parametrize(("ranks", "node"), [(4, 2), (5, 2)], ids=["P4-node2", "P5-node2"])
-def test_calls_that_differ_between_nodes(tmp_path, ranks, node):
+@pytest.mark.parametrize(
+    ("ranks", "node", "sender"),
+    [(4, 2, "cpp"), (5, 2, "cpp"), (5, 2, "mpi4py")],
+    ids=["P4-node2", "P5-node2", "P5-node2-mpi4py"],
+)
+def test_calls_that_differ_between_nodes(tmp_path, ranks, node, sender):
     """Bad input on the last rank only: every rank of every node raises the same type at once
     (not a timeout: ZCOLL_TIMEOUT is 60 s and the job has 240 s for five calls), the receive
     buffers are untouched, and the communicator works afterwards."""
-    result = eval(_run(tmp_path, ERROR_JOB, ranks, node))  # noqa: S307 - our own job's repr
+    result = eval(_run(tmp_path, ERROR_JOB, ranks, node, sender=sender))  # noqa: S307 - our own job's repr
     expected = ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError"]
     for rank, (results, good) in enumerate(result):
         kinds = [kind for _, kind, _ in results]
@@ -175,14 +190,16 @@ KILL_JOB = textwrap.dedent(
     send = np.full((p, 4), rank, np.int64)
     recv = np.empty_like(send)
     calls = 0
-    exchange = _context.Context._exchange_messages
 
-    def dying_exchange(ctx, *args):  # phase 1 done, the messages not yet sent
-        if calls == 50 and rank == victim:
-            os.kill(os.getpid(), signal.SIGKILL)
-        exchange(ctx, *args)
+    def dying(exchange):  # phase 1 done, the messages not yet sent
+        def exchange_or_die(ctx, *args):
+            if calls == 50 and rank == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return exchange(ctx, *args)
+        return exchange_or_die
 
-    _context.Context._exchange_messages = dying_exchange
+    for sender in ("_exchange_messages", "_send_messages_in_cpp"):  # mpi4py's, the extension's
+        setattr(_context.Context, sender, dying(getattr(_context.Context, sender)))
     try:
         for calls in range(200):
             zcoll.alltoall(comm, send, recv)
@@ -196,7 +213,8 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
-def test_rank_killed_in_the_exchange_between_nodes(tmp_path):
+@pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
+def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
     SIGKILLs itself after packing, before sending. Its node-mate sees it die; rank 0, which
     waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
@@ -205,7 +223,7 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path):
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     path = tmp_path / "job.py"
     path.write_text(KILL_JOB)
-    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE="2", ZCOLL_TIMEOUT="5")
+    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE="2", ZCOLL_TIMEOUT="5", ZCOLL_NODE_MESSAGES=sender)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
     cmd = mpiexec(4, "--enable-recovery") + [sys.executable, str(path), "2", str(tmp_path)]

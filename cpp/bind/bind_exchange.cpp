@@ -17,6 +17,9 @@
 #include "gil.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
+#ifdef ZCOLL_HAVE_MPI
+#include "zcoll/mpi_messages.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -247,6 +250,19 @@ int copy_code(PyObject* name) {
 }
 
 void register_exchange(py::module_& m) {
+  m.def(
+      "mpi_library_matches",
+      [](const std::string& version) {
+#ifdef ZCOLL_HAVE_MPI
+        return mpi_library_matches(version);
+#else
+        static_cast<void>(version);
+        return false;
+#endif
+      },
+      py::arg("version"),
+      "Whether NodeContext.nodes_exchange can run: zcoll was built with an MPI, and it is the "
+      "initialized library whose MPI_Get_library_version is `version` (mpi4py's).");
   py::class_<node_context, std::shared_ptr<node_context>>(
       m, "NodeContext", "The node-local engine of one communicator (see exchange.hpp).")
       .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,
@@ -339,6 +355,28 @@ void register_exchange(py::module_& m) {
                                   round.packed());
           },
           "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).")
+#ifdef ZCOLL_HAVE_MPI
+      .def(
+          "nodes_exchange",
+          [](node_context& ctx, std::uintptr_t comm, int rank, int tag, int window, double timeout,
+             const std::string& what) {
+            message_round_options options;
+            options.tag = tag;
+            options.window = window;
+            options.wait = make_wait(timeout, 0, 0, 0.0);
+            options.what = what;
+            const node_messages& round = ctx.between_nodes(node_map{});
+            py::gil_scoped_release release;
+            exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank,
+                              options);
+            return round.packed();
+          },
+          py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"),
+          py::arg("what"),
+          "Local: phase 2 of a round between nodes by MPI from C++ (mpi_messages.hpp); `comm` is "
+          "MPI._handleof of the communicator. PeerError after `timeout` seconds. Returns whether "
+          "begin() packed blocks.")
+#endif
       .def(
           "nodes_finish",
           [](node_context& ctx) {

@@ -292,6 +292,11 @@ void set_interrupt_check(interrupt_check check) noexcept {
   interrupt_check_.store(check, std::memory_order_relaxed);
 }
 
+bool interrupt_requested() {
+  const auto check = interrupt_check_.load(std::memory_order_relaxed);
+  return check && check();
+}
+
 void node_barrier::abandon_interrupted() {
   // This rank leaves a barrier it may already have entered: its peers must not go on past it.
   std::int32_t none = 0;

@@ -69,6 +69,9 @@ bool process_is_dead(std::int32_t pid) noexcept;
 // a wait. Process-wide; none by default.
 using interrupt_check = bool (*)();
 void set_interrupt_check(interrupt_check check) noexcept;
+// Runs the interrupt check, if any: true when it asks the current wait to be abandoned (for
+// waits outside a node barrier, such as on MPI requests).
+bool interrupt_requested();
 
 // Why a rank left its contexts (see node_barrier::depart).
 enum class departure_reason : std::int32_t {

@@ -157,6 +157,8 @@ class Context:
         self.oversubscribed = machine_ranks > s.cpus
         self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
+        # The C handle of the private dup when the extension sends the rounds' messages itself.
+        self._p2p_handle = self._message_sender(s.node_messages)
         # One rank per node (its lowest), in node order: the reductions' inter-node part.
         self.leaders: MPI.Comm | None = None
         if self.multi_node:
@@ -273,10 +275,41 @@ class Context:
             self.core.nodes_begin(record)
         else:
             self.core.nodes_begin(record, *alltoall)
-        outgoing, incoming, packed = self.core.nodes_messages()
-        self._exchange_messages(opname, outgoing, incoming)
+        if self._p2p_handle is None:
+            outgoing, incoming, packed = self.core.nodes_messages()
+            self._exchange_messages(opname, outgoing, incoming)
+        else:
+            packed = self._send_messages_in_cpp(opname, self._p2p_handle)
         self.core.nodes_finish()
         return packed
+
+    def _send_messages_in_cpp(self, opname: str, comm: int) -> bool:
+        """`_exchange_messages` in the extension (mpi_messages.hpp) on the communicator whose
+        C handle is `comm`, the GIL released; returns whether the round packed blocks."""
+        window = max(1, math.isqrt(self.size))
+        what = f"zcoll.{opname} (messages between nodes)"
+        try:
+            packed = self.core.nodes_exchange(
+                comm, self.rank, _NODE_TAG, window, get_timeout(), what
+            )
+        except _core.PeerError as e:
+            self.break_context(str(e))
+        self.core.barrier()
+        return packed
+
+    def _message_sender(self, asked: str) -> int | None:
+        """The private dup's C handle when the extension sends the rounds' messages (setting
+        `asked`: auto, cpp, mpi4py), None when mpi4py does."""
+        if self._p2p is None or asked == "mpi4py":
+            return None
+        if _core.mpi_library_matches(MPI.Get_library_version()):
+            return MPI._handleof(self._p2p)
+        if asked == "cpp":
+            raise ValueError(
+                "zcoll: ZCOLL_NODE_MESSAGES=cpp, but zcoll was built without MPI or against "
+                "another MPI library than mpi4py's"
+            )
+        return None
 
     def _exchange_messages(self, opname: str, outgoing: list, incoming: list) -> None:
         """Sends this rank's messages of the round, receives the ones it owns, then a node
@@ -388,6 +421,7 @@ class Context:
         if self.leaders is not None and not MPI.Is_finalized():
             self.leaders.Free()
         self._p2p = None
+        self._p2p_handle = None
         self.leaders = None
         self._comm = None
 

@@ -106,6 +106,17 @@ def _barrier(name: str, text: str) -> str:
     return text
 
 
+#: Values of ``ZCOLL_NODE_MESSAGES``: who sends the messages between nodes.
+NODE_MESSAGE_SENDERS = ("auto", "cpp", "mpi4py")
+
+
+def _node_messages(name: str, text: str) -> str:
+    value = text.strip().lower() or "auto"
+    if value not in NODE_MESSAGE_SENDERS:
+        raise ValueError(f"zcoll: {name} must be one of {NODE_MESSAGE_SENDERS}, got {value!r}")
+    return value
+
+
 def _tuning_mode(name: str, text: str) -> str:
     value = text.strip().lower() or "table"
     if value not in TUNING_MODES:
@@ -191,6 +202,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             0,
             "context",
             "ranks per virtual node (0: real nodes)",
+        ),
+        "node_messages": _Variable(
+            "ZCOLL_NODE_MESSAGES",
+            _node_messages,
+            "auto",
+            "context",
+            "who sends the messages between nodes: cpp (C++ over MPI), mpi4py, or auto",
         ),
         "tuning": _Variable(
             "ZCOLL_TUNING", _tuning_mode, "table", "first use", "what order/copy='auto' follow"
@@ -351,6 +369,10 @@ class Settings:
         ``ZCOLL_EAGER_BYTES``, ``ZCOLL_COPY_THRESHOLD``, ``ZCOLL_SPIN``, ``ZCOLL_YIELDS``.
     virtual_node_size : int
         ``ZCOLL_VIRTUAL_NODE_SIZE`` (0: nodes are the machines).
+    node_messages : str
+        ``ZCOLL_NODE_MESSAGES``: who sends the messages of a round between nodes: "cpp" (the
+        extension, calling MPI itself: needs a build against the MPI mpi4py runs), "mpi4py" (a
+        Python loop of mpi4py requests), "auto" (cpp when it can run, else mpi4py).
     tuning : str
         ``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: table, online or off.
     tuning_file : pathlib.Path
@@ -381,6 +403,7 @@ class Settings:
     spin: int | None
     yields: int | None
     virtual_node_size: int
+    node_messages: str
     tuning: str
     tuning_file: Path
     copy_isa: str

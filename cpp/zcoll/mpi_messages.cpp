@@ -1,0 +1,182 @@
+#include "zcoll/mpi_messages.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "zcoll/barrier.hpp"
+#include "zcoll/error.hpp"
+
+namespace zcoll {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// A message that arrived with another size than expected: received whole, its head kept.
+struct resized_message {
+  const node_message* into;
+  std::vector<std::byte> whole;
+};
+
+// Polls, then yields (a peer may need this core), then sleeps once the wait is clearly long;
+// gives up at the deadline, naming the ranks `late()` returns.
+class bounded_wait {
+ public:
+  bounded_wait(const message_round_options& options, int rank)
+      : options_(options), rank_(rank), start_(clock_type::now()) {}
+
+  template <class Late>
+  void pause(Late late) {
+    if (++polls_ < options_.eager_polls) return;
+    const double waited = std::chrono::duration<double>(clock_type::now() - start_).count();
+    if (waited >= options_.wait.timeout_s) give_up(late());
+    if (waited < 0.01) {
+      ::sched_yield();
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (interrupt_requested())
+      throw wait_interrupted("zcoll: rank " + std::to_string(rank_) + ": " + options_.what +
+                             ": interrupted");
+  }
+
+ private:
+  [[noreturn]] void give_up(const std::vector<int>& late) const {
+    std::string who = "rank(s) [";
+    for (std::size_t i = 0; i < late.size(); ++i) who += (i ? ", " : "") + std::to_string(late[i]);
+    who += "]";
+    if (late.empty()) who = "a peer on another node";
+    char timeout[32];
+    std::snprintf(timeout, sizeof timeout, "%g", options_.wait.timeout_s);
+    throw peer_error("zcoll: rank " + std::to_string(rank_) + ": " + options_.what + ": " + who +
+                     " did not take part within " + timeout +
+                     " s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)");
+  }
+
+  const message_round_options& options_;
+  int rank_;
+  clock_type::time_point start_;
+  std::uint32_t polls_ = 0;
+};
+
+bool done(MPI_Request& request) {
+  int flag = 0;
+  MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+  return flag != 0;
+}
+
+// Frees what is still in flight when the round gives up (MPI finishes it in the background).
+struct request_list {
+  std::vector<MPI_Request> requests;
+  std::vector<int> peers;
+  ~request_list() {
+    for (MPI_Request& r : requests)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+  void add(MPI_Request r, int peer) {
+    requests.push_back(r);
+    peers.push_back(peer);
+  }
+  std::vector<int> unfinished() {
+    std::vector<int> late;
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      if (requests[i] != MPI_REQUEST_NULL && !done(requests[i])) late.push_back(peers[i]);
+    std::sort(late.begin(), late.end());
+    late.erase(std::unique(late.begin(), late.end()), late.end());
+    return late;
+  }
+};
+
+// A C handle as mpi4py's MPI._handleof gives it: a pointer (Open MPI) or an integer (MPICH).
+template <class Handle>
+Handle handle_as(std::uintptr_t handle) noexcept {
+  if constexpr (std::is_pointer_v<Handle>)
+    return reinterpret_cast<Handle>(handle);
+  else
+    return static_cast<Handle>(handle);
+}
+
+}  // namespace
+
+MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept {
+  return handle_as<MPI_Comm>(handle);
+}
+
+bool mpi_library_matches(const std::string& version) {
+  int initialized = 0, finalized = 0;
+  if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return false;
+  if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return false;
+  char mine[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  if (MPI_Get_library_version(mine, &length) != MPI_SUCCESS) return false;
+  const auto text = [](std::string_view v) { return v.substr(0, v.find('\0')); };
+  return text(std::string_view(mine, static_cast<std::size_t>(length))) == text(version);
+}
+
+void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
+                       std::span<const node_message> in, int rank,
+                       const message_round_options& options) {
+  const auto bytes = [](const node_message& m) { return static_cast<int>(m.bytes); };
+  request_list all;
+  std::vector<std::size_t> in_flight;  // indices into all.requests of unfinished sends
+  std::vector<const node_message*> pending;
+  for (const node_message& m : in) pending.push_back(&m);
+  std::vector<resized_message> resized;
+  std::size_t next_send = 0;
+  bounded_wait wait(options, rank);
+  for (;;) {
+    std::erase_if(in_flight, [&](std::size_t i) { return done(all.requests[i]); });
+    for (; next_send < out.size() && in_flight.size() < std::size_t(options.window); ++next_send) {
+      const node_message& m = out[next_send];
+      MPI_Request r;
+      MPI_Isend(m.data, bytes(m), MPI_BYTE, m.peer, options.tag, comm, &r);
+      in_flight.push_back(all.requests.size());
+      all.add(r, m.peer);
+    }
+    std::erase_if(pending, [&](const node_message* m) {
+      int found = 0;
+      MPI_Message message;
+      MPI_Status status;
+      MPI_Improbe(m->peer, options.tag, comm, &found, &message, &status);
+      if (!found) return false;
+      int count = 0;
+      MPI_Get_count(&status, MPI_BYTE, &count);
+      void* into = m->data;
+      if (static_cast<std::size_t>(count) != m->bytes) {
+        resized.push_back({m, std::vector<std::byte>(static_cast<std::size_t>(count))});
+        into = resized.back().whole.data();
+      }
+      MPI_Request r;
+      MPI_Imrecv(into, count, MPI_BYTE, &message, &r);
+      all.add(r, m->peer);
+      return true;
+    });
+    if (pending.empty() && next_send == out.size()) break;
+    wait.pause([&] {
+      std::vector<int> late;
+      for (const node_message* m : pending) late.push_back(m->peer);
+      for (std::size_t i = next_send; i < out.size(); ++i) late.push_back(out[i].peer);
+      std::sort(late.begin(), late.end());
+      late.erase(std::unique(late.begin(), late.end()), late.end());
+      return late;
+    });
+  }
+  for (;;) {
+    int finished = 0;
+    MPI_Testall(static_cast<int>(all.requests.size()), all.requests.data(), &finished,
+                MPI_STATUSES_IGNORE);
+    if (finished) break;
+    wait.pause([&] { return all.unfinished(); });
+  }
+  for (const resized_message& r : resized)
+    std::memcpy(r.into->data, r.whole.data(), std::min(r.whole.size(), r.into->bytes));
+}
+
+}  // namespace zcoll

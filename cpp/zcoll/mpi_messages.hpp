@@ -1,0 +1,55 @@
+/*
+ * The messages of a round between nodes (aggregate.hpp's phase 2), sent and received by MPI
+ * point-to-point from C++.
+ *
+ * The only part of zcoll that calls MPI, kept out of the MPI-free engine (zcoll_core) in a
+ * library of its own, built when CMake finds an MPI (ZCOLL_HAVE_MPI); the Python side keeps
+ * an mpi4py loop of the same protocol for builds without one. The communicator comes from
+ * mpi4py as its C handle (MPI._handleof), so both must use the same MPI library:
+ * mpi_library_matches() tells.
+ *
+ * Protocol, per rank: at most `window` sends in flight (TPDS'18 §2.5: sqrt(P)), posted in
+ * order; every expected message is matched with MPI_Improbe first, so one of an unexpected size
+ * (calls that differ between nodes) is received whole and only its head -- the call records,
+ * whose size is known -- kept. Waits poll, then yield, then sleep 1 ms slices, bounded by the
+ * wait options' timeout: the ranks still waited for are named in the peer_error. Trade-off
+ * against the mpi4py loop (measured, README "Across nodes"): no request objects or Python
+ * frames per message and the GIL released for the whole round, at the price of building against
+ * MPI's headers.
+ */
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "zcoll/aggregate.hpp"
+#include "zcoll/options.hpp"
+
+namespace zcoll {
+
+struct message_round_options {
+  int tag = 0;                      // the round's tag on the communicator
+  int window = 1;                   // sends in flight per rank at most
+  std::uint32_t eager_polls = 100;  // polls before the wait starts yielding
+  wait_options wait;                // timeout_s bounds the round; the rest is unused here
+  std::string what = "messages between nodes";  // named in the timeout's message
+};
+
+// The communicator behind mpi4py's MPI._handleof(comm).
+MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept;
+
+// Whether this library's MPI is initialized, not finalized, and reports `version` (mpi4py's
+// MPI.Get_library_version()): false when zcoll was built against another MPI than mpi4py runs.
+bool mpi_library_matches(const std::string& version);
+
+// Sends `out`, receives `in` (messages keep their addresses and expected sizes), on `comm`.
+// Throws peer_error naming the late ranks after options.wait.timeout_s, wait_interrupted when
+// the interrupt check asks; unfinished requests are then freed (MPI completes them).
+void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
+                       std::span<const node_message> in, int rank,
+                       const message_round_options& options);
+
+}  // namespace zcoll
