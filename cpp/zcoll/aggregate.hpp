@@ -8,10 +8,11 @@
  *      buffers; the node checks them; each rank writes its call record into the head of every
  *      message its node sends, and the ranks copy, in equal shares and Morton order, every
  *      block bound for another node into that node's message; barrier.
- *   2. exchange (Python, MPI point-to-point): the message from node a to node b is sent by
- *      one rank of a and received by one rank of b, the pairs spread over the ranks of each
- *      node (node rank (k - 1) mod q for the node k steps away), so every rank posts about
- *      (N - 1) / q sends and receives; then a node barrier.
+ *   2. exchange (MPI point-to-point: mpi_messages.hpp, or the Python side's mpi4py loop): the
+ *      message from node a to node b is sent by one rank of a and received by one rank of b,
+ *      the pairs spread over the ranks of each node (node rank (k - 1) mod q for the node k
+ *      steps away), so every rank posts about (N - 1) / q sends and receives; then a node
+ *      barrier.
  *   3. unpack (collective over the node): every rank reads every rank's record from the
  *      messages' heads and the ranks agree (protocol.hpp's agree: the same verdict on every
  *      rank of every node) -- the argument check across nodes travels with the data, so it
