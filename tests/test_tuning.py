@@ -505,3 +505,14 @@ def test_rules_from_winners_merges_and_splits_in_log2():
     rules = tune.rules_from_winners("alltoall", 4, {8: a, 16: a, 64: b, 1024: b})
     got = [(r.min_block, r.max_block, r.order, r.threshold) for r in rules]
     assert got == [(0, 32, "eager", None), (33, None, "hilbert", 4096)]  # sqrt(16 * 64) = 32
+
+
+def test_tuner_times_numa_where_the_node_spans_numa_nodes():
+    """On one NUMA node order="numa" is Morton's schedule and is not timed twice; on a node of
+    two NUMA nodes it differs, is timed, and comes first, as order="auto" picks it there."""
+    one = tune.distinct_orders(4, 8)
+    assert "numa" not in one and "morton" in one and len(one) == len(set(one))
+    two = tune.distinct_orders(4, 8, [0, 0, 1, 1])
+    assert two[0] == "numa" and set(one) < set(two)
+    interleaved = tune.distinct_orders(8, 8, [0, 1] * 4)
+    assert interleaved[0] == "numa"

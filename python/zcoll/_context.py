@@ -165,6 +165,8 @@ class Context:
             leaders_comm = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, key=self.rank)
             self.leaders = None if leaders_comm == MPI.COMM_NULL else leaders_comm
         self._broken = ""  # why the multi-node path failed, if it did
+        # The NUMA node each node rank runs on (hwloc, or the ZCOLL_TOPOLOGY placement).
+        self.numa_nodes = tuple(numa for numa, _, _ in places)
         self.core = _core.NodeContext(
             control,
             rank=self.node_rank,
@@ -174,7 +176,7 @@ class Context:
             pids=pids,
             barrier=BARRIER_CODES[s.barrier],
             **s.wait_for(self.oversubscribed),
-            numa_nodes=[numa for numa, _, _ in places],
+            numa_nodes=list(self.numa_nodes),
             packages=[package for _, package, _ in places],
             l3_caches=[l3 for _, _, l3 in places],
         )

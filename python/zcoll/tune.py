@@ -53,6 +53,7 @@ import os
 import sys
 import tempfile
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -223,14 +224,17 @@ def _parse_collectives(text: str) -> list[str]:
 # --- candidates and measurement ----------------------------------------------------------------
 
 
-def distinct_orders(node_size: int, block: int) -> list[str]:
-    """The orders whose schedules differ on `node_size` ranks, the built-in one first.
+def distinct_orders(node_size: int, block: int, numa_nodes: Sequence[int] = ()) -> list[str]:
+    """The orders whose schedules differ on `node_size` ranks placed on `numa_nodes` (each
+    rank's NUMA node; empty: one), the built-in one first.
 
-    Orders with the same schedule (row and Morton on 2 ranks, all of them on 1) run the same
-    copies: timing both would only let noise pick between them."""
+    Orders with the same schedule (row and Morton on 2 ranks, all of them on 1, numa and Morton
+    on one NUMA node) run the same copies: timing both would only let noise pick between
+    them."""
     seen, found = set(), []
-    for code in (_core.default_order(node_size, block), *range(len(ORDERS))):
-        blocks, bounds = _core.schedule(node_size, code)
+    domains = len(set(numa_nodes)) or 1
+    for code in (_core.default_order(node_size, block, domains), *range(len(ORDERS))):
+        blocks, bounds = _core.schedule(node_size, code, numa_nodes=list(numa_nodes))
         key = (blocks.tobytes(), bounds.tobytes())
         if key not in seen:
             seen.add(key)
@@ -238,10 +242,12 @@ def distinct_orders(node_size: int, block: int) -> list[str]:
     return found
 
 
-def order_candidates(block: int, node_size: int, eager_bytes: int) -> list[Candidate]:
-    """Stage 1: every distinct order with ordinary stores, and the eager path where the call
-    fits it."""
-    found = [Candidate(order) for order in distinct_orders(node_size, block)]
+def order_candidates(
+    block: int, node_size: int, eager_bytes: int, numa_nodes: Sequence[int] = ()
+) -> list[Candidate]:
+    """Stage 1: every distinct order with ordinary stores (on ranks placed on `numa_nodes`),
+    and the eager path where the call fits it."""
+    found = [Candidate(order) for order in distinct_orders(node_size, block, numa_nodes)]
     if 0 < node_size * block <= eager_bytes:
         found.append(Candidate(EAGER))
     return found
@@ -345,7 +351,7 @@ def sweep(sw: _Sweep, collective: str, sizes, report: Reporter) -> dict[int, dic
     results: dict[int, dict] = {}
     for block in sizes:
         send, recv = sw.buffers(collective, block)
-        stage1 = order_candidates(block, sw.node.size, sw.eager_bytes)
+        stage1 = order_candidates(block, sw.node.size, sw.eager_bytes, sw.ctx.numa_nodes)
         times = sw.compare(collective, stage1, send, recv, block, report)
         best_order = min(times, key=times.__getitem__).order
         stage2 = copy_candidates(best_order, block, sw.base_threshold)
@@ -360,7 +366,8 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
     """How many timed loops :func:`sweep` runs (for the progress bar)."""
     p, eager, base = sw.node.size, sw.eager_bytes, sw.base_threshold
     per_size = [
-        len(order_candidates(b, p, eager)) + len(copy_candidates(ROW, b, base)) for b in sizes
+        len(order_candidates(b, p, eager, sw.ctx.numa_nodes)) + len(copy_candidates(ROW, b, base))
+        for b in sizes
     ]
     reductions = (
         len(sw.args.reduction_sizes) * len(REDUCE_ALGORITHMS) if REDUCTION in collectives else 0
