@@ -167,6 +167,7 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
   auto& line = protocol.next(op_code::none);
+  protocol.slot(cfg.rank).record = record;  // the senders copy it into their messages' heads
   line.call = record.call;
   line.call.target = op_code::none;  // op_code::alltoall: this rank brings blocks to pack
   line.send = {};
@@ -205,15 +206,16 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
       staged_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
   }
   plan_messages(aggregate_ ? block_ : 0);
-  const int n = nodes_.nodes();
-  for (int step = 1; step < n; ++step) {  // this rank's record in every message of its node
-    const int owner = nodes_.sender(me_node_, (me_node_ + step) % n);
-    std::byte* head = message(owner, out_offset_[static_cast<std::size_t>(step - 1)]);
-    std::memcpy(head + static_cast<std::size_t>(cfg.rank) * sizeof(call_record), &record,
-                sizeof record);
+  for (const node_message& m : out_) {  // the node's records, in the messages this rank sends
+    for (int j = 0; j < cfg.size; ++j)
+      std::memcpy(m.data + static_cast<std::size_t>(j) * sizeof(call_record),
+                  &protocol.slot(j).record, sizeof(call_record));
   }
-  if (aggregate_) pack(args, all, line);
-  protocol.sync();
+  // A round of records only needs no more: each message is complete once its sender wrote it.
+  if (aggregate_) {
+    pack(args, all, line);
+    protocol.sync();
+  }
   begun_ = true;
 }
 

@@ -4,10 +4,11 @@
  * A communicator spanning N nodes sends, with the direct path, one MPI message per pair of
  * ranks on different nodes: P * (P - P/N) per alltoall. Here each ordered pair of nodes
  * exchanges one aggregated message, N * (N - 1) per alltoall, in three phases:
- *   1. pack (this file, collective over the node): every node rank publishes its call and
- *      buffers; the node checks them; each rank writes its call record into the head of every
- *      message its node sends, and the ranks copy, in equal shares and Morton order, every
- *      block bound for another node into that node's message; barrier.
+ *   1. pack (this file, collective over the node): every node rank publishes its call record
+ *      (in its control slot) and buffers; barrier; each message's sender writes the node's
+ *      records into its head; when the node's calls allow, the ranks copy, in equal shares and
+ *      Morton order, every block bound for another node into that node's message; barrier
+ *      (only then: a message of records alone is complete once its sender wrote it).
  *   2. exchange (MPI point-to-point: mpi_messages.hpp, or the Python side's mpi4py loop): the
  *      message from node a to node b is sent by one rank of a and received by one rank of b,
  *      the pairs spread over the ranks of each node (node rank (k - 1) mod q for the node k

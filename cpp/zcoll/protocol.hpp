@@ -142,6 +142,7 @@ struct alignas(cache_line) rank_slot {
   char message[message_bytes];  // why this rank's arguments are invalid
   std::int32_t status;          // segment creation: 0 or failed
   char status_message[message_bytes];
+  call_record record;  // this rank's call in a round between nodes (aggregate.hpp)
 };
 
 struct alignas(cache_line) control_header {
