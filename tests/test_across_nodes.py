@@ -46,7 +46,8 @@ CHECK_JOB = textwrap.dedent(
             p = comm.size
             rng = np.random.default_rng(7 + comm.rank)
             for dt in dtypes:
-                for count in (0, 1, 3, 17):
+                # Large odd blocks too: packed in shares (aggregate.hpp's sender_packs_bytes).
+                for count in (0, 1, 3, 17) + ((4099,) if dt in ("i1", "f8", "c16") else ()):
                     data = rng.integers(0, 256, (p, count * np.dtype(dt).itemsize), np.uint8)
                     send = np.ascontiguousarray(data).view(dt)
                     expect = np.empty_like(data)
@@ -150,8 +151,9 @@ def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60", send
     ids=[f"P{p}-node{k}" for p, k in CONFIGS] + [f"P{p}-node{k}-mpi4py" for p, k in MPI4PY_CONFIGS],
 )
 def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
-    """Every dtype family, zero/one/odd block lengths, private and arena buffers, in place and
-    recvbuf=None, on WORLD, a dup and a split with reversed keys; aggregated and direct."""
+    """Every dtype family, zero/one/odd block lengths (and 4099, whose messages are packed in
+    shares), private and arena buffers, in place and recvbuf=None, on WORLD, a dup and a split
+    with reversed keys; aggregated and direct."""
     assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 

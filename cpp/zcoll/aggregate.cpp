@@ -211,16 +211,25 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
       std::memcpy(m.data + static_cast<std::size_t>(j) * sizeof(call_record),
                   &protocol.slot(j).record, sizeof(call_record));
   }
-  // A round of records only needs no more: each message is complete once its sender wrote it.
+  // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
   if (aggregate_) {
-    pack(args, all, line);
-    protocol.sync();
+    const bool alone = largest_payload() <= sender_packs_bytes;
+    pack(args, all, line, alone);
+    if (!alone) protocol.sync();
   }
   begun_ = true;
 }
 
+std::size_t node_messages::largest_payload() const noexcept {
+  std::size_t most = 0;
+  const int here = nodes_.ranks_on(me_node_);
+  for (int node = 0; node < nodes_.nodes(); ++node)
+    if (node != me_node_) most = std::max(most, static_cast<std::size_t>(nodes_.ranks_on(node)));
+  return static_cast<std::size_t>(here) * most * block_;
+}
+
 void node_messages::pack(const collective_args& args, const call_protocol::published& all,
-                         const detail::rank_line& line) {
+                         const detail::rank_line& line, bool alone) {
   const auto& cfg = ctx_.config();
   node_segments& segments = ctx_.segments();
   const int size = cfg.size;
@@ -229,15 +238,19 @@ void node_messages::pack(const collective_args& args, const call_protocol::publi
   copy_ = args.copy;
   user_recv_ = args.recv;
   my_recv_staged_ = line.recv.segment == 0;
+  // The published buffers, read before staging's barrier: past it, a rank that packs nothing
+  // may reach the round's next barrier, whose line has the parity of the published ones.
+  std::vector<std::pair<buffer_ref, buffer_ref>> lines;  // (send, recv) of each node rank
+  for (int j = 0; j < size; ++j) lines.emplace_back(all.line(j).send, all.line(j).recv);
   if (staged_) ctx_.stage_in(args, send_part_, line.send, line.recv);
   send_.assign(static_cast<std::size_t>(size), nullptr);
   recv_.assign(static_cast<std::size_t>(size), nullptr);
   for (int j = 0; j < size; ++j) {
-    const auto& published = all.line(j);
+    const auto& [send, recv] = lines[static_cast<std::size_t>(j)];
     std::byte* stage = staged_ ? segments.staging(j) : nullptr;
     const auto k = static_cast<std::size_t>(j);
-    if (!in_place_) send_[k] = published.send.segment ? segments.resolve(published.send) : stage;
-    recv_[k] = published.recv.segment ? segments.resolve(published.recv) : stage + send_part_;
+    if (!in_place_) send_[k] = send.segment ? segments.resolve(send) : stage;
+    recv_[k] = recv.segment ? segments.resolve(recv) : stage + send_part_;
   }
   const int n = nodes_.nodes();
   const std::size_t head = message_head_bytes(nodes_.ranks_on(me_node_));
@@ -247,12 +260,19 @@ void node_messages::pack(const collective_args& args, const call_protocol::publi
     into[k] = message(nodes_.sender(me_node_, (me_node_ + step) % n), out_offset_[k]) + head;
   }
   std::byte* const* from = in_place_ ? recv_.data() : send_.data();
-  const auto [first, last] = segment_of(pack_copies_.size(), size, me);
+  // This rank's copies: the blocks of the messages it sends, or an equal share of all.
+  const auto [first, last] = alone ? std::pair<std::size_t, std::size_t>{0, pack_copies_.size()}
+                                   : segment_of(pack_copies_.size(), size, me);
+  const auto mine = [&](const aggregate_copy& c) {
+    return !alone || nodes_.sender(me_node_, (me_node_ + c.message + 1) % n) == me;
+  };
+  std::size_t bytes = 0;
+  for (std::size_t i = first; i < last; ++i) bytes += mine(pack_copies_[i]) ? block_ : 0;
   ctx_.policy().timed_copies(
-      op_code::alltoall, block_, copy_, recv_bytes_, (last - first) * block_,
-      [&](const copy_plan& how) {
+      op_code::alltoall, block_, copy_, recv_bytes_, bytes, [&](const copy_plan& how) {
         for (std::size_t i = first; i < last; ++i) {
           const aggregate_copy& c = pack_copies_[i];
+          if (!mine(c)) continue;
           copy_bytes(into[static_cast<std::size_t>(c.message)] + c.slot * block_,
                      from[c.rank] + static_cast<std::size_t>(c.peer) * block_, block_, how);
         }

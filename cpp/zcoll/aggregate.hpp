@@ -83,6 +83,12 @@ struct aggregate_copy {
 // its outgoing messages; unpack: incoming messages into this node's receivers.
 std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bool pack);
 
+// Largest payload of a node's outgoing message that its sender packs alone, with no barrier
+// after packing (phase 1); larger ones are packed by all node ranks in equal shares, then a
+// barrier. A barrier costs about what copying this much does (~1-2 us on an idle node, far
+// more on an oversubscribed one, where packing alone wins by more).
+inline constexpr std::size_t sender_packs_bytes = 16 * 1024;
+
 // A message this rank sends or receives in phase 2.
 struct node_message {
   int node = 0;  // the other node
@@ -127,9 +133,12 @@ class node_messages {
  private:
   std::byte* message(int owner, std::size_t offset) const;
   void plan_messages(std::size_t block);
-  // Resolves the node's buffers (staging private ones) and packs this rank's share.
+  // Resolves the node's buffers (staging private ones) and packs phase 1's blocks: those of the
+  // messages this rank sends (`alone`), or an equal share of all.
   void pack(const collective_args& args, const call_protocol::published& all,
-            const detail::rank_line& line);
+            const detail::rank_line& line, bool alone);
+  // The payload of this node's largest outgoing message (q_here * q_there * block).
+  std::size_t largest_payload() const noexcept;
   void unpack();
 
   node_context& ctx_;
