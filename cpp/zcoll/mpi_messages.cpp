@@ -110,6 +110,13 @@ MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept {
 }
 
 bool mpi_library_matches(const std::string& version) {
+  // The family of the headers this was compiled with must be the running library's: with two
+  // MPI libraries in one process, MPI_* may resolve to the other one's functions.
+#if defined(OPEN_MPI)
+  if (version.find("Open MPI") == std::string::npos) return false;
+#elif defined(MPICH_VERSION)
+  if (version.find("MPICH") == std::string::npos) return false;
+#endif
   int initialized = 0, finalized = 0;
   if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return false;
   if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return false;

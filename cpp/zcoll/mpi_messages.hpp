@@ -41,8 +41,10 @@ struct message_round_options {
 // The communicator behind mpi4py's MPI._handleof(comm).
 MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept;
 
-// Whether this library's MPI is initialized, not finalized, and reports `version` (mpi4py's
-// MPI.Get_library_version()): false when zcoll was built against another MPI than mpi4py runs.
+// Whether this library's MPI is initialized, not finalized, of the family of the headers it was
+// compiled with (Open MPI or MPICH, by name), and reports `version` (mpi4py's
+// MPI.Get_library_version()): false when zcoll was built against another MPI than mpi4py runs
+// (derivatives not named so, such as Intel MPI, then use the mpi4py loop).
 bool mpi_library_matches(const std::string& version);
 
 // Sends `out`, receives `in` (messages keep their addresses and expected sizes), on `comm`.
