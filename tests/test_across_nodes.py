@@ -182,11 +182,11 @@ KILL_JOB = textwrap.dedent(
     import numpy as np
     from mpi4py import MPI
     import zcoll
-    from zcoll import _context
+    from zcoll import _aggregated, _context
 
     comm = MPI.COMM_WORLD
     rank, p = comm.rank, comm.size
-    victim, out = int(sys.argv[1]), sys.argv[2]
+    victim, out, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     with open(os.path.join(out, f"pid.{rank}"), "w") as f:
         f.write(str(os.getpid()))
     send = np.full((p, 4), rank, np.int64)
@@ -200,7 +200,12 @@ KILL_JOB = textwrap.dedent(
             return exchange(ctx, *args)
         return exchange_or_die
 
-    for sender in ("_exchange_messages", "_send_messages_in_cpp"):  # mpi4py's, the extension's
+    if path == "round":  # the aggregated round: mpi4py's sender, the extension's
+        senders = ("_exchange_messages", "_send_messages_in_cpp")
+    else:  # rank to rank, after the round of records
+        _aggregated.force(False)
+        senders = ("exchange_buffers",)
+    for sender in senders:
         setattr(_context.Context, sender, dying(getattr(_context.Context, sender)))
     try:
         for calls in range(200):
@@ -215,27 +220,33 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
+@pytest.mark.parametrize("path", ["round", "direct"])
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
-def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender):
+def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
-    SIGKILLs itself after packing, before sending. Its node-mate sees it die; rank 0, which
+    SIGKILLs itself after packing, before sending (path "round"), or, blocks going rank to
+    rank, before sending its blocks (path "direct"). Its node-mate sees it die; rank 0, which
     waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
-    0 leaves. No rank finishes, no segment is left in /dev/shm."""
+    0 leaves (or its own wait gives up). No rank finishes, no segment is left in /dev/shm."""
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
-    path = tmp_path / "job.py"
-    path.write_text(KILL_JOB)
+    job = tmp_path / "job.py"
+    job.write_text(KILL_JOB)
     env = job_env(ZCOLL_VIRTUAL_NODE_SIZE="2", ZCOLL_TIMEOUT="5", ZCOLL_NODE_MESSAGES=sender)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
-    cmd = mpiexec(4, "--enable-recovery") + [sys.executable, str(path), "2", str(tmp_path)]
+    cmd = mpiexec(4, "--enable-recovery") + [sys.executable, str(job), "2", str(tmp_path), path]
     proc = run_job(cmd, env, timeout=60)
     pids = read_job_pids(tmp_path)
     assert len(pids) == 4, proc.stdout + proc.stderr
     assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
     assert "<<DONE" not in proc.stdout
-    reports = dict(re.findall(r"<<PEERERROR rank=(\d) call=50 (.*?)>>", proc.stdout, re.S))
+    found = re.findall(r"<<PEERERROR rank=(\d) call=(\d+) (.*?)>>", proc.stdout, re.S)
+    reports = {rank: text for rank, _, text in found}
     assert set(reports) == {"0", "1", "3"}, proc.stdout + proc.stderr
+    # Rank 3 finishes call 50 when its blocks go rank to rank, and meets the death in call 51.
+    calls = {rank: int(call) for rank, call, _ in found}
+    assert calls == {"0": 50, "1": 50, "3": 50 if path == "round" else 51}, proc.stdout
     assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
     assert re.search(r"rank\(s\) \[2\] did not take part within 5", reports["0"]), reports["0"]
 

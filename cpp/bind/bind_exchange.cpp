@@ -37,6 +37,18 @@ wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields,
   return w;
 }
 
+#ifdef ZCOLL_HAVE_MPI
+bool c_contiguous(const py::buffer_info& v) {
+  py::ssize_t expected = v.itemsize;
+  for (py::ssize_t d = v.ndim - 1; d >= 0; --d) {
+    const auto k = static_cast<std::size_t>(d);
+    if (v.shape[k] > 1 && v.strides[k] != expected) return false;
+    expected *= v.shape[k];
+  }
+  return true;
+}
+#endif
+
 op_code op_named(const std::string& name) {
   const auto op = parse_name<op_code>(name);
   if (!op) throw std::invalid_argument("no operation is named '" + name + "'");
@@ -263,6 +275,40 @@ void register_exchange(py::module_& m) {
       py::arg("version"),
       "Whether NodeContext.nodes_exchange can run: zcoll was built with an MPI, and it is the "
       "initialized library whose MPI_Get_library_version is `version` (mpi4py's).");
+#ifdef ZCOLL_HAVE_MPI
+  m.def(
+      "exchange_buffers",
+      [](std::uintptr_t comm, int rank, const py::list& recvs, const py::list& sends,
+         double timeout, const std::string& what) {
+        // The buffers' views stay alive (and their owners with them) until the call returns.
+        std::vector<py::buffer_info> views;
+        views.reserve(recvs.size() + sends.size());
+        auto convert = [&](const py::list& items, bool writable) {
+          std::vector<peer_buffer> out;
+          for (const py::handle item : items) {
+            const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::buffer>>();
+            views.push_back(buffer.request(writable));
+            const py::buffer_info& v = views.back();
+            if (!c_contiguous(v))
+              throw std::invalid_argument("exchange_buffers: buffers must be C-contiguous");
+            out.push_back({peer, tag, static_cast<std::byte*>(v.ptr),
+                           static_cast<std::size_t>(v.size * v.itemsize)});
+          }
+          return out;
+        };
+        const std::vector<peer_buffer> in = convert(recvs, true);
+        const std::vector<peer_buffer> out = convert(sends, false);
+        message_round_options options;
+        options.wait = make_wait(timeout, 0, 0, 0.0);
+        options.what = what;
+        py::gil_scoped_release release;
+        exchange_buffers(comm_from_handle(comm), in, out, rank, options);
+      },
+      py::arg("comm"), py::arg("rank"), py::arg("recvs"), py::arg("sends"), py::arg("timeout"),
+      py::arg("what"),
+      "Local: receives into and sends from [(peer, tag, contiguous buffer)] by MPI from C++ "
+      "(mpi_messages.hpp), the GIL released; PeerError after `timeout` seconds.");
+#endif
   py::class_<node_context, std::shared_ptr<node_context>>(
       m, "NodeContext", "The node-local engine of one communicator (see exchange.hpp).")
       .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -53,8 +56,9 @@ class bounded_wait {
     for (std::size_t i = 0; i < late.size(); ++i) who += (i ? ", " : "") + std::to_string(late[i]);
     who += "]";
     if (late.empty()) who = "a peer on another node";
-    char timeout[32];
-    std::snprintf(timeout, sizeof timeout, "%g", options_.wait.timeout_s);
+    char timeout[32];  // as Python prints a float, like the messages of the mpi4py path
+    const double t = options_.wait.timeout_s;
+    std::snprintf(timeout, sizeof timeout, t == std::floor(t) && t < 1e15 ? "%.1f" : "%g", t);
     throw peer_error("zcoll: rank " + std::to_string(rank_) + ": " + options_.what + ": " + who +
                      " did not take part within " + timeout +
                      " s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)");
@@ -103,6 +107,24 @@ Handle handle_as(std::uintptr_t handle) noexcept {
     return static_cast<Handle>(handle);
 }
 
+// MPI's count of a message of `bytes` bytes (MPI_BYTE), which must fit an int.
+int byte_count(std::size_t bytes) {
+  if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    throw usage_error("zcoll: a message between nodes of " + std::to_string(bytes) +
+                      " bytes exceeds MPI's count limit (2 GiB)");
+  return static_cast<int>(bytes);
+}
+
+void wait_for_all(request_list& all, bounded_wait& wait) {
+  for (;;) {
+    int finished = 0;
+    MPI_Testall(static_cast<int>(all.requests.size()), all.requests.data(), &finished,
+                MPI_STATUSES_IGNORE);
+    if (finished) return;
+    wait.pause([&] { return all.unfinished(); });
+  }
+}
+
 }  // namespace
 
 MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept {
@@ -130,7 +152,7 @@ bool mpi_library_matches(const std::string& version) {
 void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
                        std::span<const node_message> in, int rank,
                        const message_round_options& options) {
-  const auto bytes = [](const node_message& m) { return static_cast<int>(m.bytes); };
+  const auto bytes = [](const node_message& m) { return byte_count(m.bytes); };
   request_list all;
   std::vector<std::size_t> in_flight;  // indices into all.requests of unfinished sends
   std::vector<const node_message*> pending;
@@ -175,15 +197,27 @@ void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
       return late;
     });
   }
-  for (;;) {
-    int finished = 0;
-    MPI_Testall(static_cast<int>(all.requests.size()), all.requests.data(), &finished,
-                MPI_STATUSES_IGNORE);
-    if (finished) break;
-    wait.pause([&] { return all.unfinished(); });
-  }
+  wait_for_all(all, wait);
   for (const resized_message& r : resized)
     std::memcpy(r.into->data, r.whole.data(), std::min(r.whole.size(), r.into->bytes));
+}
+
+void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                      std::span<const peer_buffer> sends, int rank,
+                      const message_round_options& options) {
+  request_list all;
+  bounded_wait wait(options, rank);
+  for (const peer_buffer& b : recvs) {
+    MPI_Request r;
+    MPI_Irecv(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
+    all.add(r, b.peer);
+  }
+  for (const peer_buffer& b : sends) {
+    MPI_Request r;
+    MPI_Isend(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
+    all.add(r, b.peer);
+  }
+  wait_for_all(all, wait);
 }
 
 }  // namespace zcoll

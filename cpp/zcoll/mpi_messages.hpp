@@ -31,8 +31,8 @@
 namespace zcoll {
 
 struct message_round_options {
-  int tag = 0;                      // the round's tag on the communicator
-  int window = 1;                   // sends in flight per rank at most
+  int tag = 0;                      // the round's tag on the communicator (exchange_messages)
+  int window = 1;                   // sends in flight per rank at most (exchange_messages)
   std::uint32_t eager_polls = 100;  // polls before the wait starts yielding
   wait_options wait;                // timeout_s bounds the round; the rest is unused here
   std::string what = "messages between nodes";  // named in the timeout's message
@@ -53,5 +53,20 @@ bool mpi_library_matches(const std::string& version);
 void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
                        std::span<const node_message> in, int rank,
                        const message_round_options& options);
+
+// A buffer of the rank-to-rank paths: `bytes` at `data`, to or from `peer` with `tag`.
+struct peer_buffer {
+  int peer = 0;
+  int tag = 0;
+  std::byte* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Receives `recvs` and sends `sends` (all posted at once), on `comm`; the same bounds and
+// errors as exchange_messages. The k-th message of a (peer, tag) matches the k-th buffer
+// (MPI's non-overtaking order).
+void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                      std::span<const peer_buffer> sends, int rank,
+                      const message_round_options& options);
 
 }  // namespace zcoll

@@ -121,8 +121,8 @@ def exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: in
         return
     if send is IN_PLACE and opname == ALLTOALL:  # saved before it is overwritten
         outgoing = {r: b.copy() for r, b in outgoing.items()}
-    comm = ctx.p2p_comm()
-    reqs = [comm.Irecv([b, MPI.BYTE], r, _P2P_TAG) for r, b in incoming.items()]
-    reqs += [comm.Isend([outgoing[r], MPI.BYTE], r, _P2P_TAG) for r in incoming]
-    remote = list(incoming)
-    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=remote + remote)
+    ctx.exchange_buffers(
+        f"zcoll.{opname} (blocks between nodes)",
+        [(r, _P2P_TAG, b) for r, b in incoming.items()],
+        [(r, _P2P_TAG, outgoing[r]) for r in incoming],
+    )

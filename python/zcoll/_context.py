@@ -361,6 +361,27 @@ class Context:
             into[:head] = whole[:head]
         self.core.barrier()
 
+    def exchange_buffers(self, what: str, recvs: list, sends: list) -> None:
+        """Receives into and sends from ``[(peer, tag, C-contiguous array)]`` on the private
+        dup, all posted at once (the k-th message of a (peer, tag) fills its k-th buffer),
+        bounded by the zcoll timeout: from C++ where the extension sends the messages between
+        nodes, else by mpi4py requests. A late or dead peer breaks the context (PeerError)."""
+        if not recvs and not sends:
+            return
+        if self._p2p_handle is not None:
+            try:
+                _core.exchange_buffers(
+                    self._p2p_handle, self.rank, recvs, sends, get_timeout(), what
+                )
+            except _core.PeerError as e:
+                self.break_context(str(e))
+            return
+        comm = self.p2p_comm()
+        reqs = [comm.Irecv([b, MPI.BYTE], peer, tag) for peer, tag, b in recvs]
+        reqs += [comm.Isend([b, MPI.BYTE], peer, tag) for peer, tag, b in sends]
+        peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
+        self.wait_bounded(reqs, what, peers=peers)
+
     def _pause(self, start: float, polls: int, what: str, late: Callable[[], list[int]]) -> int:
         """One pause of a polling loop between nodes, bounded by the zcoll timeout (`late`:
         the ranks still waited for, asked only when the wait gives up)."""

@@ -163,6 +163,14 @@ class TransferPlan:
 
 def register_fast(handle: int, context: NodeContext | None) -> None: ...
 def mpi_library_matches(version: str) -> bool: ...
+def exchange_buffers(
+    comm: int,
+    rank: int,
+    recvs: list[tuple[int, int, Any]],
+    sends: list[tuple[int, int, Any]],
+    timeout: float,
+    what: str,
+) -> None: ...
 def fast_collective(
     op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
 ) -> Any: ...

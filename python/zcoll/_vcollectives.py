@@ -367,14 +367,12 @@ def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
 def _exchange_remote(ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing) -> None:
     """Blocks to and from ranks on other nodes, by MPI point-to-point on the private dup; the
     k-th block of a (peer, tag) matches the k-th (MPI's non-overtaking order)."""
-    comm = ctx.p2p_comm()
     incoming = _incoming_remote(ctx, pattern, call)
-    if not incoming and not outgoing:
-        return
-    reqs = [comm.Irecv([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in incoming]
-    reqs += [comm.Isend([b, MPI.BYTE], peer, _P2P_TAG + tag) for peer, tag, b in outgoing]
-    peers = [peer for peer, _, _ in incoming] + [peer for peer, _, _ in outgoing]
-    ctx.wait_bounded(reqs, f"zcoll.{opname} (blocks between nodes)", peers=peers)
+    ctx.exchange_buffers(
+        f"zcoll.{opname} (blocks between nodes)",
+        [(peer, _P2P_TAG + tag, b) for peer, tag, b in incoming],
+        [(peer, _P2P_TAG + tag, b) for peer, tag, b in outgoing],
+    )
 
 
 def _uniform(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
