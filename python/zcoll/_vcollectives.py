@@ -57,6 +57,11 @@ class Pattern:
     sends: np.ndarray  # this rank's send list, (k, 2) int32: peer (-1: PROC_NULL), tag
     recvs: np.ndarray  # this rank's receive list
     tuples: np.ndarray | None  # the whole communicator's 4-tuples (multi-node only)
+    # Multi-node only: every rank's (send, receive) list lengths, and per tuple where its two
+    # counts sit in the gathered counts of all ranks (_check_counts_across_nodes).
+    count_lengths: np.ndarray | None = None
+    sent_at: np.ndarray | None = None
+    expected_at: np.ndarray | None = None
 
     @property
     def outdegree(self) -> int:
@@ -129,10 +134,22 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
     local = list(ctx.local_ranks)
     role = _TOPOLOGY_ROLE if neighbours else _DENSE_ROLE
     pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local], role)
-    tuples = None
+    pattern = Pattern(pid, lists[0], lists[1], None)
     if ctx.multi_node:
         tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
-    pattern = Pattern(pid, lists[0], lists[1], tuples)
+        outdegrees = np.array([len(x) for x in all_sends], np.int64)
+        lengths = outdegrees + np.array([len(x) for x in all_recvs], np.int64)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        src, dst = tuples[:, 0], tuples[:, 1]
+        pattern = Pattern(
+            pid,
+            lists[0],
+            lists[1],
+            tuples,
+            count_lengths=lengths,
+            sent_at=starts[src] + tuples[:, 2],
+            expected_at=starts[dst] + outdegrees[dst] + tuples[:, 3],
+        )
     ctx.patterns[key] = pattern
     return pattern
 
@@ -313,16 +330,20 @@ def _check_counts_across_nodes(ctx: Context, opname: str, pattern: Pattern, call
     """Every rank's counts, checked against every other's on every rank (the same verdict
     everywhere, as the node's engine reaches it from its metadata)."""
     sent = call.recv_counts if call.in_place == _SWAP else call.send_counts
-    everyone = ctx.p2p_comm().allgather((sent, call.recv_counts))
-    tuples = pattern.tuples
-    assert tuples is not None
-    for src, dst, sb, rb in tuples.tolist():
-        out, expected = everyone[src][0][sb], everyone[dst][1][rb]
-        if out != expected:
-            raise ValueError(
-                f"zcoll.{opname}: counts differ between ranks: rank {src} sends {out} elements "
-                f"(its block {sb}) to rank {dst}, which expects {expected} (its block {rb})"
-            )
+    mine = np.concatenate((sent, call.recv_counts)).astype(np.int64)
+    lengths, tuples = pattern.count_lengths, pattern.tuples
+    assert lengths is not None and tuples is not None
+    everyone = np.empty(int(lengths.sum()), np.int64)
+    ctx.p2p_comm().Allgatherv(mine, [everyone, lengths, None, MPI.INT64_T])
+    out, expected = everyone[pattern.sent_at], everyone[pattern.expected_at]
+    differ = np.flatnonzero(out != expected)
+    if differ.size:
+        k = int(differ[0])
+        src, dst, sb, rb = tuples[k].tolist()
+        raise ValueError(
+            f"zcoll.{opname}: counts differ between ranks: rank {src} sends {out[k]} elements "
+            f"(its block {sb}) to rank {dst}, which expects {expected[k]} (its block {rb})"
+        )
 
 
 def _remote_entries(ctx: Context, edges: np.ndarray) -> list[tuple[int, int, int]]:
