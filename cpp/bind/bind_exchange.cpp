@@ -38,14 +38,35 @@ wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields,
 }
 
 #ifdef ZCOLL_HAVE_MPI
-bool c_contiguous(const py::buffer_info& v) {
-  py::ssize_t expected = v.itemsize;
-  for (py::ssize_t d = v.ndim - 1; d >= 0; --d) {
-    const auto k = static_cast<std::size_t>(d);
-    if (v.shape[k] > 1 && v.strides[k] != expected) return false;
-    expected *= v.shape[k];
+// Options of an exchange between nodes (mpi_messages.hpp) from the binding's arguments.
+message_round_options round_options(double timeout, const std::string& what, int tag = 0,
+                                    int window = 1) {
+  if (!(timeout > 0)) throw std::invalid_argument("timeout must be positive");
+  message_round_options options;
+  options.tag = tag;
+  options.window = window;
+  options.timeout_s = timeout;
+  options.what = what;
+  return options;
+}
+
+// [(peer, tag, C-contiguous ndarray)] as the exchange's buffers; the arrays stay alive in
+// `items` for the call.
+std::vector<peer_buffer> peer_buffers(const py::list& items, bool receive) {
+  std::vector<peer_buffer> out;
+  out.reserve(items.size());
+  for (const py::handle item : items) {
+    const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::object>>();
+    if (!py::isinstance<py::array>(buffer))
+      throw py::type_error("exchange_buffers: buffers must be numpy arrays");
+    const array_view v = view_of(py::reinterpret_borrow<py::array>(buffer));
+    if (!v.c_contiguous || (receive && !v.writeable))
+      throw std::invalid_argument(
+          "exchange_buffers: buffers must be C-contiguous (writable "
+          "to receive)");
+    out.push_back({peer, tag, static_cast<std::byte*>(const_cast<void*>(v.data)), v.nbytes});
   }
-  return true;
+  return out;
 }
 #endif
 
@@ -280,33 +301,15 @@ void register_exchange(py::module_& m) {
       "exchange_buffers",
       [](std::uintptr_t comm, int rank, const py::list& recvs, const py::list& sends,
          double timeout, const std::string& what) {
-        // The buffers' views stay alive (and their owners with them) until the call returns.
-        std::vector<py::buffer_info> views;
-        views.reserve(recvs.size() + sends.size());
-        auto convert = [&](const py::list& items, bool writable) {
-          std::vector<peer_buffer> out;
-          for (const py::handle item : items) {
-            const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::buffer>>();
-            views.push_back(buffer.request(writable));
-            const py::buffer_info& v = views.back();
-            if (!c_contiguous(v))
-              throw std::invalid_argument("exchange_buffers: buffers must be C-contiguous");
-            out.push_back({peer, tag, static_cast<std::byte*>(v.ptr),
-                           static_cast<std::size_t>(v.size * v.itemsize)});
-          }
-          return out;
-        };
-        const std::vector<peer_buffer> in = convert(recvs, true);
-        const std::vector<peer_buffer> out = convert(sends, false);
-        message_round_options options;
-        options.wait = make_wait(timeout, 0, 0, 0.0);
-        options.what = what;
+        const std::vector<peer_buffer> in = peer_buffers(recvs, true);
+        const std::vector<peer_buffer> out = peer_buffers(sends, false);
+        const message_round_options options = round_options(timeout, what);
         py::gil_scoped_release release;
         exchange_buffers(comm_from_handle(comm), in, out, rank, options);
       },
       py::arg("comm"), py::arg("rank"), py::arg("recvs"), py::arg("sends"), py::arg("timeout"),
       py::arg("what"),
-      "Local: receives into and sends from [(peer, tag, contiguous buffer)] by MPI from C++ "
+      "Local: receives into and sends from [(peer, tag, C-contiguous ndarray)] by MPI from C++ "
       "(mpi_messages.hpp), the GIL released; PeerError after `timeout` seconds.");
 #endif
   py::class_<node_context, std::shared_ptr<node_context>>(
@@ -406,11 +409,7 @@ void register_exchange(py::module_& m) {
           "nodes_exchange",
           [](node_context& ctx, std::uintptr_t comm, int rank, int tag, int window, double timeout,
              const std::string& what) {
-            message_round_options options;
-            options.tag = tag;
-            options.window = window;
-            options.wait = make_wait(timeout, 0, 0, 0.0);
-            options.what = what;
+            const message_round_options options = round_options(timeout, what, tag, window);
             const node_messages& round = ctx.between_nodes(node_map{});
             py::gil_scoped_release release;
             exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank,

@@ -100,6 +100,15 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
     throw std::invalid_argument("zcoll: the node map disagrees with this node's ranks");
   pack_copies_ = aggregate_copies(nodes_, me_node_, true);
   unpack_copies_ = aggregate_copies(nodes_, me_node_, false);
+  const int n = nodes_.nodes();
+  for (const aggregate_copy& c : pack_copies_)
+    if (nodes_.sender(me_node_, (me_node_ + c.message + 1) % n) == cfg.rank)
+      sent_copies_.push_back(c);
+  for (int node = 0; node < n; ++node)
+    if (node != me_node_)
+      widest_message_blocks_ =
+          std::max(widest_message_blocks_, static_cast<std::size_t>(nodes_.ranks_on(node)));
+  widest_message_blocks_ *= static_cast<std::size_t>(cfg.size);
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {
@@ -213,19 +222,11 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
   }
   // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
   if (aggregate_) {
-    const bool alone = largest_payload() <= sender_packs_bytes;
+    const bool alone = widest_message_blocks_ * block_ <= sender_packs_bytes;
     pack(args, all, line, alone);
     if (!alone) protocol.sync();
   }
   begun_ = true;
-}
-
-std::size_t node_messages::largest_payload() const noexcept {
-  std::size_t most = 0;
-  const int here = nodes_.ranks_on(me_node_);
-  for (int node = 0; node < nodes_.nodes(); ++node)
-    if (node != me_node_) most = std::max(most, static_cast<std::size_t>(nodes_.ranks_on(node)));
-  return static_cast<std::size_t>(here) * most * block_;
 }
 
 void node_messages::pack(const collective_args& args, const call_protocol::published& all,
@@ -261,21 +262,16 @@ void node_messages::pack(const collective_args& args, const call_protocol::publi
   }
   std::byte* const* from = in_place_ ? recv_.data() : send_.data();
   // This rank's copies: the blocks of the messages it sends, or an equal share of all.
-  const auto [first, last] = alone ? std::pair<std::size_t, std::size_t>{0, pack_copies_.size()}
-                                   : segment_of(pack_copies_.size(), size, me);
-  const auto mine = [&](const aggregate_copy& c) {
-    return !alone || nodes_.sender(me_node_, (me_node_ + c.message + 1) % n) == me;
-  };
-  std::size_t bytes = 0;
-  for (std::size_t i = first; i < last; ++i) bytes += mine(pack_copies_[i]) ? block_ : 0;
+  const auto [first, last] = segment_of(pack_copies_.size(), size, me);
+  const std::span<const aggregate_copy> mine =
+      alone ? std::span<const aggregate_copy>(sent_copies_)
+            : std::span<const aggregate_copy>(pack_copies_).subspan(first, last - first);
   ctx_.policy().timed_copies(
-      op_code::alltoall, block_, copy_, recv_bytes_, bytes, [&](const copy_plan& how) {
-        for (std::size_t i = first; i < last; ++i) {
-          const aggregate_copy& c = pack_copies_[i];
-          if (!mine(c)) continue;
+      op_code::alltoall, block_, copy_, recv_bytes_, mine.size() * block_,
+      [&](const copy_plan& how) {
+        for (const aggregate_copy& c : mine)
           copy_bytes(into[static_cast<std::size_t>(c.message)] + c.slot * block_,
                      from[c.rank] + static_cast<std::size_t>(c.peer) * block_, block_, how);
-        }
       });
 }
 

@@ -137,14 +137,14 @@ class node_messages {
   // messages this rank sends (`alone`), or an equal share of all.
   void pack(const collective_args& args, const call_protocol::published& all,
             const detail::rank_line& line, bool alone);
-  // The payload of this node's largest outgoing message (q_here * q_there * block).
-  std::size_t largest_payload() const noexcept;
   void unpack();
 
   node_context& ctx_;
   node_map nodes_;
   int me_node_ = 0;
   std::vector<aggregate_copy> pack_copies_, unpack_copies_;
+  std::vector<aggregate_copy> sent_copies_;  // the pack copies of the messages this rank sends
+  std::size_t widest_message_blocks_ = 0;    // blocks in this node's largest outgoing message
   // The messages, each in the partition of the rank that sends or receives it: a segment of
   // their own, as a fast rank's next call may write its staging partition while a slow one
   // still reads the heads of this round.

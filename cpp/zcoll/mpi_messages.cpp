@@ -39,7 +39,7 @@ class bounded_wait {
   void pause(Late late) {
     if (++polls_ < options_.eager_polls) return;
     const double waited = std::chrono::duration<double>(clock_type::now() - start_).count();
-    if (waited >= options_.wait.timeout_s) give_up(late());
+    if (waited >= options_.timeout_s) give_up(late());
     if (waited < 0.01) {
       ::sched_yield();
       return;
@@ -51,13 +51,15 @@ class bounded_wait {
   }
 
  private:
-  [[noreturn]] void give_up(const std::vector<int>& late) const {
+  [[noreturn]] void give_up(std::vector<int> late) const {
+    std::sort(late.begin(), late.end());
+    late.erase(std::unique(late.begin(), late.end()), late.end());
     std::string who = "rank(s) [";
     for (std::size_t i = 0; i < late.size(); ++i) who += (i ? ", " : "") + std::to_string(late[i]);
     who += "]";
     if (late.empty()) who = "a peer on another node";
     char timeout[32];  // as Python prints a float, like the messages of the mpi4py path
-    const double t = options_.wait.timeout_s;
+    const double t = options_.timeout_s;
     std::snprintf(timeout, sizeof timeout, t == std::floor(t) && t < 1e15 ? "%.1f" : "%g", t);
     throw peer_error("zcoll: rank " + std::to_string(rank_) + ": " + options_.what + ": " + who +
                      " did not take part within " + timeout +
@@ -92,8 +94,6 @@ struct request_list {
     std::vector<int> late;
     for (std::size_t i = 0; i < requests.size(); ++i)
       if (requests[i] != MPI_REQUEST_NULL && !done(requests[i])) late.push_back(peers[i]);
-    std::sort(late.begin(), late.end());
-    late.erase(std::unique(late.begin(), late.end()), late.end());
     return late;
   }
 };
@@ -192,8 +192,6 @@ void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
       std::vector<int> late;
       for (const node_message* m : pending) late.push_back(m->peer);
       for (std::size_t i = next_send; i < out.size(); ++i) late.push_back(out[i].peer);
-      std::sort(late.begin(), late.end());
-      late.erase(std::unique(late.begin(), late.end()), late.end());
       return late;
     });
   }

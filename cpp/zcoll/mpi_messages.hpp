@@ -26,7 +26,6 @@
 #include <string>
 
 #include "zcoll/aggregate.hpp"
-#include "zcoll/options.hpp"
 
 namespace zcoll {
 
@@ -34,7 +33,7 @@ struct message_round_options {
   int tag = 0;                      // the round's tag on the communicator (exchange_messages)
   int window = 1;                   // sends in flight per rank at most (exchange_messages)
   std::uint32_t eager_polls = 100;  // polls before the wait starts yielding
-  wait_options wait;                // timeout_s bounds the round; the rest is unused here
+  double timeout_s = 60.0;          // bound on the whole exchange; then peer_error
   std::string what = "messages between nodes";  // named in the timeout's message
 };
 
@@ -48,7 +47,7 @@ MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept;
 bool mpi_library_matches(const std::string& version);
 
 // Sends `out`, receives `in` (messages keep their addresses and expected sizes), on `comm`.
-// Throws peer_error naming the late ranks after options.wait.timeout_s, wait_interrupted when
+// Throws peer_error naming the late ranks after options.timeout_s, wait_interrupted when
 // the interrupt check asks; unfinished requests are then freed (MPI completes them).
 void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
                        std::span<const node_message> in, int rank,

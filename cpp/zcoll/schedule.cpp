@@ -232,12 +232,10 @@ std::vector<int> numa_domains(int p, const std::vector<int>& numa) {
   return domain;
 }
 
-int numa_domain_count(int p, const std::vector<int>& numa) noexcept {
+int numa_domain_count(int p, const std::vector<int>& numa) {
   if (p < 1 || numa.size() != static_cast<std::size_t>(p)) return 1;
-  if (std::any_of(numa.begin(), numa.end(), [](int v) { return v < 0; })) return 1;
-  std::vector<int> ids(numa);
-  std::sort(ids.begin(), ids.end());
-  return static_cast<int>(std::unique(ids.begin(), ids.end()) - ids.begin());
+  const std::vector<int> domain = numa_domains(p, numa);
+  return *std::max_element(domain.begin(), domain.end()) + 1;
 }
 
 namespace {

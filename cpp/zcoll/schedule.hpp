@@ -102,7 +102,7 @@ schedule make_schedule(const schedule_spec& spec);
 // negative entry: all 0). Throws std::invalid_argument when `numa` is non-empty and not p long.
 std::vector<int> numa_domains(int p, const std::vector<int>& numa);
 // How many NUMA domains the p ranks span (1 when `numa` is unknown or not p long).
-int numa_domain_count(int p, const std::vector<int>& numa) noexcept;
+int numa_domain_count(int p, const std::vector<int>& numa);
 
 namespace detail {
 std::uint64_t morton_decode_dst(std::uint64_t code) noexcept;  // odd bits

@@ -129,9 +129,8 @@ std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_ord
                                     v_in_place in_place) {
   const auto n = static_cast<std::size_t>(node_size);
   std::vector<std::uint32_t> position(n * n);
-  // numa is Morton here (vexchange.hpp); block_curve gives Morton for it.
-  const auto curve =
-      block_curve(node_size, order == block_order::numa ? block_order::morton : order);
+  // numa is Morton here (vexchange.hpp): block_curve gives Morton's curve for it.
+  const auto curve = block_curve(node_size, order);
   for (std::size_t i = 0; i < curve.size(); ++i)
     position[static_cast<std::size_t>(curve[i].dst) * n + static_cast<std::size_t>(curve[i].src)] =
         static_cast<std::uint32_t>(i);

@@ -159,6 +159,8 @@ class Context:
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         # The C handle of the private dup when the extension sends the rounds' messages itself.
         self._p2p_handle = self._message_sender(s.node_messages)
+        # At most sqrt(P) sends of a round in flight per rank (TPDS'18 §2.5).
+        self._send_window = max(1, math.isqrt(self.size))
         # One rank per node (its lowest), in node order: the reductions' inter-node part.
         self.leaders: MPI.Comm | None = None
         if self.multi_node:
@@ -277,27 +279,31 @@ class Context:
             self.core.nodes_begin(record)
         else:
             self.core.nodes_begin(record, *alltoall)
+        what = f"zcoll.{opname} (messages between nodes)"
         if self._p2p_handle is None:
             outgoing, incoming, packed = self.core.nodes_messages()
-            self._exchange_messages(opname, outgoing, incoming)
+            self._exchange_messages(what, outgoing, incoming)
         else:
-            packed = self._send_messages_in_cpp(opname, self._p2p_handle)
+            packed = self._send_messages_in_cpp(what, self._p2p_handle)
+        self.core.barrier()  # every message of the node received
         self.core.nodes_finish()
         return packed
 
-    def _send_messages_in_cpp(self, opname: str, comm: int) -> bool:
+    def _send_messages_in_cpp(self, what: str, comm: int) -> bool:
         """`_exchange_messages` in the extension (mpi_messages.hpp) on the communicator whose
-        C handle is `comm`, the GIL released; returns whether the round packed blocks."""
-        window = max(1, math.isqrt(self.size))
-        what = f"zcoll.{opname} (messages between nodes)"
+        C handle is `comm`; returns whether the round packed blocks."""
+        return self._bounded_in_cpp(
+            self.core.nodes_exchange, comm, self.rank, _NODE_TAG, self._send_window,
+            get_timeout(), what,
+        )  # fmt: skip
+
+    def _bounded_in_cpp(self, wait: Callable, *args):
+        """Runs `wait`, an exchange between nodes in the extension (the GIL released, bounded
+        by the timeout it is given); its PeerError breaks the context."""
         try:
-            packed = self.core.nodes_exchange(
-                comm, self.rank, _NODE_TAG, window, get_timeout(), what
-            )
+            return wait(*args)
         except _core.PeerError as e:
             self.break_context(str(e))
-        self.core.barrier()
-        return packed
 
     def _message_sender(self, asked: str) -> int | None:
         """The private dup's C handle when the extension sends the rounds' messages (setting
@@ -313,14 +319,13 @@ class Context:
             )
         return None
 
-    def _exchange_messages(self, opname: str, outgoing: list, incoming: list) -> None:
-        """Sends this rank's messages of the round, receives the ones it owns, then a node
-        barrier. A message of another size than expected (calls that differ between nodes)
-        is received whole and only its head -- the records, whose size is known -- kept."""
+    def _exchange_messages(self, what: str, outgoing: list, incoming: list) -> None:
+        """Sends this rank's messages of the round (at most `_send_window` in flight) and
+        receives the ones it owns, as they come. A message of another size than expected
+        (calls that differ between nodes) is received whole and only its head -- the records,
+        whose size is known -- kept."""
         comm = self.p2p_comm()
-        what = f"zcoll.{opname} (messages between nodes)"
-        # At most sqrt(P) sends in flight per rank (TPDS'18 §2.5); receives as they come.
-        window = max(1, math.isqrt(self.size))
+        window = self._send_window
         queued = list(outgoing)
         requests: list = []
         peers: list[int] = []
@@ -359,7 +364,6 @@ class Context:
             into = np.frombuffer(view, np.uint8)
             head = min(len(whole), len(into))
             into[:head] = whole[:head]
-        self.core.barrier()
 
     def exchange_buffers(self, what: str, recvs: list, sends: list) -> None:
         """Receives into and sends from ``[(peer, tag, C-contiguous array)]`` on the private
@@ -369,12 +373,10 @@ class Context:
         if not recvs and not sends:
             return
         if self._p2p_handle is not None:
-            try:
-                _core.exchange_buffers(
-                    self._p2p_handle, self.rank, recvs, sends, get_timeout(), what
-                )
-            except _core.PeerError as e:
-                self.break_context(str(e))
+            self._bounded_in_cpp(
+                _core.exchange_buffers, self._p2p_handle, self.rank, recvs, sends,
+                get_timeout(), what,
+            )  # fmt: skip
             return
         comm = self.p2p_comm()
         reqs = [comm.Irecv([b, MPI.BYTE], peer, tag) for peer, tag, b in recvs]

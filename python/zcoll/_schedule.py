@@ -128,8 +128,6 @@ def schedule(
     if kind not in SCHEDULE_KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose among {', '.join(SCHEDULE_KINDS)}")
     numa = tuple(int(n) for n in numa_nodes) if numa_nodes is not None else ()
-    if numa and len(numa) != p:
-        raise ValueError(f"numa_nodes must give the NUMA node of each of the {p} ranks")
     blocks, starts = _core.schedule(int(p), ORDERS.index(order), kind, list(numa))
     blocks.flags.writeable = False
     starts.flags.writeable = False

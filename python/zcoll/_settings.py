@@ -110,18 +110,16 @@ def _barrier(name: str, text: str) -> str:
 NODE_MESSAGE_SENDERS = ("auto", "cpp", "mpi4py")
 
 
-def _node_messages(name: str, text: str) -> str:
-    value = text.strip().lower() or "auto"
-    if value not in NODE_MESSAGE_SENDERS:
-        raise ValueError(f"zcoll: {name} must be one of {NODE_MESSAGE_SENDERS}, got {value!r}")
-    return value
+def _one_of(values: tuple[str, ...]) -> Callable[[str, str], str]:
+    """A parser of a case-insensitive choice among `values` (empty text: the first)."""
 
+    def parse(name: str, text: str) -> str:
+        value = text.strip().lower() or values[0]
+        if value not in values:
+            raise ValueError(f"zcoll: {name} must be one of {values}, got {value!r}")
+        return value
 
-def _tuning_mode(name: str, text: str) -> str:
-    value = text.strip().lower() or "table"
-    if value not in TUNING_MODES:
-        raise ValueError(f"zcoll: {name} must be one of {TUNING_MODES}, got {value!r}")
-    return value
+    return parse
 
 
 def _copy_isa(name: str, text: str) -> str:  # noqa: ARG001 - the kernel is checked when selected
@@ -205,13 +203,17 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
         ),
         "node_messages": _Variable(
             "ZCOLL_NODE_MESSAGES",
-            _node_messages,
+            _one_of(NODE_MESSAGE_SENDERS),
             "auto",
             "context",
             "who sends the messages between nodes: cpp (C++ over MPI), mpi4py, or auto",
         ),
         "tuning": _Variable(
-            "ZCOLL_TUNING", _tuning_mode, "table", "first use", "what order/copy='auto' follow"
+            "ZCOLL_TUNING",
+            _one_of(TUNING_MODES),
+            "table",
+            "first use",
+            "what order/copy='auto' follow",
         ),
         "tuning_file": _Variable(
             "ZCOLL_TUNING_FILE",

@@ -49,6 +49,26 @@ _fast = _core.fast_irregular
 
 
 @dataclass(frozen=True)
+class _CountLayout:
+    """Where every rank's counts sit when gathered (send list's, then receive list's, rank
+    after rank): each rank's length, and per 4-tuple the positions of the count its sender
+    sends and of the one its receiver expects (_check_counts_across_nodes)."""
+
+    lengths: np.ndarray
+    sent_at: np.ndarray
+    expected_at: np.ndarray
+
+    @classmethod
+    def of(cls, all_sends, all_recvs, tuples: np.ndarray) -> _CountLayout:
+        outdegrees = np.array([len(x) for x in all_sends], np.int64)
+        lengths = outdegrees + np.array([len(x) for x in all_recvs], np.int64)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        src, dst = tuples[:, 0], tuples[:, 1]
+        sent_at = starts[src] + tuples[:, 2]
+        return cls(lengths, sent_at, starts[dst] + outdegrees[dst] + tuples[:, 3])
+
+
+@dataclass(frozen=True)
 class Pattern:
     """A communicator's pattern as this rank sees it: the engine's id for it, this rank's send
     and receive lists as (peer, tag) pairs, and across nodes the whole communicator's tuples."""
@@ -57,11 +77,7 @@ class Pattern:
     sends: np.ndarray  # this rank's send list, (k, 2) int32: peer (-1: PROC_NULL), tag
     recvs: np.ndarray  # this rank's receive list
     tuples: np.ndarray | None  # the whole communicator's 4-tuples (multi-node only)
-    # Multi-node only: every rank's (send, receive) list lengths, and per tuple where its two
-    # counts sit in the gathered counts of all ranks (_check_counts_across_nodes).
-    count_lengths: np.ndarray | None = None
-    sent_at: np.ndarray | None = None
-    expected_at: np.ndarray | None = None
+    counts: _CountLayout | None = None  # multi-node only
 
     @property
     def outdegree(self) -> int:
@@ -134,22 +150,11 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
     local = list(ctx.local_ranks)
     role = _TOPOLOGY_ROLE if neighbours else _DENSE_ROLE
     pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local], role)
-    pattern = Pattern(pid, lists[0], lists[1], None)
+    tuples = counts = None
     if ctx.multi_node:
         tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
-        outdegrees = np.array([len(x) for x in all_sends], np.int64)
-        lengths = outdegrees + np.array([len(x) for x in all_recvs], np.int64)
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        src, dst = tuples[:, 0], tuples[:, 1]
-        pattern = Pattern(
-            pid,
-            lists[0],
-            lists[1],
-            tuples,
-            count_lengths=lengths,
-            sent_at=starts[src] + tuples[:, 2],
-            expected_at=starts[dst] + outdegrees[dst] + tuples[:, 3],
-        )
+        counts = _CountLayout.of(all_sends, all_recvs, tuples)
+    pattern = Pattern(pid, lists[0], lists[1], tuples, counts)
     ctx.patterns[key] = pattern
     return pattern
 
@@ -331,11 +336,11 @@ def _check_counts_across_nodes(ctx: Context, opname: str, pattern: Pattern, call
     everywhere, as the node's engine reaches it from its metadata)."""
     sent = call.recv_counts if call.in_place == _SWAP else call.send_counts
     mine = np.concatenate((sent, call.recv_counts)).astype(np.int64)
-    lengths, tuples = pattern.count_lengths, pattern.tuples
-    assert lengths is not None and tuples is not None
-    everyone = np.empty(int(lengths.sum()), np.int64)
-    ctx.p2p_comm().Allgatherv(mine, [everyone, lengths, None, MPI.INT64_T])
-    out, expected = everyone[pattern.sent_at], everyone[pattern.expected_at]
+    layout, tuples = pattern.counts, pattern.tuples
+    assert layout is not None and tuples is not None
+    everyone = np.empty(int(layout.lengths.sum()), np.int64)
+    ctx.p2p_comm().Allgatherv(mine, [everyone, layout.lengths, None, MPI.INT64_T])
+    out, expected = everyone[layout.sent_at], everyone[layout.expected_at]
     differ = np.flatnonzero(out != expected)
     if differ.size:
         k = int(differ[0])
