@@ -107,6 +107,28 @@ def test_reduction_json_csv_plot(command, outdir):
     on_root(check)
 
 
+def test_reduction_fresh_method(outdir, capsys):
+    """--method fresh: every call on a just-rewritten send buffer, the rewrite timed (row
+    "rewrite") and subtracted; --check still compares with MPI's result."""
+    path = outdir / "fresh.json"
+    argv = ["allreduce", "--sizes", "8,4K", "--algorithms", "flat,auto", "--method", "fresh"]
+    assert run_main([*argv, "--check", *FAST, "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    methods = {"MPI", "flat", "auto", "rewrite"}
+    expected = {(b, m) for b in (8, 4096) for m in methods} | {(8, "alltoall8")}
+
+    def check():
+        document = read_json(path)
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == expected
+        assert all(r["latency_us"] >= 0 for r in rows)
+        assert all(r["latency_us"] > 0 for r in rows if r["method"] == "rewrite")
+        assert document["metadata"]["bench_method"] == "fresh"
+        assert "send buffers rewritten before each call" in out
+
+    on_root(check)
+
+
 def test_barrier_subcommand(outdir, capsys):
     assert run_main(["barrier", *FAST, "--json", str(outdir / "b.json")]) == 0
     out = capsys.readouterr().out

@@ -58,7 +58,11 @@ namespace {
 
 // Built-in estimates, for a node of p ranks, when no tuning table measured the algorithms:
 // barriers at ~1 us (~20 us when ranks outnumber cores is left to the table: it scales all
-// algorithms alike) and ~4 GB/s per rank for the bytes each rank reads and writes.
+// algorithms alike) and ~4 GB/s per rank for the bytes each rank reads and writes. Tiled's
+// bytes count 2 + 1/P rather than the 3 + 1/P it touches: fitted to calls on input just
+// written (the bench's --method fresh), where it was fastest from 4 KiB to 4 MiB at P = 2
+// (2-vCPU VM) and from 1 KiB up at P = 8 and 16 (16-core Xeon); flat's copies of peers' fresh
+// lines cost more than the count says, tiled reads each peer's line once.
 constexpr double barrier_s = 1e-6;
 constexpr double byte_s = 1.0 / 4e9;
 
@@ -73,7 +77,7 @@ double builtin_cost(reduce_algorithm alg, int p, std::size_t bytes, bool eager) 
     case reduce_algorithm::dissemination:  // 3 m per round, one more round when P is no power
       return (2 + rounds) * barrier_s + (3 * rounds + 2) * m * byte_s;
     case reduce_algorithm::tiled:  // read P tiles of m/P, write one; read and write m
-      return 2 * barrier_s + (3 + 1 / q) * m * byte_s;
+      return 2 * barrier_s + (2 + 1 / q) * m * byte_s;
   }
   return INFINITY;
 }

@@ -23,7 +23,9 @@ atomically. ``order="auto"`` and ``copy="auto"`` follow it in every later progra
 communicator with that many ranks per node (see :mod:`zcoll._tuning`).
 
 ``allreduce`` (in ``--collectives`` by default) times every reduction algorithm (float64 sum,
-input in the arena, result in a private array, as the bench) at every message size of
+input in the arena, result in a private array, the input rewritten before each call as a
+program's data changes -- the rewrite's own time subtracted; see the bench's ``--method
+fresh``) at every message size of
 ``--reduction-sizes`` (default powers of two from 8 B to 32 MiB, bytes per rank), in the same
 interleaved rounds on each of three buffer allocations (the mean of their best rounds counts),
 and stores each algorithm's cost model as pieces ``a + b * m``: between two measured sizes the
@@ -370,19 +372,28 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
         for b in sizes
     ]
     reductions = (
-        len(sw.args.reduction_sizes) * len(REDUCE_ALGORITHMS) if REDUCTION in collectives else 0
+        len(sw.args.reduction_sizes) * (len(REDUCE_ALGORITHMS) + 1)  # + the rewrite
+        if REDUCTION in collectives
+        else 0
     )
     tuned = [c for c in collectives if c != REDUCTION]
     return (len(tuned) * sum(per_size) + reductions * sw.reduction_allocations) * sw.repeats
 
 
-def _allreduce_with(comm: MPI.Comm, send, recv, algorithm: str) -> None:
+def _allreduce_fresh(comm: MPI.Comm, send, source, recv, algorithm: str) -> None:
+    """One allreduce on data just written, as a program calls it: in a loop over one unchanged
+    buffer, the algorithms that read peers in place find those lines still in their caches."""
+    np.copyto(send, source)
     zcoll.allreduce(comm, send, recv, algorithm=algorithm)
 
 
+_REWRITE = "rewrite"  # the send buffer's rewrite alone, subtracted from each algorithm's time
+
+
 def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str, float]]:
-    """Seconds per allreduce of every algorithm at every size (bytes per rank): the best of
-    the interleaved rounds, the slowest node's, averaged over the buffer allocations:
+    """Seconds per allreduce of every algorithm at every size (bytes per rank), its send buffer
+    rewritten before each call (the rewrite's own time subtracted): the best of the interleaved
+    rounds, the slowest node's, averaged over the buffer allocations:
     ``{size: {algorithm: seconds}}``; collective."""
     results: dict[int, dict[str, float]] = {}
     for nbytes in sizes:
@@ -392,17 +403,19 @@ def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str,
         for _ in range(sw.reduction_allocations):
             send = zcoll.empty(sw.node, nbytes // 8, np.float64)
             send[:] = sw.node.rank + 1.0  # owner's first touch
-            recv = np.zeros(nbytes // 8)
+            source, recv = send.copy(), np.zeros(nbytes // 8)
             kept.append((send, recv))
             # Through the public call, as programs make it (one crossing into the engine).
             calls = {
-                a: functools.partial(_allreduce_with, sw.node, send, recv, a)
+                a: functools.partial(_allreduce_fresh, sw.node, send, source, recv, a)
                 for a in REDUCE_ALGORITHMS
             }
+            calls[_REWRITE] = functools.partial(np.copyto, send, source)
             timed = sw.best_of_rounds(calls, wanted, report, label)
+            rewrite = timed.pop(_REWRITE)
             total = results.setdefault(nbytes, dict.fromkeys(timed, 0.0))
             for a, t in timed.items():
-                total[a] += t / sw.reduction_allocations
+                total[a] += max(0.0, t - rewrite) / sw.reduction_allocations
         del kept
     return results
 
