@@ -40,12 +40,21 @@ CHECK_JOB = textwrap.dedent(
     comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
     bad = []
-    for aggregate, path in ((True, "aggregated"), (False, "direct")):
+    # The two ways of packing forced too (aggregate.hpp's sender_packs_bytes: each message by
+    # its sender alone, or by the node in shares), on fewer communicators and dtypes.
+    core = zcoll._context.context(world).core
+    paths = [(True, "aggregated", None), (False, "direct", None)]
+    paths += [(True, "in shares", 0), (True, "alone", 2**64 - 1)]
+    for aggregate, path, packs in paths:
         _aggregated.force(aggregate)
+        if packs is not None:
+            core.set_sender_packs_bytes(packs)
         for name, comm in comms.items():
+            if packs is not None and name != "world":
+                continue
             p = comm.size
             rng = np.random.default_rng(7 + comm.rank)
-            for dt in dtypes:
+            for dt in dtypes if packs is None else ("i1", "f8", "c16"):
                 # Large odd blocks too: packed in shares (aggregate.hpp's sender_packs_bytes).
                 for count in (0, 1, 3, 17) + ((4099,) if dt in ("i1", "f8", "c16") else ()):
                     data = rng.integers(0, 256, (p, count * np.dtype(dt).itemsize), np.uint8)

@@ -177,7 +177,7 @@ def test_collective_json_csv_plot(collective, method, outdir):
 
 
 BETWEEN_NODES = {
-    "alltoall": {"xn:aggregated", "xn:direct"},
+    "alltoall": {"xn:aggregated", "xn:direct", "xn:alone", "xn:shares"},
     "allgather": {"xn:direct", "xn:C=1", "xn:C=2", "xn:C=4"},
 }
 

@@ -366,6 +366,15 @@ void register_exchange(py::module_& m) {
           "Local: the communicator's nodes (lowest communicator rank of each rank's node), for "
           "the rounds of messages between nodes.")
       .def(
+          "set_sender_packs_bytes",
+          [](node_context& ctx, std::size_t nbytes) {
+            return ctx.between_nodes(node_map{}).set_sender_packs_bytes(nbytes);
+          },
+          py::arg("nbytes"),
+          "After setup_nodes; every rank of the node alike: the largest aggregated message "
+          "payload its sender packs alone, with no barrier after (default 16 KiB; 0: always "
+          "in shares). For measuring both sides of the threshold. Returns the previous value.")
+      .def(
           "nodes_begin",
           [](node_context& ctx, const py::bytes& record, const py::object& send,
              const py::object& recv, int order, int copy) {

@@ -222,7 +222,7 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
   }
   // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
   if (aggregate_) {
-    const bool alone = widest_message_blocks_ * block_ <= sender_packs_bytes;
+    const bool alone = widest_message_blocks_ * block_ <= sender_packs_bytes_;
     pack(args, all, line, alone);
     if (!alone) protocol.sync();
   }

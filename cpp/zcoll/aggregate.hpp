@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "zcoll/checks.hpp"
@@ -125,6 +126,13 @@ class node_messages {
   std::span<const node_message> incoming() const noexcept { return in_; }
   // Whether begin() packed blocks (the node's records allowed it).
   bool packed() const noexcept { return aggregate_; }
+  // The largest payload the sender packs alone (default sender_packs_bytes): 0 has every
+  // message packed in shares, SIZE_MAX each by its sender. Every rank of the node must set the
+  // same value before the same call (it decides who joins the barrier); for measuring both
+  // sides of the threshold. Returns the previous value.
+  std::size_t set_sender_packs_bytes(std::size_t bytes) noexcept {
+    return std::exchange(sender_packs_bytes_, bytes);
+  }
   // Collective (node), after the node barrier that ends the exchange: the verdict over every
   // rank's record (protocol.hpp's agree: the same error on every rank of every node, or
   // none), then, when begin() packed, phase 3.
@@ -145,6 +153,7 @@ class node_messages {
   std::vector<aggregate_copy> pack_copies_, unpack_copies_;
   std::vector<aggregate_copy> sent_copies_;  // the pack copies of the messages this rank sends
   std::size_t widest_message_blocks_ = 0;    // blocks in this node's largest outgoing message
+  std::size_t sender_packs_bytes_ = sender_packs_bytes;
   // The messages, each in the partition of the rank that sends or receives it: a segment of
   // their own, as a fast rank's next call may write its staging partition while a slow one
   // still reads the heads of this round.

@@ -138,6 +138,7 @@ class ZcollMethod:
     persistent: bool = False
     internode: _internode.Choice | None = None  # allgather across nodes: forced this way
     aggregate: bool | None = None  # alltoall across nodes: aggregated (True) or direct, forced
+    sender_packs: int | None = None  # aggregated: largest payload a sender packs alone, forced
     phase: bool = False  # the blocks between nodes alone (no agreement, no node-local part)
 
 
@@ -162,22 +163,35 @@ def internode_methods() -> list[ZcollMethod]:
 
 
 #: The alltoall methods added on a communicator spanning several nodes with --between-nodes:
-#: the blocks aggregated into one message per node pair, or rank to rank (TPDS'18 §2.5).
+#: the blocks aggregated into one message per node pair, or rank to rank (TPDS'18 §2.5); and
+#: aggregated with each message packed by its sender alone (no barrier after packing) or by
+#: the node's ranks in shares (then a barrier), whatever the payload: both sides of the
+#: engine's threshold (aggregate.hpp's sender_packs_bytes, 16 KiB).
 AGGREGATION_METHODS = (
     ZcollMethod("xn:aggregated", AUTO, AUTO, aggregate=True),
     ZcollMethod("xn:direct", AUTO, AUTO, aggregate=False),
+    ZcollMethod("xn:alone", AUTO, AUTO, aggregate=True, sender_packs=2**64 - 1),
+    ZcollMethod("xn:shares", AUTO, AUTO, aggregate=True, sender_packs=0),
 )
 
 
-def _aggregated_call(fn: Callable[[], object], aggregate: bool) -> Callable[[], None]:
-    """`fn` run with the alltoall across nodes forced to aggregate or not (restored after)."""
+def _aggregated_call(
+    fn: Callable[[], object], aggregate: bool, comm: MPI.Comm, sender_packs: int | None
+) -> Callable[[], None]:
+    """`fn` run with the alltoall across nodes forced to aggregate or not, and its packing
+    threshold forced to `sender_packs` (restored after)."""
+    core = _context.context(comm).core
 
     def run() -> None:
         previous = _aggregated.force(aggregate)
+        if sender_packs is not None:
+            threshold = core.set_sender_packs_bytes(sender_packs)
         try:
             fn()
         finally:
             _aggregated.force(previous)
+            if sender_packs is not None:
+                core.set_sender_packs_bytes(threshold)
 
     return run
 
@@ -412,7 +426,7 @@ class BlockCase:
         for m in methods:
             if m.aggregate is not None:
                 plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
-                fn = _aggregated_call(plain, m.aggregate)
+                fn = _aggregated_call(plain, m.aggregate, comm, m.sender_packs)
                 self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
                 continue
             if m.internode is not None:
