@@ -55,7 +55,7 @@ CHECK_JOB = textwrap.dedent(
             p = comm.size
             rng = np.random.default_rng(7 + comm.rank)
             for dt in dtypes if packs is None else ("i1", "f8", "c16"):
-                # Large odd blocks too: packed in shares (aggregate.hpp's sender_packs_bytes).
+                # Large odd blocks too: f8's messages exceed 64 KiB, packed in shares.
                 for count in (0, 1, 3, 17) + ((4099,) if dt in ("i1", "f8", "c16") else ()):
                     data = rng.integers(0, 256, (p, count * np.dtype(dt).itemsize), np.uint8)
                     send = np.ascontiguousarray(data).view(dt)

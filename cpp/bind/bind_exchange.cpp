@@ -372,7 +372,7 @@ void register_exchange(py::module_& m) {
           },
           py::arg("nbytes"),
           "After setup_nodes; every rank of the node alike: the largest aggregated message "
-          "payload its sender packs alone, with no barrier after (default 16 KiB; 0: always "
+          "payload its sender packs alone, with no barrier after (default 64 KiB; 0: always "
           "in shares). For measuring both sides of the threshold. Returns the previous value.")
       .def(
           "nodes_begin",

@@ -86,9 +86,12 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 
 // Largest payload of a node's outgoing message that its sender packs alone, with no barrier
 // after packing (phase 1); larger ones are packed by all node ranks in equal shares, then a
-// barrier. A barrier costs about what copying this much does (~1-2 us on an idle node, far
-// more on an oversubscribed one, where packing alone wins by more).
-inline constexpr std::size_t sender_packs_bytes = 16 * 1024;
+// barrier. Measured both ways (zcoll.bench alltoall --between-nodes: xn:alone, xn:shares) for
+// payloads of 4 to 64 KiB: on 16 real cores (virtual nodes of 2 and 4) alone was as fast or
+// up to 1.2x faster (64 KiB payloads of 4 KiB blocks at P = 16); on the oversubscribed 2-vCPU
+// VM (P = 4) 1.1x faster from 32 KiB. Beyond 64 KiB, shares spread a copy that outgrows the
+// barrier it costs.
+inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 
 // A message this rank sends or receives in phase 2.
 struct node_message {

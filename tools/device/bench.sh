@@ -25,7 +25,9 @@ run() {  # run NAME SECONDS RANKS ARGS...: mpiexec with a wall-clock limit, log 
     local name=$1 limit=$2 ranks=$3 start=$SECONDS
     shift 3
     ranks=$(( ranks > ${RANKS_CAP:-64} ? ${RANKS_CAP:-64} : ranks ))  # RANKS_CAP: a smoke run here
-    timeout -k 5 "$limit" mpiexec -n "$ranks" --bind-to core --map-by core \
+    local extra=()
+    [ -n "${RANKS_CAP:-}" ] && extra=(--oversubscribe --bind-to none)
+    timeout -k 5 "$limit" mpiexec -n "$ranks" --map-by core ${extra[@]:---bind-to core} \
         python3 "$@" > "$name.log" 2>&1
     local rc=$?
     printf '== %s: rc %d, %d s\n' "$name" "$rc" $((SECONDS - start))
@@ -78,6 +80,29 @@ step_senders() {  # the messages between virtual nodes from C++ and from mpi4py,
     for sender in cpp mpi4py; do
         ZCOLL_NODE_MESSAGES=$sender bench xn_$sender 8 alltoall --virtual-node-size 2 --between-nodes \
             --sizes 8,1K,16K --orders auto --time-budget 0.2
+    done
+}
+step_fresh() {  # reductions on input rewritten before each call: built-in models, then tuned ones
+    for p in 2 8 16; do
+        bench fresh_allreduce_p$p $p allreduce --method fresh --sizes 8,64,1K,16K,64K,1M,16M --time-budget 0.1
+    done
+    export ZCOLL_TUNING_FILE=$results/tuning_fresh.json
+    for p in 8 16; do
+        run tune_fresh_p$p 120 $p -m zcoll.tune --collectives allreduce --time-budget 0.05 \
+            --reduction-sizes 8,64,512,1K,4K,16K,64K,256K,1M,4M,16M
+        bench tuned_fresh_p$p $p allreduce --method fresh --sizes 8,64,1K,16K,64K,1M,16M --time-budget 0.1
+    done
+    unset ZCOLL_TUNING_FILE
+}
+step_packs() {  # aggregated messages packed by their sender alone or in shares, across 16 KiB
+    bench packs_p8 8 alltoall --virtual-node-size 2 --between-nodes --sizes 1K,2K,4K,8K,16K --orders auto --time-budget 0.2
+    bench packs_p16 16 alltoall --virtual-node-size 4 --between-nodes --sizes 256,512,1K,2K,4K --orders auto --time-budget 0.2
+}
+step_tcp() {  # every MPI message over TCP (loopback), as between real nodes; zcoll's node-local
+    # part stays in its arena, MPI's own alltoall pays TCP for every pair
+    for p in 8 16; do
+        OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_p$p $p alltoall --virtual-node-size $((p / 4)) \
+            --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
     done
 }
 step_tests() {  # the collectives' and reductions' tests at P = 16, never run in CI (2 cores)

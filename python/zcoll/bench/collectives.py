@@ -166,7 +166,7 @@ def internode_methods() -> list[ZcollMethod]:
 #: the blocks aggregated into one message per node pair, or rank to rank (TPDS'18 §2.5); and
 #: aggregated with each message packed by its sender alone (no barrier after packing) or by
 #: the node's ranks in shares (then a barrier), whatever the payload: both sides of the
-#: engine's threshold (aggregate.hpp's sender_packs_bytes, 16 KiB).
+#: engine's threshold (aggregate.hpp's sender_packs_bytes, 64 KiB).
 AGGREGATION_METHODS = (
     ZcollMethod("xn:aggregated", AUTO, AUTO, aggregate=True),
     ZcollMethod("xn:direct", AUTO, AUTO, aggregate=False),
