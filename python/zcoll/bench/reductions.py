@@ -215,7 +215,8 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     by_size: dict[int, dict[str, float]] = {}
     bound: dict[int, float] = {}
     chosen: dict[int, str] = {}
-    report.start(len(args.sizes) * (1 + len(names)) * args.rounds, command)
+    timed = 1 + len(names) + (args.method == "fresh")  # MPI, zcoll's methods, the rewrite
+    report.start(len(args.sizes) * timed * args.rounds, command)
     try:
         for nbytes in args.sizes:
             case = SizeCase(comm, command, nbytes, names, rng, args.method == "fresh")
