@@ -202,15 +202,15 @@ KILL_JOB = textwrap.dedent(
     recv = np.empty_like(send)
     calls = 0
 
-    def dying(exchange):  # phase 1 done, the messages not yet sent
+    def dying(exchange):  # mpi4py's sender: phase 1 done, the messages not yet sent
         def exchange_or_die(ctx, *args):
             if calls == 50 and rank == victim:
                 os.kill(os.getpid(), signal.SIGKILL)
             return exchange(ctx, *args)
         return exchange_or_die
 
-    if path == "round":  # the aggregated round: mpi4py's sender, the extension's
-        senders = ("_exchange_messages", "_send_messages_in_cpp")
+    if path == "round":  # the aggregated round: mpi4py's sender, the extension's (one call
+        senders = ("_exchange_messages", "_bounded_in_cpp")  # for the whole round: before it)
     else:  # rank to rank, after the round of records
         _aggregated.force(False)
         senders = ("exchange_buffers",)
@@ -233,7 +233,8 @@ KILL_JOB = textwrap.dedent(
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
-    SIGKILLs itself after packing, before sending (path "round"), or, blocks going rank to
+    SIGKILLs itself after packing, before sending (path "round"; with the C++ sender, whose
+    round is one call of the extension, just before that call), or, blocks going rank to
     rank, before sending its blocks (path "direct"). Its node-mate sees it die; rank 0, which
     waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
     0 leaves (or its own wait gives up). No rank finishes, no segment is left in /dev/shm."""

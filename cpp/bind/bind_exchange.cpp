@@ -92,6 +92,35 @@ auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&&
   return ok(&send_view, recv_view);
 }
 
+// Phase 1 of a round between nodes (node_messages::begin) from the binding's arguments: with
+// buffers (an alltoall), their views.
+node_messages& begin_round(node_context& ctx, const py::bytes& record, const py::object& send,
+                           const py::object& recv, int order, int copy) {
+  const std::string_view bytes = record;
+  if (bytes.size() != sizeof(call_record))
+    throw std::invalid_argument("record must be one call record");
+  call_record r;
+  std::memcpy(&r, bytes.data(), sizeof r);
+  node_messages& round = ctx.between_nodes(node_map{});
+  if (recv.is_none()) {
+    py::gil_scoped_release release;
+    round.begin(r, nullptr);
+    return round;
+  }
+  with_views(
+      send, recv,
+      [&](const array_view* send_view, const array_view& recv_view) {
+        gil_released_on_block gil(ctx, recv_view.nbytes);
+        const alltoall_data data{send_view, &recv_view, order, copy};
+        round.begin(r, &data);
+      },
+      [&](const std::string&) {  // the record says what is wrong
+        py::gil_scoped_release release;
+        round.begin(r, nullptr);
+      });
+  return round;
+}
+
 // The messages of an aggregated alltoall this rank sends or receives: [(peer, memoryview)].
 py::list message_views(std::span<const node_message> messages) {
   py::list out;
@@ -294,7 +323,7 @@ void register_exchange(py::module_& m) {
 #endif
       },
       py::arg("version"),
-      "Whether NodeContext.nodes_exchange can run: zcoll was built with an MPI, and it is the "
+      "Whether NodeContext.nodes_round can run: zcoll was built with an MPI, and it is the "
       "initialized library whose MPI_Get_library_version is `version` (mpi4py's).");
 #ifdef ZCOLL_HAVE_MPI
   m.def(
@@ -377,30 +406,8 @@ void register_exchange(py::module_& m) {
       .def(
           "nodes_begin",
           [](node_context& ctx, const py::bytes& record, const py::object& send,
-             const py::object& recv, int order, int copy) {
-            const std::string_view bytes = record;
-            if (bytes.size() != sizeof(call_record))
-              throw std::invalid_argument("record must be one call record");
-            call_record r;
-            std::memcpy(&r, bytes.data(), sizeof r);
-            node_messages& round = ctx.between_nodes(node_map{});
-            if (recv.is_none()) {
-              py::gil_scoped_release release;
-              round.begin(r, nullptr);
-              return;
-            }
-            with_views(
-                send, recv,
-                [&](const array_view* send_view, const array_view& recv_view) {
-                  gil_released_on_block gil(ctx, recv_view.nbytes);
-                  const alltoall_data data{send_view, &recv_view, order, copy};
-                  round.begin(r, &data);
-                },
-                [&](const std::string&) {  // the record says what is wrong
-                  py::gil_scoped_release release;
-                  round.begin(r, nullptr);
-                });
-          },
+             const py::object& recv, int order,
+             int copy) { begin_round(ctx, record, send, recv, order, copy); },
           py::arg("record"), py::arg("sendbuf") = py::none(), py::arg("recvbuf") = py::none(),
           py::arg("order") = 0, py::arg("copy") = 0,
           "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
@@ -415,21 +422,26 @@ void register_exchange(py::module_& m) {
           "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).")
 #ifdef ZCOLL_HAVE_MPI
       .def(
-          "nodes_exchange",
-          [](node_context& ctx, std::uintptr_t comm, int rank, int tag, int window, double timeout,
-             const std::string& what) {
+          "nodes_round",
+          [](node_context& ctx, const py::bytes& record, const py::object& send,
+             const py::object& recv, int order, int copy, std::uintptr_t comm, int rank, int tag,
+             int window, double timeout, const std::string& what) {
             const message_round_options options = round_options(timeout, what, tag, window);
-            const node_messages& round = ctx.between_nodes(node_map{});
+            node_messages& round = begin_round(ctx, record, send, recv, order, copy);
             py::gil_scoped_release release;
             exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank,
                               options);
+            ctx.barrier();  // every message of the node received
+            round.finish();
             return round.packed();
           },
-          py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"),
-          py::arg("what"),
-          "Local: phase 2 of a round between nodes by MPI from C++ (mpi_messages.hpp); `comm` is "
-          "MPI._handleof of the communicator. PeerError after `timeout` seconds. Returns whether "
-          "begin() packed blocks.")
+          py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
+          py::arg("copy"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
+          py::arg("timeout"), py::arg("what"),
+          "Collective (node): a whole round between nodes in one call -- nodes_begin, "
+          "the messages by MPI from C++ (mpi_messages.hpp), the node barrier, nodes_finish -- the "
+          "GIL released after phase 1. "
+          "Returns whether the round packed (and delivered) an alltoall's blocks.")
 #endif
       .def(
           "nodes_finish",

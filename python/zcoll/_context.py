@@ -275,27 +275,22 @@ class Context:
         blocks travel in the same messages when the node's ranks agree on them; returns
         whether they did (the call is then complete)."""
         self.check_unbroken()
+        what = f"zcoll.{opname} (messages between nodes)"
+        if self._p2p_handle is not None:  # the whole round in one call of the extension
+            send, recv, order, copy = (None, None, 0, 0) if alltoall is None else alltoall
+            return self._bounded_in_cpp(
+                self.core.nodes_round, record, send, recv, order, copy, self._p2p_handle,
+                self.rank, _NODE_TAG, self._send_window, get_timeout(), what,
+            )  # fmt: skip
         if alltoall is None:
             self.core.nodes_begin(record)
         else:
             self.core.nodes_begin(record, *alltoall)
-        what = f"zcoll.{opname} (messages between nodes)"
-        if self._p2p_handle is None:
-            outgoing, incoming, packed = self.core.nodes_messages()
-            self._exchange_messages(what, outgoing, incoming)
-        else:
-            packed = self._send_messages_in_cpp(what, self._p2p_handle)
+        outgoing, incoming, packed = self.core.nodes_messages()
+        self._exchange_messages(what, outgoing, incoming)
         self.core.barrier()  # every message of the node received
         self.core.nodes_finish()
         return packed
-
-    def _send_messages_in_cpp(self, what: str, comm: int) -> bool:
-        """`_exchange_messages` in the extension (mpi_messages.hpp) on the communicator whose
-        C handle is `comm`; returns whether the round packed blocks."""
-        return self._bounded_in_cpp(
-            self.core.nodes_exchange, comm, self.rank, _NODE_TAG, self._send_window,
-            get_timeout(), what,
-        )  # fmt: skip
 
     def _bounded_in_cpp(self, wait: Callable, *args):
         """Runs `wait`, an exchange between nodes in the extension (the GIL released, bounded

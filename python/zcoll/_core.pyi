@@ -222,8 +222,19 @@ class NodeContext:
     def nodes_messages(
         self,
     ) -> tuple[list[tuple[int, memoryview]], list[tuple[int, memoryview]], bool]: ...
-    def nodes_exchange(
-        self, comm: int, rank: int, tag: int, window: int, timeout: float, what: str
+    def nodes_round(
+        self,
+        record: bytes,
+        sendbuf: Any,
+        recvbuf: Any,
+        order: int,
+        copy: int,
+        comm: int,
+        rank: int,
+        tag: int,
+        window: int,
+        timeout: float,
+        what: str,
     ) -> bool: ...
     def nodes_finish(self) -> None: ...
     def record(
