@@ -29,10 +29,13 @@ block is cut in two halves; the first halves travel as above, the second halves 
 scheme (members numbered from the other end: the *co-pair* at the same distance in the
 opposite direction), with ``C // 2`` groups, so each step still has ``C`` exchanges in flight.
 
-No Python packing: each message is one MPI derived datatype over the receive buffer (an
-``hindexed_block`` of the blocks of the message's nodes, by comm rank, so a node whose comm
-ranks are not contiguous costs nothing extra), built once per (context, block size, scheme)
-and cached. Every wait is bounded (:meth:`Context.wait_bounded`).
+No packing: each message is the receive buffer's byte ranges that hold its nodes' blocks,
+the contiguous runs of them (one run for consecutive nodes of consecutive ranks, more where a
+node's comm ranks are not contiguous or blocks are split: each run then travels as a message
+of its own, in order), computed once per (context, block size, scheme) and cached. A round's
+messages go through :meth:`Context.exchange_buffers` on the context's private dup: from C++
+where the extension sends the messages between nodes, else by mpi4py requests; every wait is
+bounded.
 
 The choice between the direct path and the concurrent exchange (and ``C``) follows the tuning
 table's ``internode`` rules (``python -m zcoll.tune --internode``) where one covers the call,
@@ -77,8 +80,8 @@ SPLIT_BYTES = 64 * 1024
 DEFAULT_CONCURRENCY = 2
 #: The built-in choice takes the direct path for larger blocks (bytes).
 CONCURRENT_MAX_BLOCK = 64 * 1024
-_TAG_BASE = 0x7B00  # tags of the leaders' messages (the direct path uses 0x7A0C)
-_CACHED_BLOCKS = 8  # datatype sets kept per context (least recently used dropped)
+_TAG_BASE = 0x7D00  # tags of the leaders' messages on the private dup (direct path: 0x7A0C)
+_CACHED_BLOCKS = 8  # plans kept per context (least recently used dropped)
 _BCAST_CODE = _registry.OPS[_registry.BCAST]
 _AUTO_ALGORITHM = _registry.REDUCE_ALGORITHM_CODES[_registry.AUTO]
 
@@ -135,26 +138,11 @@ def builtin_choice(nodes: int, block: int) -> Choice:
 
 class _State:
     """What this module keeps per context: the table's internode rules (shared once) and the
-    cached schedules and datatypes."""
+    cached plans of the leaders' rounds."""
 
     def __init__(self) -> None:
         self.rules: tuple[_tuning.InternodeRule, ...] | None = None
-        self.types: OrderedDict[tuple, list] = OrderedDict()
-
-
-def _free_types(types: OrderedDict) -> None:
-    if MPI.Is_finalized():
-        return
-    for entry in types.values():
-        _free_entry(entry)
-    types.clear()
-
-
-def _free_entry(entry: list) -> None:
-    for rounds in entry:
-        for _peer, _tag, datatype, _is_send in rounds:
-            if datatype is not None:
-                datatype.Free()
+        self.plans: OrderedDict[tuple, list] = OrderedDict()
 
 
 _states: weakref.WeakKeyDictionary[Context, _State] = weakref.WeakKeyDictionary()
@@ -164,7 +152,6 @@ def _state(ctx: Context) -> _State:
     state = _states.get(ctx)
     if state is None:
         state = _states[ctx] = _State()
-        weakref.finalize(ctx, _free_types, state.types)
     return state
 
 
@@ -298,44 +285,48 @@ def schedule(nodes: int, concurrency: int, split: bool = False) -> list[Message]
 # --- running it --------------------------------------------------------------------------------
 
 
-def _datatype(members: list[list[int]], content, block: int, part: int, split: bool):
-    """The hindexed-block datatype over the receive buffer (bytes) of `content`'s blocks."""
+def _runs(members: list[list[int]], content, block: int, part: int, split: bool) -> list:
+    """The receive buffer's byte ranges (start, stop) of `content`'s blocks (or of their
+    `part` half when `split`), adjacent ones merged; sender and receiver compute the same."""
     first = block // 2 if split else block
     offset, length = (0, first) if part == 0 else (first, block - first)
-    displacements = [r * block + offset for node in content for r in members[node]]
-    datatype = MPI.BYTE.Create_hindexed_block(length, displacements)
-    datatype.Commit()
-    return datatype
+    runs: list[list[int]] = []
+    for node in content:
+        for r in members[node]:
+            start = r * block + offset
+            if runs and runs[-1][1] == start:
+                runs[-1][1] += length
+            else:
+                runs.append([start, start + length])
+    return [(start, stop) for start, stop in runs]
 
 
 def _plan(ctx: Context, concurrency: int, block: int) -> list:
-    """This leader's rounds for (C, block): per round, (peer leader, tag, datatype, is_send)
-    entries; cached per context (LRU over block sizes)."""
+    """This leader's rounds for (C, block): per round, (receives, sends), each a list of
+    (peer's comm rank, tag, start, stop) byte ranges of the receive buffer, one message each;
+    cached per context (LRU over block sizes)."""
     state = _state(ctx)
     split = concurrency >= 2 and block >= SPLIT_BYTES
     key = (concurrency, block, split)
-    entry = state.types.get(key)
+    entry = state.plans.get(key)
     if entry is not None:
-        state.types.move_to_end(key)
+        state.plans.move_to_end(key)
         return entry
     nodes, members = _layout(ctx)
     assert ctx.leaders is not None  # leaders only
-    me = ctx.leaders.rank
+    me = ctx.leaders.rank  # the leaders in node order: a leader's rank is its node's index
     messages = schedule(len(nodes), concurrency, split)
-    rounds: list[list] = [[] for _ in range(1 + max(m.round for m in messages))]
-    for m in messages:  # receives first in each round, then sends
-        if m.dest == me:
-            dt = _datatype(members, m.content, block, m.part, split)
-            rounds[m.round].append((m.source, m.tag, dt, False))
+    rounds: list[tuple[list, list]] = [([], []) for _ in range(1 + max(m.round for m in messages))]
     for m in messages:
-        if m.source == me:
-            dt = _datatype(members, m.content, block, m.part, split)
-            rounds[m.round].append((m.dest, m.tag, dt, True))
-    entry = [r for r in rounds if r]
-    state.types[key] = entry
-    if len(state.types) > _CACHED_BLOCKS:
-        _, old = state.types.popitem(last=False)
-        _free_entry(old)
+        if me not in (m.source, m.dest):
+            continue
+        peer, into = (m.source, 0) if m.dest == me else (m.dest, 1)
+        runs = _runs(members, m.content, block, m.part, split)
+        rounds[m.round][into].extend((nodes[peer], m.tag, a, b) for a, b in runs)
+    entry = [r for r in rounds if r[0] or r[1]]
+    state.plans[key] = entry
+    if len(state.plans) > _CACHED_BLOCKS:
+        state.plans.popitem(last=False)
     return entry
 
 
@@ -368,16 +359,12 @@ def allgather_between_nodes(ctx: Context, send, recv: np.ndarray, block: int, co
         return
     flat = recv.reshape(-1).view(np.uint8)
     if ctx.leaders is not None:
-        comm = ctx.leaders
-        nodes = sorted(set(ctx.node_of))
         what = f"zcoll.allgather (concurrent exchange between nodes, C={concurrency})"
-        for entries in _plan(ctx, concurrency, block):
-            requests = [
-                comm.Isend([flat, 1, dt], peer, tag)
-                if is_send
-                else comm.Irecv([flat, 1, dt], peer, tag)
-                for peer, tag, dt, is_send in entries
-            ]
-            ctx.wait_bounded(requests, what, peers=[nodes[e[0]] for e in entries])
+        for receives, sends in _plan(ctx, concurrency, block):
+            ctx.exchange_buffers(
+                what,
+                [(peer, tag, flat[a:b]) for peer, tag, a, b in receives],
+                [(peer, tag, flat[a:b]) for peer, tag, a, b in sends],
+            )
     if ctx.node_size > 1:
         ctx.core.reduction(_BCAST_CODE, None, flat, 0, _AUTO_ALGORITHM, ctx.local_ranks[0])
