@@ -58,15 +58,17 @@ namespace {
 
 // Built-in estimates, for a node of p ranks, when no tuning table measured the algorithms:
 // barriers at ~1 us (~20 us when ranks outnumber cores is left to the table: it scales all
-// algorithms alike) and ~4 GB/s per rank for the bytes each rank reads and writes. Tiled's
-// bytes count 2 + 1/P rather than the 3 + 1/P it touches: fitted to calls on input just
-// written (the bench's --method fresh), where it was fastest from 4 KiB to 4 MiB at P = 2
-// (2-vCPU VM) and from 1 KiB up at P = 8 and 16 (16-core Xeon); flat's copies of peers' fresh
-// lines cost more than the count says, tiled reads each peer's line once.
+// algorithms alike) and ~4 GB/s per rank for the bytes each rank reads and writes. While the
+// node's buffers fit in the last-level cache (`in_cache`), tiled's bytes count 2 + 1/P rather
+// than the 3 + 1/P it touches: fitted to calls on input just written (the bench's --method
+// fresh), where it was fastest from 4 KiB to 4 MiB at P = 2 (2-vCPU VM, 32 MiB L3) and from
+// 1 KiB up at P = 8 and 16 (16-core Xeon); flat's reads of peers' fresh lines cost more than
+// the count says, tiled reads each peer's line once. Beyond the cache every byte costs alike
+// (flat was 1.4-1.7x faster at 16 MiB, P = 2, on the VM).
 constexpr double barrier_s = 1e-6;
 constexpr double byte_s = 1.0 / 4e9;
 
-double builtin_cost(reduce_algorithm alg, int p, std::size_t bytes, bool eager) {
+double builtin_cost(reduce_algorithm alg, int p, std::size_t bytes, bool eager, bool in_cache) {
   const double m = static_cast<double>(bytes), q = static_cast<double>(p);
   const double rounds = std::ceil(std::log2(std::max(q, 1.0)));
   switch (alg) {
@@ -77,7 +79,7 @@ double builtin_cost(reduce_algorithm alg, int p, std::size_t bytes, bool eager) 
     case reduce_algorithm::dissemination:  // 3 m per round, one more round when P is no power
       return (2 + rounds) * barrier_s + (3 * rounds + 2) * m * byte_s;
     case reduce_algorithm::tiled:  // read P tiles of m/P, write one; read and write m
-      return 2 * barrier_s + (2 + 1 / q) * m * byte_s;
+      return 2 * barrier_s + ((in_cache ? 2 : 3) + 1 / q) * m * byte_s;
   }
   return INFINITY;
 }
@@ -100,7 +102,10 @@ void auto_policy::set_reduction_model(reduce_algorithm algorithm,
 
 double auto_policy::predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept {
   const auto& pieces = reduction_models_[static_cast<std::size_t>(algorithm)];
-  if (pieces.empty()) return builtin_cost(algorithm, node_size_, bytes, eager_fits(bytes));
+  if (pieces.empty()) {
+    const bool in_cache = touched_bytes(bytes) <= copy_.cache_bytes() / 2;
+    return builtin_cost(algorithm, node_size_, bytes, eager_fits(bytes), in_cache);
+  }
   for (const reduction_cost& c : pieces)
     if (bytes <= c.max_bytes) return c.a + c.b * static_cast<double>(bytes);
   const reduction_cost& last = pieces.back();
