@@ -27,10 +27,14 @@ namespace zcoll::bind {
 
 namespace {
 
+double positive_timeout(double seconds) {
+  if (!(seconds > 0)) throw std::invalid_argument("timeout must be positive");
+  return seconds;
+}
+
 wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields, double slice) {
-  if (!(timeout > 0)) throw std::invalid_argument("timeout must be positive");
   wait_options w;
-  w.timeout_s = timeout;
+  w.timeout_s = positive_timeout(timeout);
   w.spin_iterations = spin;
   w.yield_iterations = yields;
   w.sleep_slice_s = slice;
@@ -41,11 +45,10 @@ wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields,
 // Options of an exchange between nodes (mpi_messages.hpp) from the binding's arguments.
 message_round_options round_options(double timeout, const std::string& what, int tag = 0,
                                     int window = 1) {
-  if (!(timeout > 0)) throw std::invalid_argument("timeout must be positive");
   message_round_options options;
   options.tag = tag;
   options.window = window;
-  options.timeout_s = timeout;
+  options.timeout_s = positive_timeout(timeout);
   options.what = what;
   return options;
 }

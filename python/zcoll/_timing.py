@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Callable
 
+import numpy as np
 from mpi4py import MPI
 
 from . import _settings
@@ -21,7 +22,9 @@ __all__ = [
     "KIB",
     "MIB",
     "MIN_ITERATIONS",
+    "REWRITE",
     "Reporter",
+    "after_rewrite",
     "budget_iterations",
     "default_iterations",
     "format_size",
@@ -184,6 +187,23 @@ def measure(fn: Callable[[], object], iterations: int, warmup: int, comm: MPI.Co
         fn()
     elapsed = MPI.Wtime() - start
     return comm.allreduce(elapsed / iterations, op=MPI.MAX)
+
+
+#: The name under which a fresh-input sweep times the send buffer's rewrite alone, to subtract
+#: it from every method's time.
+REWRITE = "rewrite"
+
+
+def after_rewrite(send, source, fn: Callable[[], object]) -> Callable[[], None]:
+    """`fn` with `send` rewritten from `source` first: a reduction on input just written, as a
+    program makes it. In a loop over one unchanged buffer, the algorithms that read peers in
+    place would find those lines still in their caches."""
+
+    def call() -> None:
+        np.copyto(send, source)
+        fn()
+
+    return call
 
 
 def budget_iterations(fn: Callable[[], object], iterations: int, budget: float, comm) -> int:

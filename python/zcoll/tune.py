@@ -84,7 +84,9 @@ from ._registry import (
 from ._timing import (
     KIB,
     MIB,
+    REWRITE,
     Reporter,
+    after_rewrite,
     budget_iterations,
     default_iterations,
     format_size,
@@ -380,14 +382,8 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
     return (len(tuned) * sum(per_size) + reductions * sw.reduction_allocations) * sw.repeats
 
 
-def _allreduce_fresh(comm: MPI.Comm, send, source, recv, algorithm: str) -> None:
-    """One allreduce on data just written, as a program calls it: in a loop over one unchanged
-    buffer, the algorithms that read peers in place find those lines still in their caches."""
-    np.copyto(send, source)
+def _allreduce_with(comm: MPI.Comm, send, recv, algorithm: str) -> None:
     zcoll.allreduce(comm, send, recv, algorithm=algorithm)
-
-
-_REWRITE = "rewrite"  # the send buffer's rewrite alone, subtracted from each algorithm's time
 
 
 def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str, float]]:
@@ -407,12 +403,14 @@ def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str,
             kept.append((send, recv))
             # Through the public call, as programs make it (one crossing into the engine).
             calls = {
-                a: functools.partial(_allreduce_fresh, sw.node, send, source, recv, a)
+                a: after_rewrite(
+                    send, source, functools.partial(_allreduce_with, sw.node, send, recv, a)
+                )
                 for a in REDUCE_ALGORITHMS
             }
-            calls[_REWRITE] = functools.partial(np.copyto, send, source)
+            calls[REWRITE] = functools.partial(np.copyto, send, source)
             timed = sw.best_of_rounds(calls, wanted, report, label)
-            rewrite = timed.pop(_REWRITE)
+            rewrite = timed.pop(REWRITE)
             total = results.setdefault(nbytes, dict.fromkeys(timed, 0.0))
             for a, t in timed.items():
                 total[a] += max(0.0, t - rewrite) / sw.reduction_allocations

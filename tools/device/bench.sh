@@ -25,9 +25,9 @@ run() {  # run NAME SECONDS RANKS ARGS...: mpiexec with a wall-clock limit, log 
     local name=$1 limit=$2 ranks=$3 start=$SECONDS
     shift 3
     ranks=$(( ranks > ${RANKS_CAP:-64} ? ${RANKS_CAP:-64} : ranks ))  # RANKS_CAP: a smoke run here
-    local extra=()
-    [ -n "${RANKS_CAP:-}" ] && extra=(--oversubscribe --bind-to none)
-    timeout -k 5 "$limit" mpiexec -n "$ranks" --map-by core ${extra[@]:---bind-to core} \
+    local bind=(--bind-to core)
+    [ -n "${RANKS_CAP:-}" ] && bind=(--oversubscribe --bind-to none)
+    timeout -k 5 "$limit" mpiexec -n "$ranks" --map-by core "${bind[@]}" \
         python3 "$@" > "$name.log" 2>&1
     local rc=$?
     printf '== %s: rc %d, %d s\n' "$name" "$rc" $((SECONDS - start))

@@ -14,9 +14,8 @@ in which each rank must read P tiles of m/P bytes (m in all) and write its m-byt
 
 ``--method fresh`` rewrites every rank's send buffer before each call, as a program's data
 changes between reductions, and subtracts the rewrite's own time (measured in the same
-rounds). The warm loop reuses one unchanged send buffer, whose lines then stay cached on the
-ranks that read them in place (tree, dissemination, tiled): it flatters those algorithms
-against ones that copy the input first (flat's eager slot), which a program does not see.
+rounds). The warm loop reuses one unchanged send buffer, whose lines stay cached wherever
+they were read, and ranks the algorithms otherwise than a program sees them.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from mpi4py import MPI
 import zcoll
 from zcoll import _context, _core
 from zcoll._registry import AUTO, TEMPORAL
+from zcoll._timing import REWRITE, after_rewrite
 
 from .collectives import Call, Timer, add_size_options
 from .common import (
@@ -64,7 +64,6 @@ BY_SIZE = ("over_memcpy", "pick_over_best")  # summary entries keyed by message 
 SMALL = 16 * KIB  # summary: geometric mean over messages <= this ...
 LARGE = 64 * KIB  # ... and over messages >= this (and the memcpy bound from here)
 ALLTOALL8 = "alltoall8"  # the 8-byte-block zcoll.alltoall reference
-REWRITE = "rewrite"  # --method fresh: the send buffer's rewrite alone, subtracted from each
 METHODS = ("warm", "fresh")
 FIELDS = (
     "collective", "P", "block_bytes", "method", "latency_us", "iterations", "warmup", "rounds"
@@ -79,16 +78,6 @@ def _zcoll_call(command: str, comm, send, recv, algorithm: str):
     if algorithm == AUTO:
         return functools.partial(fn, comm, send, recv)
     return lambda: fn(comm, send, recv, algorithm=algorithm)
-
-
-def _after_rewrite(send: np.ndarray, source: np.ndarray, fn):
-    """`fn` with `send` rewritten from `source` first (--method fresh)."""
-
-    def call() -> None:
-        np.copyto(send, source)
-        fn()
-
-    return call
 
 
 class SizeCase:
@@ -112,15 +101,15 @@ class SizeCase:
             mpi = functools.partial(comm.Reduce, self.msend, self.mrecv, MPI.SUM, 0)
         else:
             mpi = functools.partial(comm.Bcast, self.msend, 0)
-        if fresh:
-            mpi = _after_rewrite(self.msend, self.source, mpi)
-        self.calls = {MPI_METHOD: Call(mpi, (self.msend, self.mrecv))}
+
+        def prepared(send: np.ndarray, fn):
+            return after_rewrite(send, self.source, fn) if fresh else fn
+
+        self.calls = {MPI_METHOD: Call(prepared(self.msend, mpi), (self.msend, self.mrecv))}
         names = ["zcoll"] if command == "bcast" else list(algorithms)
         for name in names:
             fn = _zcoll_call(command, comm, self.zsend, self.zrecv, name)
-            if fresh:
-                fn = _after_rewrite(self.zsend, self.source, fn)
-            self.calls[name] = Call(fn, (self.zsend, self.zrecv))
+            self.calls[name] = Call(prepared(self.zsend, fn), (self.zsend, self.zrecv))
         if fresh:
             rewrite = functools.partial(np.copyto, self.zsend, self.source)
             self.calls[REWRITE] = Call(rewrite, (self.zsend,))
