@@ -1,7 +1,8 @@
 """alltoall across nodes (TPDS'18 §2.5): the aggregated path (one message per node pair) and
 the direct one (rank to rank), on virtual nodes of 1, 2 and 3 ranks at P = 4, 5, 6 and 8 --
-uneven nodes included -- bit for bit against mpi4py's Alltoall; calls that differ between
-nodes; a rank killed in the middle of the exchange between nodes.
+uneven nodes included -- bit for bit against mpi4py's Alltoall; the irregular collectives,
+whose blocks travel in the same round; calls that differ between nodes; a rank killed in the
+middle of the exchange between nodes.
 
 Each configuration is its own mpiexec job (ZCOLL_VIRTUAL_NODE_SIZE is read when a context is
 made), launched from the P = 1 run; the suite's own virtual-node runs (P = 4, 5 with nodes of
@@ -132,6 +133,105 @@ ERROR_JOB = textwrap.dedent(
     """
 )
 
+V_CHECK_JOB = textwrap.dedent(
+    """
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _aggregated
+
+    world = MPI.COMM_WORLD
+    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+    bad = []
+
+    def counts_matrix(p, itemsize, seed):
+        # The same on every rank: small, empty, odd, and blocks at and just past the pack limit.
+        limit = _aggregated.AGGREGATE_MAX_BLOCK // itemsize
+        rng = np.random.default_rng(seed)
+        choices = np.array([0, 1, 3, 17, limit, limit + 1])
+        return choices[rng.choice(6, (p, p), p=[0.2, 0.25, 0.2, 0.2, 0.075, 0.075])]
+
+    def check(what, got, expect):
+        if got.tobytes() != expect.tobytes():
+            bad.append(what)
+
+    for forced in (None, True, False):  # the size rule, all in the round, all rank to rank
+        _aggregated.force(forced)
+        for name, comm in comms.items():
+            p, r = comm.size, comm.rank
+            for dt in ("i1", "f8", "c16", "?") if name == "world" else ("f8",):
+                itemsize = np.dtype(dt).itemsize
+                c = counts_matrix(p, itemsize, 11 + p)
+                rng = np.random.default_rng(5 + r)
+                raw = rng.integers(0, 256, int(c[r].sum()) * itemsize, np.uint8)
+                send = raw.view(dt) if dt != "?" else raw.view(np.bool_) & True
+                expect = np.empty(int(c[:, r].sum()) * itemsize, np.uint8)
+                comm.Alltoallv([send.view(np.uint8), c[r] * itemsize],
+                               [expect, c[:, r] * itemsize])  # fmt: skip
+                recv = np.zeros(int(c[:, r].sum()), dt)
+                zcoll.alltoallv(comm, [send, c[r]], [recv, c[:, r]])
+                check((forced, name, dt, "alltoallv"), recv, expect)
+                # in place: a symmetric matrix
+                sym = np.minimum(c, c.T)
+                buf = rng.integers(0, 256, int(sym[r].sum()) * itemsize, np.uint8)
+                expect_ip = np.empty_like(buf)
+                comm.Alltoallv([buf, sym[r] * itemsize], [expect_ip, sym[r] * itemsize])
+                zcoll.alltoallv(comm, zcoll.IN_PLACE, [buf.view(dt), sym[r]])
+                check((forced, name, dt, "alltoallv in place"), buf, expect_ip)
+                # allgatherv, and in place
+                mine = raw[: int(c[r, 0]) * itemsize]
+                counts = c[:, 0] * itemsize
+                expect_g = np.empty(int(counts.sum()), np.uint8)
+                comm.Allgatherv(mine, [expect_g, counts])
+                got = zcoll.allgatherv(comm, mine.view(dt))
+                check((forced, name, dt, "allgatherv"), got, expect_g)
+                displs = np.concatenate(([0], np.cumsum(c[:-1, 0])))
+                gathered = np.zeros(int(c[:, 0].sum()), dt)
+                gathered.view(np.uint8)[displs[r] * itemsize :][: mine.size] = mine
+                zcoll.allgatherv(comm, zcoll.IN_PLACE, [gathered, c[:, 0]])
+                check((forced, name, dt, "allgatherv in place"), gathered, expect_g)
+            # a neighbourhood call on a periodic ring (blocks to both sides, across nodes)
+            ring = comm.Create_cart([p], periods=[True])
+            k = 5 + ring.rank
+            send = np.arange(2 * 40, dtype=np.int32).reshape(2, 40) + 1000 * ring.rank
+            sc = [k % 40, (k + 3) % 40]
+            below, above = ring.Shift(0, 1)
+            rc = [(5 + below + 3) % 40, (5 + above) % 40]
+            expect = np.zeros(80, np.int32)
+            ring.Neighbor_alltoallv([send, (sc, [0, 40])], [expect, (rc, [0, 40])])
+            got = np.zeros(80, np.int32)
+            zcoll.neighbor_alltoallv(ring, [send, (sc, [0, 40])], [got, (rc, [0, 40])])
+            check((forced, name, "neighbor_alltoallv"), got, expect)
+            ring.Free()
+    _aggregated.force(None)
+    # Counts that differ across nodes (last rank expects one more from rank 0, on both sides of
+    # the pack limit): every rank raises, no receive buffer is touched, the comm still works.
+    p, r = world.size, world.rank
+    errors = []
+    for extra in (1, _aggregated.AGGREGATE_MAX_BLOCK):
+        sc = np.full(p, 2)
+        sc[-1] = extra if r == 0 else 2
+        rc = np.full(p, 2)
+        rc[0] = extra + 1 if r == p - 1 else 2
+        send = np.ones(int(sc.sum()), np.uint8)
+        recv = np.full(int(rc.sum()), 7, np.uint8)
+        try:
+            zcoll.alltoallv(world, [send, sc], [recv, rc])
+            errors.append("no error")
+        except ValueError as exc:
+            errors.append("counts differ" in str(exc) and bool((recv == 7).all()))
+    out = zcoll.alltoallv(world, [np.full(p, r, np.int64), np.ones(p, int)],
+                          [np.zeros(p, np.int64), np.ones(p, int)])  # fmt: skip
+    errors.append(bool((out == np.arange(p)).all()))
+    if errors != [True, True, True]:
+        bad.append(("errors", errors))
+    everyone = world.gather(bad, root=0)
+    if world.rank == 0:
+        failed = [b for rank_bad in everyone for b in rank_bad]
+        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+    """
+)
+
 CONFIGS = [(4, 1), (4, 2), (5, 2), (5, 3), (6, 2), (6, 3), (8, 2), (8, 3)]
 
 
@@ -166,6 +266,25 @@ def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 
+V_CONFIGS = [(4, 2), (5, 2), (6, 3), (8, 3)]
+
+
+@alone
+@pytest.mark.parametrize(
+    ("ranks", "node", "sender"),
+    [(p, k, "cpp") for p, k in V_CONFIGS] + [(5, 2, "mpi4py")],
+    ids=[f"P{p}-node{k}" for p, k in V_CONFIGS] + ["P5-node2-mpi4py"],
+)
+def test_irregular_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
+    """alltoallv (and in place), allgatherv (and in place) and a ring's neighbor_alltoallv
+    across nodes, bit for bit against mpi4py: random counts with empty and odd blocks and
+    blocks at and just past the pack limit, on WORLD, a dup and a split with reversed keys;
+    the size rule, everything carried in the round, everything rank to rank. Then counts that
+    differ between nodes (a small block and one past the limit): every rank raises ValueError,
+    no receive buffer touched, the communicator works afterwards."""
+    assert _run(tmp_path, V_CHECK_JOB, ranks, node, sender=sender) == "OK"
+
+
 @alone
 @pytest.mark.parametrize(
     ("ranks", "node", "sender"),
@@ -187,7 +306,7 @@ def test_calls_that_differ_between_nodes(tmp_path, ranks, node, sender):
 
 KILL_JOB = textwrap.dedent(
     """
-    import os, signal, sys
+    import os, signal, sys, time
     import numpy as np
     from mpi4py import MPI
     import zcoll
@@ -209,19 +328,32 @@ KILL_JOB = textwrap.dedent(
             return exchange(ctx, *args)
         return exchange_or_die
 
-    if path == "round":  # the aggregated round: mpi4py's sender, the extension's (one call
-        senders = ("_exchange_messages", "_bounded_in_cpp")  # for the whole round: before it)
-    else:  # rank to rank, after the round of records
+    if path in ("round", "v-round"):  # the aggregated round: mpi4py's sender, the extension's
+        senders = ("_exchange_messages", "_bounded_in_cpp")  # (one call for the whole round:
+    else:  # rank to rank, after the round of records          before it)
         _aggregated.force(False)
         senders = ("exchange_buffers",)
     for sender in senders:
         setattr(_context.Context, sender, dying(getattr(_context.Context, sender)))
+    collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
+    # With the extension's sender an alltoallv is one crossing from its first call on: die
+    # just before it.
+    die_before = path == "v-round" and os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
     try:
         for calls in range(200):
-            zcoll.alltoall(comm, send, recv)
+            if die_before and calls == 50 and rank == victim:
+                os.kill(os.getpid(), signal.SIGKILL)
+            collective(comm, send, recv)
             assert (recv[:, 0] == np.arange(p)).all()
     except zcoll.PeerError as exc:
-        os.write(1, f"<<PEERERROR rank={rank} call={calls} {exc}>>".encode())
+        start = time.monotonic()  # the next call raises at once
+        try:
+            collective(comm, send, recv)
+            again = "returned"
+        except zcoll.PeerError as later:
+            again = "at-once" if time.monotonic() - start < 1 else "late"
+            again += "-unusable" if "unusable" in str(later) else ""
+        os.write(1, f"<<PEERERROR rank={rank} call={calls} again={again} {exc}>>".encode())
         os._exit(3)
     os.write(1, f"<<DONE rank={rank}>>".encode())
     """
@@ -229,13 +361,15 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
-@pytest.mark.parametrize("path", ["round", "direct"])
+@pytest.mark.parametrize("path", ["round", "direct", "v-round"])
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
     SIGKILLs itself after packing, before sending (path "round"; with the C++ sender, whose
-    round is one call of the extension, just before that call), or, blocks going rank to
-    rank, before sending its blocks (path "direct"). Its node-mate sees it die; rank 0, which
+    round is one call of the extension, just before that call; "v-round": the same in an
+    alltoallv's round, which with the C++ sender is one crossing from Python: just before the
+    call), or, blocks going rank to rank, before sending its blocks (path
+    "direct"). Its node-mate sees it die; rank 0, which
     waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
     0 leaves (or its own wait gives up). No rank finishes, no segment is left in /dev/shm."""
     if not is_open_mpi():
@@ -251,12 +385,14 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     assert len(pids) == 4, proc.stdout + proc.stderr
     assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
     assert "<<DONE" not in proc.stdout
-    found = re.findall(r"<<PEERERROR rank=(\d) call=(\d+) (.*?)>>", proc.stdout, re.S)
-    reports = {rank: text for rank, _, text in found}
+    found = re.findall(r"<<PEERERROR rank=(\d) call=(\d+) again=(\S+) (.*?)>>", proc.stdout, re.S)
+    reports = {rank: text for rank, _, _, text in found}
+    again = {rank: later for rank, _, later, _ in found}
+    assert set(again.values()) == {"at-once-unusable"}, again
     assert set(reports) == {"0", "1", "3"}, proc.stdout + proc.stderr
     # Rank 3 finishes call 50 when its blocks go rank to rank, and meets the death in call 51.
-    calls = {rank: int(call) for rank, call, _ in found}
-    assert calls == {"0": 50, "1": 50, "3": 50 if path == "round" else 51}, proc.stdout
+    calls = {rank: int(call) for rank, call, _, _ in found}
+    assert calls == {"0": 50, "1": 50, "3": 51 if path == "direct" else 50}, proc.stdout
     assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
     assert re.search(r"rank\(s\) \[2\] did not take part within 5", reports["0"]), reports["0"]
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "bindings.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
+#include "rounds.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
 #ifdef ZCOLL_HAVE_MPI
@@ -183,8 +185,14 @@ std::optional<std::string> option_error(const py::object& order, const py::objec
 // Python path raises the error on every rank).
 namespace fast_path {
 
-std::unordered_map<long long, std::shared_ptr<node_context>>& contexts() {
-  static auto* table = new std::unordered_map<long long, std::shared_ptr<node_context>>();
+// A registered communicator: its context, and its route when it spans several nodes.
+struct entry {
+  std::shared_ptr<node_context> ctx;
+  std::optional<nodes_route> route;
+};
+
+std::unordered_map<long long, entry>& contexts() {
+  static auto* table = new std::unordered_map<long long, entry>();
   return *table;  // leaked: contexts may still be registered at interpreter teardown
 }
 
@@ -212,15 +220,15 @@ int code_of(PyObject* name, PyObject* auto_str, int auto_code) {
 // table (a context registered, or gone when its communicator is freed) forgets it.
 struct last_call {
   PyObject* comm = nullptr;
-  std::shared_ptr<node_context> ctx;
+  entry found;
   void forget() {
     Py_CLEAR(comm);
-    ctx.reset();
+    found = {};
   }
-  void remember(PyObject* c, std::shared_ptr<node_context> context) {
+  void remember(PyObject* c, entry e) {
     Py_INCREF(c);
     Py_XSETREF(comm, c);
-    ctx = std::move(context);
+    found = std::move(e);
   }
 };
 
@@ -229,7 +237,7 @@ last_call& last() {
   return *cache;
 }
 
-std::shared_ptr<node_context> context_by_handle(PyObject* comm) {
+const entry* entry_by_handle(PyObject* comm) {
   static PyObject* handle_attr = PyUnicode_InternFromString("handle");
   PyObject* handle = PyObject_GetAttr(comm, handle_attr);
   if (!handle) {
@@ -244,23 +252,38 @@ std::shared_ptr<node_context> context_by_handle(PyObject* comm) {
   }
   auto& table = contexts();
   const auto it = table.find(key);
-  return it == table.end() ? nullptr : it->second;
+  return it == table.end() ? nullptr : &it->second;
 }
 
-std::shared_ptr<node_context> context_of(PyObject* comm) {
+const entry& entry_of(PyObject* comm) {
   last_call& cached = last();
-  if (comm == cached.comm) return cached.ctx;
-  auto ctx = context_by_handle(comm);
-  if (ctx) cached.remember(comm, ctx);
-  return ctx;
+  if (comm == cached.comm) return cached.found;
+  static const entry none;
+  const entry* found = entry_by_handle(comm);
+  if (!found) return none;
+  cached.remember(comm, *found);
+  return cached.found;
 }
 
-void register_context(long long handle, std::shared_ptr<node_context> ctx) {
+// A context on one node only: the calls that take no route.
+std::shared_ptr<node_context> context_of(PyObject* comm) {
+  const entry& e = entry_of(comm);
+  return e.route ? nullptr : e.ctx;
+}
+
+void register_context(long long handle, std::shared_ptr<node_context> ctx,
+                      std::optional<std::tuple<std::uintptr_t, int, int, int>> route) {
   last().forget();
-  if (ctx)
-    contexts()[handle] = std::move(ctx);
-  else
+  if (!ctx) {
     contexts().erase(handle);
+    return;
+  }
+  entry e{std::move(ctx), std::nullopt};
+  if (route) {
+    const auto& [comm, rank, tag, window] = *route;
+    e.route = nodes_route{comm, rank, tag, window};
+  }
+  contexts()[handle] = std::move(e);
 }
 
 PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -300,8 +323,25 @@ PyMethodDef fast_collective_def = {
 
 }  // namespace
 
+#ifdef ZCOLL_HAVE_MPI
+void finish_round_by_mpi(node_context& ctx, node_messages& round, std::uintptr_t comm, int rank,
+                         int tag, int window, double timeout, const std::string& what) {
+  const message_round_options options = round_options(timeout, what, tag, window);
+  exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank, options);
+  ctx.barrier();  // every message of the node received
+  round.finish();
+}
+#endif
+
 std::shared_ptr<node_context> registered_context(PyObject* comm) {
   return fast_path::context_of(comm);
+}
+
+std::shared_ptr<node_context> registered_route(PyObject* comm, nodes_route& route) {
+  const fast_path::entry& e = fast_path::entry_of(comm);
+  if (!e.route) return nullptr;
+  route = *e.route;
+  return e.ctx;
 }
 
 int order_code(PyObject* name) {
@@ -429,13 +469,9 @@ void register_exchange(py::module_& m) {
           [](node_context& ctx, const py::bytes& record, const py::object& send,
              const py::object& recv, int order, int copy, std::uintptr_t comm, int rank, int tag,
              int window, double timeout, const std::string& what) {
-            const message_round_options options = round_options(timeout, what, tag, window);
             node_messages& round = begin_round(ctx, record, send, recv, order, copy);
             py::gil_scoped_release release;
-            exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank,
-                              options);
-            ctx.barrier();  // every message of the node received
-            round.finish();
+            finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout, what);
             return round.packed();
           },
           py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
@@ -450,9 +486,13 @@ void register_exchange(py::module_& m) {
           "nodes_finish",
           [](node_context& ctx) {
             py::gil_scoped_release release;
-            ctx.between_nodes(node_map{}).finish();
+            node_messages& round = ctx.between_nodes(node_map{});
+            round.finish();
+            return round.direct_blocks();
           },
-          "Collective (node): the verdict over every rank's record, then phase 3 if packed.")
+          "Collective (node): the verdict over every rank's record, then phase 3 if packed. "
+          "Returns, after an irregular round, how many of this rank's blocks between nodes it "
+          "did not carry (to go rank to rank); else 0.")
       .def(
           "record",
           [](const node_context& ctx, const std::string& op, const py::object& send,
@@ -534,9 +574,11 @@ void register_exchange(py::module_& m) {
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
   m.def("register_fast", &fast_path::register_context, py::arg("handle"),
-        py::arg("context").none(true),
-        "Local: fast_collective runs calls on the communicator with this MPI handle on `context` "
-        "(None: no longer).");
+        py::arg("context").none(true), py::arg("route") = py::none(),
+        "Local: fast_collective and its kin run calls on the communicator with this MPI handle "
+        "on `context` (None: no longer). route: (private dup's handle, rank, tag, window) of a "
+        "communicator on several nodes whose messages between nodes go from C++: then only "
+        "fast_irregular takes it.");
   m.add_object("fast_collective",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                    &fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));

@@ -4,7 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "arrays.hpp"
@@ -12,9 +14,14 @@
 #include "fast_path.hpp"
 #include "gil.hpp"
 #include "plans.hpp"
+#include "rounds.hpp"
+#include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/vexchange.hpp"
 #include "zcoll/vplan.hpp"
+#ifdef ZCOLL_HAVE_MPI
+#include "zcoll/mpi_messages.hpp"
+#endif
 
 namespace py = pybind11;
 
@@ -104,6 +111,67 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
   call.send = &send_view;
   return f(call);
 }
+
+// The largest block an irregular call on several nodes carries in its round (negative: none);
+// zcoll._aggregated.force sets it, for tests and benchmarks.
+std::int64_t& pack_limit() {
+  static std::int64_t limit = static_cast<std::int64_t>(irregular_pack_bytes);
+  return limit;
+}
+
+#ifdef ZCOLL_HAVE_MPI
+constexpr int direct_tag = 0x7AFF;  // blocks rank to rank after an irregular round (one tag)
+
+// The blocks of an irregular call that its round did not carry, rank to rank (all posted at
+// once; the k-th between two ranks matches the k-th). In place (swap) the blocks sent are
+// copied first: receives overwrite them. GIL released by the caller.
+void exchange_direct(const node_messages& round, v_in_place in_place, const nodes_route& route,
+                     double timeout, const std::string& what) {
+  std::vector<peer_buffer> in, out;
+  std::vector<std::vector<std::byte>> saved;
+  for (const auto& b : round.direct_recvs()) in.push_back({b.peer, direct_tag, b.data, b.bytes});
+  for (const auto& b : round.direct_sends()) {
+    std::byte* data = b.data;
+    if (in_place == v_in_place::swap) data = saved.emplace_back(b.data, b.data + b.bytes).data();
+    out.push_back({b.peer, direct_tag, data, b.bytes});
+  }
+  message_round_options options;
+  options.timeout_s = timeout;
+  options.what = what + " (blocks between nodes)";
+  exchange_buffers(comm_from_handle(route.comm), in, out, route.rank, options);
+}
+
+// An irregular call on several nodes, whole, with the messages from C++: the round (every
+// rank's record and counts checked, the blocks up to the pack limit carried), the node's part,
+// then the larger blocks rank to rank. `call` nullptr: this rank's arguments could not be
+// converted (`record` says why; the round raises it on every rank). A peer_error marks the
+// rounds failed (every later call raises at once), as the Python path's break_context does.
+void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const call_record& record,
+                      const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  const std::int64_t limit = pack_limit();
+  const double timeout = ctx.protocol().barrier().options().timeout_s;
+  const std::string what = "zcoll." + std::string(name_of(op));
+  try {
+    {
+      gil_released_on_block gil(ctx, call ? call->recv->nbytes : 0);
+      round.begin_irregular(record, call, limit >= 0,
+                            static_cast<std::uint64_t>(std::max<std::int64_t>(limit, 0)));
+    }
+    py::gil_scoped_release release;
+    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
+                        what + " (messages between nodes)");
+    if (!call) return;  // unreachable: the round raised this rank's error
+    ctx.irregular().run(*call);
+    if (round.direct_blocks()) exchange_direct(round, call->in_place, route, timeout, what);
+  } catch (const wait_interrupted&) {
+    throw;
+  } catch (const peer_error& e) {
+    if (round.failure().empty()) round.mark_failed(e.what());
+    throw;
+  }
+}
+#endif
 
 // --- the one-crossing path -------------------------------------------------------------------
 // fast_irregular parses mpi4py's buffer specifications itself, in the forms programs use on
@@ -272,7 +340,9 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   try {
     const op_code op = irregular_op(static_cast<int>(PyLong_AsLong(args[0])));
-    const auto ctx = registered_context(args[1]);
+    nodes_route route;
+    auto ctx = registered_context(args[1]);
+    const bool across_nodes = !ctx && (ctx = registered_route(args[1], route));
     const int order = order_code(args[4]), copy = copy_code(args[5]);
     if (!ctx || order == no_option_code || copy == no_option_code || args[3] == Py_None ||
         ctx->closed())
@@ -306,7 +376,11 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       send_view = view_of(send_array);
       call.send = &send_view;
     }
-    {
+    if (across_nodes) {
+#ifdef ZCOLL_HAVE_MPI
+      run_across_nodes(*ctx, op, &call, vx.describe(call), route);
+#endif
+    } else {
       gil_released_on_block gil(*ctx, recv_view.nbytes);
       vx.run(call);
     }
@@ -353,6 +427,36 @@ std::unique_ptr<bound_vplan> make_vplan(const std::shared_ptr<node_context>& ctx
   return bound;
 }
 
+// Phase 1 of an irregular round (node_messages::begin_irregular) for the Python arguments, then
+// `then(round)` while the arrays' views are alive. The record is this rank's call's, or the
+// conversion's error.
+template <class Then>
+void begin_irregular_round(node_context& ctx, int code, int pattern, const py::object& send,
+                           const py::object& recv, int in_place, const counts_array& sc,
+                           const counts_array& sd, const counts_array& rc, const counts_array& rd,
+                           int order, int copy, bool carry, std::uint64_t pack_max, Then&& then) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  with_call(
+      code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
+      [&](const v_call& call) {
+        const call_record record = ctx.irregular().describe(call);
+        {
+          gil_released_on_block gil(ctx, call.recv->nbytes);
+          round.begin_irregular(record, &call, carry, pack_max);
+        }
+        then(round);
+      },
+      [&](const std::string& why) {
+        const call_record record =
+            error_record(arg_error::type, call_prefix(irregular_op(code)) + why);
+        {
+          py::gil_scoped_release release;
+          round.begin_irregular(record, nullptr, carry, pack_max);
+        }
+        then(round);
+      });
+}
+
 }  // namespace
 
 void register_vexchange(py::module_& m) {
@@ -361,17 +465,29 @@ void register_vexchange(py::module_& m) {
   cls.def(
       "v_pattern",
       [](node_context& ctx, const std::vector<edges_array>& sends,
-         const std::vector<edges_array>& recvs, int role) {
+         const std::vector<edges_array>& recvs, int role, const std::vector<edges_array>& all_sends,
+         const std::vector<edges_array>& all_recvs) {
         const auto& cr = ctx.config().comm_ranks;
         v_pattern p = match_edges(edge_lists(sends), edge_lists(recvs), cr);
+        if (!all_sends.empty() || !all_recvs.empty()) {
+          std::vector<int> everyone(all_sends.size());
+          for (std::size_t r = 0; r < everyone.size(); ++r) everyone[r] = static_cast<int>(r);
+          v_pattern whole = match_edges(edge_lists(all_sends), edge_lists(all_recvs), everyone);
+          p.all_send_blocks = std::move(whole.send_blocks);
+          p.all_recv_blocks = std::move(whole.recv_blocks);
+          p.all_tuples = std::move(whole.tuples);
+        }
         py::gil_scoped_release release;
         return ctx.irregular().add_pattern(std::move(p), role);
       },
       py::arg("sends"), py::arg("recvs"), py::arg("role") = v_exchange::no_role,
+      py::arg("all_sends") = std::vector<edges_array>{},
+      py::arg("all_recvs") = std::vector<edges_array>{},
       "Collective: registers the pattern of the node ranks' send and receive lists (one (k, 2) "
       "array of (communicator rank, tag) per node rank); returns its id. role: 0 for "
       "alltoallv/allgatherv, 1 for the topology's neighbour calls (what fast_irregular runs), "
-      "-1 none.");
+      "-1 none. On several nodes, all_sends and all_recvs: every communicator rank's lists, "
+      "for the rounds between nodes.");
   cls.def(
       "vexchange",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
@@ -395,31 +511,92 @@ void register_vexchange(py::module_& m) {
       "elements, one per list entry); raises on every rank when any rank's arguments are invalid "
       "or the ranks' counts disagree.");
   cls.def(
-      "v_record",
+      "nodes_v_begin",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy) {
-        return record_bytes(with_call(
-            code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
-            [&](const v_call& call) { return ctx.irregular().describe(call); },
-            [&](const std::string& why) {
-              return error_record(arg_error::type, call_prefix(irregular_op(code)) + why);
-            }));
+         const counts_array& rd, int order, int copy, bool carry, std::uint64_t pack_max) {
+        begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
+                              carry, pack_max, [](node_messages&) {});
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
-      py::arg("recv_displs"), py::arg("order"), py::arg("copy"),
-      "Local: this rank's call record of such a call, for agree() across nodes.");
-  m.def(
-      "match_edges",
-      [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs,
-         const std::vector<int>& comm_ranks) {
-        v_pattern p = match_edges(edge_lists(sends), edge_lists(recvs), comm_ranks);
-        return py::make_tuple(tuple_array(p.tuples), p.send_blocks, p.recv_blocks);
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"),
+      py::arg("pack_max"),
+      "Collective (node): phase 1 of an irregular call's round between nodes (aggregate.hpp): "
+      "this rank's record and counts, with `carry` its blocks of at most pack_max bytes. The "
+      "receive array must stay alive until nodes_finish.");
+#ifdef ZCOLL_HAVE_MPI
+  cls.def(
+      "nodes_v_round",
+      [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
+         int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
+         const counts_array& rd, int order, int copy, bool carry, std::uint64_t pack_max,
+         std::uintptr_t comm, int rank, int tag, int window, double timeout,
+         const std::string& what) {
+        std::size_t direct = 0;
+        begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
+                              carry, pack_max, [&](node_messages& round) {
+                                py::gil_scoped_release release;
+                                finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout,
+                                                    what);
+                                direct = round.direct_blocks();
+                              });
+        return direct;
       },
-      py::arg("sends"), py::arg("recvs"), py::arg("comm_ranks"),
-      "The 4-tuples (src, dst, send block, receive block) in positions of comm_ranks, and each "
-      "rank's list lengths, of the ranks' send and receive lists ((k, 2) arrays of (peer, tag)).");
+      py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
+      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"),
+      py::arg("pack_max"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
+      py::arg("timeout"), py::arg("what"),
+      "Collective (node): a whole irregular round between nodes in one call (nodes_v_begin, the "
+      "messages by MPI from C++, the node barrier, nodes_finish). Returns how many of this "
+      "rank's blocks between nodes the round did not carry (to go rank to rank).");
+  cls.def(
+      "nodes_v_call",
+      [](const std::shared_ptr<node_context>& ctx, int code, int pattern, const py::object& send,
+         const py::object& recv, int in_place, const counts_array& sc, const counts_array& sd,
+         const counts_array& rc, const counts_array& rd, int order, int copy, std::uintptr_t comm,
+         int rank, int tag, int window) {
+        const nodes_route route{comm, rank, tag, window};
+        const op_code op = irregular_op(code);
+        with_call(
+            code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
+            [&](const v_call& call) {
+              run_across_nodes(*ctx, op, &call, ctx->irregular().describe(call), route);
+            },
+            [&](const std::string& why) {
+              run_across_nodes(*ctx, op, nullptr,
+                               error_record(arg_error::type, call_prefix(op) + why), route);
+            });
+      },
+      py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
+      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("comm"), py::arg("rank"),
+      py::arg("tag"), py::arg("window"),
+      "Collective (communicator): an irregular call on several nodes, whole, with the messages "
+      "from C++ -- the round (every rank's record and counts checked, the blocks up to the pack "
+      "limit carried), the node's part, the larger blocks rank to rank -- the GIL released "
+      "while it waits.");
+#endif
+  cls.def_property_readonly(
+      "nodes_failure", [](node_context& ctx) { return ctx.between_nodes(node_map{}).failure(); },
+      "After setup_nodes: why a round between nodes failed ('' if none); every later round "
+      "raises PeerError at once.");
+  cls.def(
+      "nodes_fail",
+      [](node_context& ctx, std::string why) {
+        ctx.between_nodes(node_map{}).mark_failed(std::move(why));
+      },
+      py::arg("why"),
+      "After setup_nodes: marks the rounds between nodes failed (see nodes_failure).");
+  m.def(
+      "set_irregular_pack_limit",
+      [](std::int64_t bytes) { return std::exchange(pack_limit(), bytes); }, py::arg("bytes"),
+      "Local: the largest block an irregular call on several nodes carries in its round "
+      "(negative: none; default 64 KiB); the same on every rank. Returns the previous value.");
+  m.def(
+      "irregular_pack_limit", [] { return pack_limit(); },
+      "The largest block an irregular call on several nodes carries in its round.");
   m.def(
       "v_schedule",
       [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs, int order,

@@ -4,15 +4,30 @@
 
 #include <Python.h>
 
+#include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "zcoll/exchange.hpp"
 
 namespace zcoll::bind {
 
-// The context registered for communicator object `comm` (register_fast), or nullptr: then the
-// Python path must run the call.
+// Where a communicator spanning several nodes sends its messages between nodes from C++
+// (Context._p2p_handle and kin): its private dup's handle, this rank in it, the rounds' tag and
+// send window.
+struct nodes_route {
+  std::uintptr_t comm = 0;
+  int rank = 0;
+  int tag = 0;
+  int window = 1;
+};
+
+// The context registered for communicator object `comm` (register_fast) on one node, or
+// nullptr: then the Python path must run the call.
 std::shared_ptr<node_context> registered_context(PyObject* comm);
+// The context registered for `comm` with its route between nodes (a communicator on several
+// nodes, messages from C++), or nullptr.
+std::shared_ptr<node_context> registered_route(PyObject* comm, nodes_route& route);
 
 // What an order= / copy= value names (fast_collective's parsing: "auto" by identity, other
 // names parsed), or no_option_code when it names nothing.

@@ -3,12 +3,14 @@
 // definitions (message from node a to node b: q_a * q_b blocks, receiver-major).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 #include <vector>
 
 #include "zcoll/aggregate.hpp"
+#include "zcoll/vexchange.hpp"
 
 using zcoll::aggregate_copies;
 using zcoll::node_map;
@@ -131,4 +133,66 @@ TEST_CASE("message heads hold one call record per sending rank, cache-line padde
   CHECK(zcoll::message_head_bytes(1) >= sizeof(zcoll::call_record));
   CHECK(zcoll::message_head_bytes(3) >= 3 * sizeof(zcoll::call_record));
   CHECK(zcoll::message_head_bytes(3) < 3 * sizeof(zcoll::call_record) + 64);
+}
+
+TEST_CASE("irregular messages carry every pair between nodes once, receiver-major") {
+  // Lists with a repeated edge, an empty list and PROC_NULL, on nodes of uneven size.
+  const std::vector<int> leaders = {0, 0, 2, 2, 2, 5};
+  const zcoll::node_map m = zcoll::node_map::from_leaders(leaders);
+  const int p = static_cast<int>(leaders.size());
+  std::vector<std::vector<zcoll::v_edge>> sends(static_cast<std::size_t>(p)), recvs(sends.size());
+  for (int s = 0; s < p; ++s)
+    for (int d = 0; d < p; ++d)
+      if ((s + d) % 3 != 0 || s == 1) {
+        sends[static_cast<std::size_t>(s)].push_back({d, 0});
+        recvs[static_cast<std::size_t>(d)].push_back({s, 0});
+      }
+  sends[4].push_back({0, 0});  // a second block 4 -> 0
+  recvs[0].push_back({4, 0});
+  sends[3].push_back({-1, 0});  // PROC_NULL
+  std::vector<int> everyone(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) everyone[static_cast<std::size_t>(r)] = r;
+  zcoll::v_pattern pattern = zcoll::match_edges(sends, recvs, everyone);
+  pattern.all_send_blocks = pattern.send_blocks;
+  pattern.all_recv_blocks = pattern.recv_blocks;
+  pattern.all_tuples = pattern.tuples;
+  std::multiset<std::tuple<int, int, std::uint32_t, std::uint32_t>> out, in, expected;
+  for (const auto& t : pattern.all_tuples)
+    if (m.node_of[static_cast<std::size_t>(t.src)] != m.node_of[static_cast<std::size_t>(t.dst)])
+      expected.emplace(t.src, t.dst, t.send_block, t.recv_block);
+  for (int node = 0; node < m.nodes(); ++node) {
+    const zcoll::irregular_layout l = zcoll::make_irregular_layout(m, pattern, node);
+    // Counts: each node's ranks' words back to back, send list then receive list.
+    for (int k = 0; k < m.nodes(); ++k) {
+      std::size_t words = 0;
+      for (int r : m.members[static_cast<std::size_t>(k)]) {
+        CHECK(l.counts_at[static_cast<std::size_t>(r)] == words);
+        words +=
+            sends[static_cast<std::size_t>(r)].size() + recvs[static_cast<std::size_t>(r)].size();
+      }
+      CHECK(l.counts_words[static_cast<std::size_t>(k)] == words);
+    }
+    for (std::size_t step = 1; step <= l.out.size(); ++step) {
+      const int to = (node + static_cast<int>(step)) % m.nodes();
+      const int from = (node - static_cast<int>(step) + m.nodes()) % m.nodes();
+      for (const auto& t : l.out[step - 1]) {
+        CHECK(m.node_of[static_cast<std::size_t>(t.src)] == node);
+        CHECK(m.node_of[static_cast<std::size_t>(t.dst)] == to);
+        out.emplace(t.src, t.dst, t.send_block, t.recv_block);
+      }
+      for (const auto& t : l.in[step - 1]) {
+        CHECK(m.node_of[static_cast<std::size_t>(t.src)] == from);
+        CHECK(m.node_of[static_cast<std::size_t>(t.dst)] == node);
+        in.emplace(t.src, t.dst, t.send_block, t.recv_block);
+      }
+      const auto& msg = l.out[step - 1];
+      CHECK(std::is_sorted(msg.begin(), msg.end(), [](const auto& a, const auto& b) {
+        return std::tie(a.dst, a.src, a.send_block) < std::tie(b.dst, b.src, b.send_block);
+      }));
+    }
+  }
+  CHECK(out == expected);
+  CHECK(in == expected);
+  CHECK(expected.count({4, 0, static_cast<std::uint32_t>(sends[4].size() - 1),
+                        static_cast<std::uint32_t>(recvs[0].size() - 1)}) == 1);
 }

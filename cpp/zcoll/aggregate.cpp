@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "zcoll/copy.hpp"
+#include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
 
 namespace zcoll {
@@ -115,10 +116,11 @@ std::byte* node_messages::message(int owner, std::size_t offset) const {
   return messages_->partition(owner) + offset;
 }
 
-// Offsets of this node's outgoing and incoming messages (payloads of `block`-byte blocks, or
-// heads only when 0) in their owners' partitions of the message segment; makes the partitions
-// large enough (collective: the same sizes on every node rank).
-void node_messages::plan_messages(std::size_t block) {
+// Offsets of this node's outgoing and incoming messages (of `out_bytes[k]` and `in_bytes[k]`
+// bytes, to node + k + 1 and from node - k - 1) in their owners' partitions of the message
+// segment; makes the partitions large enough (collective: the same sizes on every node rank).
+void node_messages::plan_messages(std::span<const std::size_t> out_bytes,
+                                  std::span<const std::size_t> in_bytes) {
   const int n = nodes_.nodes();
   const int here = nodes_.ranks_on(me_node_);
   const int me = ctx_.config().rank;
@@ -127,30 +129,24 @@ void node_messages::plan_messages(std::size_t block) {
   in_offset_.assign(static_cast<std::size_t>(n - 1), 0);
   out_.clear();
   in_.clear();
-  auto payload = [&](int other) {
-    return static_cast<std::size_t>(here) * static_cast<std::size_t>(nodes_.ranks_on(other)) *
-           block;
-  };
   for (int step = 1; step < n; ++step) {
     const auto k = static_cast<std::size_t>(step - 1);
     const int to = (me_node_ + step) % n;
     const int from = (me_node_ - step + n) % n;
-    const std::size_t out_bytes = message_head_bytes(here) + payload(to);
-    const std::size_t in_bytes = message_head_bytes(nodes_.ranks_on(from)) + payload(from);
     const int out_owner = nodes_.sender(me_node_, to);
     const int in_owner = nodes_.receiver(from, me_node_);
     out_offset_[k] = used[static_cast<std::size_t>(out_owner)];
-    used[static_cast<std::size_t>(out_owner)] += rounded(out_bytes);
+    used[static_cast<std::size_t>(out_owner)] += rounded(out_bytes[k]);
     in_offset_[k] = used[static_cast<std::size_t>(in_owner)];
-    used[static_cast<std::size_t>(in_owner)] += rounded(in_bytes);
+    used[static_cast<std::size_t>(in_owner)] += rounded(in_bytes[k]);
     const auto& to_ranks = nodes_.members[static_cast<std::size_t>(to)];
     const auto& from_ranks = nodes_.members[static_cast<std::size_t>(from)];
     if (out_owner == me)
       out_.push_back({to, to_ranks[static_cast<std::size_t>(nodes_.receiver(me_node_, to))],
-                      nullptr, out_bytes});
+                      nullptr, out_bytes[k]});
     if (in_owner == me)
       in_.push_back({from, from_ranks[static_cast<std::size_t>(nodes_.sender(from, me_node_))],
-                     nullptr, in_bytes});
+                     nullptr, in_bytes[k]});
   }
   const std::size_t need = *std::max_element(used.begin(), used.end());
   if (!messages_ || messages_->partition_bytes < need) {
@@ -168,9 +164,21 @@ void node_messages::plan_messages(std::size_t block) {
   }
 }
 
+void node_messages::check_unbroken() const {
+  if (!failure_.empty())
+    throw peer_error(
+        "zcoll: this communicator's zcoll context is unusable after an earlier failure: " +
+        failure_);
+}
+
 void node_messages::begin(const call_record& record, const alltoall_data* data) {
+  check_unbroken();
   begun_ = false;
   aggregate_ = false;
+  pattern_ = nullptr;
+  layout_ = nullptr;
+  direct_sends_.clear();
+  direct_recvs_.clear();
   op_ = record.call.op;
   const auto& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
@@ -214,12 +222,21 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
     for (int j = 0; j < cfg.size; ++j)
       staged_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
   }
-  plan_messages(aggregate_ ? block_ : 0);
-  for (const node_message& m : out_) {  // the node's records, in the messages this rank sends
-    for (int j = 0; j < cfg.size; ++j)
-      std::memcpy(m.data + static_cast<std::size_t>(j) * sizeof(call_record),
-                  &protocol.slot(j).record, sizeof(call_record));
+  const int n = nodes_.nodes();
+  std::vector<std::size_t> out_bytes(static_cast<std::size_t>(n - 1));
+  std::vector<std::size_t> in_bytes(static_cast<std::size_t>(n - 1));
+  const std::size_t block = aggregate_ ? block_ : 0;
+  for (int step = 1; step < n; ++step) {
+    const auto k = static_cast<std::size_t>(step - 1);
+    const int to = (me_node_ + step) % n, from = (me_node_ - step + n) % n;
+    const auto here = static_cast<std::size_t>(cfg.size);
+    out_bytes[k] =
+        message_head_bytes(cfg.size) + here * static_cast<std::size_t>(nodes_.ranks_on(to)) * block;
+    in_bytes[k] = message_head_bytes(nodes_.ranks_on(from)) +
+                  here * static_cast<std::size_t>(nodes_.ranks_on(from)) * block;
   }
+  plan_messages(out_bytes, in_bytes);
+  write_heads(all, 0);
   // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
   if (aggregate_) {
     const bool alone = widest_message_blocks_ * block_ <= sender_packs_bytes_;
@@ -227,6 +244,17 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
     if (!alone) protocol.sync();
   }
   begun_ = true;
+}
+
+void node_messages::write_heads(const call_protocol::published& all, std::size_t parity) {
+  call_protocol& protocol = ctx_.protocol();
+  const int size = ctx_.config().size;
+  for (const node_message& m : out_) {
+    for (int j = 0; j < size; ++j)
+      std::memcpy(m.data + static_cast<std::size_t>(j) * sizeof(call_record),
+                  &protocol.slot(j).record, sizeof(call_record));
+    if (layout_) write_counts(m.data + message_head_bytes(size), all, parity);
+  }
 }
 
 void node_messages::pack(const collective_args& args, const call_protocol::published& all,
@@ -296,7 +324,10 @@ void node_messages::finish() {
                             in_offset_[static_cast<std::size_t>(step - 1)]));
   }
   agree(records, op_);
-  if (aggregate_) unpack();
+  if (pattern_)
+    finish_irregular(records);
+  else if (aggregate_)
+    unpack();
 }
 
 void node_messages::unpack() {

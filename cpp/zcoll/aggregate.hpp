@@ -29,13 +29,26 @@
  * then q_a * q_b blocks, receiver-major (the blocks for b's node rank 0 from a's ranks 0..q_a-1
  * first), so each receiver's blocks are contiguous. Messages live in a shared segment of their
  * own, in the partitions of the ranks that send or receive them.
+ *
+ * Irregular calls (alltoallv, allgatherv, neighbour collectives: vexchange.hpp) use the same
+ * round. The head also carries the counts of a's ranks (bytes of every entry of each rank's send
+ * list, then of its receive list), so after the round every rank holds every rank's counts and
+ * checks every pair -- the same verdict everywhere, with no extra round. The payload is the
+ * blocks from a's ranks to b's ranks of at most `pack_max` bytes, receiver-major (then sender,
+ * then list order); larger ones go rank to rank after the round (the caller's part). Each rank
+ * packs its own blocks (its own buffer: no staging) and unpacks its own, after the verdict; one
+ * node barrier after packing, none when nothing is packed. A message's size follows from the
+ * counts, so the receiver expects what its own ranks' counts say; counts that differ between
+ * nodes make a message of another size, received whole, and the check then raises.
  */
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -43,6 +56,7 @@
 #include "zcoll/protocol.hpp"
 #include "zcoll/registry.hpp"
 #include "zcoll/schedule.hpp"
+#include "zcoll/vexchange.hpp"
 
 namespace zcoll {
 
@@ -93,6 +107,22 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 // barrier it costs.
 inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 
+// Largest block an irregular call across nodes carries in its round's messages by default
+// (larger ones go rank to rank): the alltoall's rule (zcoll._aggregated.AGGREGATE_MAX_BLOCK).
+inline constexpr std::uint64_t irregular_pack_bytes = 64 * 1024;
+
+// One irregular pattern's messages as node `node` sees them: where each rank's counts sit in its
+// node's head (words of 8 bytes after the records: send list's, then receive list's), and the
+// tuples (communicator ranks) of each message this node sends or receives, in payload order
+// (receiver, then sender, then the pattern's order).
+struct irregular_layout {
+  std::vector<std::size_t> counts_at;         // per communicator rank: its first word
+  std::vector<std::size_t> counts_words;      // per node: words of its ranks' counts
+  std::vector<std::vector<v_tuple>> out, in;  // per step - 1: to node + step, from node - step
+};
+// `pattern` must hold the communicator's lists and tuples (all_send_blocks and kin).
+irregular_layout make_irregular_layout(const node_map& nodes, const v_pattern& pattern, int node);
+
 // A message this rank sends or receives in phase 2.
 struct node_message {
   int node = 0;  // the other node
@@ -141,9 +171,48 @@ class node_messages {
   // none), then, when begin() packed, phase 3.
   void finish();
 
+  // Collective (node): phase 1 of an irregular call's round. `call` nullptr: this rank's
+  // arguments could not be converted (its `record` says why). Every rank's counts go into the
+  // heads when every node rank's local checks passed on the same pattern; with `carry`, the
+  // blocks of at most `pack_max` bytes are packed too. finish() then checks every pair's counts
+  // and unpacks this rank's blocks. The call's receive buffer must stay alive until finish().
+  void begin_irregular(const call_record& record, const v_call* call, bool carry,
+                       std::uint64_t pack_max);
+  // After finish() of an irregular round: this rank's blocks to or from other nodes that the
+  // round did not carry (non-empty, above pack_max, or all without carry) -- the caller sends
+  // and receives them rank to rank. Both lists follow the pattern's tuple order, so the k-th
+  // block between two ranks is the k-th on both sides (one tag serves them all). The sends
+  // point into the send buffer (in place: the receive buffer, which a receive overwrites).
+  struct direct_block {
+    int peer = 0;  // communicator rank
+    std::byte* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::span<const direct_block> direct_sends() const noexcept { return direct_sends_; }
+  std::span<const direct_block> direct_recvs() const noexcept { return direct_recvs_; }
+  std::size_t direct_blocks() const noexcept { return direct_sends_.size() + direct_recvs_.size(); }
+
+  // A round failed (a peer died or never came, peer_error): every later round throws at once,
+  // naming `why`.
+  void mark_failed(std::string why) { failure_ = std::move(why); }
+  const std::string& failure() const noexcept { return failure_; }
+
  private:
+  const irregular_layout& layout_for(int pattern);
+  // Bytes of the head of a message from `node` in an irregular round of `layout`.
+  std::size_t irregular_head_bytes(const irregular_layout& layout, int node) const noexcept;
+  // Sizes the messages of a round: per step - 1, the outgoing and incoming bytes.
+  void plan_messages(std::span<const std::size_t> out_bytes, std::span<const std::size_t> in_bytes);
+  // The heads of the messages this rank sends: the node's records, in an irregular round whose
+  // ranks all counted also their counts (the published metadata of `parity`).
+  void write_heads(const call_protocol::published& all, std::size_t parity);
+  // Every node rank's counts (bytes of its send list's entries, then its receive list's), as
+  // published at `parity`, into a head's counts.
+  void write_counts(std::byte* into, const call_protocol::published& all, std::size_t parity) const;
+  // Irregular finish: every rank's counts from the heads, every pair checked, then this rank's
+  // blocks unpacked.
+  void finish_irregular(const std::vector<call_record>& records);
   std::byte* message(int owner, std::size_t offset) const;
-  void plan_messages(std::size_t block);
   // Resolves the node's buffers (staging private ones) and packs phase 1's blocks: those of the
   // messages this rank sends (`alone`), or an equal share of all.
   void pack(const collective_args& args, const call_protocol::published& all,
@@ -172,6 +241,17 @@ class node_messages {
   block_order order_ = block_order::morton;
   int copy_ = 0;
   void* user_recv_ = nullptr;
+  // Irregular rounds:
+  std::map<int, irregular_layout> layouts_;
+  const irregular_layout* layout_ = nullptr;  // this round's, when every node rank counted
+  const v_pattern* pattern_ = nullptr;
+  bool carry_ = false;
+  std::uint64_t pack_max_ = 0;
+  std::vector<v_span> my_send_, my_recv_;    // this rank's blocks
+  const std::byte* my_send_base_ = nullptr;  // where my_send_ lies (in place: the receive buffer)
+  std::vector<direct_block> direct_sends_, direct_recvs_;
+  std::string failure_;
+  void check_unbroken() const;
 };
 
 }  // namespace zcoll

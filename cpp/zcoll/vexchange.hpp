@@ -57,6 +57,7 @@
 namespace zcoll {
 
 class node_context;
+class node_messages;
 struct data_segment;
 
 // One block copy of an irregular collective: block `send_block` of node rank `src`'s send
@@ -88,6 +89,11 @@ struct v_pattern {
   std::vector<std::uint32_t> send_blocks;  // per node rank: entries of its send list
   std::vector<std::uint32_t> recv_blocks;  // per node rank: entries of its receive list
   std::vector<v_tuple> tuples;             // node-local pairs (node ranks), unordered
+  // On a communicator spanning several nodes, for the rounds between nodes (aggregate.hpp):
+  // every communicator rank's list lengths and every pair's tuple (src, dst: communicator
+  // ranks), in match_edges' order. Empty on one node.
+  std::vector<std::uint32_t> all_send_blocks, all_recv_blocks;
+  std::vector<v_tuple> all_tuples;
 };
 
 // Matches, for every pair with both ends on this node, the k-th send edge from s to d of tag t
@@ -183,7 +189,8 @@ class v_exchange {
   call_record describe(const v_call& call) const;
 
  private:
-  friend class v_plan;  // a persistent call runs the same steps once (vplan.hpp)
+  friend class v_plan;         // a persistent call runs the same steps once (vplan.hpp)
+  friend class node_messages;  // a round between nodes checks and publishes calls alike
   struct checked_call {
     std::vector<v_span> send, recv;  // this rank's blocks, in bytes
     std::uint64_t send_extent = 0, recv_extent = 0;

@@ -30,6 +30,7 @@ __all__ = [
     "exchange_remote",
     "force",
     "messages_per_call",
+    "pack_limit",
     "remote_blocks",
     "remote_ranks",
 ]
@@ -46,6 +47,7 @@ _P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private
 AGGREGATE_MAX_BLOCK = 65536
 
 _forced: bool | None = None
+_EVERYTHING = 2**63 - 1
 
 
 def force(aggregate: bool | None) -> bool | None:
@@ -55,7 +57,17 @@ def force(aggregate: bool | None) -> bool | None:
     rank, between collectives)."""
     global _forced
     previous, _forced = _forced, aggregate
+    if aggregate is None:
+        _core.set_irregular_pack_limit(AGGREGATE_MAX_BLOCK)
+    else:
+        _core.set_irregular_pack_limit(_EVERYTHING if aggregate else -1)
     return previous
+
+
+def pack_limit() -> int:
+    """Largest block (bytes) an irregular call across nodes carries in its round's messages:
+    the size rule, or what `force` set (everything, or -1: nothing)."""
+    return _core.irregular_pack_limit()
 
 
 def messages_per_call(nodes: list[int], aggregate: bool) -> int:

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import weakref
-from typing import Callable, NoReturn
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -33,6 +33,12 @@ __all__ = [
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
 _NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
+# The engine's arguments of an irregular call (NodeContext.vexchange): op code, pattern, send
+# and receive buffers, in-place code, send counts and displacements, receive counts and
+# displacements, order and copy codes.
+VCallArgs = tuple[
+    int, int, Any, np.ndarray, int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int
+]
 
 
 _live_contexts: weakref.WeakSet[Context] = weakref.WeakSet()
@@ -166,7 +172,6 @@ class Context:
         if self.multi_node:
             leaders_comm = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, key=self.rank)
             self.leaders = None if leaders_comm == MPI.COMM_NULL else leaders_comm
-        self._broken = ""  # why the multi-node path failed, if it did
         # The NUMA node each node rank runs on (hwloc, or the ZCOLL_TOPOLOGY placement).
         self.numa_nodes = tuple(numa for numa, _, _ in places)
         self.core = _core.NodeContext(
@@ -220,8 +225,16 @@ class Context:
         }
         # The one-crossing path (_core.fast_collective) serves this communicator's calls
         # unless they need Python: online tuning, or blocks between nodes.
-        fast = not self.online and not self.multi_node
-        _core.register_fast(self.handle, self.core if fast else None)
+        # On several nodes only the irregular collectives take it, with the route of their
+        # messages between nodes, and only when the extension sends them.
+        sender = self._p2p_handle
+        if self.online or (self.multi_node and sender is None):
+            _core.register_fast(self.handle, None)
+        elif sender is not None:
+            route = (sender, self.rank, _NODE_TAG, self._send_window)
+            _core.register_fast(self.handle, self.core, route)
+        else:
+            _core.register_fast(self.handle, self.core)
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""
@@ -286,11 +299,45 @@ class Context:
             self.core.nodes_begin(record)
         else:
             self.core.nodes_begin(record, *alltoall)
+        return self._round_by_mpi4py(what)[0]
+
+    def v_round(self, opname: str, args: VCallArgs, carry: bool, pack_max: int) -> int:
+        """Multi-node only: the round between nodes of an irregular call (aggregate.hpp).
+        Every rank's call record and counts reach every rank, and every rank raises the same
+        error -- any rank's argument error, or counts that differ between a sender and its
+        receiver -- or goes on. With `carry`, the blocks between nodes of at most `pack_max`
+        bytes travel in the round and are in the receive buffer after it. `args`: the
+        engine's vexchange arguments. Returns how many of this rank's blocks between nodes
+        the round did not carry (they go rank to rank)."""
+        self.check_unbroken()
+        what = f"zcoll.{opname} (messages between nodes)"
+        if self._p2p_handle is not None:  # the whole round in one call of the extension
+            return self._bounded_in_cpp(
+                self.core.nodes_v_round, *args, carry, pack_max, self._p2p_handle, self.rank,
+                _NODE_TAG, self._send_window, get_timeout(), what,
+            )  # fmt: skip
+        self.core.nodes_v_begin(*args, carry, pack_max)
+        return self._round_by_mpi4py(what)[1]
+
+    def v_call(self, args: VCallArgs) -> bool:
+        """Multi-node: where the extension sends the messages between nodes, an irregular call
+        whole in one call of it (the round, the node's part, the larger blocks rank to rank;
+        `args`: the engine's vexchange arguments) and True; else False, having done nothing."""
+        if self._p2p_handle is None:
+            return False
+        self.check_unbroken()
+        self._bounded_in_cpp(
+            self.core.nodes_v_call, *args, self._p2p_handle, self.rank, _NODE_TAG,
+            self._send_window,
+        )  # fmt: skip
+        return True
+
+    def _round_by_mpi4py(self, what: str) -> tuple[bool, int]:
+        """The rest of a begun round with mpi4py's messages: (packed, direct blocks)."""
         outgoing, incoming, packed = self.core.nodes_messages()
         self._exchange_messages(what, outgoing, incoming)
         self.core.barrier()  # every message of the node received
-        self.core.nodes_finish()
-        return packed
+        return packed, self.core.nodes_finish()
 
     def _bounded_in_cpp(self, wait: Callable, *args):
         """Runs `wait`, an exchange between nodes in the extension (the GIL released, bounded
@@ -416,15 +463,17 @@ class Context:
             time.sleep(0 if waited < 0.01 else 1e-3)
 
     def break_context(self, why: str) -> NoReturn:
-        """A multi-node wait failed: every later call on this context raises at once."""
-        self._broken = why
+        """A multi-node wait failed: every later call on this context raises at once (the
+        failure is kept in the engine, which the one-crossing path also asks)."""
+        if not self.core.nodes_failure:
+            self.core.nodes_fail(why)
         raise _core.PeerError(why)
 
     def check_unbroken(self) -> None:
-        if self._broken:
+        if self.multi_node and (why := self.core.nodes_failure):
             raise _core.PeerError(
                 "zcoll: this communicator's zcoll context is unusable after an earlier failure: "
-                + self._broken
+                + why
             )
 
     def p2p_comm(self) -> MPI.Comm:

@@ -161,7 +161,9 @@ class TransferPlan:
     @property
     def copied_bytes(self) -> int: ...
 
-def register_fast(handle: int, context: NodeContext | None) -> None: ...
+def register_fast(
+    handle: int, context: NodeContext | None, route: tuple[int, int, int, int] | None = None
+) -> None: ...
 def mpi_library_matches(version: str) -> bool: ...
 def exchange_buffers(
     comm: int,
@@ -178,9 +180,8 @@ def plan_buffers_error(sendbuf: Any, recvbuf: Any) -> str | None: ...
 def fast_irregular(
     op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
 ) -> Any: ...
-def match_edges(
-    sends: list[np.ndarray], recvs: list[np.ndarray], comm_ranks: list[int]
-) -> tuple[np.ndarray, list[int], list[int]]: ...
+def set_irregular_pack_limit(bytes: int) -> int: ...
+def irregular_pack_limit() -> int: ...
 def v_schedule(
     sends: list[np.ndarray], recvs: list[np.ndarray], order: int, in_place: int = 0
 ) -> np.ndarray: ...
@@ -236,7 +237,66 @@ class NodeContext:
         timeout: float,
         what: str,
     ) -> bool: ...
-    def nodes_finish(self) -> None: ...
+    def nodes_finish(self) -> int: ...
+    def nodes_v_begin(
+        self,
+        code: int,
+        pattern: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        in_place: int,
+        send_counts: np.ndarray,
+        send_displs: np.ndarray,
+        recv_counts: np.ndarray,
+        recv_displs: np.ndarray,
+        order: int,
+        copy: int,
+        carry: bool,
+        pack_max: int,
+    ) -> None: ...
+    def nodes_v_round(
+        self,
+        code: int,
+        pattern: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        in_place: int,
+        send_counts: np.ndarray,
+        send_displs: np.ndarray,
+        recv_counts: np.ndarray,
+        recv_displs: np.ndarray,
+        order: int,
+        copy: int,
+        carry: bool,
+        pack_max: int,
+        comm: int,
+        rank: int,
+        tag: int,
+        window: int,
+        timeout: float,
+        what: str,
+    ) -> int: ...
+    def nodes_v_call(
+        self,
+        code: int,
+        pattern: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        in_place: int,
+        send_counts: np.ndarray,
+        send_displs: np.ndarray,
+        recv_counts: np.ndarray,
+        recv_displs: np.ndarray,
+        order: int,
+        copy: int,
+        comm: int,
+        rank: int,
+        tag: int,
+        window: int,
+    ) -> None: ...
+    @property
+    def nodes_failure(self) -> str: ...
+    def nodes_fail(self, why: str) -> None: ...
     def record(
         self, op: str, sendbuf: Any, recvbuf: Any, order: int, copy: int = -1, planned: bool = False
     ) -> bytes: ...
@@ -275,7 +335,12 @@ class NodeContext:
     def reduction_cost(self, algorithm: int, nbytes: int) -> float: ...
     def barrier(self) -> None: ...
     def v_pattern(
-        self, sends: list[np.ndarray], recvs: list[np.ndarray], role: int = -1
+        self,
+        sends: list[np.ndarray],
+        recvs: list[np.ndarray],
+        role: int = -1,
+        all_sends: list[np.ndarray] = ...,
+        all_recvs: list[np.ndarray] = ...,
     ) -> int: ...
     def vexchange(
         self,
@@ -291,20 +356,6 @@ class NodeContext:
         order: int,
         copy: int,
     ) -> None: ...
-    def v_record(
-        self,
-        code: int,
-        pattern: int,
-        sendbuf: Any,
-        recvbuf: Any,
-        in_place: int,
-        send_counts: np.ndarray,
-        send_displs: np.ndarray,
-        recv_counts: np.ndarray,
-        recv_displs: np.ndarray,
-        order: int,
-        copy: int,
-    ) -> bytes: ...
     def setup_eager(self, nbytes: int) -> None: ...
     def set_wait(self, timeout: float, spin: int, yields: int, sleep_slice: float) -> None: ...
     def where(self, a: np.ndarray) -> tuple[int, int]: ...

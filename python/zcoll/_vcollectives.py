@@ -16,8 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
+from ._aggregated import pack_limit
 from ._collectives import IN_PLACE, _arena_array, option_codes
-from ._context import Context, lookup
+from ._context import Context, VCallArgs, lookup
 from ._plans import PlanMixin, RemoteRuns
 from ._registry import AUTO
 
@@ -49,35 +50,13 @@ _fast = _core.fast_irregular
 
 
 @dataclass(frozen=True)
-class _CountLayout:
-    """Where every rank's counts sit when gathered (send list's, then receive list's, rank
-    after rank): each rank's length, and per 4-tuple the positions of the count its sender
-    sends and of the one its receiver expects (_check_counts_across_nodes)."""
-
-    lengths: np.ndarray
-    sent_at: np.ndarray
-    expected_at: np.ndarray
-
-    @classmethod
-    def of(cls, all_sends, all_recvs, tuples: np.ndarray) -> _CountLayout:
-        outdegrees = np.array([len(x) for x in all_sends], np.int64)
-        lengths = outdegrees + np.array([len(x) for x in all_recvs], np.int64)
-        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        src, dst = tuples[:, 0], tuples[:, 1]
-        sent_at = starts[src] + tuples[:, 2]
-        return cls(lengths, sent_at, starts[dst] + outdegrees[dst] + tuples[:, 3])
-
-
-@dataclass(frozen=True)
 class Pattern:
-    """A communicator's pattern as this rank sees it: the engine's id for it, this rank's send
-    and receive lists as (peer, tag) pairs, and across nodes the whole communicator's tuples."""
+    """A communicator's pattern as this rank sees it: the engine's id for it, and this rank's
+    send and receive lists as (peer, tag) pairs."""
 
     id: int  # the node context's pattern id
     sends: np.ndarray  # this rank's send list, (k, 2) int32: peer (-1: PROC_NULL), tag
     recvs: np.ndarray  # this rank's receive list
-    tuples: np.ndarray | None  # the whole communicator's 4-tuples (multi-node only)
-    counts: _CountLayout | None = None  # multi-node only
 
     @property
     def outdegree(self) -> int:
@@ -149,12 +128,12 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
         all_sends = all_recvs = (lists[0],) * ctx.size
     local = list(ctx.local_ranks)
     role = _TOPOLOGY_ROLE if neighbours else _DENSE_ROLE
-    pid = ctx.core.v_pattern([all_sends[r] for r in local], [all_recvs[r] for r in local], role)
-    tuples = counts = None
-    if ctx.multi_node:
-        tuples, _, _ = _core.match_edges(list(all_sends), list(all_recvs), list(range(ctx.size)))
-        counts = _CountLayout.of(all_sends, all_recvs, tuples)
-    pattern = Pattern(pid, lists[0], lists[1], tuples, counts)
+    # Across nodes the engine also needs every rank's lists: its rounds check every pair.
+    whole = (list(all_sends), list(all_recvs)) if ctx.multi_node else ([], [])
+    pid = ctx.core.v_pattern(
+        [all_sends[r] for r in local], [all_recvs[r] for r in local], role, *whole
+    )
+    pattern = Pattern(pid, lists[0], lists[1])
     ctx.patterns[key] = pattern
     return pattern
 
@@ -292,7 +271,9 @@ class _Call:
     recv_displs: np.ndarray
 
 
-def _engine_args(opname: str, pattern: Pattern, call: _Call, code: int, copy_code: int) -> tuple:
+def _engine_args(
+    opname: str, pattern: Pattern, call: _Call, code: int, copy_code: int
+) -> VCallArgs:
     """The arguments of the engine's vexchange, v_record and VPlan for `call`."""
     return (
         _registry.OPS[opname],
@@ -309,55 +290,37 @@ def _engine_args(opname: str, pattern: Pattern, call: _Call, code: int, copy_cod
     )
 
 
-def _agree_across_nodes(ctx: Context, label: str, args: tuple, pattern: Pattern, call: _Call):
-    """Several nodes: every rank's call record agreed on, then every pair's counts checked;
-    the same error on every rank."""
-    ctx.agree(label, ctx.core.v_record(*args))
-    _check_counts_across_nodes(ctx, label, pattern, call)
-
-
 def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) -> np.ndarray:
     code, copy_code = option_codes(ctx, opname, order, copy)
     args = _engine_args(opname, pattern, call, code, copy_code)
     if not ctx.multi_node:
         ctx.core.vexchange(*args)
         return call.recv
-    _agree_across_nodes(ctx, opname, args, pattern, call)
-    outgoing = _outgoing_remote(ctx, pattern, call)
+    # The round between nodes checks every rank's call and counts and carries the blocks up
+    # to the size rule; larger ones go rank to rank after the node's part.
+    if ctx.v_call(args):  # all of it in one call of the extension
+        return call.recv
+    limit = pack_limit()
+    direct = ctx.v_round(opname, args, limit >= 0, max(limit, 0))
+    outgoing = _outgoing_remote(ctx, pattern, call, limit) if direct else []
     if call.in_place == _SWAP:  # saved: a receive overwrites them
         outgoing = [(peer, tag, block.copy()) for peer, tag, block in outgoing]
     ctx.core.vexchange(*args)
-    _exchange_remote(ctx, opname, pattern, call, outgoing)
+    if direct:
+        _exchange_remote(ctx, opname, pattern, call, outgoing, limit)
     return call.recv
 
 
-def _check_counts_across_nodes(ctx: Context, opname: str, pattern: Pattern, call: _Call) -> None:
-    """Every rank's counts, checked against every other's on every rank (the same verdict
-    everywhere, as the node's engine reaches it from its metadata)."""
-    sent = call.recv_counts if call.in_place == _SWAP else call.send_counts
-    mine = np.concatenate((sent, call.recv_counts)).astype(np.int64)
-    layout, tuples = pattern.counts, pattern.tuples
-    assert layout is not None and tuples is not None
-    everyone = np.empty(int(layout.lengths.sum()), np.int64)
-    ctx.p2p_comm().Allgatherv(mine, [everyone, layout.lengths, None, MPI.INT64_T])
-    out, expected = everyone[layout.sent_at], everyone[layout.expected_at]
-    differ = np.flatnonzero(out != expected)
-    if differ.size:
-        k = int(differ[0])
-        src, dst, sb, rb = tuples[k].tolist()
-        raise ValueError(
-            f"zcoll.{opname}: counts differ between ranks: rank {src} sends {out[k]} elements "
-            f"(its block {sb}) to rank {dst}, which expects {expected[k]} (its block {rb})"
-        )
-
-
-def _remote_entries(ctx: Context, edges: np.ndarray) -> list[tuple[int, int, int]]:
-    """(list index, peer, tag) of the entries whose peer is on another node."""
+def _remote_entries(
+    ctx: Context, edges: np.ndarray, nbytes: np.ndarray, over: int
+) -> list[tuple[int, int, int]]:
+    """(list index, peer, tag) of the entries whose peer is on another node and whose block
+    has more than `over` bytes (`nbytes`: each entry's; -1: every block, empty ones too)."""
     mine = ctx.node_of[ctx.rank]
     return [
         (i, peer, tag)
         for i, (peer, tag) in enumerate(edges.tolist())
-        if peer >= 0 and ctx.node_of[peer] != mine
+        if peer >= 0 and ctx.node_of[peer] != mine and nbytes[i] > over
     ]
 
 
@@ -366,9 +329,10 @@ def _byte_block(a: np.ndarray, displ: int, count: int) -> np.ndarray:
     return flat[displ : displ + count].view(np.uint8)
 
 
-def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
-    """(peer, tag, byte view) of the blocks this rank sends to other nodes, where they are
-    (in place swap: blocks of the receive buffer, which a receive overwrites)."""
+def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call, over: int = -1) -> list:
+    """(peer, tag, byte view) of the blocks of more than `over` bytes (-1: all) this rank sends
+    to other nodes, where they are (in place swap: blocks of the receive buffer, which a
+    receive overwrites)."""
     out = []
     if call.in_place == _SWAP:
         source, counts, displs = call.recv, call.recv_counts, call.recv_displs
@@ -377,23 +341,28 @@ def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
     else:
         source = np.ascontiguousarray(call.send)
         counts, displs = call.send_counts, call.send_displs
-    for i, peer, tag in _remote_entries(ctx, pattern.sends):
+    for i, peer, tag in _remote_entries(ctx, pattern.sends, counts * call.recv.itemsize, over):
         out.append((peer, tag, _byte_block(source, int(displs[i]), int(counts[i]))))
     return out
 
 
-def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
-    """(peer, tag, byte view) of the receive blocks that ranks on other nodes fill."""
+def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call, over: int = -1) -> list:
+    """(peer, tag, byte view) of the receive blocks of more than `over` bytes (-1: all) that
+    ranks on other nodes fill."""
+    nbytes = call.recv_counts * call.recv.itemsize
     return [
         (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
-        for i, peer, tag in _remote_entries(ctx, pattern.recvs)
+        for i, peer, tag in _remote_entries(ctx, pattern.recvs, nbytes, over)
     ]
 
 
-def _exchange_remote(ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing) -> None:
-    """Blocks to and from ranks on other nodes, by MPI point-to-point on the private dup; the
-    k-th block of a (peer, tag) matches the k-th (MPI's non-overtaking order)."""
-    incoming = _incoming_remote(ctx, pattern, call)
+def _exchange_remote(
+    ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing, over: int
+) -> None:
+    """Blocks of more than `over` bytes to and from ranks on other nodes, by MPI
+    point-to-point on the private dup; the k-th block of a (peer, tag) matches the k-th (MPI's
+    non-overtaking order)."""
+    incoming = _incoming_remote(ctx, pattern, call, over)
     ctx.exchange_buffers(
         f"zcoll.{opname} (blocks between nodes)",
         [(peer, _P2P_TAG + tag, b) for peer, tag, b in incoming],
@@ -591,13 +560,9 @@ class _MultiNodeVPlan(RemoteRuns, VPlan):
     persistent MPI point-to-point requests on the private dup, one tag range per plan."""
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
-        _agree_across_nodes(
-            ctx,
-            f"{opname}_init",
-            _engine_args(opname, pattern, call, code, copy_code),
-            pattern,
-            call,
-        )
+        # Every rank's call and every pair's counts checked once, in one round between nodes.
+        args = _engine_args(opname, pattern, call, code, copy_code)
+        ctx.v_round(f"{opname}_init", args, False, 0)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         outgoing = _outgoing_remote(ctx, pattern, call)
         self._saved = []
