@@ -109,7 +109,7 @@ ERROR_JOB = textwrap.dedent(
 
     small = np.ones((p, 2), np.int64) * rank
     # Block sizes that differ between nodes, on both sides of the aggregation limit.
-    big = _aggregated.AGGREGATE_MAX_BLOCK // 8 + 8
+    big = _aggregated.pack_limit(zcoll._context.context(world)) // 8 + 8
     n = big if rank == last else 2
     attempt("size straddles the limit", np.ones((p, n), np.int64), np.zeros((p, n), np.int64))
     n = 3 if rank == last else 2
@@ -144,9 +144,12 @@ V_CHECK_JOB = textwrap.dedent(
     comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     bad = []
 
+    # The size rule's limit (4 KiB times the smallest node's ranks, at most 64 KiB).
+    pack_limit = _aggregated.pack_limit(zcoll._context.context(world))
+
     def counts_matrix(p, itemsize, seed):
         # The same on every rank: small, empty, odd, and blocks at and just past the pack limit.
-        limit = _aggregated.AGGREGATE_MAX_BLOCK // itemsize
+        limit = pack_limit // itemsize
         rng = np.random.default_rng(seed)
         choices = np.array([0, 1, 3, 17, limit, limit + 1])
         return choices[rng.choice(6, (p, p), p=[0.2, 0.25, 0.2, 0.2, 0.075, 0.075])]
@@ -208,7 +211,7 @@ V_CHECK_JOB = textwrap.dedent(
     # the pack limit): every rank raises, no receive buffer is touched, the comm still works.
     p, r = world.size, world.rank
     errors = []
-    for extra in (1, _aggregated.AGGREGATE_MAX_BLOCK):
+    for extra in (1, pack_limit):
         sc = np.full(p, 2)
         sc[-1] = extra if r == 0 else 2
         rc = np.full(p, 2)
@@ -266,7 +269,7 @@ def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 
-V_CONFIGS = [(4, 2), (5, 2), (6, 3), (8, 3)]
+V_CONFIGS = [(4, 1), (4, 2), (5, 2), (6, 3), (8, 3)]
 
 
 @alone
@@ -328,17 +331,17 @@ KILL_JOB = textwrap.dedent(
             return exchange(ctx, *args)
         return exchange_or_die
 
-    if path in ("round", "v-round"):  # the aggregated round: mpi4py's sender, the extension's
-        senders = ("_exchange_messages", "_bounded_in_cpp")  # (one call for the whole round:
-    else:  # rank to rank, after the round of records          before it)
-        _aggregated.force(False)
-        senders = ("exchange_buffers",)
-    for sender in senders:
-        setattr(_context.Context, sender, dying(getattr(_context.Context, sender)))
+    cpp = os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
+    if path == "direct":  # rank to rank, after the round of records: from the Python path
+        _aggregated.force(False)  # (the one crossing runs it in C++, out of a hook's reach)
+        zcoll._collectives._fast = lambda *args: None
+        setattr(_context.Context, "exchange_buffers", dying(_context.Context.exchange_buffers))
+    elif not cpp:  # the aggregated round with mpi4py's sender: after packing
+        setattr(_context.Context, "_exchange_messages", dying(_context.Context._exchange_messages))
+    # With the extension's sender a call is one crossing from its second call on: die just
+    # before it.
+    die_before = path != "direct" and cpp
     collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
-    # With the extension's sender an alltoallv is one crossing from its first call on: die
-    # just before it.
-    die_before = path == "v-round" and os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
     try:
         for calls in range(200):
             if die_before and calls == 50 and rank == victim:
@@ -365,13 +368,13 @@ KILL_JOB = textwrap.dedent(
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
-    SIGKILLs itself after packing, before sending (path "round"; with the C++ sender, whose
-    round is one call of the extension, just before that call; "v-round": the same in an
-    alltoallv's round, which with the C++ sender is one crossing from Python: just before the
-    call), or, blocks going rank to rank, before sending its blocks (path
-    "direct"). Its node-mate sees it die; rank 0, which
-    waits for its message, raises PeerError once the 5 s timeout is over, and rank 1 when rank
-    0 leaves (or its own wait gives up). No rank finishes, no segment is left in /dev/shm."""
+    SIGKILLs itself in call 50: with mpi4py's sender after packing, before sending (path
+    "round"; "v-round": the same in an alltoallv's round); with the extension's, whose call
+    is one crossing, just before it; or, blocks going rank to rank (path "direct", run by the
+    Python path so that a hook can reach it), before sending its blocks. Its node-mate sees it
+    die; rank 0, which waits for its message, raises PeerError once the 5 s timeout is over,
+    and rank 1 when rank 0 leaves (or its own wait gives up); every survivor's next call
+    raises at once. No rank finishes, no segment is left in /dev/shm."""
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     job = tmp_path / "job.py"

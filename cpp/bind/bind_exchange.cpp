@@ -5,11 +5,13 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "arrays.hpp"
@@ -286,6 +288,82 @@ void register_context(long long handle, std::shared_ptr<node_context> ctx,
   contexts()[handle] = std::move(e);
 }
 
+#ifdef ZCOLL_HAVE_MPI
+constexpr int remote_tag = 0x7A0C;  // alltoall blocks rank to rank (zcoll._aggregated._P2P_TAG)
+
+// The blocks of an alltoall between this rank and the ranks on other nodes, rank to rank (in
+// place, the blocks sent are copied first: receives overwrite them). GIL released.
+void exchange_remote(node_context& ctx, const node_map& nodes, const array_view* send,
+                     const array_view& recv, const nodes_route& route, double timeout) {
+  const auto& cfg = ctx.config();
+  const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
+  if (block == 0) return;
+  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
+  const std::byte* from = static_cast<const std::byte*>(send ? send->data : recv.data);
+  std::vector<std::byte> saved;
+  if (!send) {
+    saved.assign(from, from + recv.nbytes);
+    from = saved.data();
+  }
+  std::vector<peer_buffer> in, out;
+  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
+  for (int r = 0; r < cfg.comm_size; ++r) {
+    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
+    const std::size_t at = static_cast<std::size_t>(r) * block;
+    in.push_back({r, remote_tag, into + at, block});
+    out.push_back({r, remote_tag, const_cast<std::byte*>(from) + at, block});
+  }
+  message_round_options options;
+  options.timeout_s = timeout;
+  options.what = "zcoll.alltoall (blocks between nodes)";
+  exchange_buffers(comm_from_handle(route.comm), in, out, route.rank, options);
+}
+
+// An alltoall on several nodes, whole, with the messages from C++ (the Python path's
+// alltoall_between_nodes in one crossing): the round carries every rank's record, and the
+// blocks when they are at most the pack limit; otherwise the node's part, then the blocks
+// between nodes rank to rank. A peer_error marks the rounds failed.
+void alltoall_across_nodes(node_context& ctx, const py::object& send, const py::object& recv,
+                           int order, int copy, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  const double timeout = ctx.protocol().barrier().options().timeout_s;
+  const std::string what = "zcoll.alltoall (messages between nodes)";
+  with_views(
+      send, recv,
+      [&](const array_view* send_view, const array_view& recv_view) {
+        const call_record record =
+            ctx.describe(op_code::alltoall, send_view, recv_view, order, copy);
+        const std::int64_t limit = pack_limit(round);
+        const auto block = recv_view.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
+        const bool aggregate = limit >= 0 && block <= static_cast<std::uint64_t>(limit);
+        marking_failure(round, [&] {
+          {
+            gil_released_on_block gil(ctx, recv_view.nbytes);
+            const alltoall_data data{send_view, &recv_view, order, copy};
+            round.begin(record, aggregate ? &data : nullptr);
+          }
+          py::gil_scoped_release release;
+          finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
+                              what);
+          if (round.packed()) return;
+          ctx.run(op_code::alltoall, send_view, recv_view, order, copy);  // the node's blocks
+          exchange_remote(ctx, round.nodes(), send_view, recv_view, route, timeout);
+        });
+      },
+      [&](const std::string& why) {
+        const call_record record =
+            error_record(arg_error::type, call_prefix(op_code::alltoall) + why);
+        marking_failure(round, [&] {
+          py::gil_scoped_release release;
+          round.begin(record, nullptr);
+          finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
+                              what);
+        });
+      });
+}
+#endif
+
 PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
   if (nargs != 6) {
@@ -298,12 +376,23 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "not a collective's code");
       return nullptr;
     }
-    const auto ctx = context_of(args[1]);
+    const entry& found = entry_of(args[1]);
     const int order = code_of<block_order>(args[4], auto_str, auto_order);
     const int copy = code_of<copy_mode>(args[5], auto_str, auto_copy);
-    if (!ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
-    run(*ctx, static_cast<op_code>(op), py::reinterpret_borrow<py::object>(args[2]),
-        py::reinterpret_borrow<py::object>(args[3]), order, copy);
+    if (!found.ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
+    const auto send = py::reinterpret_borrow<py::object>(args[2]);
+    const auto recv = py::reinterpret_borrow<py::object>(args[3]);
+    if (found.route) {  // several nodes: alltoall from C++; allgather's leaders are Python's
+#ifdef ZCOLL_HAVE_MPI
+      if (op != static_cast<long>(op_code::alltoall) || found.ctx->closed()) Py_RETURN_NONE;
+      const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
+      alltoall_across_nodes(*ctx, send, recv, order, copy, *found.route);
+#else
+      Py_RETURN_NONE;
+#endif
+    } else {
+      run(*found.ctx, static_cast<op_code>(op), send, recv, order, copy);
+    }
     Py_INCREF(args[3]);
     return args[3];
   } catch (...) {
@@ -322,6 +411,17 @@ PyMethodDef fast_collective_def = {
 }  // namespace fast_path
 
 }  // namespace
+
+int& aggregation_mode() {
+  static int mode = 0;
+  return mode;
+}
+
+std::int64_t pack_limit(const node_messages& round) {
+  if (aggregation_mode() != 0)
+    return aggregation_mode() > 0 ? std::numeric_limits<std::int64_t>::max() : -1;
+  return static_cast<std::int64_t>(round.max_aggregated_block());
+}
 
 #ifdef ZCOLL_HAVE_MPI
 void finish_round_by_mpi(node_context& ctx, node_messages& round, std::uintptr_t comm, int rank,
@@ -455,6 +555,11 @@ void register_exchange(py::module_& m) {
           py::arg("order") = 0, py::arg("copy") = 0,
           "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
           "(an alltoall), its blocks are packed when the node's records allow.")
+      .def_property_readonly(
+          "nodes_pack_limit",
+          [](node_context& ctx) { return pack_limit(ctx.between_nodes(node_map{})); },
+          "After setup_nodes: the largest block a call across nodes carries in its round "
+          "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).")
       .def(
           "nodes_messages",
           [](node_context& ctx) {
@@ -571,6 +676,13 @@ void register_exchange(py::module_& m) {
         return record_bytes(r);
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
+  m.def(
+      "set_aggregation", [](int mode) { return std::exchange(aggregation_mode(), mode); },
+      py::arg("mode"),
+      "Local, the same on every rank: calls across nodes carry their blocks in the round by the "
+      "size rule (0), always (1) or never (-1). Returns the previous mode.");
+  m.attr("AGGREGATE_MAX_BLOCK") = aggregate_max_block;
+  m.attr("AGGREGATE_UNIT_BLOCK") = aggregate_unit_block;
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
   m.def("register_fast", &fast_path::register_context, py::arg("handle"),

@@ -112,13 +112,6 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
   return f(call);
 }
 
-// The largest block an irregular call on several nodes carries in its round (negative: none);
-// zcoll._aggregated.force sets it, for tests and benchmarks.
-std::int64_t& pack_limit() {
-  static std::int64_t limit = static_cast<std::int64_t>(irregular_pack_bytes);
-  return limit;
-}
-
 #ifdef ZCOLL_HAVE_MPI
 constexpr int direct_tag = 0x7AFF;  // blocks rank to rank after an irregular round (one tag)
 
@@ -149,10 +142,10 @@ void exchange_direct(const node_messages& round, v_in_place in_place, const node
 void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const call_record& record,
                       const nodes_route& route) {
   node_messages& round = ctx.between_nodes(node_map{});
-  const std::int64_t limit = pack_limit();
+  const std::int64_t limit = pack_limit(round);
   const double timeout = ctx.protocol().barrier().options().timeout_s;
   const std::string what = "zcoll." + std::string(name_of(op));
-  try {
+  marking_failure(round, [&] {
     {
       gil_released_on_block gil(ctx, call ? call->recv->nbytes : 0);
       round.begin_irregular(record, call, limit >= 0,
@@ -164,12 +157,7 @@ void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const c
     if (!call) return;  // unreachable: the round raised this rank's error
     ctx.irregular().run(*call);
     if (round.direct_blocks()) exchange_direct(round, call->in_place, route, timeout, what);
-  } catch (const wait_interrupted&) {
-    throw;
-  } catch (const peer_error& e) {
-    if (round.failure().empty()) round.mark_failed(e.what());
-    throw;
-  }
+  });
 }
 #endif
 
@@ -589,14 +577,6 @@ void register_vexchange(py::module_& m) {
       },
       py::arg("why"),
       "After setup_nodes: marks the rounds between nodes failed (see nodes_failure).");
-  m.def(
-      "set_irregular_pack_limit",
-      [](std::int64_t bytes) { return std::exchange(pack_limit(), bytes); }, py::arg("bytes"),
-      "Local: the largest block an irregular call on several nodes carries in its round "
-      "(negative: none; default 64 KiB); the same on every rank. Returns the previous value.");
-  m.def(
-      "irregular_pack_limit", [] { return pack_limit(); },
-      "The largest block an irregular call on several nodes carries in its round.");
   m.def(
       "v_schedule",
       [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs, int order,

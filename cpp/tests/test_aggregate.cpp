@@ -196,3 +196,18 @@ TEST_CASE("irregular messages carry every pair between nodes once, receiver-majo
   CHECK(expected.count({4, 0, static_cast<std::uint32_t>(sends[4].size() - 1),
                         static_cast<std::uint32_t>(recvs[0].size() - 1)}) == 1);
 }
+
+TEST_CASE("the size rule grows with the smallest node, up to its cap") {
+  using zcoll::node_map;
+  const auto rule = [](std::vector<int> leaders) {
+    return zcoll::max_aggregated_block(node_map::from_leaders(leaders));
+  };
+  CHECK(rule({0, 1}) == 4096);                        // nodes of one rank
+  CHECK(rule({0, 0, 2, 2}) == 2 * 4096);              // nodes of 2
+  CHECK(rule({0, 0, 0, 3, 3}) == 2 * 4096);           // uneven: the smallest node counts
+  CHECK(rule({0, 0, 0, 0, 4, 4, 4, 4}) == 4 * 4096);  // nodes of 4
+  CHECK(rule({0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8}) == 8 * 4096);
+  std::vector<int> wide(64, 0);  // nodes of 32: the cap
+  for (int r = 32; r < 64; ++r) wide[static_cast<std::size_t>(r)] = 32;
+  CHECK(rule(wide) == 64 * 1024);
+}

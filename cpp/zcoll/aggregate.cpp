@@ -112,6 +112,12 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
   widest_message_blocks_ *= static_cast<std::size_t>(cfg.size);
 }
 
+std::uint64_t max_aggregated_block(const node_map& nodes) noexcept {
+  std::uint64_t q = nodes.node_of.size();
+  for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
+  return std::min(aggregate_max_block, aggregate_unit_block * q);
+}
+
 std::byte* node_messages::message(int owner, std::size_t offset) const {
   return messages_->partition(owner) + offset;
 }

@@ -107,9 +107,22 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 // barrier it costs.
 inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 
-// Largest block an irregular call across nodes carries in its round's messages by default
-// (larger ones go rank to rank): the alltoall's rule (zcoll._aggregated.AGGREGATE_MAX_BLOCK).
-inline constexpr std::uint64_t irregular_pack_bytes = 64 * 1024;
+// The size rule of a call across nodes: the largest block it carries in the round's messages
+// (an alltoall aggregates up to it, an irregular call packs its blocks up to it); larger ones go
+// rank to rank after the round. Aggregating saves messages (all but one per node pair: on
+// nodes of one rank only the round of records) and costs a copy on each side plus the node's
+// coordination, so the limit grows with the smallest node: aggregate_unit_block * q, at most
+// aggregate_max_block. Measured with virtual nodes (zcoll.bench alltoall --between-nodes,
+// xn:aggregated against xn:direct, blocks rank to rank from C++, 2-vCPU VM): nodes of 1 (P = 2)
+// aggregated faster up to 4 KiB, rank to rank 1.1-3.6x faster from 8 KiB; nodes of 2 (P = 4,
+// oversubscribed, three runs) aggregated faster up to 4 KiB, either way at 8-16 KiB, rank to
+// rank up to 4.6x faster from 32 KiB. The cap: on 16 real cores (nodes of 2 and 4; rank to
+// rank from Python then, session 11) aggregated was faster up to 64 KiB.
+inline constexpr std::uint64_t aggregate_unit_block = 4 * 1024;
+inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
+// The size rule on `nodes`: aggregate_unit_block times the smallest node's ranks, at most
+// aggregate_max_block.
+std::uint64_t max_aggregated_block(const node_map& nodes) noexcept;
 
 // One irregular pattern's messages as node `node` sees them: where each rank's counts sit in its
 // node's head (words of 8 bytes after the records: send list's, then receive list's), and the
@@ -148,6 +161,10 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
+  // The size rule for this communicator's nodes (max_aggregated_block).
+  std::uint64_t max_aggregated_block() const noexcept {
+    return zcoll::max_aggregated_block(nodes_);
+  }
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
   // node sends; with `data` on every node rank and records that match on the node (an alltoall
   // whose local checks passed), the blocks bound for other nodes are packed too. Never throws

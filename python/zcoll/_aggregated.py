@@ -10,7 +10,8 @@ point-to-point exchange, N * (N - 1) messages instead of P * (P - P/N); phase 3 
 checks every rank's record -- so the check across nodes costs no extra round -- and copies the
 node-local and the received blocks into the receive buffers.
 
-Blocks larger than `AGGREGATE_MAX_BLOCK` are not packed (a copy that saves nothing once
+Blocks larger than the size rule's limit (`pack_limit`: 4 KiB times the smallest node's ranks, at
+most 64 KiB) are not packed (a copy that saves nothing once
 messages are large): the round then carries the records only, and after the node-local part
 the blocks between nodes go rank to rank. Either way nothing is written into a receive buffer
 before every rank of every node is known to have valid, matching arguments.
@@ -26,6 +27,7 @@ from ._context import Context
 
 __all__ = [
     "AGGREGATE_MAX_BLOCK",
+    "AGGREGATE_UNIT_BLOCK",
     "alltoall_between_nodes",
     "exchange_remote",
     "force",
@@ -41,13 +43,14 @@ COPY_CODES = _registry.COPY_CODES
 IN_PLACE = MPI.IN_PLACE
 _P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private dup
 
-#: Largest block (bytes) an alltoall across nodes packs into one message per node pair
-#: (measured with virtual nodes of 2 on 2 cores, P = 4 and 8: aggregated faster up to 64 KiB,
-#: rank to rank at 256 KiB; README "Across nodes").
-AGGREGATE_MAX_BLOCK = 65536
+#: The size rule (the engine's, aggregate.hpp): a call across nodes carries in its round's
+#: messages -- an alltoall aggregates, an irregular call packs -- the blocks of at most
+#: ``AGGREGATE_UNIT_BLOCK * q`` bytes, q the ranks of the smallest node, and at most
+#: ``AGGREGATE_MAX_BLOCK``; larger ones go rank to rank (README "Across nodes").
+AGGREGATE_UNIT_BLOCK: int = _core.AGGREGATE_UNIT_BLOCK
+AGGREGATE_MAX_BLOCK: int = _core.AGGREGATE_MAX_BLOCK
 
 _forced: bool | None = None
-_EVERYTHING = 2**63 - 1
 
 
 def force(aggregate: bool | None) -> bool | None:
@@ -57,17 +60,14 @@ def force(aggregate: bool | None) -> bool | None:
     rank, between collectives)."""
     global _forced
     previous, _forced = _forced, aggregate
-    if aggregate is None:
-        _core.set_irregular_pack_limit(AGGREGATE_MAX_BLOCK)
-    else:
-        _core.set_irregular_pack_limit(_EVERYTHING if aggregate else -1)
+    _core.set_aggregation(0 if aggregate is None else 1 if aggregate else -1)
     return previous
 
 
-def pack_limit() -> int:
-    """Largest block (bytes) an irregular call across nodes carries in its round's messages:
-    the size rule, or what `force` set (everything, or -1: nothing)."""
-    return _core.irregular_pack_limit()
+def pack_limit(ctx: Context) -> int:
+    """Largest block (bytes) a call on the multi-node context `ctx` carries in its round's
+    messages: the size rule, or what `force` set (everything, or -1: nothing)."""
+    return ctx.core.nodes_pack_limit
 
 
 def messages_per_call(nodes: list[int], aggregate: bool) -> int:
@@ -84,7 +84,7 @@ def messages_per_call(nodes: list[int], aggregate: bool) -> int:
 
 def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     """One alltoall on a multi-node context: aggregated (the blocks travel in the round that
-    carries the call records) up to `AGGREGATE_MAX_BLOCK`, else the round carries the records
+    carries the call records) up to the size rule's limit, else the round carries the records
     only and the blocks go rank to rank after the node-local part."""
 
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
@@ -94,7 +94,8 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
         ctx.fail(ALLTOALL, ValueError(_core.option_error(order, copy)))
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
-    aggregate = block <= AGGREGATE_MAX_BLOCK if _forced is None else _forced
+    limit = pack_limit(ctx)
+    aggregate = 0 <= limit and block <= limit
     data = (send, recvbuf, code, copy_code) if aggregate else None
     if ctx.node_round(ALLTOALL, record, data):
         return

@@ -300,7 +300,7 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
     # to the size rule; larger ones go rank to rank after the node's part.
     if ctx.v_call(args):  # all of it in one call of the extension
         return call.recv
-    limit = pack_limit()
+    limit = pack_limit(ctx)
     direct = ctx.v_round(opname, args, limit >= 0, max(limit, 0))
     outgoing = _outgoing_remote(ctx, pattern, call, limit) if direct else []
     if call.in_place == _SWAP:  # saved: a receive overwrites them

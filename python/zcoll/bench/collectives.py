@@ -162,20 +162,27 @@ def internode_methods() -> list[ZcollMethod]:
     return methods
 
 
+#: The irregular collectives' methods added on a communicator spanning several nodes with
+#: --between-nodes: every block between nodes carried in the round's messages, or every one
+#: rank to rank (the size rule picks per block; aggregate.hpp).
+IRREGULAR_AGGREGATION_METHODS = (
+    ZcollMethod("xn:aggregated", AUTO, AUTO, aggregate=True),
+    ZcollMethod("xn:direct", AUTO, AUTO, aggregate=False),
+)
+
 #: The alltoall methods added on a communicator spanning several nodes with --between-nodes:
 #: the blocks aggregated into one message per node pair, or rank to rank (TPDS'18 §2.5); and
 #: aggregated with each message packed by its sender alone (no barrier after packing) or by
 #: the node's ranks in shares (then a barrier), whatever the payload: both sides of the
 #: engine's threshold (aggregate.hpp's sender_packs_bytes, 64 KiB).
 AGGREGATION_METHODS = (
-    ZcollMethod("xn:aggregated", AUTO, AUTO, aggregate=True),
-    ZcollMethod("xn:direct", AUTO, AUTO, aggregate=False),
+    *IRREGULAR_AGGREGATION_METHODS,
     ZcollMethod("xn:alone", AUTO, AUTO, aggregate=True, sender_packs=2**64 - 1),
     ZcollMethod("xn:shares", AUTO, AUTO, aggregate=True, sender_packs=0),
 )
 
 
-def _aggregated_call(
+def aggregated_call(
     fn: Callable[[], object], aggregate: bool, comm: MPI.Comm, sender_packs: int | None
 ) -> Callable[[], None]:
     """`fn` run with the alltoall across nodes forced to aggregate or not, and its packing
@@ -199,13 +206,14 @@ def _aggregated_call(
 def messages_between_nodes(comm: MPI.Comm, collective: str) -> str:
     """What crosses nodes per call on `comm` (several nodes): the node sizes and, for alltoall,
     the MPI messages of each way (the round of records is one message per ordered node pair)."""
-    node_of = _context.context(comm).node_of
+    ctx = _context.context(comm)
+    node_of = ctx.node_of
     sizes = [node_of.count(leader) for leader in sorted(set(node_of))]
     text = f"{len(sizes)} nodes of {sizes} ranks; MPI messages between nodes per call: "
     if collective == ALLTOALL:
         aggregated = _aggregated.messages_per_call(sizes, aggregate=True)
         direct = _aggregated.messages_per_call(sizes, aggregate=False)
-        limit = format_size(_aggregated.AGGREGATE_MAX_BLOCK)
+        limit = format_size(_aggregated.pack_limit(ctx))
         return text + f"aggregated {aggregated} (blocks <= {limit}), direct {direct}"
     n, p = len(sizes), sum(sizes)
     return (
@@ -426,7 +434,7 @@ class BlockCase:
         for m in methods:
             if m.aggregate is not None:
                 plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
-                fn = _aggregated_call(plain, m.aggregate, comm, m.sender_packs)
+                fn = aggregated_call(plain, m.aggregate, comm, m.sender_packs)
                 self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
                 continue
             if m.internode is not None:

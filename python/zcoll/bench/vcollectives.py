@@ -39,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
+from zcoll import _context
 from zcoll._registry import (
     ALLGATHERV,
     ALLTOALLV,
@@ -52,11 +53,13 @@ from zcoll._registry import (
 from . import collectives
 from .collectives import (
     ALL_ORDERS,
+    IRREGULAR_AGGREGATION_METHODS,
     BlockCase,
     Call,
     Timer,
     add_size_options,
     add_timing_options,
+    aggregated_call,
     best_order,
     measure_block,
     parse_copy_modes,
@@ -243,6 +246,8 @@ class VCase(BlockCase):
         fn = getattr(zcoll, collective)
         for m in methods:
             call = _zcoll_call(fn, comm, zsend, zrecv, m.order, m.copy)
+            if m.aggregate is not None:  # --between-nodes: forced one way
+                call = aggregated_call(call, m.aggregate, comm, None)
             self.calls[m.name] = Call(call, (self.zsend, self.zrecv), self.zrecv)
 
 
@@ -332,6 +337,8 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
     layout = node_layout(comm)
     now, command = now_iso(), command_line(args)
     timer = Timer(bench_comm, args, layout[2])
+    if args.between_nodes and _context.context(comm).multi_node:
+        args.methods = [*args.methods, *IRREGULAR_AGGREGATION_METHODS]
     names = [m.name for m in args.methods]
     uneven = collective not in (NEIGHBOR_ALLTOALL, NEIGHBOR_ALLGATHER)
     mpi_call = f"comm.{MPI_NAMES[collective]}"
@@ -452,6 +459,13 @@ def add_vcollective_options(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=DEFAULT_SEED, help=f"of the counts (default {DEFAULT_SEED})"
     )
     add_timing_options(parser)
+    parser.add_argument(
+        "--between-nodes",
+        action="store_true",
+        help="on a communicator spanning several nodes (or virtual nodes: --virtual-node-size), "
+        "also time every block between nodes carried in the round's messages (xn:aggregated) "
+        "and every one rank to rank (xn:direct); auto follows the size rule per block",
+    )
     parser.set_defaults(persistent=False)
 
 
