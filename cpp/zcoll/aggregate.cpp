@@ -177,7 +177,7 @@ void node_messages::check_unbroken() const {
         failure_);
 }
 
-void node_messages::begin(const call_record& record, const alltoall_data* data) {
+detail::rank_line& node_messages::start_round(const call_record& record) {
   check_unbroken();
   begun_ = false;
   aggregate_ = false;
@@ -186,15 +186,21 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
   direct_sends_.clear();
   direct_recvs_.clear();
   op_ = record.call.op;
+  call_protocol& protocol = ctx_.protocol();
+  auto& line = protocol.next(op_code::none);
+  protocol.slot(ctx_.config().rank).record = record;  // the senders copy it into the heads
+  line.call = record.call;
+  line.call.target = op_code::none;  // the call's op: this rank brings data to pack
+  line.send = {};
+  line.recv = {};
+  return line;
+}
+
+void node_messages::begin(const call_record& record, const alltoall_data* data) {
+  auto& line = start_round(record);
   const auto& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
-  auto& line = protocol.next(op_code::none);
-  protocol.slot(cfg.rank).record = record;  // the senders copy it into their messages' heads
-  line.call = record.call;
-  line.call.target = op_code::none;  // op_code::alltoall: this rank brings blocks to pack
-  line.send = {};
-  line.recv = {};
   collective_args args;
   if (data && data->recv && record.call.error == arg_error::none &&
       record.call.op == op_code::alltoall) {

@@ -215,6 +215,9 @@ class node_messages {
   const std::string& failure() const noexcept { return failure_; }
 
  private:
+  // The start of every round's phase 1: the state reset, this rank's record in its slot (the
+  // senders copy it into the heads) and its descriptor line, without data (target none).
+  detail::rank_line& start_round(const call_record& record);
   const irregular_layout& layout_for(int pattern);
   // Bytes of the head of a message from `node` in an irregular round of `layout`.
   std::size_t irregular_head_bytes(const irregular_layout& layout, int node) const noexcept;

@@ -92,24 +92,12 @@ void node_messages::write_counts(std::byte* into, const call_protocol::published
 
 void node_messages::begin_irregular(const call_record& record, const v_call* call, bool carry,
                                     std::uint64_t pack_max) {
-  check_unbroken();
-  begun_ = false;
-  aggregate_ = false;
-  layout_ = nullptr;
-  direct_sends_.clear();
-  direct_recvs_.clear();
-  op_ = record.call.op;
+  auto& line = start_round(record);
   carry_ = carry;
   pack_max_ = pack_max;
   const auto& cfg = ctx_.config();
   v_exchange& vx = ctx_.irregular();
   call_protocol& protocol = ctx_.protocol();
-  auto& line = protocol.next(op_code::none);
-  protocol.slot(cfg.rank).record = record;
-  line.call = record.call;
-  line.call.target = op_code::none;  // the call's op: this rank published its blocks
-  line.send = {};
-  line.recv = {};
   const std::size_t parity = protocol.parity();
   v_exchange::checked_call mine;
   if (call && record.call.error == arg_error::none && record.call.op == call->op &&
