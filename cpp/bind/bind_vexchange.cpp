@@ -567,16 +567,20 @@ void register_vexchange(py::module_& m) {
       "while it waits.");
 #endif
   cls.def_property_readonly(
-      "nodes_failure", [](node_context& ctx) { return ctx.between_nodes(node_map{}).failure(); },
-      "After setup_nodes: why a round between nodes failed ('' if none); every later round "
+      "nodes_failure",
+      [](node_context& ctx) {
+        const node_messages* rounds = ctx.rounds();
+        return rounds ? rounds->failure() : std::string();
+      },
+      "Why a round between nodes failed ('' if none, or on one node); every later round "
       "raises PeerError at once.");
   cls.def(
       "nodes_fail",
       [](node_context& ctx, std::string why) {
-        ctx.between_nodes(node_map{}).mark_failed(std::move(why));
+        if (node_messages* rounds = ctx.rounds()) rounds->mark_failed(std::move(why));
       },
       py::arg("why"),
-      "After setup_nodes: marks the rounds between nodes failed (see nodes_failure).");
+      "Marks the rounds between nodes failed (see nodes_failure); no-op on one node.");
   m.def(
       "v_schedule",
       [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs, int order,

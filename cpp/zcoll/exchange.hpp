@@ -111,6 +111,9 @@ class node_context {
   // The rounds of messages between nodes (aggregate.hpp): every multi-node call's agreement
   // and the aggregated alltoall. Made on first use from `nodes` (ignored afterwards).
   node_messages& between_nodes(const node_map& nodes);
+  // The rounds between nodes if made (nullptr: one node, or closed), without the usability
+  // check: for what is asked about a broken or closed context (its rounds' failure).
+  node_messages* rounds() noexcept { return between_nodes_.get(); }
   // Collective: this rank found its arguments invalid; every rank throws (type from `kind`).
   [[noreturn]] void fail(arg_error kind, std::string_view message);
   // Collective: a node barrier.
