@@ -57,24 +57,6 @@ message_round_options round_options(double timeout, const std::string& what, int
   return options;
 }
 
-// [(peer, tag, C-contiguous ndarray)] as the exchange's buffers; the arrays stay alive in
-// `items` for the call.
-std::vector<peer_buffer> peer_buffers(const py::list& items, bool receive) {
-  std::vector<peer_buffer> out;
-  out.reserve(items.size());
-  for (const py::handle item : items) {
-    const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::object>>();
-    if (!py::isinstance<py::array>(buffer))
-      throw py::type_error("exchange_buffers: buffers must be numpy arrays");
-    const array_view v = view_of(py::reinterpret_borrow<py::array>(buffer));
-    if (!v.c_contiguous || (receive && !v.writeable))
-      throw std::invalid_argument(
-          "exchange_buffers: buffers must be C-contiguous (writable "
-          "to receive)");
-    out.push_back({peer, tag, static_cast<std::byte*>(const_cast<void*>(v.data)), v.nbytes});
-  }
-  return out;
-}
 #endif
 
 op_code op_named(const std::string& name) {
@@ -424,6 +406,70 @@ std::int64_t pack_limit(const node_messages& round) {
 }
 
 #ifdef ZCOLL_HAVE_MPI
+namespace {
+
+// `buffer` (a C-contiguous ndarray, writable to receive) as a buffer to or from `peer`.
+peer_buffer buffer_of(int peer, int tag, const py::object& buffer, bool receive) {
+  if (!py::isinstance<py::array>(buffer))
+    throw py::type_error("exchange_buffers: buffers must be numpy arrays");
+  const array_view v = view_of(py::reinterpret_borrow<py::array>(buffer));
+  if (!v.c_contiguous || (receive && !v.writeable))
+    throw std::invalid_argument(
+        "exchange_buffers: buffers must be C-contiguous (writable "
+        "to receive)");
+  return {peer, tag, static_cast<std::byte*>(const_cast<void*>(v.data)), v.nbytes};
+}
+
+}  // namespace
+
+std::vector<peer_buffer> peer_buffers(const py::list& items, bool receive) {
+  std::vector<peer_buffer> out;
+  out.reserve(items.size());
+  for (const py::handle item : items) {
+    const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::object>>();
+    out.push_back(buffer_of(peer, tag, buffer, receive));
+  }
+  return out;
+}
+
+remote_runs::remote_runs(std::shared_ptr<node_context> ctx, std::uintptr_t comm, int rank,
+                         const py::list& recvs, const py::list& sends, const py::list& saved,
+                         std::string what)
+    : ctx_(std::move(ctx)),
+      messages_(comm_from_handle(comm), peer_buffers(recvs, true), peer_buffers(sends, false)),
+      rank_(rank),
+      what_(std::move(what)) {
+  for (const py::handle pair : saved) {
+    const auto [copy, live] = pair.cast<std::tuple<py::object, py::object>>();
+    refresh_.emplace_back(buffer_of(0, 0, copy, true), buffer_of(0, 0, live, false));
+    if (refresh_.back().first.bytes != refresh_.back().second.bytes)
+      throw std::invalid_argument("a saved block and its live place differ in size");
+  }
+  keep_.append(recvs);
+  keep_.append(sends);
+  keep_.append(saved);
+}
+
+void remote_runs::start() {
+  if (const node_messages* rounds = ctx_->rounds()) rounds->check_unbroken();
+  for (const auto& [saved, live] : refresh_) std::memcpy(saved.data, live.data, live.bytes);
+  messages_.start();
+}
+
+bool remote_runs::failed() const {
+  const node_messages* rounds = ctx_->rounds();
+  return ctx_->broken() || (rounds && !rounds->failure().empty());
+}
+
+void remote_runs::wait() {
+  message_round_options options;
+  options.timeout_s = ctx_->protocol().barrier().options().timeout_s;
+  options.what = what_;
+  node_messages* rounds = ctx_->rounds();
+  if (!rounds) return messages_.wait(rank_, options);
+  marking_failure(*rounds, [&] { messages_.wait(rank_, options); });
+}
+
 void finish_round_by_mpi(node_context& ctx, node_messages& round, std::uintptr_t comm, int rank,
                          int tag, int window, double timeout, const std::string& what) {
   const message_round_options options = round_options(timeout, what, tag, window);

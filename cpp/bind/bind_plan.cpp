@@ -9,6 +9,7 @@
 #include "arrays.hpp"
 #include "bindings.hpp"
 #include "plans.hpp"
+#include "rounds.hpp"
 
 namespace py = pybind11;
 
@@ -72,12 +73,14 @@ void register_plan(py::module_& m) {
           py::arg("recvbuf"), py::arg("order"), py::arg("copy"))
       .def("__call__",
            [](bound_collective& b) {
-             blocking(b, [](persistent_plan& p) { p.run(); });
+             run_once(b);
              return b.recv;
            })
-      .def("start",
-           [](bound_collective& b) { blocking(b, [](persistent_plan& p) { p.start(); }); });
+      .def("start", [](bound_collective& b) { start_run(b); });
   def_plan_runs(cls);
+#ifdef ZCOLL_HAVE_MPI
+  def_remote_runs(cls);
+#endif
   cls.def_property_readonly("sendbuf", [](const bound_collective& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_collective& b) { return b.recv; })
       .def_property_readonly("op",

@@ -604,11 +604,14 @@ void register_vexchange(py::module_& m) {
            py::arg("copy"))
       .def("__call__",
            [](bound_vplan& b) {
-             blocking(b, [](v_plan& p) { p.run(); });
+             run_once(b);
              return b.recv;
            })
-      .def("start", [](bound_vplan& b) { blocking(b, [](v_plan& p) { p.start(); }); });
+      .def("start", [](bound_vplan& b) { start_run(b); });
   def_plan_runs(plan);
+#ifdef ZCOLL_HAVE_MPI
+  def_remote_runs(plan);
+#endif
   plan.def_property_readonly("sendbuf", [](const bound_vplan& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_vplan& b) { return b.recv; })
       .def_property_readonly("op", [](const bound_vplan& b) { return name_of(b.plan->op()); })

@@ -16,11 +16,23 @@
 
 namespace zcoll::bind {
 
+// What a plan on several nodes does on every run besides its node part: its blocks between
+// nodes (rounds.hpp's remote_runs), or nothing.
+struct plan_remote {
+  virtual ~plan_remote() = default;
+  virtual void start() = 0;  // before the node part starts
+  virtual void wait() = 0;   // after the node part finished; blocks (call without the GIL)
+  virtual bool test() = 0;
+  // The context failed (a peer died or never came): messages in flight may never finish.
+  virtual bool failed() const = 0;
+};
+
 // A plan and the Python objects behind its pointers.
 template <class Plan>
 struct bound_plan {
   std::unique_ptr<Plan> plan;
-  pybind11::object send;  // the array, or the in-place sentinel
+  std::unique_ptr<plan_remote> remote;  // several nodes, messages from C++: the blocks between
+  pybind11::object send;                // the array, or the in-place sentinel
   pybind11::object recv;
   pybind11::object run_send;  // arrays a started run was given in place of the plan's (or None)
   pybind11::object run_recv;
@@ -46,33 +58,77 @@ auto blocking(bound_plan<Plan>& b, Step step) {
   return step(plan);
 }
 
-// Registers what every plan class has besides its constructor, __call__ and start: wait, test,
-// free, and the run's state.
+// A run's start: the blocks between nodes first (unless the node part refuses to start: its
+// error comes before any message), then the node part.
+template <class Plan>
+void start_run(bound_plan<Plan>& b) {
+  Plan& plan = b.usable();
+  if (b.remote && !plan.active() && !plan.context()->closed() && !plan.context()->broken())
+    b.remote->start();
+  blocking(b, [](Plan& p) { p.start(); });
+}
+
+// A run's end: the node part, then the blocks between nodes.
+template <class Plan>
+void wait_run(bound_plan<Plan>& b) {
+  blocking(b, [](Plan& p) { p.wait(); });
+  if (b.remote) {
+    pybind11::gil_scoped_release release;
+    b.remote->wait();
+  }
+  b.settled();
+}
+
+// One run, whole.
+template <class Plan>
+void run_once(bound_plan<Plan>& b) {
+  if (!b.remote) {
+    blocking(b, [](Plan& p) { p.run(); });
+    return;
+  }
+  start_run(b);
+  wait_run(b);
+}
+
+// Registers what every plan class has besides its constructor, __call__ (run_once) and start
+// (start_run): wait, test, free, and the run's state.
 template <class Plan>
 void def_plan_runs(pybind11::class_<bound_plan<Plan>>& cls) {
   namespace py = pybind11;
   using bound = bound_plan<Plan>;
-  cls.def("wait",
-          [](bound& b) {
-            blocking(b, [](Plan& p) { p.wait(); });
-            b.settled();
-          })
+  auto release_all = [](bound& b) {
+    {
+      py::gil_scoped_release release;
+      b.plan->free();
+    }
+    b.remote.reset();  // its requests freed (MPI finishes any still in flight)
+    b.send = py::none();
+    b.recv = py::none();
+    b.settled();
+  };
+  cls.def("wait", [](bound& b) { wait_run(b); })
       .def("test",
            [](bound& b) {
-             const bool done = blocking(b, [](Plan& p) { return p.test(); });
+             bool done = blocking(b, [](Plan& p) { return p.test(); });
+             if (done && b.remote) done = b.remote->test();
              b.settled();
              return done;
            })
       .def("free",
-           [](bound& b) {
+           [release_all](bound& b) {
              if (b.plan->freed()) return;
-             {
-               py::gil_scoped_release release;
-               b.plan->free();
+             if (b.remote && b.remote->failed()) {
+               // Messages in flight may never finish, and MPI may still write into the
+               // arrays: the requests and the arrays they point into are kept, not freed.
+               static_cast<void>(b.remote.release());
              }
-             b.send = py::none();
-             b.recv = py::none();
-             b.settled();
+             try {  // a run whose messages are still in flight finishes first
+               if (b.remote && (b.plan->active() || !b.remote->test())) wait_run(b);
+             } catch (...) {
+               release_all(b);
+               throw;
+             }
+             release_all(b);
            })
       .def_property_readonly("active", [](const bound& b) { return b.plan->active(); })
       .def_property_readonly("freed", [](const bound& b) { return b.plan->freed(); })

@@ -1,12 +1,21 @@
 // A round between nodes (aggregate.hpp) run from the binding.
 #pragma once
 
-#include <cstdint>
-#include <string>
+#include <pybind11/pybind11.h>
 
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "plans.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
+#ifdef ZCOLL_HAVE_MPI
+#include "zcoll/mpi_messages.hpp"
+#endif
 
 namespace zcoll::bind {
 
@@ -31,6 +40,53 @@ void marking_failure(node_messages& round, Steps&& steps) {
     throw;
   }
 }
+
+#ifdef ZCOLL_HAVE_MPI
+// [(peer, tag, C-contiguous ndarray)] as the rank-to-rank paths' buffers (writable to receive);
+// the caller keeps the arrays alive.
+std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive);
+
+// The blocks between nodes of a plan on several nodes, run after run from C++: persistent MPI
+// requests on the private dup, started before the node part and waited for after it, with a
+// round's bounds (a peer_error marks the rounds failed; a failed context's plans raise at
+// start). In place, each outgoing block is refreshed from its live place before a start.
+class remote_runs final : public plan_remote {
+ public:
+  remote_runs(std::shared_ptr<node_context> ctx, std::uintptr_t comm, int rank,
+              const pybind11::list& recvs, const pybind11::list& sends, const pybind11::list& saved,
+              std::string what);
+  void start() override;
+  void wait() override;
+  bool test() override { return messages_.test(); }
+  bool failed() const override;
+
+ private:
+  std::shared_ptr<node_context> ctx_;
+  persistent_messages messages_;
+  int rank_;
+  std::string what_;
+  std::vector<std::pair<peer_buffer, peer_buffer>> refresh_;  // (saved copy, live block)
+  pybind11::list keep_;                                       // the arrays the requests point into
+};
+
+// Registers Plan._attach_remote(comm, rank, recvs, sends, saved, what): from then on the plan's
+// runs also exchange its blocks between nodes from C++ (remote_runs), in the same crossing.
+template <class Plan>
+void def_remote_runs(pybind11::class_<bound_plan<Plan>>& cls) {
+  cls.def(
+      "_attach_remote",
+      [](bound_plan<Plan>& b, std::uintptr_t comm, int rank, const pybind11::list& recvs,
+         const pybind11::list& sends, const pybind11::list& saved, std::string what) {
+        b.remote = std::make_unique<remote_runs>(b.usable().context(), comm, rank, recvs, sends,
+                                                 saved, std::move(what));
+      },
+      pybind11::arg("comm"), pybind11::arg("rank"), pybind11::arg("recvs"), pybind11::arg("sends"),
+      pybind11::arg("saved"), pybind11::arg("what"),
+      "Local, once after creation: the plan's blocks between nodes, [(peer, tag, ndarray)] "
+      "received and sent on the private dup `comm` on every run, and (saved copy, live block) "
+      "pairs refreshed before each start (in place).");
+}
+#endif
 
 #ifdef ZCOLL_HAVE_MPI
 // The rest of a begun round: this rank's messages by MPI from C++ (mpi_messages.hpp: at most

@@ -213,6 +213,8 @@ class node_messages {
   // naming `why`.
   void mark_failed(std::string why) { failure_ = std::move(why); }
   const std::string& failure() const noexcept { return failure_; }
+  // Throws peer_error ("unusable after an earlier failure") once a round failed.
+  void check_unbroken() const;
 
  private:
   // The start of every round's phase 1: the state reset, this rank's record in its slot (the
@@ -271,7 +273,6 @@ class node_messages {
   const std::byte* my_send_base_ = nullptr;  // where my_send_ lies (in place: the receive buffer)
   std::vector<direct_block> direct_sends_, direct_recvs_;
   std::string failure_;
-  void check_unbroken() const;
 };
 
 }  // namespace zcoll

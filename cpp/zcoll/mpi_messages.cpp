@@ -218,4 +218,58 @@ void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
   wait_for_all(all, wait);
 }
 
+persistent_messages::persistent_messages(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                                         std::span<const peer_buffer> sends) {
+  auto add = [&](const peer_buffer& b, bool receive) {
+    MPI_Request r;
+    if (receive)
+      MPI_Recv_init(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
+    else
+      MPI_Send_init(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
+    requests_.push_back(r);
+    peers_.push_back(b.peer);
+  };
+  try {
+    for (const peer_buffer& b : recvs) add(b, true);
+    for (const peer_buffer& b : sends) add(b, false);
+  } catch (...) {  // a count past MPI's limit: the requests made so far go
+    free_all();
+    throw;
+  }
+}
+
+persistent_messages::~persistent_messages() {
+  free_all();
+}
+
+void persistent_messages::free_all() noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized)
+    for (MPI_Request& r : requests_)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  requests_.clear();
+}
+
+void persistent_messages::start() {
+  if (!requests_.empty()) MPI_Startall(static_cast<int>(requests_.size()), requests_.data());
+}
+
+bool persistent_messages::test() {
+  int finished = 0;
+  MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &finished, MPI_STATUSES_IGNORE);
+  return finished != 0;
+}
+
+void persistent_messages::wait(int rank, const message_round_options& options) {
+  bounded_wait wait(options, rank);
+  while (!test())
+    wait.pause([&] {
+      std::vector<int> late;
+      for (std::size_t i = 0; i < requests_.size(); ++i)
+        if (!done(requests_[i])) late.push_back(peers_[i]);
+      return late;
+    });
+}
+
 }  // namespace zcoll

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "zcoll/aggregate.hpp"
 
@@ -67,5 +68,27 @@ struct peer_buffer {
 void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
                       std::span<const peer_buffer> sends, int rank,
                       const message_round_options& options);
+
+// The blocks a persistent plan exchanges between nodes on every run: MPI persistent requests
+// made once (MPI_Recv_init, MPI_Send_init on `comm`), started together and waited for with the
+// bounds and errors of exchange_messages. Freed with the object (not after MPI_Finalize).
+class persistent_messages {
+ public:
+  persistent_messages(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                      std::span<const peer_buffer> sends);
+  ~persistent_messages();
+  persistent_messages(const persistent_messages&) = delete;
+  persistent_messages& operator=(const persistent_messages&) = delete;
+
+  void start();
+  void wait(int rank, const message_round_options& options);
+  bool test();
+
+ private:
+  void free_all() noexcept;
+
+  std::vector<MPI_Request> requests_;
+  std::vector<int> peers_;
+};
 
 }  // namespace zcoll

@@ -476,6 +476,12 @@ class Context:
                 + why
             )
 
+    @property
+    def p2p_handle(self) -> int | None:
+        """The private dup's C handle when the extension sends the messages between nodes
+        (None: mpi4py sends them, or one node)."""
+        return self._p2p_handle
+
     def p2p_comm(self) -> MPI.Comm:
         """Private duplicate of the communicator for inter-node blocks."""
         assert self._p2p is not None  # made in __init__ when multi_node

@@ -52,6 +52,15 @@ class Plan:
     def __init__(
         self, context: NodeContext, op: str, sendbuf: Any, recvbuf: Any, order: int, copy: int
     ) -> None: ...
+    def _attach_remote(
+        self,
+        comm: int,
+        rank: int,
+        recvs: list[tuple[int, int, np.ndarray]],
+        sends: list[tuple[int, int, np.ndarray]],
+        saved: list[tuple[np.ndarray, np.ndarray]],
+        what: str,
+    ) -> None: ...
     def __call__(self) -> Any: ...
     def start(self) -> None: ...
     def wait(self) -> None: ...
@@ -91,6 +100,15 @@ class VPlan:
         recv_displs: np.ndarray,
         order: int,
         copy: int,
+    ) -> None: ...
+    def _attach_remote(
+        self,
+        comm: int,
+        rank: int,
+        recvs: list[tuple[int, int, np.ndarray]],
+        sends: list[tuple[int, int, np.ndarray]],
+        saved: list[tuple[np.ndarray, np.ndarray]],
+        what: str,
     ) -> None: ...
     def __call__(self) -> Any: ...
     def start(self) -> None: ...

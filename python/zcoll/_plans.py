@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._aggregated import remote_blocks, remote_ranks
+from ._aggregated import remote_blocks
 from ._collectives import _ALLGATHER, _ALLTOALL, IN_PLACE, _new_recvbuf, option_codes
 from ._context import Context, lookup
 from ._registry import AUTO
@@ -133,22 +133,53 @@ def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -
         ctx.wait_bounded(requests, f"{what} (blocks between nodes)", peers=peers)
 
 
-class RemoteRuns:
-    """What a plan spanning several nodes adds to its engine plan: persistent MPI requests for
-    the blocks between nodes, started with every run and finished with it. A class using it
-    (before the engine plan class in its bases) sets ``_ctx``, ``_requests``, ``_peers`` (the
-    rank behind each request) and ``_saved``: (copy, live block) pairs of outgoing blocks that
-    a receive overwrites (in place), refreshed before each start."""
+Blocks = list[tuple[int, int, np.ndarray]]  # (peer, tag, C-contiguous array)
+Saved = list[tuple[np.ndarray, np.ndarray]]  # (copy sent, live block) refreshed before a start
+
+
+class RemoteBlocks:
+    """What a plan spanning several nodes adds to its engine plan: its blocks between nodes,
+    received and sent on every run by persistent requests on the context's private dup. With
+    the extension's sender they run in C++, in the same crossing as the node part
+    (``_attach_remote``); `RemoteRuns` runs them with mpi4py's requests instead."""
 
     _ctx: Context
+    if TYPE_CHECKING:
+        op: str
+
+        def _attach_remote(
+            self, comm: int, rank: int, recvs: Blocks, sends: Blocks, saved: Saved, what: str
+        ) -> None: ...
+
+    def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
+        handle = self._ctx.p2p_handle
+        assert handle is not None, "the extension sends this context's messages"
+        what = f"zcoll.{self.op} plan (blocks between nodes)"
+        self._attach_remote(handle, self._ctx.rank, recvs, sends, saved, what)
+
+
+class RemoteRuns(RemoteBlocks):
+    """`RemoteBlocks` by mpi4py's persistent requests, started with every run and finished with
+    it (messages between nodes sent by mpi4py: ``ZCOLL_NODE_MESSAGES=mpi4py`` or a build
+    without MPI). A class using it puts it before the engine plan class in its bases."""
+
     _requests: list
-    _peers: list[int]
-    _saved: list[tuple[np.ndarray, np.ndarray]]
+    _peers: list[int]  # the rank behind each request
+    _saved: Saved
+
+    def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
+        comm = self._ctx.p2p_comm()
+        self._saved = saved
+        self._requests = [comm.Recv_init([b, MPI.BYTE], p, t) for p, t, b in recvs]
+        self._requests += [comm.Send_init([b, MPI.BYTE], p, t) for p, t, b in sends]
+        self._peers = [peer for peer, _, _ in recvs + sends]
 
     def start(self) -> None:
         self._ctx.check_unbroken()
-        if self.freed or self.active or self._ctx.core.closed:  # type: ignore[attr-defined]
-            super().start()  # type: ignore[misc]  # the engine's error, before any message
+        # The engine's error (freed, active, closed, a dead peer on the node) before any message.
+        core = self._ctx.core
+        if self.freed or self.active or core.closed or core.broken:  # type: ignore[attr-defined]
+            super().start()  # type: ignore[misc]
         for saved, live in self._saved:
             np.copyto(saved, live)
         if self._requests:
@@ -157,7 +188,7 @@ class RemoteRuns:
 
     def wait(self) -> None:
         super().wait()  # type: ignore[misc]
-        what = f"zcoll.{self.op} plan"  # type: ignore[attr-defined]
+        what = f"zcoll.{self.op} plan"
         finish_requests(self._ctx, self._requests, what, self._peers)
 
     def test(self) -> bool:
@@ -184,9 +215,10 @@ class RemoteRuns:
             self._saved = []
 
 
-class _MultiNodePlan(RemoteRuns, Plan):
+class _MultiNodePlan(RemoteBlocks, Plan):
     """A plan on a communicator spanning several nodes: the node part in the engine, blocks
-    between nodes by persistent MPI point-to-point requests on the context's private dup."""
+    between nodes by persistent MPI point-to-point requests on the context's private dup (from
+    C++; `_MultiNodePlanMPI4py`: from mpi4py)."""
 
     def __init__(
         self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
@@ -194,23 +226,26 @@ class _MultiNodePlan(RemoteRuns, Plan):
         record = ctx.core.record(opname, sendbuf, recvbuf, order, copy, planned=True)
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
-        self._peers = remote_ranks(ctx) * 2
-        self._saved = []
-        self._requests = self._remote_requests(ctx, opname, sendbuf, recvbuf)
+        self._connect(*self._remote_lists(ctx, opname, sendbuf, recvbuf))
 
-    def _remote_requests(self, ctx: Context, opname: str, sendbuf, recv: np.ndarray) -> list:
+    def _remote_lists(
+        self, ctx: Context, opname: str, sendbuf, recv: np.ndarray
+    ) -> tuple[Blocks, Blocks, Saved]:
         block = recv.nbytes // ctx.size
         incoming, outgoing = remote_blocks(ctx, opname, sendbuf, recv, block)
         if not incoming or block == 0:
-            return []
+            return [], [], []
+        saved: Saved = []
         if sendbuf is IN_PLACE and opname == _ALLTOALL:  # saved at start: a receive overwrites it
-            self._saved = [(live.copy(), live) for live in outgoing.values()]
-            outgoing = {r: saved for r, (saved, _) in zip(outgoing, self._saved)}
-        comm = ctx.p2p_comm()
+            saved = [(live.copy(), live) for live in outgoing.values()]
+            outgoing = {r: copy for r, (copy, _) in zip(outgoing, saved)}
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        reqs = [comm.Recv_init([b, MPI.BYTE], r, tag) for r, b in incoming.items()]
-        reqs += [comm.Send_init([outgoing[r], MPI.BYTE], r, tag) for r in incoming]
-        return reqs
+        recvs = [(r, tag, b) for r, b in incoming.items()]
+        return recvs, [(r, tag, outgoing[r]) for r in incoming], saved
+
+
+class _MultiNodePlanMPI4py(RemoteRuns, _MultiNodePlan):
+    """`_MultiNodePlan` with its blocks between nodes sent by mpi4py."""
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
@@ -221,7 +256,9 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
     code, copy_code = option_codes(ctx, label, order, copy)
     if (why := _core.plan_buffers_error(sendbuf, recvbuf)) is not None:
         ctx.fail(label, TypeError(why))
-    kind = _MultiNodePlan if ctx.multi_node else Plan
+    kind: type[Plan] = Plan
+    if ctx.multi_node:
+        kind = _MultiNodePlan if ctx.p2p_handle is not None else _MultiNodePlanMPI4py
     return kind(ctx, opname, sendbuf, recvbuf, code, copy_code)
 
 

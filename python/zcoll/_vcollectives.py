@@ -19,7 +19,7 @@ from . import _core, _registry
 from ._aggregated import pack_limit
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, VCallArgs, lookup
-from ._plans import PlanMixin, RemoteRuns
+from ._plans import PlanMixin, RemoteBlocks, RemoteRuns, Saved
 from ._registry import AUTO
 
 __all__ = [
@@ -555,9 +555,10 @@ class VPlan(PlanMixin, _core.VPlan):
         return self.op
 
 
-class _MultiNodeVPlan(RemoteRuns, VPlan):
+class _MultiNodeVPlan(RemoteBlocks, VPlan):
     """A plan spanning several nodes: the node part in the engine, blocks between nodes by
-    persistent MPI point-to-point requests on the private dup, one tag range per plan."""
+    persistent MPI point-to-point requests on the private dup, one tag range per plan (from
+    C++; `_MultiNodeVPlanMPI4py`: from mpi4py)."""
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         # Every rank's call and every pair's counts checked once, in one round between nodes.
@@ -565,16 +566,21 @@ class _MultiNodeVPlan(RemoteRuns, VPlan):
         ctx.v_round(f"{opname}_init", args, False, 0)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         outgoing = _outgoing_remote(ctx, pattern, call)
-        self._saved = []
+        saved: Saved = []
         if call.in_place == _SWAP:  # sent from copies refreshed at each start
-            self._saved = [(live.copy(), live) for _, _, live in outgoing]
-            outgoing = [(p, t, saved) for (p, t, _), (saved, _) in zip(outgoing, self._saved)]
-        comm = ctx.p2p_comm()
+            saved = [(live.copy(), live) for _, _, live in outgoing]
+            outgoing = [(p, t, copy) for (p, t, _), (copy, _) in zip(outgoing, saved)]
         base = _PLAN_TAG + (self.id % 0x1000) * 64
         incoming = _incoming_remote(ctx, pattern, call)
-        self._requests = [comm.Recv_init([b, MPI.BYTE], p, base + t) for p, t, b in incoming]
-        self._requests += [comm.Send_init([b, MPI.BYTE], p, base + t) for p, t, b in outgoing]
-        self._peers = [peer for peer, _, _ in incoming + outgoing]
+        self._connect(
+            [(p, base + t, b) for p, t, b in incoming],
+            [(p, base + t, b) for p, t, b in outgoing],
+            saved,
+        )
+
+
+class _MultiNodeVPlanMPI4py(RemoteRuns, _MultiNodeVPlan):
+    """`_MultiNodeVPlan` with its blocks between nodes sent by mpi4py."""
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
@@ -583,7 +589,9 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
     code, copy_code = option_codes(ctx, label, order, copy)
     if (why := _core.plan_buffers_error(call.send, call.recv)) is not None:
         ctx.fail(label, TypeError(why))
-    kind = _MultiNodeVPlan if ctx.multi_node else VPlan
+    kind: type[VPlan] = VPlan
+    if ctx.multi_node:
+        kind = _MultiNodeVPlan if ctx.p2p_handle is not None else _MultiNodeVPlanMPI4py
     return kind(ctx, opname, pattern, call, code, copy_code)
 
 
