@@ -5,7 +5,6 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -273,33 +272,24 @@ void register_context(long long handle, std::shared_ptr<node_context> ctx,
 #ifdef ZCOLL_HAVE_MPI
 constexpr int remote_tag = 0x7A0C;  // alltoall blocks rank to rank (zcoll._aggregated._P2P_TAG)
 
-// The blocks of an alltoall between this rank and the ranks on other nodes, rank to rank (in
-// place, the blocks sent are copied first: receives overwrite them). GIL released.
+// The blocks of an alltoall between this rank and the ranks on other nodes, rank to rank.
 void exchange_remote(node_context& ctx, const node_map& nodes, const array_view* send,
-                     const array_view& recv, const nodes_route& route, double timeout) {
+                     const array_view& recv, const nodes_route& route) {
   const auto& cfg = ctx.config();
   const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
   if (block == 0) return;
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
   auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
-  const std::byte* from = static_cast<const std::byte*>(send ? send->data : recv.data);
-  std::vector<std::byte> saved;
-  if (!send) {
-    saved.assign(from, from + recv.nbytes);
-    from = saved.data();
-  }
+  auto* from = static_cast<std::byte*>(const_cast<void*>(send ? send->data : recv.data));
   std::vector<peer_buffer> in, out;
   const int mine = nodes.node_of[static_cast<std::size_t>(me)];
   for (int r = 0; r < cfg.comm_size; ++r) {
     if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
     const std::size_t at = static_cast<std::size_t>(r) * block;
     in.push_back({r, remote_tag, into + at, block});
-    out.push_back({r, remote_tag, const_cast<std::byte*>(from) + at, block});
+    out.push_back({r, remote_tag, from + at, block});
   }
-  message_round_options options;
-  options.timeout_s = timeout;
-  options.what = "zcoll.alltoall (blocks between nodes)";
-  exchange_buffers(comm_from_handle(route.comm), in, out, route.rank, options);
+  exchange_rank_to_rank(route, in, std::move(out), !send, wait_timeout(ctx), "zcoll.alltoall");
 }
 
 // An alltoall on several nodes, whole, with the messages from C++ (the Python path's
@@ -309,28 +299,25 @@ void exchange_remote(node_context& ctx, const node_map& nodes, const array_view*
 void alltoall_across_nodes(node_context& ctx, const py::object& send, const py::object& recv,
                            int order, int copy, const nodes_route& route) {
   node_messages& round = ctx.between_nodes(node_map{});
-  const double timeout = ctx.protocol().barrier().options().timeout_s;
+  const double timeout = wait_timeout(ctx);
   const std::string what = "zcoll.alltoall (messages between nodes)";
   with_views(
       send, recv,
       [&](const array_view* send_view, const array_view& recv_view) {
         const call_record record =
             ctx.describe(op_code::alltoall, send_view, recv_view, order, copy);
-        const std::int64_t limit = pack_limit(round);
-        const auto block = recv_view.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
-        const bool aggregate = limit >= 0 && block <= static_cast<std::uint64_t>(limit);
         marking_failure(round, [&] {
           {
             gil_released_on_block gil(ctx, recv_view.nbytes);
             const alltoall_data data{send_view, &recv_view, order, copy};
-            round.begin(record, aggregate ? &data : nullptr);
+            round.begin(record, &data);  // aggregated when the size rule allows
           }
           py::gil_scoped_release release;
           finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
                               what);
           if (round.packed()) return;
           ctx.run(op_code::alltoall, send_view, recv_view, order, copy);  // the node's blocks
-          exchange_remote(ctx, round.nodes(), send_view, recv_view, route, timeout);
+          exchange_remote(ctx, round.nodes(), send_view, recv_view, route);
         });
       },
       [&](const std::string& why) {
@@ -394,17 +381,6 @@ PyMethodDef fast_collective_def = {
 
 }  // namespace
 
-int& aggregation_mode() {
-  static int mode = 0;
-  return mode;
-}
-
-std::int64_t pack_limit(const node_messages& round) {
-  if (aggregation_mode() != 0)
-    return aggregation_mode() > 0 ? std::numeric_limits<std::int64_t>::max() : -1;
-  return static_cast<std::int64_t>(round.max_aggregated_block());
-}
-
 #ifdef ZCOLL_HAVE_MPI
 namespace {
 
@@ -461,9 +437,21 @@ bool remote_runs::failed() const {
   return ctx_->broken() || (rounds && !rounds->failure().empty());
 }
 
+void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
+                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
+                           const std::string& what) {
+  std::vector<std::vector<std::byte>> copies;
+  if (copy_sends)
+    for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
+  message_round_options options;
+  options.timeout_s = timeout;
+  options.what = what + " (blocks between nodes)";
+  exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank, options);
+}
+
 void remote_runs::wait() {
   message_round_options options;
-  options.timeout_s = ctx_->protocol().barrier().options().timeout_s;
+  options.timeout_s = wait_timeout(*ctx_);
   options.what = what_;
   node_messages* rounds = ctx_->rounds();
   if (!rounds) return messages_.wait(rank_, options);
@@ -603,7 +591,7 @@ void register_exchange(py::module_& m) {
           "(an alltoall), its blocks are packed when the node's records allow.")
       .def_property_readonly(
           "nodes_pack_limit",
-          [](node_context& ctx) { return pack_limit(ctx.between_nodes(node_map{})); },
+          [](node_context& ctx) { return ctx.between_nodes(node_map{}).pack_limit(); },
           "After setup_nodes: the largest block a call across nodes carries in its round "
           "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).")
       .def(
@@ -723,7 +711,11 @@ void register_exchange(py::module_& m) {
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
   m.def(
-      "set_aggregation", [](int mode) { return std::exchange(aggregation_mode(), mode); },
+      "set_aggregation",
+      [](int mode) {
+        if (mode < -1 || mode > 1) throw std::invalid_argument("aggregation mode is -1, 0 or 1");
+        return static_cast<int>(set_aggregation(static_cast<aggregation>(mode)));
+      },
       py::arg("mode"),
       "Local, the same on every rank: calls across nodes carry their blocks in the round by the "
       "size rule (0), always (1) or never (-1). Returns the previous mode.");

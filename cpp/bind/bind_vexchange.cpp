@@ -4,7 +4,6 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,23 +114,15 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
 #ifdef ZCOLL_HAVE_MPI
 constexpr int direct_tag = 0x7AFF;  // blocks rank to rank after an irregular round (one tag)
 
-// The blocks of an irregular call that its round did not carry, rank to rank (all posted at
-// once; the k-th between two ranks matches the k-th). In place (swap) the blocks sent are
-// copied first: receives overwrite them. GIL released by the caller.
-void exchange_direct(const node_messages& round, v_in_place in_place, const nodes_route& route,
-                     double timeout, const std::string& what) {
+// The blocks of an irregular call that its round did not carry, rank to rank (the k-th between
+// two ranks matches the k-th: one tag). GIL released by the caller.
+void exchange_direct(node_context& ctx, const node_messages& round, v_in_place in_place,
+                     const nodes_route& route, const std::string& what) {
   std::vector<peer_buffer> in, out;
-  std::vector<std::vector<std::byte>> saved;
   for (const auto& b : round.direct_recvs()) in.push_back({b.peer, direct_tag, b.data, b.bytes});
-  for (const auto& b : round.direct_sends()) {
-    std::byte* data = b.data;
-    if (in_place == v_in_place::swap) data = saved.emplace_back(b.data, b.data + b.bytes).data();
-    out.push_back({b.peer, direct_tag, data, b.bytes});
-  }
-  message_round_options options;
-  options.timeout_s = timeout;
-  options.what = what + " (blocks between nodes)";
-  exchange_buffers(comm_from_handle(route.comm), in, out, route.rank, options);
+  for (const auto& b : round.direct_sends()) out.push_back({b.peer, direct_tag, b.data, b.bytes});
+  exchange_rank_to_rank(route, in, std::move(out), in_place == v_in_place::swap, wait_timeout(ctx),
+                        what);
 }
 
 // An irregular call on several nodes, whole, with the messages from C++: the round (every
@@ -142,21 +133,18 @@ void exchange_direct(const node_messages& round, v_in_place in_place, const node
 void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const call_record& record,
                       const nodes_route& route) {
   node_messages& round = ctx.between_nodes(node_map{});
-  const std::int64_t limit = pack_limit(round);
-  const double timeout = ctx.protocol().barrier().options().timeout_s;
   const std::string what = "zcoll." + std::string(name_of(op));
   marking_failure(round, [&] {
     {
       gil_released_on_block gil(ctx, call ? call->recv->nbytes : 0);
-      round.begin_irregular(record, call, limit >= 0,
-                            static_cast<std::uint64_t>(std::max<std::int64_t>(limit, 0)));
+      round.begin_irregular(record, call, true);
     }
     py::gil_scoped_release release;
-    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
-                        what + " (messages between nodes)");
+    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
+                        wait_timeout(ctx), what + " (messages between nodes)");
     if (!call) return;  // unreachable: the round raised this rank's error
     ctx.irregular().run(*call);
-    if (round.direct_blocks()) exchange_direct(round, call->in_place, route, timeout, what);
+    if (round.direct_blocks()) exchange_direct(ctx, round, call->in_place, route, what);
   });
 }
 #endif
@@ -422,7 +410,7 @@ template <class Then>
 void begin_irregular_round(node_context& ctx, int code, int pattern, const py::object& send,
                            const py::object& recv, int in_place, const counts_array& sc,
                            const counts_array& sd, const counts_array& rc, const counts_array& rd,
-                           int order, int copy, bool carry, std::uint64_t pack_max, Then&& then) {
+                           int order, int copy, bool carry, Then&& then) {
   node_messages& round = ctx.between_nodes(node_map{});
   with_call(
       code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
@@ -430,7 +418,7 @@ void begin_irregular_round(node_context& ctx, int code, int pattern, const py::o
         const call_record record = ctx.irregular().describe(call);
         {
           gil_released_on_block gil(ctx, call.recv->nbytes);
-          round.begin_irregular(record, &call, carry, pack_max);
+          round.begin_irregular(record, &call, carry);
         }
         then(round);
       },
@@ -439,7 +427,7 @@ void begin_irregular_round(node_context& ctx, int code, int pattern, const py::o
             error_record(arg_error::type, call_prefix(irregular_op(code)) + why);
         {
           py::gil_scoped_release release;
-          round.begin_irregular(record, nullptr, carry, pack_max);
+          round.begin_irregular(record, nullptr, carry);
         }
         then(round);
       });
@@ -502,28 +490,26 @@ void register_vexchange(py::module_& m) {
       "nodes_v_begin",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy, bool carry, std::uint64_t pack_max) {
+         const counts_array& rd, int order, int copy, bool carry) {
         begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
-                              carry, pack_max, [](node_messages&) {});
+                              carry, [](node_messages&) {});
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
       py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"),
-      py::arg("pack_max"),
       "Collective (node): phase 1 of an irregular call's round between nodes (aggregate.hpp): "
-      "this rank's record and counts, with `carry` its blocks of at most pack_max bytes. The "
+      "this rank's record and counts, with `carry` its blocks within nodes_pack_limit. The "
       "receive array must stay alive until nodes_finish.");
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_v_round",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy, bool carry, std::uint64_t pack_max,
-         std::uintptr_t comm, int rank, int tag, int window, double timeout,
-         const std::string& what) {
+         const counts_array& rd, int order, int copy, bool carry, std::uintptr_t comm, int rank,
+         int tag, int window, double timeout, const std::string& what) {
         std::size_t direct = 0;
         begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
-                              carry, pack_max, [&](node_messages& round) {
+                              carry, [&](node_messages& round) {
                                 py::gil_scoped_release release;
                                 finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout,
                                                     what);
@@ -533,9 +519,8 @@ void register_vexchange(py::module_& m) {
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
-      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"),
-      py::arg("pack_max"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
-      py::arg("timeout"), py::arg("what"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"), py::arg("comm"),
+      py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
       "Collective (node): a whole irregular round between nodes in one call (nodes_v_begin, the "
       "messages by MPI from C++, the node barrier, nodes_finish). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");
@@ -566,21 +551,20 @@ void register_vexchange(py::module_& m) {
       "limit carried), the node's part, the larger blocks rank to rank -- the GIL released "
       "while it waits.");
 #endif
-  cls.def_property_readonly(
-      "nodes_failure",
+  cls.def(
+      "nodes_check",
       [](node_context& ctx) {
-        const node_messages* rounds = ctx.rounds();
-        return rounds ? rounds->failure() : std::string();
+        if (const node_messages* rounds = ctx.rounds()) rounds->check_unbroken();
       },
-      "Why a round between nodes failed ('' if none, or on one node); every later round "
-      "raises PeerError at once.");
+      "Raises PeerError once a round between nodes failed (nodes_fail); nothing on one node.");
   cls.def(
       "nodes_fail",
       [](node_context& ctx, std::string why) {
         if (node_messages* rounds = ctx.rounds()) rounds->mark_failed(std::move(why));
       },
       py::arg("why"),
-      "Marks the rounds between nodes failed (see nodes_failure); no-op on one node.");
+      "Marks the rounds between nodes failed (the first reason is kept): every later round "
+      "raises PeerError at once (nodes_check); no-op on one node.");
   m.def(
       "v_schedule",
       [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs, int order,

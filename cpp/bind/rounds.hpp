@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "fast_path.hpp"
 #include "plans.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/error.hpp"
@@ -19,12 +21,11 @@
 
 namespace zcoll::bind {
 
-// How calls on several nodes choose between carrying their blocks in the round and sending them
-// rank to rank: the size rule (0, node_messages::max_aggregated_block), always (1) or never
-// (-1); zcoll._aggregated.force sets it, for tests and benchmarks.
-int& aggregation_mode();
-// The largest block a call on `round`'s nodes carries in the round (negative: none).
-std::int64_t pack_limit(const node_messages& round);
+// The bound on every wait of `ctx` (ZCOLL_TIMEOUT, zcoll.set_timeout), for its waits between
+// nodes too.
+inline double wait_timeout(node_context& ctx) {
+  return ctx.protocol().barrier().options().timeout_s;
+}
 
 // Runs `steps` (a round between nodes and what follows it); a peer_error other than an
 // interrupt marks the rounds failed first, so every later call raises at once (as the Python
@@ -36,7 +37,7 @@ void marking_failure(node_messages& round, Steps&& steps) {
   } catch (const wait_interrupted&) {
     throw;
   } catch (const peer_error& e) {
-    if (round.failure().empty()) round.mark_failed(e.what());
+    round.mark_failed(e.what());
     throw;
   }
 }
@@ -45,6 +46,13 @@ void marking_failure(node_messages& round, Steps&& steps) {
 // [(peer, tag, C-contiguous ndarray)] as the rank-to-rank paths' buffers (writable to receive);
 // the caller keeps the arrays alive.
 std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive);
+
+// Blocks rank to rank between nodes after a round, on `route`'s communicator, all posted at
+// once and bounded by `timeout`; with `copy_sends` (in place: receives overwrite the blocks
+// sent) the sends go from copies. Call without the GIL.
+void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
+                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
+                           const std::string& what);
 
 // The blocks between nodes of a plan on several nodes, run after run from C++: persistent MPI
 // requests on the private dup, started before the node part and waited for after it, with a

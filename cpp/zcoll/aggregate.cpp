@@ -1,7 +1,9 @@
 #include "zcoll/aggregate.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -118,6 +120,26 @@ std::uint64_t max_aggregated_block(const node_map& nodes) noexcept {
   return std::min(aggregate_max_block, aggregate_unit_block * q);
 }
 
+namespace {
+std::atomic<aggregation> aggregation_mode{aggregation::by_size};
+}  // namespace
+
+aggregation set_aggregation(aggregation mode) noexcept {
+  return aggregation_mode.exchange(mode);
+}
+
+std::int64_t node_messages::pack_limit() const noexcept {
+  switch (aggregation_mode.load()) {
+    case aggregation::never:
+      return -1;
+    case aggregation::always:
+      return std::numeric_limits<std::int64_t>::max();
+    case aggregation::by_size:
+      break;
+  }
+  return static_cast<std::int64_t>(max_aggregated_block(nodes_));
+}
+
 std::byte* node_messages::message(int owner, std::size_t offset) const {
   return messages_->partition(owner) + offset;
 }
@@ -202,8 +224,11 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
   collective_args args;
-  if (data && data->recv && record.call.error == arg_error::none &&
-      record.call.op == op_code::alltoall) {
+  const std::int64_t limit = pack_limit();
+  const bool within = data && data->recv && limit >= 0 &&
+                      data->recv->nbytes / static_cast<std::size_t>(cfg.comm_size) <=
+                          static_cast<std::uint64_t>(limit);
+  if (within && record.call.error == arg_error::none && record.call.op == op_code::alltoall) {
     local_check check = check_local_args(op_code::alltoall, cfg.comm_size, data->send, *data->recv);
     if (check_codes(check, data->order, data->copy, true))
       ctx_.prepare(op_code::alltoall, data->send, *data->recv, data->order, data->copy, check,

@@ -34,10 +34,10 @@
  * round. The head also carries the counts of a's ranks (bytes of every entry of each rank's send
  * list, then of its receive list), so after the round every rank holds every rank's counts and
  * checks every pair -- the same verdict everywhere, with no extra round. The payload is the
- * blocks from a's ranks to b's ranks of at most `pack_max` bytes, receiver-major (then sender,
- * then list order); larger ones go rank to rank after the round (the caller's part). Each rank
- * packs its own blocks (its own buffer: no staging) and unpacks its own, after the verdict; one
- * node barrier after packing, none when nothing is packed. A message's size follows from the
+ * blocks from a's ranks to b's ranks within the size rule (pack_limit), receiver-major (then
+ * sender, then list order); larger ones go rank to rank after the round (the caller's part). Each
+ * rank packs its own blocks (its own buffer: no staging) and unpacks its own, after the verdict;
+ * one node barrier after packing, none when nothing is packed. A message's size follows from the
  * counts, so the receiver expects what its own ranks' counts say; counts that differ between
  * nodes make a message of another size, received whole, and the check then raises.
  */
@@ -124,6 +124,17 @@ inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
 // aggregate_max_block.
 std::uint64_t max_aggregated_block(const node_map& nodes) noexcept;
 
+// How calls across nodes choose between carrying their blocks in the round and sending them rank
+// to rank, for every context of the process (tests and benchmarks force one way; every rank
+// must set the same, between collectives).
+enum class aggregation : std::int8_t {
+  never = -1,   // every block rank to rank
+  by_size = 0,  // the size rule (default)
+  always = 1,   // every block in the round
+};
+// Sets the mode; returns the previous one.
+aggregation set_aggregation(aggregation mode) noexcept;
+
 // One irregular pattern's messages as node `node` sees them: where each rank's counts sit in its
 // node's head (words of 8 bytes after the records: send list's, then receive list's), and the
 // tuples (communicator ranks) of each message this node sends or receives, in payload order
@@ -161,14 +172,14 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
-  // The size rule for this communicator's nodes (max_aggregated_block).
-  std::uint64_t max_aggregated_block() const noexcept {
-    return zcoll::max_aggregated_block(nodes_);
-  }
+  // The largest block a call across these nodes carries in its round: the size rule
+  // (max_aggregated_block) or what set_aggregation forces; negative: none.
+  std::int64_t pack_limit() const noexcept;
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
-  // node sends; with `data` on every node rank and records that match on the node (an alltoall
-  // whose local checks passed), the blocks bound for other nodes are packed too. Never throws
-  // for bad arguments: they are in the records, which finish() compares.
+  // node sends; with `data` on every node rank, blocks within pack_limit() and records that
+  // match on the node (an alltoall whose local checks passed), the blocks bound for other nodes
+  // are packed too. Never throws for bad arguments: they are in the records, which finish()
+  // compares.
   void begin(const call_record& record, const alltoall_data* data);
   // Local, after begin: the messages this rank sends and the ones it receives (full expected
   // size; the caller overwrites the head when a message arrives with another size).
@@ -191,14 +202,13 @@ class node_messages {
   // Collective (node): phase 1 of an irregular call's round. `call` nullptr: this rank's
   // arguments could not be converted (its `record` says why). Every rank's counts go into the
   // heads when every node rank's local checks passed on the same pattern; with `carry`, the
-  // blocks of at most `pack_max` bytes are packed too. finish() then checks every pair's counts
-  // and unpacks this rank's blocks. The call's receive buffer must stay alive until finish().
-  void begin_irregular(const call_record& record, const v_call* call, bool carry,
-                       std::uint64_t pack_max);
+  // blocks within pack_limit() are packed too. finish() then checks every pair's counts and
+  // unpacks this rank's blocks. The call's receive buffer must stay alive until finish().
+  void begin_irregular(const call_record& record, const v_call* call, bool carry);
   // After finish() of an irregular round: this rank's blocks to or from other nodes that the
-  // round did not carry (non-empty, above pack_max, or all without carry) -- the caller sends
-  // and receives them rank to rank. Both lists follow the pattern's tuple order, so the k-th
-  // block between two ranks is the k-th on both sides (one tag serves them all). The sends
+  // round did not carry (non-empty, beyond pack_limit(), or all without carry) -- the caller
+  // sends and receives them rank to rank. Both lists follow the pattern's tuple order, so the
+  // k-th block between two ranks is the k-th on both sides (one tag serves them all). The sends
   // point into the send buffer (in place: the receive buffer, which a receive overwrites).
   struct direct_block {
     int peer = 0;  // communicator rank
@@ -210,8 +220,10 @@ class node_messages {
   std::size_t direct_blocks() const noexcept { return direct_sends_.size() + direct_recvs_.size(); }
 
   // A round failed (a peer died or never came, peer_error): every later round throws at once,
-  // naming `why`.
-  void mark_failed(std::string why) { failure_ = std::move(why); }
+  // naming `why` (the first failure's, if several are marked).
+  void mark_failed(std::string why) {
+    if (failure_.empty()) failure_ = std::move(why);
+  }
   const std::string& failure() const noexcept { return failure_; }
   // Throws peer_error ("unusable after an earlier failure") once a round failed.
   void check_unbroken() const;
@@ -231,6 +243,8 @@ class node_messages {
   // Every node rank's counts (bytes of its send list's entries, then its receive list's), as
   // published at `parity`, into a head's counts.
   void write_counts(std::byte* into, const call_protocol::published& all, std::size_t parity) const;
+  // Whether this irregular round carries a block of `bytes` (within carry_limit_).
+  bool carried(std::uint64_t bytes) const noexcept;
   // Irregular finish: every rank's counts from the heads, every pair checked, then this rank's
   // blocks unpacked.
   void finish_irregular(const std::vector<call_record>& records);
@@ -267,9 +281,8 @@ class node_messages {
   std::map<int, irregular_layout> layouts_;
   const irregular_layout* layout_ = nullptr;  // this round's, when every node rank counted
   const v_pattern* pattern_ = nullptr;
-  bool carry_ = false;
-  std::uint64_t pack_max_ = 0;
-  std::vector<v_span> my_send_, my_recv_;    // this rank's blocks
+  std::int64_t carry_limit_ = -1;          // the largest block this round carries (negative: none)
+  std::vector<v_span> my_send_, my_recv_;  // this rank's blocks
   const std::byte* my_send_base_ = nullptr;  // where my_send_ lies (in place: the receive buffer)
   std::vector<direct_block> direct_sends_, direct_recvs_;
   std::string failure_;

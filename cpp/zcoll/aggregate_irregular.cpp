@@ -90,11 +90,13 @@ void node_messages::write_counts(std::byte* into, const call_protocol::published
   }
 }
 
-void node_messages::begin_irregular(const call_record& record, const v_call* call, bool carry,
-                                    std::uint64_t pack_max) {
+bool node_messages::carried(std::uint64_t bytes) const noexcept {
+  return carry_limit_ >= 0 && bytes <= static_cast<std::uint64_t>(carry_limit_);
+}
+
+void node_messages::begin_irregular(const call_record& record, const v_call* call, bool carry) {
   auto& line = start_round(record);
-  carry_ = carry;
-  pack_max_ = pack_max;
+  carry_limit_ = carry ? pack_limit() : -1;
   const auto& cfg = ctx_.config();
   v_exchange& vx = ctx_.irregular();
   call_protocol& protocol = ctx_.protocol();
@@ -135,11 +137,10 @@ void node_messages::begin_irregular(const call_record& record, const v_call* cal
       const auto k = static_cast<std::size_t>(step - 1);
       out_bytes[k] = irregular_head_bytes(*layout_, me_node_);
       in_bytes[k] = irregular_head_bytes(*layout_, (me_node_ - step + n) % n);
-      if (!carry) continue;
       for (const v_tuple& t : layout_->out[k])
-        if (const std::uint64_t b = sent(t); b <= pack_max) out_bytes[k] += b;
+        if (const std::uint64_t b = sent(t); carried(b)) out_bytes[k] += b;
       for (const v_tuple& t : layout_->in[k])
-        if (const std::uint64_t b = received(t); b <= pack_max) in_bytes[k] += b;
+        if (const std::uint64_t b = received(t); carried(b)) in_bytes[k] += b;
       packed += out_bytes[k] - irregular_head_bytes(*layout_, me_node_);
     }
     my_send_ = mine.send;
@@ -167,7 +168,7 @@ void node_messages::begin_irregular(const call_record& record, const v_call* cal
       for (const v_tuple& t : layout_->out[k]) {
         const int j = nodes_.node_rank[static_cast<std::size_t>(t.src)];
         const std::uint64_t b = vx.slot(j, parity)[t.send_block].bytes;
-        if (b > pack_max) continue;
+        if (!carried(b)) continue;
         if (t.src == me) copy_bytes(into + at, from + spans[t.send_block].offset, b);
         at += b;
       }
@@ -216,7 +217,6 @@ void node_messages::finish_irregular(const std::vector<call_record>& records) {
   // This rank's blocks from the payloads.
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
   auto* recv = static_cast<std::byte*>(user_recv_);
-  auto carried = [&](std::uint64_t bytes) { return carry_ && bytes <= pack_max_; };
   for (int step = 1; step < n; ++step) {
     const auto k = static_cast<std::size_t>(step - 1);
     const int from_node = (me_node_ - step + n) % n;

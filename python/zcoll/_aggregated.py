@@ -50,18 +50,14 @@ _P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private
 AGGREGATE_UNIT_BLOCK: int = _core.AGGREGATE_UNIT_BLOCK
 AGGREGATE_MAX_BLOCK: int = _core.AGGREGATE_MAX_BLOCK
 
-_forced: bool | None = None
-
 
 def force(aggregate: bool | None) -> bool | None:
     """Make every later alltoall across nodes of this process aggregate (True) or go rank to
     rank (False) whatever its block size; None: the size rule again. Returns the previous
     setting. Local, but it must be the same on every rank (benches and tests call it on every
     rank, between collectives)."""
-    global _forced
-    previous, _forced = _forced, aggregate
-    _core.set_aggregation(0 if aggregate is None else 1 if aggregate else -1)
-    return previous
+    previous = _core.set_aggregation(0 if aggregate is None else 1 if aggregate else -1)
+    return {0: None, 1: True, -1: False}[previous]
 
 
 def pack_limit(ctx: Context) -> int:
@@ -94,10 +90,8 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
         ctx.fail(ALLTOALL, ValueError(_core.option_error(order, copy)))
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
-    limit = pack_limit(ctx)
-    aggregate = 0 <= limit and block <= limit
-    data = (send, recvbuf, code, copy_code) if aggregate else None
-    if ctx.node_round(ALLTOALL, record, data):
+    # Aggregated when the engine's size rule allows (it applies pack_limit).
+    if ctx.node_round(ALLTOALL, record, (send, recvbuf, code, copy_code)):
         return
     ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
     exchange_remote(ctx, ALLTOALL, send, recvbuf, block)

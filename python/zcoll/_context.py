@@ -301,22 +301,22 @@ class Context:
             self.core.nodes_begin(record, *alltoall)
         return self._round_by_mpi4py(what)[0]
 
-    def v_round(self, opname: str, args: VCallArgs, carry: bool, pack_max: int) -> int:
+    def v_round(self, opname: str, args: VCallArgs, carry: bool) -> int:
         """Multi-node only: the round between nodes of an irregular call (aggregate.hpp).
         Every rank's call record and counts reach every rank, and every rank raises the same
         error -- any rank's argument error, or counts that differ between a sender and its
-        receiver -- or goes on. With `carry`, the blocks between nodes of at most `pack_max`
-        bytes travel in the round and are in the receive buffer after it. `args`: the
-        engine's vexchange arguments. Returns how many of this rank's blocks between nodes
-        the round did not carry (they go rank to rank)."""
+        receiver -- or goes on. With `carry`, the blocks between nodes within the size rule
+        (`_aggregated.pack_limit`) travel in the round and are in the receive buffer after
+        it. `args`: the engine's vexchange arguments. Returns how many of this rank's blocks
+        between nodes the round did not carry (they go rank to rank)."""
         self.check_unbroken()
         what = f"zcoll.{opname} (messages between nodes)"
         if self._p2p_handle is not None:  # the whole round in one call of the extension
             return self._bounded_in_cpp(
-                self.core.nodes_v_round, *args, carry, pack_max, self._p2p_handle, self.rank,
+                self.core.nodes_v_round, *args, carry, self._p2p_handle, self.rank,
                 _NODE_TAG, self._send_window, get_timeout(), what,
             )  # fmt: skip
-        self.core.nodes_v_begin(*args, carry, pack_max)
+        self.core.nodes_v_begin(*args, carry)
         return self._round_by_mpi4py(what)[1]
 
     def v_call(self, args: VCallArgs) -> bool:
@@ -465,16 +465,13 @@ class Context:
     def break_context(self, why: str) -> NoReturn:
         """A multi-node wait failed: every later call on this context raises at once (the
         failure is kept in the engine, which the one-crossing path also asks)."""
-        if not self.core.nodes_failure:
-            self.core.nodes_fail(why)
+        self.core.nodes_fail(why)
         raise _core.PeerError(why)
 
     def check_unbroken(self) -> None:
-        if self.multi_node and (why := self.core.nodes_failure):
-            raise _core.PeerError(
-                "zcoll: this communicator's zcoll context is unusable after an earlier failure: "
-                + why
-            )
+        """PeerError ("unusable after an earlier failure") once a wait between nodes failed."""
+        if self.multi_node:
+            self.core.nodes_check()
 
     @property
     def p2p_handle(self) -> int | None:

@@ -275,7 +275,6 @@ class NodeContext:
         order: int,
         copy: int,
         carry: bool,
-        pack_max: int,
     ) -> None: ...
     def nodes_v_round(
         self,
@@ -291,7 +290,6 @@ class NodeContext:
         order: int,
         copy: int,
         carry: bool,
-        pack_max: int,
         comm: int,
         rank: int,
         tag: int,
@@ -317,8 +315,7 @@ class NodeContext:
         tag: int,
         window: int,
     ) -> None: ...
-    @property
-    def nodes_failure(self) -> str: ...
+    def nodes_check(self) -> None: ...
     def nodes_fail(self, why: str) -> None: ...
     def record(
         self, op: str, sendbuf: Any, recvbuf: Any, order: int, copy: int = -1, planned: bool = False

@@ -301,7 +301,7 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
     if ctx.v_call(args):  # all of it in one call of the extension
         return call.recv
     limit = pack_limit(ctx)
-    direct = ctx.v_round(opname, args, limit >= 0, max(limit, 0))
+    direct = ctx.v_round(opname, args, True)
     outgoing = _outgoing_remote(ctx, pattern, call, limit) if direct else []
     if call.in_place == _SWAP:  # saved: a receive overwrites them
         outgoing = [(peer, tag, block.copy()) for peer, tag, block in outgoing]
@@ -563,7 +563,7 @@ class _MultiNodeVPlan(RemoteBlocks, VPlan):
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         # Every rank's call and every pair's counts checked once, in one round between nodes.
         args = _engine_args(opname, pattern, call, code, copy_code)
-        ctx.v_round(f"{opname}_init", args, False, 0)
+        ctx.v_round(f"{opname}_init", args, False)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         outgoing = _outgoing_remote(ctx, pattern, call)
         saved: Saved = []
