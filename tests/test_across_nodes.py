@@ -1,8 +1,8 @@
 """alltoall across nodes (TPDS'18 §2.5): the aggregated path (one message per node pair) and
 the direct one (rank to rank), on virtual nodes of 1, 2 and 3 ranks at P = 4, 5, 6 and 8 --
-uneven nodes included -- bit for bit against mpi4py's Alltoall; the irregular collectives,
-whose blocks travel in the same round; calls that differ between nodes; a rank killed in the
-middle of the exchange between nodes.
+uneven nodes included -- bit for bit against mpi4py's Alltoall; allgather and the irregular
+collectives, whose blocks travel in the same round; calls that differ between nodes; a rank
+killed in the middle of the exchange between nodes.
 
 Each configuration is its own mpiexec job (ZCOLL_VIRTUAL_NODE_SIZE is read when a context is
 made), launched from the P = 1 run; the suite's own virtual-node runs (P = 4, 5 with nodes of
@@ -62,12 +62,13 @@ CHECK_JOB = textwrap.dedent(
                     send = np.ascontiguousarray(data).view(dt)
                     expect = np.empty_like(data)
                     comm.Alltoall(data, expect)  # as bytes: MPI has no float16
-                    for where in ("private", "arena"):
-                        if where == "arena":
+                    # mixed: arena buffers on even ranks, private ones on odd ranks
+                    for where in ("private", "arena", "mixed"):
+                        if where != "private":  # collective
                             s = zcoll.empty(comm, send.shape, send.dtype)
                             r = zcoll.empty(comm, send.shape, send.dtype)
                             s[...] = send
-                        else:
+                        if where == "private" or (where == "mixed" and comm.rank % 2):
                             s, r = send.copy(), np.empty_like(send)
                         r.view(np.uint8)[...] = 0xA5
                         zcoll.alltoall(comm, s, r)
@@ -80,6 +81,60 @@ CHECK_JOB = textwrap.dedent(
                     out = zcoll.alltoall(comm, send)  # recvbuf=None: a new arena array
                     if out.tobytes() != expect.tobytes():
                         bad.append((path, name, dt, count, "new recvbuf"))
+    everyone = world.gather(bad, root=0)
+    if world.rank == 0:
+        failed = [b for rank_bad in everyone for b in rank_bad]
+        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+    """
+)
+
+AG_CHECK_JOB = textwrap.dedent(
+    """
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _aggregated
+
+    world = MPI.COMM_WORLD
+    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+    dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
+    # An allgather's size rule (twice an alltoall's): blocks at and just past it.
+    limit = _aggregated.pack_limit(zcoll._context.context(world), "allgather")
+    bad = []
+    for forced in (None, True, False):  # the size rule, all in the round, none in it
+        _aggregated.force(forced)
+        for name, comm in comms.items():
+            p, r = comm.size, comm.rank
+            rng = np.random.default_rng(3 + r)
+            for dt in dtypes if name == "world" else ("i1", "c16"):
+                itemsize = np.dtype(dt).itemsize
+                edge = (limit // itemsize, limit // itemsize + 1) if dt in ("i1", "f8") else ()
+                for count in (0, 1, 3, 17, *edge):
+                    data = rng.integers(0, 256, count * itemsize, np.uint8)
+                    send = data.view(dt)
+                    expect = np.empty((p, data.size), np.uint8)
+                    comm.Allgather(data, expect)  # as bytes: MPI has no float16
+                    # mixed: arena buffers on even ranks, private ones on odd ranks
+                    for where in ("private", "arena", "mixed"):
+                        if where != "private":  # collective
+                            s = zcoll.empty(comm, send.shape, send.dtype)
+                            g = zcoll.empty(comm, (p, *send.shape), send.dtype)
+                            s[...] = send
+                        if where == "private" or (where == "mixed" and r % 2):
+                            s, g = send.copy(), np.empty((p, *send.shape), send.dtype)
+                        g.view(np.uint8)[...] = 0xA5
+                        zcoll.allgather(comm, s, g)
+                        if g.tobytes() != expect.tobytes():
+                            bad.append((forced, name, dt, count, where))
+                        g.view(np.uint8)[...] = 0xA5
+                        g[r] = send
+                        zcoll.allgather(comm, zcoll.IN_PLACE, g)
+                        if g.tobytes() != expect.tobytes():
+                            bad.append((forced, name, dt, count, where, "in place"))
+                    out = zcoll.allgather(comm, send)  # recvbuf=None: a new arena array
+                    if out.tobytes() != expect.tobytes():
+                        bad.append((forced, name, dt, count, "new recvbuf"))
+    _aggregated.force(None)
     everyone = world.gather(bad, root=0)
     if world.rank == 0:
         failed = [b for rank_bad in everyone for b in rank_bad]
@@ -114,6 +169,17 @@ ERROR_JOB = textwrap.dedent(
     attempt("size straddles the limit", np.ones((p, n), np.int64), np.zeros((p, n), np.int64))
     n = 3 if rank == last else 2
     attempt("size differs", np.ones((p, n), np.int64), np.zeros((p, n), np.int64))
+    # an allgather whose block straddles its own limit, and one whose size differs
+    big = _aggregated.pack_limit(zcoll._context.context(world), "allgather") // 8 + 8
+    for n in (big, 3):
+        n = n if rank == last else 2
+        recv = np.zeros((p, n), np.int64)
+        before = recv.copy()
+        try:
+            zcoll.allgather(world, np.ones(n, np.int64), recv)
+            results.append(("allgather", "ok", True))
+        except ValueError as exc:
+            results.append(("allgather", type(exc).__name__, np.array_equal(recv, before)))
     # dtype differs on one rank
     dt = np.float64 if rank == last else np.int64
     attempt("dtype differs", np.ones((p, 2), dt), np.zeros((p, 2), dt))
@@ -264,12 +330,27 @@ def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60", send
 )
 def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     """Every dtype family, zero/one/odd block lengths (and 4099, whose messages are packed in
-    shares), private and arena buffers, in place and recvbuf=None, on WORLD, a dup and a split
-    with reversed keys; aggregated and direct."""
+    shares), private, arena and mixed buffers (each rank packing its own blocks when one is
+    private), in place and recvbuf=None, on WORLD, a dup and a split with reversed keys;
+    aggregated and direct."""
     assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 
 V_CONFIGS = [(4, 1), (4, 2), (5, 2), (6, 3), (8, 3)]
+
+
+@alone
+@pytest.mark.parametrize(
+    ("ranks", "node", "sender"),
+    [(p, k, "cpp") for p, k in V_CONFIGS] + [(5, 2, "mpi4py")],
+    ids=[f"P{p}-node{k}" for p, k in V_CONFIGS] + ["P5-node2-mpi4py"],
+)
+def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
+    """allgather with its blocks in the round between nodes (the size rule), all in it, none
+    in it (the node's part, then the concurrent exchange or rank to rank): every dtype family,
+    zero/one/odd blocks and blocks at and just past the limit, private, arena and mixed
+    buffers, in place and recvbuf=None, on WORLD, a dup and a split with reversed keys."""
+    assert _run(tmp_path, AG_CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 
 @alone
@@ -299,7 +380,7 @@ def test_calls_that_differ_between_nodes(tmp_path, ranks, node, sender):
     (not a timeout: ZCOLL_TIMEOUT is 60 s and the job has 240 s for five calls), the receive
     buffers are untouched, and the communicator works afterwards."""
     result = eval(_run(tmp_path, ERROR_JOB, ranks, node, sender=sender))  # noqa: S307 - our own job's repr
-    expected = ["ValueError", "ValueError", "TypeError", "ValueError", "ValueError"]
+    expected = ["ValueError"] * 4 + ["TypeError", "ValueError", "ValueError"]
     for rank, (results, good) in enumerate(result):
         kinds = [kind for _, kind, _ in results]
         assert kinds == expected, f"rank {rank}: {results}"
@@ -342,6 +423,9 @@ KILL_JOB = textwrap.dedent(
     # before it.
     die_before = path == "plan" or (path != "direct" and cpp)
     collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
+    if path == "allgather":  # an allgather whose blocks travel in the round
+        mine = np.full(4, rank, np.int64)
+        collective = lambda comm, send, recv: zcoll.allgather(comm, mine, recv)
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
         plan = zcoll.alltoall_init(comm, send, recv)
         collective = lambda comm, send, recv: plan()
@@ -367,12 +451,13 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
-@pytest.mark.parametrize("path", ["round", "direct", "v-round", "plan"])
+@pytest.mark.parametrize("path", ["round", "direct", "v-round", "allgather", "plan"])
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
     SIGKILLs itself in call 50: with mpi4py's sender after packing, before sending (path
-    "round"; "v-round": the same in an alltoallv's round); with the extension's, whose call
+    "round"; "v-round", "allgather": the same in an alltoallv's or an allgather's round);
+    with the extension's, whose call
     is one crossing, just before it; or, blocks going rank to rank (path "direct", run by the
     Python path so that a hook can reach it), before sending its blocks; or (path "plan")
     just before a run of an alltoall plan, whose blocks between nodes go by persistent

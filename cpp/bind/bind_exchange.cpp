@@ -99,7 +99,7 @@ node_messages& begin_round(node_context& ctx, const py::bytes& record, const py:
       send, recv,
       [&](const array_view* send_view, const array_view& recv_view) {
         gil_released_on_block gil(ctx, recv_view.nbytes);
-        const alltoall_data data{send_view, &recv_view, order, copy};
+        const collective_data data{send_view, &recv_view, order, copy};
         round.begin(r, &data);
       },
       [&](const std::string&) {  // the record says what is wrong
@@ -272,57 +272,71 @@ void register_context(long long handle, std::shared_ptr<node_context> ctx,
 #ifdef ZCOLL_HAVE_MPI
 constexpr int remote_tag = 0x7A0C;  // alltoall blocks rank to rank (zcoll._aggregated._P2P_TAG)
 
-// The blocks of an alltoall between this rank and the ranks on other nodes, rank to rank.
-void exchange_remote(node_context& ctx, const node_map& nodes, const array_view* send,
+// The blocks of an alltoall or allgather between this rank and the ranks on other nodes, rank
+// to rank (an allgather sends its one block to each).
+void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
                      const array_view& recv, const nodes_route& route) {
   const auto& cfg = ctx.config();
   const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
   if (block == 0) return;
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  const bool gather = op == op_code::allgather;
   auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
   auto* from = static_cast<std::byte*>(const_cast<void*>(send ? send->data : recv.data));
+  if (gather && !send) from += static_cast<std::size_t>(me) * block;
   std::vector<peer_buffer> in, out;
   const int mine = nodes.node_of[static_cast<std::size_t>(me)];
   for (int r = 0; r < cfg.comm_size; ++r) {
     if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
     const std::size_t at = static_cast<std::size_t>(r) * block;
     in.push_back({r, remote_tag, into + at, block});
-    out.push_back({r, remote_tag, from + at, block});
+    out.push_back({r, remote_tag, gather ? from : from + at, block});
   }
-  exchange_rank_to_rank(route, in, std::move(out), !send, wait_timeout(ctx), "zcoll.alltoall");
+  exchange_rank_to_rank(route, in, std::move(out), !send && !gather, wait_timeout(ctx),
+                        "zcoll." + std::string(name_of(op)));
 }
 
-// An alltoall on several nodes, whole, with the messages from C++ (the Python path's
-// alltoall_between_nodes in one crossing): the round carries every rank's record, and the
-// blocks when they are at most the pack limit; otherwise the node's part, then the blocks
+// Whether an allgather into `recv` (an ndarray) has blocks within the size rule: the round
+// carries them. The Python path asks the engine the same (zcoll._aggregated.pack_limit).
+bool round_carries(node_context& ctx, const py::object& recv) {
+  if (!py::isinstance<py::array>(recv)) return false;
+  const std::int64_t limit = ctx.between_nodes(node_map{}).pack_limit(op_code::allgather);
+  const auto block = static_cast<std::uint64_t>(py::reinterpret_borrow<py::array>(recv).nbytes()) /
+                     static_cast<std::uint64_t>(ctx.config().comm_size);
+  return limit >= 0 && block <= static_cast<std::uint64_t>(limit);
+}
+
+// An alltoall or allgather on several nodes, whole, with the messages from C++ (the Python
+// path's alltoall_between_nodes in one crossing): the round carries every rank's record, and
+// the blocks when they are at most the pack limit; otherwise the node's part, then the blocks
 // between nodes rank to rank. A peer_error marks the rounds failed.
-void alltoall_across_nodes(node_context& ctx, const py::object& send, const py::object& recv,
-                           int order, int copy, const nodes_route& route) {
+void collective_across_nodes(node_context& ctx, op_code op, const py::object& send,
+                             const py::object& recv, int order, int copy,
+                             const nodes_route& route) {
   node_messages& round = ctx.between_nodes(node_map{});
   const double timeout = wait_timeout(ctx);
-  const std::string what = "zcoll.alltoall (messages between nodes)";
+  const std::string what = "zcoll." + std::string(name_of(op)) + " (messages between nodes)";
   with_views(
       send, recv,
       [&](const array_view* send_view, const array_view& recv_view) {
-        const call_record record =
-            ctx.describe(op_code::alltoall, send_view, recv_view, order, copy);
+        const call_record record = ctx.describe(op, send_view, recv_view, order, copy);
         marking_failure(round, [&] {
           {
             gil_released_on_block gil(ctx, recv_view.nbytes);
-            const alltoall_data data{send_view, &recv_view, order, copy};
+            const collective_data data{send_view, &recv_view, order, copy};
             round.begin(record, &data);  // aggregated when the size rule allows
           }
           py::gil_scoped_release release;
           finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
                               what);
           if (round.packed()) return;
-          ctx.run(op_code::alltoall, send_view, recv_view, order, copy);  // the node's blocks
-          exchange_remote(ctx, round.nodes(), send_view, recv_view, route);
+          if (!round.node_blocks_delivered())
+            ctx.run(op, send_view, recv_view, order, copy);  // the node's blocks
+          exchange_remote(ctx, op, round.nodes(), send_view, recv_view, route);
         });
       },
       [&](const std::string& why) {
-        const call_record record =
-            error_record(arg_error::type, call_prefix(op_code::alltoall) + why);
+        const call_record record = error_record(arg_error::type, call_prefix(op) + why);
         marking_failure(round, [&] {
           py::gil_scoped_release release;
           round.begin(record, nullptr);
@@ -351,11 +365,14 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!found.ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
-    if (found.route) {  // several nodes: alltoall from C++; allgather's leaders are Python's
+    if (found.route) {  // several nodes: alltoall, and allgather within the size rule
 #ifdef ZCOLL_HAVE_MPI
-      if (op != static_cast<long>(op_code::alltoall) || found.ctx->closed()) Py_RETURN_NONE;
+      if (found.ctx->closed()) Py_RETURN_NONE;
       const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
-      alltoall_across_nodes(*ctx, send, recv, order, copy, *found.route);
+      if (op == static_cast<long>(op_code::allgather) && !round_carries(*ctx, recv))
+        Py_RETURN_NONE;  // larger blocks: the Python path chooses how they cross
+      collective_across_nodes(*ctx, static_cast<op_code>(op), send, recv, order, copy,
+                              *found.route);
 #else
       Py_RETURN_NONE;
 #endif
@@ -590,8 +607,17 @@ void register_exchange(py::module_& m) {
           "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
           "(an alltoall), its blocks are packed when the node's records allow.")
       .def_property_readonly(
+          "nodes_node_blocks_delivered",
+          [](node_context& ctx) { return ctx.between_nodes(node_map{}).node_blocks_delivered(); },
+          "After a round of an alltoall: whether it delivered the blocks between this node's "
+          "ranks (all blocks when it packed; else the caller runs the node's part).")
+      .def(
           "nodes_pack_limit",
-          [](node_context& ctx) { return ctx.between_nodes(node_map{}).pack_limit(); },
+          [](node_context& ctx, int op) {
+            if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
+            return ctx.between_nodes(node_map{}).pack_limit(static_cast<op_code>(op));
+          },
+          py::arg("op"),
           "After setup_nodes: the largest block a call across nodes carries in its round "
           "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).")
       .def(

@@ -114,10 +114,12 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
   widest_message_blocks_ *= static_cast<std::size_t>(cfg.size);
 }
 
-std::uint64_t max_aggregated_block(const node_map& nodes) noexcept {
+std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
   std::uint64_t q = nodes.node_of.size();
   for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
-  return std::min(aggregate_max_block, aggregate_unit_block * q);
+  const std::uint64_t unit =
+      aggregate_unit_block * (op == op_code::allgather ? allgather_block_factor : 1);
+  return std::min(aggregate_max_block, unit * q);
 }
 
 namespace {
@@ -128,7 +130,7 @@ aggregation set_aggregation(aggregation mode) noexcept {
   return aggregation_mode.exchange(mode);
 }
 
-std::int64_t node_messages::pack_limit() const noexcept {
+std::int64_t node_messages::pack_limit(op_code op) const noexcept {
   switch (aggregation_mode.load()) {
     case aggregation::never:
       return -1;
@@ -137,7 +139,7 @@ std::int64_t node_messages::pack_limit() const noexcept {
     case aggregation::by_size:
       break;
   }
-  return static_cast<std::int64_t>(max_aggregated_block(nodes_));
+  return static_cast<std::int64_t>(max_aggregated_block(nodes_, op));
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {
@@ -148,7 +150,7 @@ std::byte* node_messages::message(int owner, std::size_t offset) const {
 // bytes, to node + k + 1 and from node - k - 1) in their owners' partitions of the message
 // segment; makes the partitions large enough (collective: the same sizes on every node rank).
 void node_messages::plan_messages(std::span<const std::size_t> out_bytes,
-                                  std::span<const std::size_t> in_bytes) {
+                                  std::span<const std::size_t> in_bytes, std::size_t local_bytes) {
   const int n = nodes_.nodes();
   const int here = nodes_.ranks_on(me_node_);
   const int me = ctx_.config().rank;
@@ -176,6 +178,8 @@ void node_messages::plan_messages(std::span<const std::size_t> out_bytes,
       in_.push_back({from, from_ranks[static_cast<std::size_t>(nodes_.sender(from, me_node_))],
                      nullptr, in_bytes[k]});
   }
+  local_offset_ = used;
+  for (std::size_t& u : used) u += rounded(local_bytes);
   const std::size_t need = *std::max_element(used.begin(), used.end());
   if (!messages_ || messages_->partition_bytes < need) {
     const std::size_t old = messages_ ? messages_->partition_bytes : 0;
@@ -203,6 +207,8 @@ detail::rank_line& node_messages::start_round(const call_record& record) {
   check_unbroken();
   begun_ = false;
   aggregate_ = false;
+  node_blocks_ = false;
+  own_ = false;
   pattern_ = nullptr;
   layout_ = nullptr;
   direct_sends_.clear();
@@ -218,23 +224,20 @@ detail::rank_line& node_messages::start_round(const call_record& record) {
   return line;
 }
 
-void node_messages::begin(const call_record& record, const alltoall_data* data) {
+void node_messages::begin(const call_record& record, const collective_data* data) {
   auto& line = start_round(record);
   const auto& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
   collective_args args;
-  const std::int64_t limit = pack_limit();
-  const bool within = data && data->recv && limit >= 0 &&
-                      data->recv->nbytes / static_cast<std::size_t>(cfg.comm_size) <=
-                          static_cast<std::uint64_t>(limit);
-  if (within && record.call.error == arg_error::none && record.call.op == op_code::alltoall) {
-    local_check check = check_local_args(op_code::alltoall, cfg.comm_size, data->send, *data->recv);
+  const bool gather = op_ == op_code::allgather;
+  if (data && data->recv && record.call.error == arg_error::none &&
+      (op_ == op_code::alltoall || gather)) {
+    local_check check = check_local_args(op_, cfg.comm_size, data->send, *data->recv);
     if (check_codes(check, data->order, data->copy, true))
-      ctx_.prepare(op_code::alltoall, data->send, *data->recv, data->order, data->copy, check,
-                   args);
+      ctx_.prepare(op_, data->send, *data->recv, data->order, data->copy, check, args);
     if (check.ok()) {
-      line.call.target = op_code::alltoall;
+      line.call.target = op_;
       line.call.block_bytes = args.block_bytes;
       line.call.flag = data->send == nullptr ? 1 : 0;
       if (data->send) line.send = segments.locate(args.send, args.send_bytes);
@@ -242,22 +245,31 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
     }
   }
   const auto all = protocol.publish();
-  // Pack only when every node rank brings blocks of the same size, in place or not alike.
-  bool together = true;
+  // Blocks in the round only when every node rank brings blocks of the same size, in place or
+  // not alike (its local checks passed).
+  bool together = line.call.target != op_code::none && line.call.block_bytes > 0;
   for (int j = 0; j < cfg.size; ++j) {
     const call_descriptor& c = all.call(j);
-    together &= c.target == op_code::alltoall && c.block_bytes == line.call.block_bytes &&
+    together &= c.target == line.call.target && c.block_bytes == line.call.block_bytes &&
                 c.flag == line.call.flag;
   }
-  aggregate_ = together && line.call.block_bytes > 0;
-  if (aggregate_) {
+  if (together) {
     in_place_ = data->send == nullptr;
     block_ = args.block_bytes;
     recv_bytes_ = args.recv_bytes;
-    send_part_ = in_place_ ? 0 : rounded(args.send_bytes);
-    staged_ = false;
+    own_ = false;
     for (int j = 0; j < cfg.size; ++j)
-      staged_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
+      own_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
+    const std::int64_t limit = pack_limit(op_);
+    aggregate_ = limit >= 0 && block_ <= static_cast<std::uint64_t>(limit);
+    // An allgather's blocks are packed by their own ranks, whatever the buffers (a rank's one
+    // block into every message: nothing to order); its node's blocks are read from the node's
+    // first outgoing message.
+    own_ |= gather;
+    // An alltoall rank to rank with a private buffer on the node: the node's blocks in the
+    // round anyway (through the local areas), which spares the node's part staging whole
+    // buffers.
+    node_blocks_ = aggregate_ || (own_ && !gather);
   }
   const int n = nodes_.nodes();
   std::vector<std::size_t> out_bytes(static_cast<std::size_t>(n - 1));
@@ -267,17 +279,24 @@ void node_messages::begin(const call_record& record, const alltoall_data* data) 
     const auto k = static_cast<std::size_t>(step - 1);
     const int to = (me_node_ + step) % n, from = (me_node_ - step + n) % n;
     const auto here = static_cast<std::size_t>(cfg.size);
-    out_bytes[k] =
-        message_head_bytes(cfg.size) + here * static_cast<std::size_t>(nodes_.ranks_on(to)) * block;
-    in_bytes[k] = message_head_bytes(nodes_.ranks_on(from)) +
-                  here * static_cast<std::size_t>(nodes_.ranks_on(from)) * block;
+    const auto there = static_cast<std::size_t>(nodes_.ranks_on(from));
+    // A message's blocks: (senders x receivers) for an alltoall, one per sender for an allgather
+    const std::size_t to_blocks = gather ? 1 : static_cast<std::size_t>(nodes_.ranks_on(to));
+    out_bytes[k] = message_head_bytes(cfg.size) + here * to_blocks * block;
+    in_bytes[k] = message_head_bytes(nodes_.ranks_on(from)) + there * (gather ? 1 : here) * block;
   }
-  plan_messages(out_bytes, in_bytes);
+  const bool own = node_blocks_ && own_;
+  const bool local_areas = own && !gather;
+  plan_messages(out_bytes, in_bytes, local_areas ? static_cast<std::size_t>(cfg.size) * block_ : 0);
   write_heads(all, 0);
   // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
-  if (aggregate_) {
+  // The local areas need no barrier of their own: the one after the exchange precedes finish().
+  if (own) {
+    pack_own(args);
+    if (aggregate_) protocol.sync();
+  } else if (aggregate_) {
     const bool alone = widest_message_blocks_ * block_ <= sender_packs_bytes_;
-    pack(args, all, line, alone);
+    pack(args, all, alone);
     if (!alone) protocol.sync();
   }
   begun_ = true;
@@ -295,28 +314,19 @@ void node_messages::write_heads(const call_protocol::published& all, std::size_t
 }
 
 void node_messages::pack(const collective_args& args, const call_protocol::published& all,
-                         const detail::rank_line& line, bool alone) {
+                         bool alone) {
   const auto& cfg = ctx_.config();
   node_segments& segments = ctx_.segments();
   const int size = cfg.size;
   const int me = cfg.rank;
   order_ = args.eager ? block_order::morton : args.order;
   copy_ = args.copy;
-  user_recv_ = args.recv;
-  my_recv_staged_ = line.recv.segment == 0;
-  // The published buffers, read before staging's barrier: past it, a rank that packs nothing
-  // may reach the round's next barrier, whose line has the parity of the published ones.
-  std::vector<std::pair<buffer_ref, buffer_ref>> lines;  // (send, recv) of each node rank
-  for (int j = 0; j < size; ++j) lines.emplace_back(all.line(j).send, all.line(j).recv);
-  if (staged_) ctx_.stage_in(args, send_part_, line.send, line.recv);
   send_.assign(static_cast<std::size_t>(size), nullptr);
   recv_.assign(static_cast<std::size_t>(size), nullptr);
   for (int j = 0; j < size; ++j) {
-    const auto& [send, recv] = lines[static_cast<std::size_t>(j)];
-    std::byte* stage = staged_ ? segments.staging(j) : nullptr;
     const auto k = static_cast<std::size_t>(j);
-    if (!in_place_) send_[k] = send.segment ? segments.resolve(send) : stage;
-    recv_[k] = recv.segment ? segments.resolve(recv) : stage + send_part_;
+    if (!in_place_) send_[k] = segments.resolve(all.line(j).send);
+    recv_[k] = segments.resolve(all.line(j).recv);
   }
   const int n = nodes_.nodes();
   const std::size_t head = message_head_bytes(nodes_.ranks_on(me_node_));
@@ -337,6 +347,119 @@ void node_messages::pack(const collective_args& args, const call_protocol::publi
         for (const aggregate_copy& c : mine)
           copy_bytes(into[static_cast<std::size_t>(c.message)] + c.slot * block_,
                      from[c.rank] + static_cast<std::size_t>(c.peer) * block_, block_, how);
+      });
+}
+
+void node_messages::pack_own(const collective_args& args) {
+  const auto& cfg = ctx_.config();
+  const int here = cfg.size, me = cfg.rank;
+  const int n = nodes_.nodes();
+  copy_ = args.copy;
+  user_send_ = static_cast<const std::byte*>(in_place_ ? args.recv : args.send);
+  user_recv_ = args.recv;
+  const std::size_t head = message_head_bytes(here);
+  if (op_ == op_code::allgather) {
+    const std::byte* mine =  // in place: this rank's block of the receive buffer
+        user_send_ +
+        (in_place_ ? static_cast<std::size_t>(cfg.comm_ranks[static_cast<std::size_t>(me)]) : 0) *
+            block_;
+    ctx_.policy().timed_copies(op_, block_, copy_, recv_bytes_,
+                               static_cast<std::size_t>(n - 1) * block_, [&](const copy_plan& how) {
+                                 for (int step = 1; step < n; ++step)
+                                   copy_bytes(
+                                       message(nodes_.sender(me_node_, (me_node_ + step) % n),
+                                               out_offset_[static_cast<std::size_t>(step - 1)]) +
+                                           head + static_cast<std::size_t>(me) * block_,
+                                       mine, block_, how);
+                               });
+    return;
+  }
+  const std::size_t bytes = static_cast<std::size_t>(aggregate_ ? cfg.comm_size : here) * block_;
+  ctx_.policy().timed_copies(
+      op_code::alltoall, block_, copy_, recv_bytes_, bytes, [&](const copy_plan& how) {
+        auto block_for = [&](int rank) {
+          return user_send_ + static_cast<std::size_t>(rank) * block_;
+        };
+        for (int step = 1; aggregate_ && step < n; ++step) {  // slot (receiver, me) of each
+          const int to = (me_node_ + step) % n;
+          std::byte* into = message(nodes_.sender(me_node_, to),
+                                    out_offset_[static_cast<std::size_t>(step - 1)]) +
+                            head;
+          const auto& ranks = nodes_.members[static_cast<std::size_t>(to)];
+          for (std::size_t d = 0; d < ranks.size(); ++d)
+            copy_bytes(
+                into + (d * static_cast<std::size_t>(here) + static_cast<std::size_t>(me)) * block_,
+                block_for(ranks[d]), block_, how);
+        }
+        std::byte* local = message(me, local_offset_[static_cast<std::size_t>(me)]);
+        for (int j = 0; j < here; ++j)  // this node's blocks, by receiver
+          if (j != me)
+            copy_bytes(local + static_cast<std::size_t>(j) * block_,
+                       block_for(cfg.comm_ranks[static_cast<std::size_t>(j)]), block_, how);
+      });
+}
+
+void node_messages::unpack_gathered() {
+  const auto& cfg = ctx_.config();
+  const int n = nodes_.nodes();
+  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  auto* recv = static_cast<std::byte*>(user_recv_);
+  // Each message holds its node's blocks in node-rank order; this node's own are in its first
+  // outgoing message.
+  auto blocks_of = [&](int node, const std::byte* message_start, const copy_plan& how) {
+    const std::byte* from = message_start + message_head_bytes(nodes_.ranks_on(node));
+    for (const int rank : nodes_.members[static_cast<std::size_t>(node)]) {
+      if (rank != me || !in_place_)
+        copy_bytes(recv + static_cast<std::size_t>(rank) * block_, from, block_, how);
+      from += block_;
+    }
+  };
+  ctx_.policy().timed_copies(
+      op_, block_, copy_, recv_bytes_, recv_bytes_, [&](const copy_plan& how) {
+        blocks_of(me_node_, message(nodes_.sender(me_node_, (me_node_ + 1) % n), out_offset_[0]),
+                  how);
+        for (int step = 1; step < n; ++step) {
+          const int from = (me_node_ - step + n) % n;
+          blocks_of(from,
+                    message(nodes_.receiver(from, me_node_),
+                            in_offset_[static_cast<std::size_t>(step - 1)]),
+                    how);
+        }
+      });
+}
+
+void node_messages::unpack_own() {
+  if (op_ == op_code::allgather) return unpack_gathered();
+  const auto& cfg = ctx_.config();
+  const int me = cfg.rank;
+  const int n = nodes_.nodes();
+  auto* recv = static_cast<std::byte*>(user_recv_);
+  auto block_of = [&](int rank) { return recv + static_cast<std::size_t>(rank) * block_; };
+  const std::size_t bytes =
+      static_cast<std::size_t>(aggregate_ ? cfg.comm_size : cfg.size) * block_;
+  ctx_.policy().timed_copies(
+      op_code::alltoall, block_, copy_, recv_bytes_, bytes, [&](const copy_plan& how) {
+        for (int step = 1; aggregate_ && step < n; ++step) {  // my row of every message
+          const int from = (me_node_ - step + n) % n;
+          const auto& ranks = nodes_.members[static_cast<std::size_t>(from)];
+          const std::byte* row = message(nodes_.receiver(from, me_node_),
+                                         in_offset_[static_cast<std::size_t>(step - 1)]) +
+                                 message_head_bytes(nodes_.ranks_on(from)) +
+                                 static_cast<std::size_t>(me) * ranks.size() * block_;
+          for (std::size_t s = 0; s < ranks.size(); ++s)
+            copy_bytes(block_of(ranks[s]), row + s * block_, block_, how);
+        }
+        for (int j = 0; j < cfg.size; ++j) {
+          const int rank = cfg.comm_ranks[static_cast<std::size_t>(j)];
+          if (j != me)
+            copy_bytes(block_of(rank),
+                       message(j, local_offset_[static_cast<std::size_t>(j)]) +
+                           static_cast<std::size_t>(me) * block_,
+                       block_, how);
+          else if (!in_place_)
+            copy_bytes(block_of(rank), user_send_ + static_cast<std::size_t>(rank) * block_, block_,
+                       how);
+        }
       });
 }
 
@@ -363,6 +486,8 @@ void node_messages::finish() {
   agree(records, op_);
   if (pattern_)
     finish_irregular(records);
+  else if (node_blocks_ && own_)
+    unpack_own();
   else if (aggregate_)
     unpack();
 }
@@ -394,9 +519,6 @@ void node_messages::unpack() {
         }
       });
   ctx_.protocol().sync();
-  if (staged_ && my_recv_staged_)
-    copy_bytes(static_cast<std::byte*>(user_recv_), ctx_.segments().staging(me) + send_part_,
-               recv_bytes_);
 }
 
 }  // namespace zcoll

@@ -21,9 +21,19 @@
  *      and the received blocks are copied into the receive buffers, in equal shares; barrier.
  * Nothing is written into a receive buffer before every rank's arguments are known good.
  *
- * Without aggregation (`aggregate` false: large blocks, where packing costs a copy and saves
- * nothing) the messages carry the records only; phase 3 then copies the node-local blocks and
- * the caller sends the rest directly, rank to rank.
+ * Phases 1 and 3 as above read and write every node rank's buffers, so they need all of them in
+ * the arena. When one is private (an mpi4py program's NumPy arrays), each rank instead packs its
+ * own blocks into every message and its blocks for its own node into its local area (its
+ * partition of the message segment), then a barrier; in phase 3 it fills its own receive
+ * buffer from the messages and the node's local areas, and no barrier follows (nothing of the
+ * round is written again before the next call's first barrier). This replaced staging whole
+ * buffers (send in, receive out: two extra copies of every byte): at P = 4 on nodes of 2 with
+ * private buffers, 8 KiB blocks 33-38 -> 26-28 us, 64 KiB 90-94 -> 67-78.
+ *
+ * Without aggregation (large blocks, where packing costs a copy and saves nothing) the messages
+ * carry the records only and the caller sends the blocks between nodes rank to rank; the
+ * node-local blocks go through the local areas in the round when a node buffer is private
+ * (node_blocks_delivered), else the caller runs the node's part (its Morton schedule, one copy).
  *
  * Message from node a (q_a ranks) to node b (q_b ranks): q_a call records, padded to 64 bytes,
  * then q_a * q_b blocks, receiver-major (the blocks for b's node rank 0 from a's ranks 0..q_a-1
@@ -120,9 +130,16 @@ inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 // rank from Python then, session 11) aggregated was faster up to 64 KiB.
 inline constexpr std::uint64_t aggregate_unit_block = 4 * 1024;
 inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
-// The size rule on `nodes`: aggregate_unit_block times the smallest node's ranks, at most
-// aggregate_max_block.
-std::uint64_t max_aggregated_block(const node_map& nodes) noexcept;
+// An allgather's message carries one block per sender (q_a blocks, an alltoall's q_a * q_b),
+// so its limit is this many times an alltoall's (at most aggregate_max_block): measured
+// (zcoll.bench allgather --between-nodes, xn:round against xn:direct and xn:C=1, 2-vCPU VM,
+// two runs) on nodes of 1 the round faster up to 8 KiB (13.7 against 16.5 us), rank to rank
+// from 16 KiB; on nodes of 2 the round faster up to 16 KiB (59-78 against 83-85), either way at
+// 32 KiB, rank to rank from 64 KiB.
+inline constexpr std::uint64_t allgather_block_factor = 2;
+// The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
+// (times allgather_block_factor for an allgather), at most aggregate_max_block.
+std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;
 
 // How calls across nodes choose between carrying their blocks in the round and sending them rank
 // to rank, for every context of the process (tests and benchmarks force one way; every rank
@@ -155,9 +172,9 @@ struct node_message {
   std::size_t bytes = 0;
 };
 
-// What an aggregated alltoall adds to its round: this rank's buffers and options (send
+// What an alltoall or allgather adds to its round: this rank's buffers and options (send
 // nullptr: in place).
-struct alltoall_data {
+struct collective_data {
   const array_view* send = nullptr;
   const array_view* recv = nullptr;
   int order = 0;  // block_order value or auto_order
@@ -172,21 +189,26 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
-  // The largest block a call across these nodes carries in its round: the size rule
-  // (max_aggregated_block) or what set_aggregation forces; negative: none.
-  std::int64_t pack_limit() const noexcept;
+  // The largest block a call of `op` across these nodes carries in its round: the size rule
+  // (max_aggregated_block) or what set_aggregation forces; negative: none. Irregular calls
+  // take an alltoall's.
+  std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept;
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
   // node sends; with `data` on every node rank, blocks within pack_limit() and records that
   // match on the node (an alltoall whose local checks passed), the blocks bound for other nodes
   // are packed too. Never throws for bad arguments: they are in the records, which finish()
   // compares.
-  void begin(const call_record& record, const alltoall_data* data);
+  void begin(const call_record& record, const collective_data* data);
   // Local, after begin: the messages this rank sends and the ones it receives (full expected
   // size; the caller overwrites the head when a message arrives with another size).
   std::span<const node_message> outgoing() const noexcept { return out_; }
   std::span<const node_message> incoming() const noexcept { return in_; }
-  // Whether begin() packed blocks (the node's records allowed it).
+  // Whether begin() packed blocks (the node's records allowed it): finish() delivers all of
+  // the call's blocks.
   bool packed() const noexcept { return aggregate_; }
+  // Whether finish() delivers the blocks between this node's ranks (packed(), or rank to rank
+  // with a private buffer on the node); if not, the caller runs the node's part.
+  bool node_blocks_delivered() const noexcept { return node_blocks_; }
   // The largest payload the sender packs alone (default sender_packs_bytes): 0 has every
   // message packed in shares, SIZE_MAX each by its sender. Every rank of the node must set the
   // same value before the same call (it decides who joins the barrier); for measuring both
@@ -235,8 +257,10 @@ class node_messages {
   const irregular_layout& layout_for(int pattern);
   // Bytes of the head of a message from `node` in an irregular round of `layout`.
   std::size_t irregular_head_bytes(const irregular_layout& layout, int node) const noexcept;
-  // Sizes the messages of a round: per step - 1, the outgoing and incoming bytes.
-  void plan_messages(std::span<const std::size_t> out_bytes, std::span<const std::size_t> in_bytes);
+  // Sizes the messages of a round: per step - 1, the outgoing and incoming bytes; and
+  // `local_bytes` in every node rank's partition for its blocks to its own node (own_ rounds).
+  void plan_messages(std::span<const std::size_t> out_bytes, std::span<const std::size_t> in_bytes,
+                     std::size_t local_bytes = 0);
   // The heads of the messages this rank sends: the node's records, in an irregular round whose
   // ranks all counted also their counts (the published metadata of `parity`).
   void write_heads(const call_protocol::published& all, std::size_t parity);
@@ -249,11 +273,16 @@ class node_messages {
   // blocks unpacked.
   void finish_irregular(const std::vector<call_record>& records);
   std::byte* message(int owner, std::size_t offset) const;
-  // Resolves the node's buffers (staging private ones) and packs phase 1's blocks: those of the
-  // messages this rank sends (`alone`), or an equal share of all.
-  void pack(const collective_args& args, const call_protocol::published& all,
-            const detail::rank_line& line, bool alone);
+  // Resolves the node's (arena) buffers and packs phase 1's blocks: those of the messages this
+  // rank sends (`alone`), or an equal share of all.
+  void pack(const collective_args& args, const call_protocol::published& all, bool alone);
   void unpack();
+  // An own_ round: this rank's blocks for other nodes into every outgoing message and its
+  // blocks for its own node into its local area; after the verdict, its receive buffer from the
+  // incoming messages and its node's local areas.
+  void pack_own(const collective_args& args);
+  void unpack_own();
+  void unpack_gathered();  // an allgather's unpack_own
 
   node_context& ctx_;
   node_map nodes_;
@@ -270,12 +299,17 @@ class node_messages {
   op_code op_ = op_code::none;
   std::vector<std::size_t> out_offset_, in_offset_;  // per message: offset in its owner's partition
   std::vector<node_message> out_, in_;
-  std::vector<std::byte*> send_, recv_;  // every node rank's buffers (staged ones resolved)
-  std::size_t block_ = 0, recv_bytes_ = 0, send_part_ = 0;
-  bool in_place_ = false, staged_ = false, my_recv_staged_ = false, aggregate_ = false;
+  std::vector<std::byte*> send_, recv_;    // every node rank's buffers (staged ones resolved)
+  std::vector<std::size_t> local_offset_;  // per node rank: its local area in its partition
+  std::size_t block_ = 0, recv_bytes_ = 0;
+  // own_: a node rank's buffer is private (not in the arena): each rank packs and unpacks its
+  // own blocks (its peers never touch its buffers), its blocks to its own node through its
+  // local area -- no staging of whole buffers, no barrier after unpacking.
+  bool in_place_ = false, own_ = false, aggregate_ = false, node_blocks_ = false;
   bool begun_ = false;
   block_order order_ = block_order::morton;
   int copy_ = 0;
+  const std::byte* user_send_ = nullptr;  // own_: this rank's blocks (in place: its receive buffer)
   void* user_recv_ = nullptr;
   // Irregular rounds:
   std::map<int, irregular_layout> layouts_;

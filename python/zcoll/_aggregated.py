@@ -52,18 +52,20 @@ AGGREGATE_MAX_BLOCK: int = _core.AGGREGATE_MAX_BLOCK
 
 
 def force(aggregate: bool | None) -> bool | None:
-    """Make every later alltoall across nodes of this process aggregate (True) or go rank to
-    rank (False) whatever its block size; None: the size rule again. Returns the previous
+    """Make every later call across nodes of this process carry its blocks in the round
+    between nodes (True: an alltoall aggregates, an allgather or irregular call packs them) or
+    send them after it (False) whatever their size; None: the size rule again. Returns the previous
     setting. Local, but it must be the same on every rank (benches and tests call it on every
     rank, between collectives)."""
     previous = _core.set_aggregation(0 if aggregate is None else 1 if aggregate else -1)
     return {0: None, 1: True, -1: False}[previous]
 
 
-def pack_limit(ctx: Context) -> int:
-    """Largest block (bytes) a call on the multi-node context `ctx` carries in its round's
-    messages: the size rule, or what `force` set (everything, or -1: nothing)."""
-    return ctx.core.nodes_pack_limit
+def pack_limit(ctx: Context, opname: str = ALLTOALL) -> int:
+    """Largest block (bytes) a call of `opname` on the multi-node context `ctx` carries in its
+    round's messages: the size rule (an allgather's twice an alltoall's; irregular calls take
+    an alltoall's), or what `force` set (everything, or -1: nothing)."""
+    return ctx.core.nodes_pack_limit(_registry.OPS[opname])
 
 
 def messages_per_call(nodes: list[int], aggregate: bool) -> int:
@@ -93,7 +95,8 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     # Aggregated when the engine's size rule allows (it applies pack_limit).
     if ctx.node_round(ALLTOALL, record, (send, recvbuf, code, copy_code)):
         return
-    ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
+    if not ctx.core.nodes_node_blocks_delivered:
+        ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
     exchange_remote(ctx, ALLTOALL, send, recvbuf, block)
 
 

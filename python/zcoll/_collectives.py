@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _internode, _registry
-from ._aggregated import alltoall_between_nodes, exchange_remote
+from ._aggregated import alltoall_between_nodes, exchange_remote, pack_limit
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -76,19 +76,35 @@ def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(memoryview(block), dtype=dtype, count=count).reshape(shape)
 
 
-def _multi_node(ctx: Context, opname: str, sendbuf, recvbuf, code: int, copy_code: int) -> None:
-    """Hierarchical allgather (alltoall: _aggregated): every rank's call record agreed on
-    across nodes, then node-local blocks through the arena and the rest by MPI."""
-    ctx.agree(opname, ctx.core.record(opname, sendbuf, recvbuf, code, copy_code))
+def _allgather_across_nodes(ctx: Context, sendbuf, recvbuf, code: int, copy_code: int) -> None:
+    """Hierarchical allgather (alltoall: _aggregated): blocks within the size rule travel in
+    the round that agrees on every rank's call record (one message per pair of nodes, as in
+    the extension's one crossing); larger ones after it, the node's through the arena and the
+    rest by MPI, the leaders' concurrent exchange or rank to rank (_internode.choose)."""
+    record = ctx.core.record(_ALLGATHER, sendbuf, recvbuf, code, copy_code)
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    getattr(ctx.core, opname)(send, recvbuf, code, copy_code)
-    block = recvbuf.nbytes // ctx.size
-    if opname == _ALLGATHER:  # the leaders' SC'05 concurrent exchange, or the direct path
-        choice = _internode.choose(ctx, block)
-        if choice.method == _internode.CONCURRENT:
-            _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
+    carried = _round_carries(ctx, recvbuf)
+    if carried:
+        if ctx.node_round(_ALLGATHER, record, (send, recvbuf, code, copy_code)):
             return
-    exchange_remote(ctx, opname, send, recvbuf, block)
+    else:
+        ctx.agree(_ALLGATHER, record)
+    ctx.core.allgather(send, recvbuf, code, copy_code)
+    block = recvbuf.nbytes // ctx.size
+    choice = _internode.Choice(_internode.DIRECT) if carried else _internode.choose(ctx, block)
+    if choice.method == _internode.CONCURRENT:
+        _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
+    else:
+        exchange_remote(ctx, _ALLGATHER, send, recvbuf, block)
+
+
+def _round_carries(ctx: Context, recvbuf) -> bool:
+    """Whether the round between nodes carries this allgather's blocks (within the engine's
+    size rule, as the extension's fast path decides)."""
+    if not isinstance(recvbuf, np.ndarray):
+        return False
+    limit = pack_limit(ctx, _ALLGATHER)
+    return limit >= 0 and recvbuf.nbytes // ctx.size <= limit
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
@@ -102,7 +118,7 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
         return recvbuf
     code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:
-        _multi_node(ctx, opname, sendbuf, recvbuf, code, copy_code)
+        _allgather_across_nodes(ctx, sendbuf, recvbuf, code, copy_code)
     else:
         ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
     return recvbuf

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import _registry, _tuning
+from . import _aggregated, _registry, _tuning
 from ._context import Context
 
 __all__ = [
@@ -101,15 +101,23 @@ class Choice:
 # --- which method ------------------------------------------------------------------------------
 
 _forced: Choice | None = None
+_aggregation_before: bool | None = None  # the round's carry, as it was before forcing
 
 
 def force(choice: Choice | None) -> Choice | None:
     """Make every later multi-node allgather of this process use `choice` (None: the table or
     the built-in rule again); returns the previous forced choice. Local, but it must be the same
-    on every rank (benchmarks and tests call it on every rank, between collectives)."""
-    global _forced
+    on every rank (benchmarks and tests call it on every rank, between collectives).
+
+    A forced choice applies to every block size: while one is set, the round between nodes
+    carries no blocks (``_aggregated.force(False)``; set back on ``force(None)``)."""
+    global _forced, _aggregation_before
     if choice is not None:
         _check_choice(choice)
+        if _forced is None:
+            _aggregation_before = _aggregated.force(False)
+    elif _forced is not None:
+        _aggregated.force(_aggregation_before)
     previous, _forced = _forced, choice
     return previous
 

@@ -92,6 +92,9 @@ LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
 PAIRED_ROUNDS = 7  # rounds of the paired bandwidth measurement: best zcoll method, then memcpy
 PAIRED_MIN_ITERATIONS = 5  # per timed loop of a round
 PAIRED_WARMUP = 2  # untimed calls before each timed loop of a round
+ARENA_BUFFERS = "arena"  # --buffers: zcoll on arena arrays (zcoll.empty) ...
+NUMPY_BUFFERS = "numpy"  # ... or on plain NumPy arrays
+BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS)
 #: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema,
 #: later ones are only ever appended.
 FIELDS = (
@@ -137,7 +140,7 @@ class ZcollMethod:
     copy: str
     persistent: bool = False
     internode: _internode.Choice | None = None  # allgather across nodes: forced this way
-    aggregate: bool | None = None  # alltoall across nodes: aggregated (True) or direct, forced
+    aggregate: bool | None = None  # across nodes: blocks in the round (True) or after it, forced
     sender_packs: int | None = None  # aggregated: largest payload a sender packs alone, forced
     phase: bool = False  # the blocks between nodes alone (no agreement, no node-local part)
 
@@ -153,8 +156,9 @@ INTERNODE_CHOICES = (
 
 def internode_methods() -> list[ZcollMethod]:
     """The ``xn:...`` and ``phase:...`` methods of a multi-node allgather (order and copy
-    "auto")."""
-    methods = []
+    "auto"): ``xn:round``, every block in the round between nodes (the size rule's way for
+    blocks within it), then each way that runs after the round, forced for every block."""
+    methods = [ZcollMethod("xn:round", AUTO, AUTO, aggregate=True)]
     for phase in (False, True):
         for choice in INTERNODE_CHOICES:
             name = f"{'phase' if phase else 'xn'}:{choice.label()}"
@@ -216,10 +220,11 @@ def messages_between_nodes(comm: MPI.Comm, collective: str) -> str:
         limit = format_size(_aggregated.pack_limit(ctx))
         return text + f"aggregated {aggregated} (blocks <= {limit}), direct {direct}"
     n, p = len(sizes), sum(sizes)
+    limit = format_size(_aggregated.pack_limit(ctx, ALLGATHER))
     return (
         text
-        + f"records {n * (n - 1)}, then direct {sum(q * (p - q) for q in sizes)} or "
-        + ("the leaders' concurrent exchange")
+        + f"in the round {n * (n - 1)} (blocks <= {limit}); larger: records {n * (n - 1)}, "
+        + f"then direct {sum(q * (p - q) for q in sizes)} or the leaders' concurrent exchange"
     )
 
 
@@ -391,8 +396,9 @@ class Timer:
 class BlockCase:
     """The buffers and calls of every method for one block size.
 
-    zcoll's buffers live in the node's arena, each rank filling (first-touching) its own; MPI
-    gets ordinary NumPy arrays with the same data, as an mpi4py program would have; memcpy
+    zcoll's buffers live in the node's arena, each rank filling (first-touching) its own, or
+    (`buffers` "numpy") are ordinary NumPy arrays, as an mpi4py program has them; MPI gets
+    ordinary NumPy arrays with the same data; memcpy
     copies what a rank receives (P blocks) between two private arrays on every rank at once --
     the physical limit, with the same memory footprint as the collective (send and receive
     matrices of all ranks).
@@ -403,15 +409,26 @@ class BlockCase:
     """
 
     def __init__(
-        self, comm, collective: str, block: int, methods, rng, mpi_persistent: bool = False
+        self,
+        comm,
+        collective: str,
+        block: int,
+        methods,
+        rng,
+        mpi_persistent: bool = False,
+        buffers: str = ARENA_BUFFERS,
     ) -> None:
         nranks = comm.size
         send_shape = (nranks, block) if collective == ALLTOALL else (block,)
         recv_shape = (nranks, block)
         self.comm, self.collective, self.block = comm, collective, block
-        self.zsend = zcoll.empty(comm, send_shape, np.uint8)
+        if buffers == ARENA_BUFFERS:
+            self.zsend = zcoll.empty(comm, send_shape, np.uint8)
+            self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
+        else:
+            self.zsend = np.empty(send_shape, np.uint8)
+            self.zrecv = np.zeros(recv_shape, np.uint8)
         self.zsend[...] = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
-        self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
         self.msend = np.array(self.zsend)
         self.mrecv = np.zeros(recv_shape, np.uint8)
         mpi_fn = getattr(comm, collective.capitalize())
@@ -834,7 +851,7 @@ def sweep_sizes(
     rng = np.random.default_rng(comm.rank)
     sweep = Sweep([], {}, [], [])
     for block in args.sizes:
-        case = BlockCase(comm, collective, block, args.methods, rng, mpi_persistent)
+        case = BlockCase(comm, collective, block, args.methods, rng, mpi_persistent, args.buffers)
         try:
             if args.check:
                 failed = case.check()
@@ -960,6 +977,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             **common_metadata(comm, args, layout, now, command),
             "bench_method": args.method,
             "orders": list(args.orders),
+            "buffers": args.buffers,
             "copy_modes": list(args.copies),
             "flush_bytes": timer.flusher.nbytes if timer.flusher is not None else None,
             "paired_rounds": PAIRED_ROUNDS,
@@ -1045,6 +1063,13 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
         "also time each way blocks cross nodes: alltoall xn:aggregated (one message per node "
         "pair, TPDS'18 MN-CO) and xn:direct (rank to rank); allgather xn:direct and the "
         "leaders' concurrent exchange xn:C=1,2,4 (SC'05), and phase:* (that part alone)",
+    )
+    parser.add_argument(
+        "--buffers",
+        choices=BUFFER_KINDS,
+        default=ARENA_BUFFERS,
+        help="zcoll's buffers: arena (zcoll.empty: the one-copy path) or numpy (plain arrays, as "
+        "an mpi4py program has them: zcoll stages what its peers must read) (default arena)",
     )
     parser.add_argument(
         "--persistent",
