@@ -98,7 +98,7 @@ AG_CHECK_JOB = textwrap.dedent(
     world = MPI.COMM_WORLD
     comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
-    # An allgather's size rule (twice an alltoall's): blocks at and just past it.
+    # An allgather's size rule (four times an alltoall's): blocks at and just past it.
     limit = _aggregated.pack_limit(zcoll._context.context(world), "allgather")
     bad = []
     for forced in (None, True, False):  # the size rule, all in the round, none in it

@@ -178,8 +178,26 @@ def test_collective_json_csv_plot(collective, method, outdir):
 
 BETWEEN_NODES = {
     "alltoall": {"xn:aggregated", "xn:direct", "xn:alone", "xn:shares"},
-    "allgather": {"xn:direct", "xn:C=1", "xn:C=2", "xn:C=4"},
+    "allgather": {"xn:round", "xn:direct", "xn:C=1", "xn:C=2", "xn:C=4"},
 }
+
+
+@pytest.mark.parametrize("collective", ["alltoall", "allgather"])
+def test_numpy_buffers(collective, outdir):
+    """--buffers numpy times zcoll on plain NumPy arrays (checked against MPI; across nodes
+    too in the suite's virtual-node runs) and records it."""
+    out = outdir / "numpy.json"
+    argv = [collective, "--sizes", "8,100", "--orders", "auto", "--buffers", "numpy", "--check"]
+    assert run_main(argv + FAST + ["--json", str(out)]) == 0
+
+    def check():
+        document = read_json(out)
+        assert document["metadata"]["buffers"] == "numpy" and document["metadata"]["checked"]
+        assert {(r["block_bytes"], r["method"]) for r in document["results"]} == {
+            (b, m) for b in (8, 100) for m in ("MPI", "auto")
+        }
+
+    on_root(check)
 
 
 @pytest.mark.parametrize("collective", ["alltoall", "allgather"])

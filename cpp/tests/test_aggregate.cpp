@@ -212,15 +212,15 @@ TEST_CASE("the size rule grows with the smallest node, up to its cap") {
   CHECK(rule(wide) == 64 * 1024);
 }
 
-TEST_CASE("an allgather's size rule is twice an alltoall's, with the same cap") {
+TEST_CASE("an allgather's size rule is four times an alltoall's, with the same cap") {
   using zcoll::node_map;
   using zcoll::op_code;
   const auto rule = [](std::vector<int> leaders) {
     return zcoll::max_aggregated_block(node_map::from_leaders(leaders), op_code::allgather);
   };
-  CHECK(rule({0, 1}) == 8 * 1024);
-  CHECK(rule({0, 0, 2, 2}) == 16 * 1024);
-  CHECK(rule({0, 0, 0, 3, 3}) == 16 * 1024);
-  CHECK(rule({0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8}) == 64 * 1024);
-  CHECK(rule({0, 0, 0, 0, 4, 4, 4, 4}) == 32 * 1024);
+  CHECK(rule({0, 1}) == 16 * 1024);
+  CHECK(rule({0, 0, 2, 2}) == 32 * 1024);
+  CHECK(rule({0, 0, 0, 3, 3}) == 32 * 1024);  // uneven: the smallest node counts
+  CHECK(rule({0, 0, 0, 0, 4, 4, 4, 4}) == 64 * 1024);
+  CHECK(rule({0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8}) == 64 * 1024);  // the cap
 }

@@ -28,7 +28,7 @@
  * buffer from the messages and the node's local areas, and no barrier follows (nothing of the
  * round is written again before the next call's first barrier). This replaced staging whole
  * buffers (send in, receive out: two extra copies of every byte): at P = 4 on nodes of 2 with
- * private buffers, 8 KiB blocks 33-38 -> 26-28 us, 64 KiB 90-94 -> 67-78.
+ * private buffers, 8 B 20.6 -> 11.4 us, 64 KiB 96 -> 75, 256 KiB 350 -> 161 (rank to rank).
  *
  * Without aggregation (large blocks, where packing costs a copy and saves nothing) the messages
  * carry the records only and the caller sends the blocks between nodes rank to rank; the
@@ -39,6 +39,11 @@
  * then q_a * q_b blocks, receiver-major (the blocks for b's node rank 0 from a's ranks 0..q_a-1
  * first), so each receiver's blocks are contiguous. Messages live in a shared segment of their
  * own, in the partitions of the ranks that send or receive them.
+ *
+ * An allgather within its size rule uses the round the same way: the message from node a
+ * carries a's q_a blocks in node-rank order; each rank copies its block into every message its
+ * node sends (then a barrier), and after the verdict reads its own node's blocks from the node's
+ * first outgoing message and the other nodes' from the incoming ones.
  *
  * Irregular calls (alltoallv, allgatherv, neighbour collectives: vexchange.hpp) use the same
  * round. The head also carries the counts of a's ranks (bytes of every entry of each rank's send
@@ -131,12 +136,12 @@ inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 inline constexpr std::uint64_t aggregate_unit_block = 4 * 1024;
 inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
 // An allgather's message carries one block per sender (q_a blocks, an alltoall's q_a * q_b),
-// so its limit is this many times an alltoall's (at most aggregate_max_block): measured
-// (zcoll.bench allgather --between-nodes, xn:round against xn:direct and xn:C=1, 2-vCPU VM,
-// two runs) on nodes of 1 the round faster up to 8 KiB (13.7 against 16.5 us), rank to rank
-// from 16 KiB; on nodes of 2 the round faster up to 16 KiB (59-78 against 83-85), either way at
-// 32 KiB, rank to rank from 64 KiB.
-inline constexpr std::uint64_t allgather_block_factor = 2;
+// so its limit is this many times an alltoall's (at most aggregate_max_block). Measured
+// (zcoll.bench allgather --between-nodes: xn:round against xn:direct and the leaders' xn:C=1,
+// 2-vCPU VM, noisy: ranges over two or three launches): on nodes of 1 the round faster up to
+// 16 KiB (9.7-12 against 15-24 us rank to rank), even with it at 64 KiB; on nodes of 2 faster
+// up to 32 KiB (40-72 against 98-135 rank to rank and 69-108 by the leaders), even at 64 KiB.
+inline constexpr std::uint64_t allgather_block_factor = 4;
 // The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
 // (times allgather_block_factor for an allgather), at most aggregate_max_block.
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;

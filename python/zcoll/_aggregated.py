@@ -63,7 +63,7 @@ def force(aggregate: bool | None) -> bool | None:
 
 def pack_limit(ctx: Context, opname: str = ALLTOALL) -> int:
     """Largest block (bytes) a call of `opname` on the multi-node context `ctx` carries in its
-    round's messages: the size rule (an allgather's twice an alltoall's; irregular calls take
+    round's messages: the size rule (an allgather's four times an alltoall's; irregular calls take
     an alltoall's), or what `force` set (everything, or -1: nothing)."""
     return ctx.core.nodes_pack_limit(_registry.OPS[opname])
 

@@ -172,7 +172,9 @@ def alltoall(
     When every buffer is in the arena (:func:`zcoll.empty`) each block moves with one copy
     between two node barriers, and no MPI call is made. A buffer outside the arena is staged
     through it: one extra copy of that buffer and one extra node barrier. On a communicator
-    spanning several nodes, blocks between nodes travel by MPI point-to-point.
+    spanning several nodes, blocks between nodes travel by MPI: small ones in one aggregated
+    message per pair of nodes, larger ones rank to rank (README, "Across nodes"); there, with a
+    buffer outside the arena, each rank packs and unpacks its own blocks instead of staging.
 
     Raises
     ------
@@ -219,7 +221,10 @@ def allgather(
 
     Notes
     -----
-    Costs as for :func:`alltoall`.
+    Costs as for :func:`alltoall`. Across nodes, blocks up to four times alltoall's size limit
+    travel in one message per pair of nodes (each rank copying its block into every message
+    its node sends); larger ones between the nodes' leaders (SC'05 concurrent exchange) or
+    rank to rank.
     """
     if (
         recvbuf is not None

@@ -53,7 +53,10 @@ step_reductions() {
 step_nodes() {
     bench xn_alltoall_p8 8 alltoall --virtual-node-size 2 --between-nodes --sizes 8,64,1K,16K,64K --orders auto --time-budget 0.2 --check
     bench xn_alltoall_p16 16 alltoall --virtual-node-size 4 --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
-    bench xn_allgather_p16 16 allgather --virtual-node-size 4 --between-nodes --sizes 8,512,4K --orders auto --time-budget 0.2
+    bench xn_allgather_p16 16 allgather --virtual-node-size 4 --between-nodes --sizes 8,512,4K,32K,64K,128K --orders auto --time-budget 0.2
+    # plain NumPy buffers: each rank packs its own blocks across nodes, no staging (session 13)
+    bench xn_numpy_p8 8 alltoall --virtual-node-size 2 --between-nodes --buffers numpy --sizes 8,1K,8K,16K,64K --orders auto --time-budget 0.2 --check
+    bench xn_allgather_p8 8 allgather --virtual-node-size 2 --between-nodes --sizes 8,1K,16K,32K,64K --orders auto --time-budget 0.2 --check
     for p in 8 16; do  # the irregular calls: counts and small blocks in the round (session 12)
         bench xn_alltoallv_p$p $p alltoallv --virtual-node-size $((p / 4)) --between-nodes \
             --sizes 8,1K,4K,16K,64K --orders auto --time-budget 0.2 --check
@@ -108,6 +111,8 @@ step_tcp() {  # every MPI message over TCP (loopback), as between real nodes; zc
         OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_p$p $p alltoall --virtual-node-size $((p / 4)) \
             --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
         OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_v_p$p $p alltoallv --virtual-node-size $((p / 4)) \
+            --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
+        OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_ag_p$p $p allgather --virtual-node-size $((p / 4)) \
             --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
     done
 }
