@@ -337,14 +337,16 @@ def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
 
 
 V_CONFIGS = [(4, 1), (4, 2), (5, 2), (6, 3), (8, 3)]
-
-
-@alone
-@pytest.mark.parametrize(
+# Each configuration with the extension's sender, and one with mpi4py's.
+over_v_configs = pytest.mark.parametrize(
     ("ranks", "node", "sender"),
     [(p, k, "cpp") for p, k in V_CONFIGS] + [(5, 2, "mpi4py")],
     ids=[f"P{p}-node{k}" for p, k in V_CONFIGS] + ["P5-node2-mpi4py"],
 )
+
+
+@alone
+@over_v_configs
 def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     """allgather with its blocks in the round between nodes (the size rule), all in it, none
     in it (the node's part, then the concurrent exchange or rank to rank): every dtype family,
@@ -354,11 +356,7 @@ def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
 
 
 @alone
-@pytest.mark.parametrize(
-    ("ranks", "node", "sender"),
-    [(p, k, "cpp") for p, k in V_CONFIGS] + [(5, 2, "mpi4py")],
-    ids=[f"P{p}-node{k}" for p, k in V_CONFIGS] + ["P5-node2-mpi4py"],
-)
+@over_v_configs
 def test_irregular_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     """alltoallv (and in place), allgatherv (and in place) and a ring's neighbor_alltoallv
     across nodes, bit for bit against mpi4py: random counts with empty and odd blocks and
