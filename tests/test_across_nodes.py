@@ -1,8 +1,8 @@
 """alltoall across nodes (TPDS'18 §2.5): the aggregated path (one message per node pair) and
 the direct one (rank to rank), on virtual nodes of 1, 2 and 3 ranks at P = 4, 5, 6 and 8 --
-uneven nodes included -- bit for bit against mpi4py's Alltoall; allgather and the irregular
-collectives, whose blocks travel in the same round; calls that differ between nodes; a rank
-killed in the middle of the exchange between nodes.
+uneven nodes included -- bit for bit against mpi4py's Alltoall; allgather, the small
+reductions and the irregular collectives, whose blocks travel in the same round; calls that
+differ between nodes; a rank killed in the middle of the exchange between nodes.
 
 Each configuration is its own mpiexec job (ZCOLL_VIRTUAL_NODE_SIZE is read when a context is
 made), launched from the P = 1 run; the suite's own virtual-node runs (P = 4, 5 with nodes of
@@ -135,6 +135,83 @@ AG_CHECK_JOB = textwrap.dedent(
                     if out.tobytes() != expect.tobytes():
                         bad.append((forced, name, dt, count, "new recvbuf"))
     _aggregated.force(None)
+    everyone = world.gather(bad, root=0)
+    if world.rank == 0:
+        failed = [b for rank_bad in everyone for b in rank_bad]
+        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+    """
+)
+
+RED_CHECK_JOB = textwrap.dedent(
+    """
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _aggregated
+
+    world = MPI.COMM_WORLD
+    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+    ctx = zcoll._context.context(world)
+    # Small integer values: every order of summation gives the same bits, as MPI's would.
+    dtypes = ["i1", "u2", "i4", "i8", "u8", "f4", "f8", "c8", "c16"]
+    ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "bor": MPI.BOR}
+    limit = _aggregated.pack_limit(ctx, "allreduce")  # the size rule's
+    bad = []
+
+    def check(what, got, expect):
+        if got.tobytes() != expect.tobytes():
+            bad.append(what)
+
+    for forced in (None, True, False):  # the size rule, all in the round, none in it
+        _aggregated.force(forced)
+        for name, comm in comms.items():
+            p, r = comm.size, comm.rank
+            rng = np.random.default_rng(13 + r)
+            for dt in dtypes if name == "world" else ("i4", "f8"):
+                itemsize = np.dtype(dt).itemsize
+                counts = [1, 17, 3 * p]
+                if dt in ("i1", "f8"):  # at and just past the limit
+                    edge = limit // itemsize // p * p
+                    counts += [edge, edge + p]
+                for count in counts:
+                    x = rng.integers(0, 4, count).astype(dt)
+                    for opname, mpi_op in ops.items():
+                        if opname == "bor" and dt[0] not in "iu":
+                            continue
+                        if opname in ("max", "min") and dt[0] == "c":
+                            continue
+                        what = (forced, name, dt, count, opname)
+                        expect = np.empty_like(x)
+                        comm.Allreduce(x, expect, op=mpi_op)
+                        check(what + ("allreduce",), zcoll.allreduce(comm, x, op=opname), expect)
+                        y = x.copy()
+                        zcoll.allreduce(comm, zcoll.IN_PLACE, y, op=opname)
+                        check(what + ("allreduce in place",), y, expect)
+                        root = (count + 1) % p
+                        got = zcoll.reduce(comm, x, op=opname, root=root)
+                        if r == root:
+                            check(what + ("reduce",), got, expect)
+                        if count % p == 0:
+                            block = count // p
+                            check(what + ("reduce_scatter_block",),
+                                  zcoll.reduce_scatter_block(comm, x, op=opname),
+                                  expect[r * block : (r + 1) * block])  # fmt: skip
+    _aggregated.force(None)
+    # A size that differs on the last rank (small, and straddling the limit): every rank
+    # raises ValueError, no result written, the communicator works afterwards.
+    p, r = world.size, world.rank
+    errors = []
+    for n in (3, limit // 8 + 8):
+        n = n if r == p - 1 else 2
+        out = np.full(n, 7.0)
+        try:
+            zcoll.allreduce(world, np.ones(n), out)
+            errors.append("no error")
+        except ValueError:
+            errors.append(bool((out == 7.0).all()))
+    errors.append(bool((zcoll.allreduce(world, np.ones(3)) == p).all()))
+    if errors != [True, True, True]:
+        bad.append(("errors", errors))
     everyone = world.gather(bad, root=0)
     if world.rank == 0:
         failed = [b for rank_bad in everyone for b in rank_bad]
@@ -357,6 +434,18 @@ def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
 
 @alone
 @over_v_configs
+def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
+    """allreduce (and in place), reduce and reduce_scatter_block across nodes, whole in the
+    round (the size rule, or forced), or by the node's reduction and the leaders' (forced),
+    bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
+    one element, odd counts and counts at and just past the limit, on WORLD, a dup and a split
+    with reversed keys. Then a size that differs on one rank, on both sides of the limit:
+    ValueError everywhere, no result written, the communicator works afterwards."""
+    assert _run(tmp_path, RED_CHECK_JOB, ranks, node, sender=sender) == "OK"
+
+
+@alone
+@over_v_configs
 def test_irregular_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
     """alltoallv (and in place), allgatherv (and in place) and a ring's neighbor_alltoallv
     across nodes, bit for bit against mpi4py: random counts with empty and odd blocks and
@@ -424,6 +513,12 @@ KILL_JOB = textwrap.dedent(
     if path == "allgather":  # an allgather whose blocks travel in the round
         mine = np.full(4, rank, np.int64)
         collective = lambda comm, send, recv: zcoll.allgather(comm, mine, recv)
+    if path == "allreduce":  # an allreduce whole in the round
+
+        def collective(comm, send, recv):
+            total = zcoll.allreduce(comm, np.ones(4, np.int64))
+            recv[:, 0] = np.arange(p) if (total == p).all() else -1
+
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
         plan = zcoll.alltoall_init(comm, send, recv)
         collective = lambda comm, send, recv: plan()
@@ -449,12 +544,12 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
-@pytest.mark.parametrize("path", ["round", "direct", "v-round", "allgather", "plan"])
+@pytest.mark.parametrize("path", ["round", "direct", "v-round", "allgather", "allreduce", "plan"])
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
     SIGKILLs itself in call 50: with mpi4py's sender after packing, before sending (path
-    "round"; "v-round", "allgather": the same in an alltoallv's or an allgather's round);
+    "round"; "v-round", "allgather", "allreduce": the same in such a call's round);
     with the extension's, whose call
     is one crossing, just before it; or, blocks going rank to rank (path "direct", run by the
     Python path so that a hook can reach it), before sending its blocks; or (path "plan")

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <array>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -16,6 +17,8 @@
 #include "bindings.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
+#include "rounds.hpp"
+#include "zcoll/aggregate.hpp"
 #include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/reduce_kernels.hpp"
@@ -79,6 +82,67 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
         return error_record(arg_error::type, public_call_prefix(op) + why);
       });
 }
+
+// Whether a call of `op` across nodes travels whole in its round (aggregate.hpp's
+// begin_reduction): allreduce, reduce or reduce_scatter whose input (`send`, or `recv` in
+// place) is a non-empty ndarray within the engine's size rule. The Python path asks the same.
+bool round_carries_reduction(node_context& ctx, op_code op, const py::object& send,
+                             const py::object& recv) {
+  if (op != op_code::allreduce && op != op_code::reduce && op != op_code::reduce_scatter)
+    return false;
+  const py::object& input = is_in_place(send) || send.is_none() ? recv : send;
+  if (!py::isinstance<py::array>(input)) return false;
+  const auto bytes = py::reinterpret_borrow<py::array>(input).nbytes();
+  const std::int64_t limit = ctx.between_nodes(node_map{}).pack_limit(op);
+  return bytes > 0 && limit >= 0 && bytes <= limit;
+}
+
+// Phase 1 of a reduction's round on `ctx` (every node rank alike; the record says what is
+// wrong when an argument cannot be converted).
+node_messages& begin_reduction_round(node_context& ctx, const call_record& record, op_code op,
+                                     const py::object& send, const py::object& recv, int reduce,
+                                     int algorithm, int root) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  with_reduction_views(
+      op, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        py::gil_scoped_release release;
+        const reduction_call call{op, s, r, reduce, algorithm, root};
+        round.begin_reduction(record, &call);
+      },
+      [&](const std::string&) {
+        py::gil_scoped_release release;
+        round.begin_reduction(record, nullptr);
+      });
+  return round;
+}
+
+call_record record_of(const py::bytes& record) {
+  const std::string_view bytes = record;
+  if (bytes.size() != sizeof(call_record))
+    throw std::invalid_argument("record must be one call record");
+  call_record r;
+  std::memcpy(&r, bytes.data(), sizeof r);
+  return r;
+}
+
+#ifdef ZCOLL_HAVE_MPI
+// A reduction across nodes whole in its round, messages from C++ (one crossing).
+void reduction_across_nodes(node_context& ctx, op_code op, const py::object& send,
+                            const py::object& recv, int reduce, int algorithm, int root,
+                            const nodes_route& route) {
+  const call_record record = describe(ctx, op, send, recv, reduce, algorithm, root);
+  node_messages& round = ctx.between_nodes(node_map{});
+  const std::string what = public_call_prefix(op) + "messages between nodes";
+  marking_failure(round, [&] {
+    begin_reduction_round(ctx, record, op, send, recv, reduce, algorithm, root);
+    py::gil_scoped_release release;
+    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
+                        wait_timeout(ctx), what);
+  });
+  if (!round.packed()) throw std::logic_error("zcoll: a reduction's round carried no result");
+}
+#endif
 
 // dst = srcs[0] op srcs[1] op ... (in this order), for the multi-node path's leaders.
 void fold_arrays(int reduce, const py::array& dst, const std::vector<py::array>& srcs) {
@@ -144,15 +208,28 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const long root = PyLong_AsLong(args[6]);
     if (PyErr_Occurred()) return nullptr;
     const op_code op = reduction_op(static_cast<int>(code));
-    const auto ctx = registered_context(args[1]);
+    nodes_route route;
+    std::shared_ptr<node_context> ctx = registered_context(args[1]);
+    const bool across_nodes = !ctx && (ctx = registered_route(args[1], route));
     const int reduce = op == op_code::bcast ? 0 : code_of<reduce_op>(args[4], none, none);
     const int algorithm = op == op_code::bcast
                               ? auto_algorithm
                               : code_of<reduce_algorithm>(args[5], auto_algorithm, none);
     if (!ctx || reduce == none || algorithm == none || root < INT32_MIN || root > INT32_MAX)
       Py_RETURN_NONE;
-    run(*ctx, op, py::reinterpret_borrow<py::object>(args[2]),
-        py::reinterpret_borrow<py::object>(args[3]), reduce, algorithm, static_cast<int>(root));
+    const auto send = py::reinterpret_borrow<py::object>(args[2]);
+    const auto recv = py::reinterpret_borrow<py::object>(args[3]);
+    if (across_nodes) {  // whole in the round within the size rule; else the Python path
+#ifdef ZCOLL_HAVE_MPI
+      if (ctx->closed() || !round_carries_reduction(*ctx, op, send, recv)) Py_RETURN_NONE;
+      reduction_across_nodes(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root),
+                             route);
+      Py_RETURN_TRUE;
+#else
+      Py_RETURN_NONE;
+#endif
+    }
+    run(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root));
     Py_RETURN_TRUE;
   } catch (...) {
     py::detail::try_translate_exceptions();
@@ -214,6 +291,44 @@ void register_reduction(py::module_& m) {
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
       py::arg("algorithm"), py::arg("root"),
       "Local: this rank's call record of such a call, for agree() across nodes.");
+  cls.def(
+      "nodes_carries_reduction",
+      [](node_context& ctx, int code, const py::object& send, const py::object& recv) {
+        return round_carries_reduction(ctx, reduction_op(code), send, recv);
+      },
+      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+      "After setup_nodes: whether a reduction of op code `code` on these buffers travels whole "
+      "in its round between nodes (within the size rule), as the one-crossing path decides.");
+  cls.def(
+      "nodes_reduction_begin",
+      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
+         const py::object& recv, int reduce, int algorithm, int root) {
+        begin_reduction_round(ctx, record_of(record), reduction_op(code), send, recv, reduce,
+                              algorithm, root);
+      },
+      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+      py::arg("op"), py::arg("algorithm"), py::arg("root"),
+      "Collective (node): phase 1 of a reduction's round between nodes (aggregate.hpp's "
+      "begin_reduction); the messages then go by mpi4py, and nodes_finish folds the result.");
+#ifdef ZCOLL_HAVE_MPI
+  cls.def(
+      "nodes_reduction_round",
+      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
+         const py::object& recv, int reduce, int algorithm, int root, std::uintptr_t comm, int rank,
+         int tag, int window, double timeout, const std::string& what) {
+        node_messages& round = begin_reduction_round(ctx, record_of(record), reduction_op(code),
+                                                     send, recv, reduce, algorithm, root);
+        py::gil_scoped_release release;
+        finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout, what);
+        return round.packed();
+      },
+      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+      py::arg("op"), py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"),
+      py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
+      "Collective (node): a reduction's whole round between nodes in one call, the messages by "
+      "MPI from C++; returns whether it carried the result (it did unless the call is in "
+      "error, which raises).");
+#endif
   cls.def(
       "set_reduction_model",
       [](node_context& ctx, int algorithm, const std::vector<cost_tuple>& pieces) {

@@ -224,3 +224,16 @@ TEST_CASE("an allgather's size rule is four times an alltoall's, with the same c
   CHECK(rule({0, 0, 0, 0, 4, 4, 4, 4}) == 64 * 1024);
   CHECK(rule({0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8}) == 64 * 1024);  // the cap
 }
+
+TEST_CASE("a reduction's size rule bounds the bytes each node sends per rank") {
+  using zcoll::node_map;
+  using zcoll::op_code;
+  const auto rule = [](std::vector<int> leaders, op_code op) {
+    return zcoll::max_aggregated_block(node_map::from_leaders(leaders), op);
+  };
+  CHECK(rule({0, 1}, op_code::allreduce) == 256 * 1024);         // 2 nodes of 1
+  CHECK(rule({0, 0, 2, 2}, op_code::allreduce) == 256 * 1024);   // 2 nodes of 2: the cap
+  CHECK(rule({0, 1, 2, 3}, op_code::reduce) == 256 * 1024 / 3);  // 4 nodes of 1
+  CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::reduce_scatter) == 2 * 256 * 1024 / 3);
+  CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::alltoall) == 8 * 1024);  // unchanged
+}

@@ -117,6 +117,11 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
   std::uint64_t q = nodes.node_of.size();
   for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
+  if (is_reduction(op)) {
+    const auto others = static_cast<std::uint64_t>(nodes.nodes() - 1);
+    return std::min(reduction_round_bytes,
+                    reduction_round_bytes * q / std::max<std::uint64_t>(others, 1));
+  }
   const std::uint64_t unit =
       aggregate_unit_block * (op == op_code::allgather ? allgather_block_factor : 1);
   return std::min(aggregate_max_block, unit * q);
@@ -209,6 +214,7 @@ detail::rank_line& node_messages::start_round(const call_record& record) {
   aggregate_ = false;
   node_blocks_ = false;
   own_ = false;
+  reduction_ = false;
   pattern_ = nullptr;
   layout_ = nullptr;
   direct_sends_.clear();
@@ -486,6 +492,8 @@ void node_messages::finish() {
   agree(records, op_);
   if (pattern_)
     finish_irregular(records);
+  else if (reduction_)
+    finish_reduction();
   else if (node_blocks_ && own_)
     unpack_own();
   else if (aggregate_)

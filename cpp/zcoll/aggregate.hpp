@@ -45,6 +45,13 @@
  * node sends (then a barrier), and after the verdict reads its own node's blocks from the node's
  * first outgoing message and the other nodes' from the incoming ones.
  *
+ * A reduction (allreduce, reduce, reduce_scatter) within its size rule travels whole in the
+ * round (aggregate_reduction.cpp): each rank copies its input into its local area, a barrier,
+ * each message's sender folds the node's inputs in node-rank order into its payload (the
+ * node's partial result), and after the verdict every rank folds the nodes' partials in node
+ * order -- this node's read from its first outgoing message -- into its part of the result:
+ * the same bits on every rank, no barrier after.
+ *
  * Irregular calls (alltoallv, allgatherv, neighbour collectives: vexchange.hpp) use the same
  * round. The head also carries the counts of a's ranks (bytes of every entry of each rank's send
  * list, then of its receive list), so after the round every rank holds every rank's counts and
@@ -69,6 +76,7 @@
 
 #include "zcoll/checks.hpp"
 #include "zcoll/protocol.hpp"
+#include "zcoll/reduction.hpp"
 #include "zcoll/registry.hpp"
 #include "zcoll/schedule.hpp"
 #include "zcoll/vexchange.hpp"
@@ -142,8 +150,18 @@ inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
 // 16 KiB (9.7-12 against 15-24 us rank to rank), even with it at 64 KiB; on nodes of 2 faster
 // up to 32 KiB (40-72 against 98-135 rank to rank and 69-108 by the leaders), even at 64 KiB.
 inline constexpr std::uint64_t allgather_block_factor = 4;
+// A reduction's round (allreduce, reduce, reduce_scatter) carries each node's partial result,
+// n bytes, in each of its N - 1 messages: it carries inputs while the bytes a node sends per
+// rank, (N - 1) n / q, are at most this, and n too. The alternative is the node's reduction,
+// the leaders' gather, fold and broadcast through MPI and the node's broadcast. Measured (a
+// script timing zcoll.allreduce of float64 forced each way, 2-vCPU VM, two runs each): the round
+// faster at every size up to 256 KiB on two nodes (nodes of 1: 256 KiB 66-67 against 129-132
+// us; nodes of 2: 127-138 against 249-251), and up to 128 KiB on four one-rank nodes (157-183
+// against 198-212), slower at 256 KiB there (366-382 against 326-334).
+inline constexpr std::uint64_t reduction_round_bytes = 256 * 1024;
 // The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
-// (times allgather_block_factor for an allgather), at most aggregate_max_block.
+// (times allgather_block_factor for an allgather), at most aggregate_max_block; a reduction's,
+// reduction_round_bytes times q / (N - 1), at most reduction_round_bytes.
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;
 
 // How calls across nodes choose between carrying their blocks in the round and sending them rank
@@ -232,6 +250,16 @@ class node_messages {
   // blocks within pack_limit() are packed too. finish() then checks every pair's counts and
   // unpacks this rank's blocks. The call's receive buffer must stay alive until finish().
   void begin_irregular(const call_record& record, const v_call* call, bool carry);
+  // Collective (node): phase 1 of a reduction's round (allreduce, reduce, reduce_scatter; see
+  // carries_reduction). `call` nullptr: this rank's arguments could not be converted (its
+  // `record` says why). When every node rank's local checks passed on inputs of the same size
+  // within pack_limit(op), each copies its input into its local area, a barrier, and each
+  // message's sender folds the node's inputs (node-rank order) into the payload: the node's
+  // partial result. finish() then folds the nodes' partials in node order -- the same bits on
+  // every rank -- into this rank's result (reduce: the root's; reduce_scatter: its block).
+  // The call's buffers must stay alive until finish().
+  void begin_reduction(const call_record& record, const reduction_call* call);
+
   // After finish() of an irregular round: this rank's blocks to or from other nodes that the
   // round did not carry (non-empty, beyond pack_limit(), or all without carry) -- the caller
   // sends and receives them rank to rank. Both lists follow the pattern's tuple order, so the
@@ -288,6 +316,8 @@ class node_messages {
   void pack_own(const collective_args& args);
   void unpack_own();
   void unpack_gathered();  // an allgather's unpack_own
+  // A reduction round's finish: the nodes' partials folded into this rank's result.
+  void finish_reduction();
 
   node_context& ctx_;
   node_map nodes_;
@@ -316,6 +346,12 @@ class node_messages {
   int copy_ = 0;
   const std::byte* user_send_ = nullptr;  // own_: this rank's blocks (in place: its receive buffer)
   void* user_recv_ = nullptr;
+  // Reduction rounds (block_: input bytes; aggregate_: carried):
+  bool reduction_ = false;
+  reduce_op rop_ = reduce_op::sum;
+  element_type type_ = element_type::uint8;
+  std::byte* result_ = nullptr;  // where this rank's part of the result goes (nullptr: none)
+  std::size_t result_from_ = 0, result_bytes_ = 0;  // that part, in bytes of the full result
   // Irregular rounds:
   std::map<int, irregular_layout> layouts_;
   const irregular_layout* layout_ = nullptr;  // this round's, when every node rank counted

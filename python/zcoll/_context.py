@@ -301,6 +301,24 @@ class Context:
             self.core.nodes_begin(record, *alltoall)
         return self._round_by_mpi4py(what)[0]
 
+    def reduction_round(self, opname: str, record: bytes, args: tuple) -> None:
+        """Multi-node only: a reduction whole in its round between nodes (aggregate.hpp's
+        begin_reduction; `args` = (code, sendbuf, recvbuf, op code, algorithm code, root), a
+        call the engine's size rule lets through: ``core.nodes_carries_reduction``). Every rank
+        raises the error the records call for, or has its result after it."""
+        self.check_unbroken()
+        what = f"zcoll.{opname} (messages between nodes)"
+        if self._p2p_handle is not None:  # the whole round in one call of the extension
+            carried = self._bounded_in_cpp(
+                self.core.nodes_reduction_round, record, *args, self._p2p_handle, self.rank,
+                _NODE_TAG, self._send_window, get_timeout(), what,
+            )  # fmt: skip
+        else:
+            self.core.nodes_reduction_begin(record, *args)
+            carried = self._round_by_mpi4py(what)[0]
+        if not carried:  # the records agreed, so every node carried its partial
+            raise RuntimeError(f"zcoll.{opname}: the round between nodes carried no result")
+
     def v_round(self, opname: str, args: VCallArgs, carry: bool) -> int:
         """Multi-node only: the round between nodes of an irregular call (aggregate.hpp).
         Every rank's call record and counts reach every rank, and every rank raises the same

@@ -259,6 +259,33 @@ class NodeContext:
         what: str,
     ) -> bool: ...
     def nodes_finish(self) -> int: ...
+    def nodes_carries_reduction(self, code: int, sendbuf: Any, recvbuf: Any) -> bool: ...
+    def nodes_reduction_begin(
+        self,
+        record: bytes,
+        code: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        op: int,
+        algorithm: int,
+        root: int,
+    ) -> None: ...
+    def nodes_reduction_round(
+        self,
+        record: bytes,
+        code: int,
+        sendbuf: Any,
+        recvbuf: Any,
+        op: int,
+        algorithm: int,
+        root: int,
+        comm: int,
+        rank: int,
+        tag: int,
+        window: int,
+        timeout: float,
+        what: str,
+    ) -> bool: ...
     @property
     def nodes_node_blocks_delivered(self) -> bool: ...
     def nodes_pack_limit(self, op: int) -> int: ...

@@ -1,8 +1,11 @@
 """allreduce, reduce, reduce_scatter_block, bcast and barrier on the node's shared heap.
 
 The node's ranks combine their buffers where they are (HPDC'13's algorithms, in the C++
-engine: ``cpp/zcoll/reduction.hpp``); across nodes, one leader per node combines the nodes'
-results through MPI on a leaders' communicator made once per context.
+engine: ``cpp/zcoll/reduction.hpp``). Across nodes, a small reduction travels whole in the
+call's round of messages between nodes (each node's partial result in every message it
+sends, folded in node order on every rank: ``cpp/zcoll/aggregate.hpp``); a larger one, and
+bcast, go through one leader per node, which combine the nodes' results through MPI on a
+leaders' communicator made once per context.
 """
 
 from __future__ import annotations
@@ -150,11 +153,17 @@ def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
 
 
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
-    """Hierarchical path: the call agreed on across nodes, each node's buffers reduced on its
-    heap into its leader, the leaders' results combined through MPI, the result broadcast on
-    each node's heap (bcast: on the root's node, between leaders, on the other nodes)."""
+    """Hierarchical path. Small reductions travel whole in the round that agrees on the call
+    (each node's partial in every message it sends, folded in node order on every rank);
+    otherwise the call agreed on across nodes, each node's buffers reduced on its heap into its
+    leader, the leaders' results combined through MPI, the result broadcast on each node's heap
+    (bcast: on the root's node, between leaders, on the other nodes)."""
     name = _PUBLIC_NAMES[code]
-    ctx.agree(name, ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root))
+    record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
+    if ctx.core.nodes_carries_reduction(code, sendbuf, recvbuf):  # small: whole in the round
+        ctx.reduction_round(name, record, (code, sendbuf, recvbuf, op_code, alg_code, root))
+        return
+    ctx.agree(name, record)
     leader = ctx.local_ranks[0]  # this node's leader (comm rank)
     mine = ctx.node_of[ctx.rank]
     if code == _BCAST_CODE:
@@ -234,7 +243,9 @@ def allreduce(
     order (rank order for "flat" and each tile of "tiled", the tree's order, recursive
     doubling's pairs), never one that depends on timing. MPI promises neither. Floating-point
     results may differ from ``comm.Allreduce``'s in the last bits (another order); across
-    nodes, the nodes' results are combined in node order by the first node's leader.
+    nodes, each node's result is its ranks' inputs combined in rank order (small calls, whose
+    inputs travel in the round between nodes; larger ones: the node's algorithm), and the
+    nodes' results are combined in node order.
 
     The node's ranks read each other's inputs where they are when they are arena arrays
     (:func:`zcoll.empty`); other inputs are first copied into the arena (one copy of the
