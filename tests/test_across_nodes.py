@@ -196,6 +196,13 @@ RED_CHECK_JOB = textwrap.dedent(
                             check(what + ("reduce_scatter_block",),
                                   zcoll.reduce_scatter_block(comm, x, op=opname),
                                   expect[r * block : (r + 1) * block])  # fmt: skip
+                    # bcast from a root on each node in turn (its node's messages carry it)
+                    for root in sorted({0, p // 2, p - 1}):
+                        expect = x.copy()
+                        comm.Bcast(expect, root=root)
+                        b = x.copy() if r == root else np.zeros_like(x)
+                        zcoll.bcast(comm, b, root=root)
+                        check((forced, name, dt, count, "bcast", root), b, expect)
     _aggregated.force(None)
     # A size that differs on the last rank (small, and straddling the limit): every rank
     # raises ValueError, no result written, the communicator works afterwards.
@@ -435,8 +442,8 @@ def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
 @alone
 @over_v_configs
 def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
-    """allreduce (and in place), reduce and reduce_scatter_block across nodes, whole in the
-    round (the size rule, or forced), or by the node's reduction and the leaders' (forced),
+    """allreduce (and in place), reduce, reduce_scatter_block and bcast across nodes, whole in
+    the round (the size rule, or forced), or by the node's reduction and the leaders' (forced),
     bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
     one element, odd counts and counts at and just past the limit, on WORLD, a dup and a split
     with reversed keys. Then a size that differs on one rank, on both sides of the limit:

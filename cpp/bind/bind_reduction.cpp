@@ -84,12 +84,10 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
 }
 
 // Whether a call of `op` across nodes travels whole in its round (aggregate.hpp's
-// begin_reduction): allreduce, reduce or reduce_scatter whose input (`send`, or `recv` in
-// place) is a non-empty ndarray within the engine's size rule. The Python path asks the same.
+// begin_reduction): one whose input (`send`, or `recv` in place and for a bcast) is a
+// non-empty ndarray within the engine's size rule. The Python path asks the same.
 bool round_carries_reduction(node_context& ctx, op_code op, const py::object& send,
                              const py::object& recv) {
-  if (op != op_code::allreduce && op != op_code::reduce && op != op_code::reduce_scatter)
-    return false;
   const py::object& input = is_in_place(send) || send.is_none() ? recv : send;
   if (!py::isinstance<py::array>(input)) return false;
   const auto bytes = py::reinterpret_borrow<py::array>(input).nbytes();
@@ -133,7 +131,8 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
                             const nodes_route& route) {
   const call_record record = describe(ctx, op, send, recv, reduce, algorithm, root);
   node_messages& round = ctx.between_nodes(node_map{});
-  const std::string what = public_call_prefix(op) + "messages between nodes";
+  std::string what = public_call_prefix(op);  // "zcoll.allreduce: "
+  what.replace(what.size() - 2, 2, " (messages between nodes)");
   marking_failure(round, [&] {
     begin_reduction_round(ctx, record, op, send, recv, reduce, algorithm, root);
     py::gil_scoped_release release;
@@ -241,8 +240,31 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 // crossing, returning True; None, having done nothing, when the Python path must run it.
 PyObject* fast_barrier(PyObject*, PyObject* comm) {
   try {
-    const auto ctx = registered_context(comm);
-    if (!ctx) Py_RETURN_NONE;
+    nodes_route route;
+    std::shared_ptr<node_context> ctx = registered_context(comm);
+    if (!ctx) {
+#ifdef ZCOLL_HAVE_MPI
+      // Several nodes: one round of records is a barrier of the whole communicator (a node's
+      // messages leave after all its ranks arrived; a rank leaves after its node received them
+      // all).
+      ctx = registered_route(comm, route);
+      if (!ctx || ctx->closed()) Py_RETURN_NONE;
+      node_messages& round = ctx->between_nodes(node_map{});
+      call_record record;
+      record.call.op = op_code::barrier;
+      {
+        py::gil_scoped_release release;
+        marking_failure(round, [&] {
+          round.begin(record, nullptr);
+          finish_round_by_mpi(*ctx, round, route.comm, route.rank, route.tag, route.window,
+                              wait_timeout(*ctx), "zcoll.barrier (messages between nodes)");
+        });
+      }
+      Py_RETURN_TRUE;
+#else
+      Py_RETURN_NONE;
+#endif
+    }
     gil_released_on_block gil(*ctx, 0);
     ctx->barrier();
     Py_RETURN_TRUE;
@@ -254,8 +276,9 @@ PyObject* fast_barrier(PyObject*, PyObject* comm) {
 
 PyMethodDef fast_barrier_def = {
     "fast_barrier", &fast_barrier, METH_O,
-    "fast_barrier(comm): the node barrier of a registered context in one crossing (True), or "
-    "None having done nothing when the Python path must run it."};
+    "fast_barrier(comm): the barrier of a registered context in one crossing (True: on one "
+    "node the node barrier, on several a round of records between nodes), or None having "
+    "done nothing when the Python path must run it."};
 
 PyMethodDef fast_reduction_def = {
     "fast_reduction", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fast_reduction)),

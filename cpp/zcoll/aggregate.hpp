@@ -250,13 +250,14 @@ class node_messages {
   // blocks within pack_limit() are packed too. finish() then checks every pair's counts and
   // unpacks this rank's blocks. The call's receive buffer must stay alive until finish().
   void begin_irregular(const call_record& record, const v_call* call, bool carry);
-  // Collective (node): phase 1 of a reduction's round (allreduce, reduce, reduce_scatter; see
-  // carries_reduction). `call` nullptr: this rank's arguments could not be converted (its
+  // Collective (node): phase 1 of a reduction's round (allreduce, reduce, reduce_scatter,
+  // bcast). `call` nullptr: this rank's arguments could not be converted (its
   // `record` says why). When every node rank's local checks passed on inputs of the same size
   // within pack_limit(op), each copies its input into its local area, a barrier, and each
   // message's sender folds the node's inputs (node-rank order) into the payload: the node's
   // partial result. finish() then folds the nodes' partials in node order -- the same bits on
-  // every rank -- into this rank's result (reduce: the root's; reduce_scatter: its block).
+  // every rank -- into this rank's result (reduce: the root's; reduce_scatter: its block). A
+  // bcast: the root's buffer into its local area, and the root's node's messages carry it.
   // The call's buffers must stay alive until finish().
   void begin_reduction(const call_record& record, const reduction_call* call);
 
@@ -350,7 +351,8 @@ class node_messages {
   bool reduction_ = false;
   reduce_op rop_ = reduce_op::sum;
   element_type type_ = element_type::uint8;
-  std::byte* result_ = nullptr;  // where this rank's part of the result goes (nullptr: none)
+  std::byte* result_ = nullptr;   // where this rank's part of the result goes (nullptr: none)
+  int root_ = 0, root_node_ = 0;  // reduce, bcast: the root (communicator rank) and its node
   std::size_t result_from_ = 0, result_bytes_ = 0;  // that part, in bytes of the full result
   // Irregular rounds:
   std::map<int, irregular_layout> layouts_;

@@ -3,9 +3,9 @@
 The node's ranks combine their buffers where they are (HPDC'13's algorithms, in the C++
 engine: ``cpp/zcoll/reduction.hpp``). Across nodes, a small reduction travels whole in the
 call's round of messages between nodes (each node's partial result in every message it
-sends, folded in node order on every rank: ``cpp/zcoll/aggregate.hpp``); a larger one, and
-bcast, go through one leader per node, which combine the nodes' results through MPI on a
-leaders' communicator made once per context.
+sends, folded in node order on every rank; a bcast's buffer in the root's node's messages:
+``cpp/zcoll/aggregate.hpp``); a larger one goes through one leader per node, which combine the
+nodes' results through MPI on a leaders' communicator made once per context.
 """
 
 from __future__ import annotations
@@ -154,7 +154,8 @@ def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
 
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
     """Hierarchical path. Small reductions travel whole in the round that agrees on the call
-    (each node's partial in every message it sends, folded in node order on every rank);
+    (each node's partial in every message it sends, folded in node order on every rank; a
+    bcast's buffer in the root's node's messages);
     otherwise the call agreed on across nodes, each node's buffers reduced on its heap into its
     leader, the leaders' results combined through MPI, the result broadcast on each node's heap
     (bcast: on the root's node, between leaders, on the other nodes)."""
@@ -347,8 +348,10 @@ def bcast(comm: MPI.Comm, buf: np.ndarray, *, root: int = 0) -> np.ndarray:
     -----
     Small buffers go through the root's eager slot (one barrier); larger ones are read by
     every rank straight from the root's buffer when it is an arena array (else from a copy in
-    the arena), followed by one more barrier. Across nodes: on the root's node, then between
-    the nodes' leaders through MPI, then on the other nodes.
+    the arena), followed by one more barrier. Across nodes, small buffers travel in the
+    call's round of messages between nodes (the root's node sends it to every other node);
+    larger ones go on the root's node, then between the nodes' leaders through MPI, then on
+    the other nodes.
     """
     if _fast(_BCAST_CODE, comm, None, buf, "sum", AUTO, root):
         return buf
@@ -359,8 +362,10 @@ def barrier(comm: MPI.Comm) -> None:
     """Block until every rank of `comm` has called it.
 
     The engine's node barrier (shared-memory flags: spin, yield, then futex; bounded, dead
-    peers detected); on a communicator spanning several nodes, the node barrier, an MPI
-    barrier between the nodes' leaders, and the node barrier again.
+    peers detected); on a communicator spanning several nodes, one round of messages between
+    nodes from the extension (a node's messages leave once all its ranks arrived), or with
+    mpi4py's sender the node barrier, an MPI barrier between the nodes' leaders, and the node
+    barrier again.
 
     Raises
     ------
