@@ -236,4 +236,6 @@ TEST_CASE("a reduction's size rule bounds the bytes each node sends per rank") {
   CHECK(rule({0, 1, 2, 3}, op_code::reduce) == 256 * 1024 / 3);  // 4 nodes of 1
   CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::reduce_scatter) == 2 * 256 * 1024 / 3);
   CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::alltoall) == 8 * 1024);  // unchanged
+  CHECK(rule({0, 1}, op_code::bcast) == 16 * 1024);  // a bcast: allgather's rule
+  CHECK(rule({0, 0, 2, 2}, op_code::bcast) == 32 * 1024);
 }

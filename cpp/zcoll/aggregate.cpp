@@ -117,13 +117,14 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
   std::uint64_t q = nodes.node_of.size();
   for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
-  if (is_reduction(op)) {
+  if (is_reduction(op) && op != op_code::bcast) {
     const auto others = static_cast<std::uint64_t>(nodes.nodes() - 1);
     return std::min(reduction_round_bytes,
                     reduction_round_bytes * q / std::max<std::uint64_t>(others, 1));
   }
-  const std::uint64_t unit =
-      aggregate_unit_block * (op == op_code::allgather ? allgather_block_factor : 1);
+  // An allgather's message holds one block per sender, a bcast's the root's buffer.
+  const bool one_per_sender = op == op_code::allgather || op == op_code::bcast;
+  const std::uint64_t unit = aggregate_unit_block * (one_per_sender ? allgather_block_factor : 1);
   return std::min(aggregate_max_block, unit * q);
 }
 

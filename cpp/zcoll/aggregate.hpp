@@ -160,8 +160,14 @@ inline constexpr std::uint64_t allgather_block_factor = 4;
 // against 198-212), slower at 256 KiB there (366-382 against 326-334).
 inline constexpr std::uint64_t reduction_round_bytes = 256 * 1024;
 // The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
-// (times allgather_block_factor for an allgather), at most aggregate_max_block; a reduction's,
-// reduction_round_bytes times q / (N - 1), at most reduction_round_bytes.
+// (times allgather_block_factor for an allgather or a bcast), at most aggregate_max_block; a
+// reduction's, reduction_round_bytes times q / (N - 1), at most reduction_round_bytes. A bcast
+// moves no more bytes through the round than a reduction, but the copies into and out of it
+// (root to local area to messages to every rank) cost more than the leaders' path, which
+// broadcasts the user's buffer itself: measured (a script timing zcoll.bcast forced each way,
+// two runs) the round faster up to 8 KiB on one-rank nodes (9.2-9.9 against 12.4-14.7 us),
+// even at 16 KiB, slower at 32 KiB (28 against 16-18); on nodes of 2 faster up to 32 KiB;
+// slower at 64 KiB in zcoll.bench bcast (62 against 50).
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;
 
 // How calls across nodes choose between carrying their blocks in the round and sending them rank
