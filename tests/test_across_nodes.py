@@ -29,18 +29,50 @@ from test_leaks import (
 
 from zcoll import _aggregated
 
-CHECK_JOB = textwrap.dedent(
-    """
-    import sys
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-    from zcoll import _aggregated
+# The jobs that check results against mpi4py: each rank collects what differs in `bad`; rank 0
+# prints OK or the first differences.
+_JOB_HEAD = """
+import numpy as np
+from mpi4py import MPI
+import zcoll
+from zcoll import _aggregated
 
-    world = MPI.COMM_WORLD
-    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+world = MPI.COMM_WORLD
+comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
+bad = []
+
+
+def check(what, got, expect):
+    if got.tobytes() != expect.tobytes():
+        bad.append(what)
+
+
+def cases(seed, dtypes, few):
+    # The size rule, every block in the round, none in it; each communicator, every dtype on
+    # WORLD and `few` on the others.
+    for forced in (None, True, False):
+        _aggregated.force(forced)
+        for name, comm in comms.items():
+            rng = np.random.default_rng(seed + comm.rank)
+            for dt in dtypes if name == "world" else few:
+                yield forced, name, comm, rng, dt
+    _aggregated.force(None)
+"""
+_JOB_TAIL = """
+everyone = world.gather(bad, root=0)
+if world.rank == 0:
+    failed = [b for rank_bad in everyone for b in rank_bad]
+    print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+"""
+
+
+def _checking_job(body: str) -> str:
+    return _JOB_HEAD + textwrap.dedent(body) + _JOB_TAIL
+
+
+CHECK_JOB = _checking_job(
+    """
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
-    bad = []
     # The two ways of packing forced too (aggregate.hpp's sender_packs_bytes: each message by
     # its sender alone, or by the node in shares), on fewer communicators and dtypes.
     core = zcoll._context.context(world).core
@@ -81,129 +113,91 @@ CHECK_JOB = textwrap.dedent(
                     out = zcoll.alltoall(comm, send)  # recvbuf=None: a new arena array
                     if out.tobytes() != expect.tobytes():
                         bad.append((path, name, dt, count, "new recvbuf"))
-    everyone = world.gather(bad, root=0)
-    if world.rank == 0:
-        failed = [b for rank_bad in everyone for b in rank_bad]
-        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
     """
 )
 
-AG_CHECK_JOB = textwrap.dedent(
+AG_CHECK_JOB = _checking_job(
     """
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-    from zcoll import _aggregated
-
-    world = MPI.COMM_WORLD
-    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f2", "f4", "f8", "c8", "c16", "?"]
     # An allgather's size rule (four times an alltoall's): blocks at and just past it.
     limit = _aggregated.pack_limit(zcoll._context.context(world), "allgather")
-    bad = []
-    for forced in (None, True, False):  # the size rule, all in the round, none in it
-        _aggregated.force(forced)
-        for name, comm in comms.items():
-            p, r = comm.size, comm.rank
-            rng = np.random.default_rng(3 + r)
-            for dt in dtypes if name == "world" else ("i1", "c16"):
-                itemsize = np.dtype(dt).itemsize
-                edge = (limit // itemsize, limit // itemsize + 1) if dt in ("i1", "f8") else ()
-                for count in (0, 1, 3, 17, *edge):
-                    data = rng.integers(0, 256, count * itemsize, np.uint8)
-                    send = data.view(dt)
-                    expect = np.empty((p, data.size), np.uint8)
-                    comm.Allgather(data, expect)  # as bytes: MPI has no float16
-                    # mixed: arena buffers on even ranks, private ones on odd ranks
-                    for where in ("private", "arena", "mixed"):
-                        if where != "private":  # collective
-                            s = zcoll.empty(comm, send.shape, send.dtype)
-                            g = zcoll.empty(comm, (p, *send.shape), send.dtype)
-                            s[...] = send
-                        if where == "private" or (where == "mixed" and r % 2):
-                            s, g = send.copy(), np.empty((p, *send.shape), send.dtype)
-                        g.view(np.uint8)[...] = 0xA5
-                        zcoll.allgather(comm, s, g)
-                        if g.tobytes() != expect.tobytes():
-                            bad.append((forced, name, dt, count, where))
-                        g.view(np.uint8)[...] = 0xA5
-                        g[r] = send
-                        zcoll.allgather(comm, zcoll.IN_PLACE, g)
-                        if g.tobytes() != expect.tobytes():
-                            bad.append((forced, name, dt, count, where, "in place"))
-                    out = zcoll.allgather(comm, send)  # recvbuf=None: a new arena array
-                    if out.tobytes() != expect.tobytes():
-                        bad.append((forced, name, dt, count, "new recvbuf"))
-    _aggregated.force(None)
-    everyone = world.gather(bad, root=0)
-    if world.rank == 0:
-        failed = [b for rank_bad in everyone for b in rank_bad]
-        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
+    for forced, name, comm, rng, dt in cases(3, dtypes, ("i1", "c16")):
+        p, r = comm.size, comm.rank
+        itemsize = np.dtype(dt).itemsize
+        edge = (limit // itemsize, limit // itemsize + 1) if dt in ("i1", "f8") else ()
+        for count in (0, 1, 3, 17, *edge):
+            data = rng.integers(0, 256, count * itemsize, np.uint8)
+            send = data.view(dt)
+            expect = np.empty((p, data.size), np.uint8)
+            comm.Allgather(data, expect)  # as bytes: MPI has no float16
+            # mixed: arena buffers on even ranks, private ones on odd ranks
+            for where in ("private", "arena", "mixed"):
+                if where != "private":  # collective
+                    s = zcoll.empty(comm, send.shape, send.dtype)
+                    g = zcoll.empty(comm, (p, *send.shape), send.dtype)
+                    s[...] = send
+                if where == "private" or (where == "mixed" and r % 2):
+                    s, g = send.copy(), np.empty((p, *send.shape), send.dtype)
+                g.view(np.uint8)[...] = 0xA5
+                zcoll.allgather(comm, s, g)
+                if g.tobytes() != expect.tobytes():
+                    bad.append((forced, name, dt, count, where))
+                g.view(np.uint8)[...] = 0xA5
+                g[r] = send
+                zcoll.allgather(comm, zcoll.IN_PLACE, g)
+                if g.tobytes() != expect.tobytes():
+                    bad.append((forced, name, dt, count, where, "in place"))
+            out = zcoll.allgather(comm, send)  # recvbuf=None: a new arena array
+            if out.tobytes() != expect.tobytes():
+                bad.append((forced, name, dt, count, "new recvbuf"))
     """
 )
 
-RED_CHECK_JOB = textwrap.dedent(
+RED_CHECK_JOB = _checking_job(
     """
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-    from zcoll import _aggregated
-
-    world = MPI.COMM_WORLD
-    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
     ctx = zcoll._context.context(world)
     # Small integer values: every order of summation gives the same bits, as MPI's would.
     dtypes = ["i1", "u2", "i4", "i8", "u8", "f4", "f8", "c8", "c16"]
     ops = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "bor": MPI.BOR}
     limit = _aggregated.pack_limit(ctx, "allreduce")  # the size rule's
-    bad = []
 
-    def check(what, got, expect):
-        if got.tobytes() != expect.tobytes():
-            bad.append(what)
-
-    for forced in (None, True, False):  # the size rule, all in the round, none in it
-        _aggregated.force(forced)
-        for name, comm in comms.items():
-            p, r = comm.size, comm.rank
-            rng = np.random.default_rng(13 + r)
-            for dt in dtypes if name == "world" else ("i4", "f8"):
-                itemsize = np.dtype(dt).itemsize
-                counts = [1, 17, 3 * p]
-                if dt in ("i1", "f8"):  # at and just past the limit
-                    edge = limit // itemsize // p * p
-                    counts += [edge, edge + p]
-                for count in counts:
-                    x = rng.integers(0, 4, count).astype(dt)
-                    for opname, mpi_op in ops.items():
-                        if opname == "bor" and dt[0] not in "iu":
-                            continue
-                        if opname in ("max", "min") and dt[0] == "c":
-                            continue
-                        what = (forced, name, dt, count, opname)
-                        expect = np.empty_like(x)
-                        comm.Allreduce(x, expect, op=mpi_op)
-                        check(what + ("allreduce",), zcoll.allreduce(comm, x, op=opname), expect)
-                        y = x.copy()
-                        zcoll.allreduce(comm, zcoll.IN_PLACE, y, op=opname)
-                        check(what + ("allreduce in place",), y, expect)
-                        root = (count + 1) % p
-                        got = zcoll.reduce(comm, x, op=opname, root=root)
-                        if r == root:
-                            check(what + ("reduce",), got, expect)
-                        if count % p == 0:
-                            block = count // p
-                            check(what + ("reduce_scatter_block",),
-                                  zcoll.reduce_scatter_block(comm, x, op=opname),
-                                  expect[r * block : (r + 1) * block])  # fmt: skip
-                    # bcast from a root on each node in turn (its node's messages carry it)
-                    for root in sorted({0, p // 2, p - 1}):
-                        expect = x.copy()
-                        comm.Bcast(expect, root=root)
-                        b = x.copy() if r == root else np.zeros_like(x)
-                        zcoll.bcast(comm, b, root=root)
-                        check((forced, name, dt, count, "bcast", root), b, expect)
-    _aggregated.force(None)
+    for forced, name, comm, rng, dt in cases(13, dtypes, ("i4", "f8")):
+        p, r = comm.size, comm.rank
+        itemsize = np.dtype(dt).itemsize
+        counts = [1, 17, 3 * p]
+        if dt in ("i1", "f8"):  # at and just past the limit
+            edge = limit // itemsize // p * p
+            counts += [edge, edge + p]
+        for count in counts:
+            x = rng.integers(0, 4, count).astype(dt)
+            for opname, mpi_op in ops.items():
+                if opname == "bor" and dt[0] not in "iu":
+                    continue
+                if opname in ("max", "min") and dt[0] == "c":
+                    continue
+                what = (forced, name, dt, count, opname)
+                expect = np.empty_like(x)
+                comm.Allreduce(x, expect, op=mpi_op)
+                check(what + ("allreduce",), zcoll.allreduce(comm, x, op=opname), expect)
+                y = x.copy()
+                zcoll.allreduce(comm, zcoll.IN_PLACE, y, op=opname)
+                check(what + ("allreduce in place",), y, expect)
+                root = (count + 1) % p
+                got = zcoll.reduce(comm, x, op=opname, root=root)
+                if r == root:
+                    check(what + ("reduce",), got, expect)
+                if count % p == 0:
+                    block = count // p
+                    check(what + ("reduce_scatter_block",),
+                          zcoll.reduce_scatter_block(comm, x, op=opname),
+                          expect[r * block : (r + 1) * block])  # fmt: skip
+            # bcast from a root on each node in turn (its node's messages carry it)
+            for root in sorted({0, p // 2, p - 1}):
+                expect = x.copy()
+                comm.Bcast(expect, root=root)
+                b = x.copy() if r == root else np.zeros_like(x)
+                zcoll.bcast(comm, b, root=root)
+                check((forced, name, dt, count, "bcast", root), b, expect)
     # A size that differs on the last rank (small, and straddling the limit): every rank
     # raises ValueError, no result written, the communicator works afterwards.
     p, r = world.size, world.rank
@@ -219,10 +213,6 @@ RED_CHECK_JOB = textwrap.dedent(
     errors.append(bool((zcoll.allreduce(world, np.ones(3)) == p).all()))
     if errors != [True, True, True]:
         bad.append(("errors", errors))
-    everyone = world.gather(bad, root=0)
-    if world.rank == 0:
-        failed = [b for rank_bad in everyone for b in rank_bad]
-        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
     """
 )
 
@@ -283,17 +273,8 @@ ERROR_JOB = textwrap.dedent(
     """
 )
 
-V_CHECK_JOB = textwrap.dedent(
+V_CHECK_JOB = _checking_job(
     """
-    import numpy as np
-    from mpi4py import MPI
-    import zcoll
-    from zcoll import _aggregated
-
-    world = MPI.COMM_WORLD
-    comms = {"world": world, "dup": world.Dup(), "reversed": world.Split(0, key=-world.rank)}
-    bad = []
-
     # The size rule's limit (4 KiB times the smallest node's ranks, at most 64 KiB).
     pack_limit = _aggregated.pack_limit(zcoll._context.context(world))
 
@@ -303,10 +284,6 @@ V_CHECK_JOB = textwrap.dedent(
         rng = np.random.default_rng(seed)
         choices = np.array([0, 1, 3, 17, limit, limit + 1])
         return choices[rng.choice(6, (p, p), p=[0.2, 0.25, 0.2, 0.2, 0.075, 0.075])]
-
-    def check(what, got, expect):
-        if got.tobytes() != expect.tobytes():
-            bad.append(what)
 
     for forced in (None, True, False):  # the size rule, all in the round, all rank to rank
         _aggregated.force(forced)
@@ -378,10 +355,6 @@ V_CHECK_JOB = textwrap.dedent(
     errors.append(bool((out == np.arange(p)).all()))
     if errors != [True, True, True]:
         bad.append(("errors", errors))
-    everyone = world.gather(bad, root=0)
-    if world.rank == 0:
-        failed = [b for rank_bad in everyone for b in rank_bad]
-        print("<<RESULT", "OK" if not failed else failed[:5], ">>", flush=True)
     """
 )
 
