@@ -57,6 +57,10 @@ step_nodes() {
     # plain NumPy buffers: each rank packs its own blocks across nodes, no staging (session 13)
     bench xn_numpy_p8 8 alltoall --virtual-node-size 2 --between-nodes --buffers numpy --sizes 8,1K,8K,16K,64K --orders auto --time-budget 0.2 --check
     bench xn_allgather_p8 8 allgather --virtual-node-size 2 --between-nodes --sizes 8,1K,16K,32K,64K --orders auto --time-budget 0.2 --check
+    for p in 8 16; do  # reductions and bcast whole in the round within their rules (session 13)
+        bench xn_allreduce_p$p $p allreduce --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K,1M --time-budget 0.2 --check
+        bench xn_bcast_p$p $p bcast --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K --time-budget 0.2
+    done
     for p in 8 16; do  # the irregular calls: counts and small blocks in the round (session 12)
         bench xn_alltoallv_p$p $p alltoallv --virtual-node-size $((p / 4)) --between-nodes \
             --sizes 8,1K,4K,16K,64K --orders auto --time-budget 0.2 --check
@@ -114,6 +118,8 @@ step_tcp() {  # every MPI message over TCP (loopback), as between real nodes; zc
             --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
         OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_ag_p$p $p allgather --virtual-node-size $((p / 4)) \
             --between-nodes --sizes 8,1K,16K --orders auto --time-budget 0.2
+        OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self bench tcp_ar_p$p $p allreduce --virtual-node-size $((p / 4)) \
+            --sizes 8,1K,16K,64K --time-budget 0.2
     done
 }
 step_tests() {  # the collectives' and reductions' tests at P = 16, never run in CI (2 cores)

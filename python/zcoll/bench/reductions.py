@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import zcoll
-from zcoll import _context, _core
+from zcoll import _aggregated, _context, _core
 from zcoll._registry import AUTO, TEMPORAL
 from zcoll._timing import REWRITE, after_rewrite
 
@@ -194,6 +194,10 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     extra = ["speedup", "auto/best", "auto ran"] if command != "bcast" else ["speedup"]
     picks = AUTO in names and command != "bcast"
     core = _context.context(comm).core if picks else None
+    # Across nodes, a call within the size rule travels whole in the round (each node's inputs
+    # folded in rank order): no node algorithm runs, and the column says "round".
+    ctx = _context.context(comm)
+    round_limit = _aggregated.pack_limit(ctx, command) if ctx.multi_node else -1
     report(
         f"{'bytes':>9}{MPI_METHOD:>{width}}"
         + "".join(f"{n:>{width}}" for n in names)
@@ -254,7 +258,8 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
             if command != "bcast" and AUTO in latencies and fixed:
                 line += f"{latencies[AUTO] / min(fixed):>11.2f}"
             if core is not None:
-                chosen[nbytes] = core.reduction_choice(nbytes)
+                carried = 0 < nbytes <= round_limit
+                chosen[nbytes] = "round" if carried else core.reduction_choice(nbytes)
                 line += f"{chosen[nbytes]:>15}"
             report(line)
     finally:
