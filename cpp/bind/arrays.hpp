@@ -5,7 +5,10 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <cstring>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "zcoll/checks.hpp"
 #include "zcoll/protocol.hpp"
@@ -78,6 +81,16 @@ inline pybind11::array as_c_array(const pybind11::object& obj) {
 // A call record as the bytes ranks on other nodes exchange (see protocol.hpp).
 inline pybind11::bytes record_bytes(const call_record& r) {
   return pybind11::bytes(reinterpret_cast<const char*>(&r), sizeof r);
+}
+
+// The call record in `bytes` (record_bytes' inverse).
+inline call_record record_of(const pybind11::bytes& bytes) {
+  const std::string_view view = bytes;
+  if (view.size() != sizeof(call_record))
+    throw std::invalid_argument("record must be one call record");
+  call_record r;
+  std::memcpy(&r, view.data(), sizeof r);
+  return r;
 }
 
 }  // namespace zcoll::bind

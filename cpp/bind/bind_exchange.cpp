@@ -84,11 +84,7 @@ auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&&
 // buffers (an alltoall), their views.
 node_messages& begin_round(node_context& ctx, const py::bytes& record, const py::object& send,
                            const py::object& recv, int order, int copy) {
-  const std::string_view bytes = record;
-  if (bytes.size() != sizeof(call_record))
-    throw std::invalid_argument("record must be one call record");
-  call_record r;
-  std::memcpy(&r, bytes.data(), sizeof r);
+  const call_record r = record_of(record);
   node_messages& round = ctx.between_nodes(node_map{});
   if (recv.is_none()) {
     py::gil_scoped_release release;
@@ -296,16 +292,6 @@ void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const
                         "zcoll." + std::string(name_of(op)));
 }
 
-// Whether an allgather into `recv` (an ndarray) has blocks within the size rule: the round
-// carries them. The Python path asks the engine the same (zcoll._aggregated.pack_limit).
-bool round_carries(node_context& ctx, const py::object& recv) {
-  if (!py::isinstance<py::array>(recv)) return false;
-  const std::int64_t limit = ctx.between_nodes(node_map{}).pack_limit(op_code::allgather);
-  const auto block = static_cast<std::uint64_t>(py::reinterpret_borrow<py::array>(recv).nbytes()) /
-                     static_cast<std::uint64_t>(ctx.config().comm_size);
-  return limit >= 0 && block <= static_cast<std::uint64_t>(limit);
-}
-
 // An alltoall or allgather on several nodes, whole, with the messages from C++ (the Python
 // path's alltoall_between_nodes in one crossing): the round carries every rank's record, and
 // the blocks when they are at most the pack limit; otherwise the node's part, then the blocks
@@ -369,7 +355,8 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
 #ifdef ZCOLL_HAVE_MPI
       if (found.ctx->closed()) Py_RETURN_NONE;
       const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
-      if (op == static_cast<long>(op_code::allgather) && !round_carries(*ctx, recv))
+      if (op == static_cast<long>(op_code::allgather) &&
+          !round_carries(*ctx, op_code::allgather, send, recv))
         Py_RETURN_NONE;  // larger blocks: the Python path chooses how they cross
       collective_across_nodes(*ctx, static_cast<op_code>(op), send, recv, order, copy,
                               *found.route);
@@ -611,6 +598,16 @@ void register_exchange(py::module_& m) {
           [](node_context& ctx) { return ctx.between_nodes(node_map{}).node_blocks_delivered(); },
           "After a round of an alltoall: whether it delivered the blocks between this node's "
           "ranks (all blocks when it packed; else the caller runs the node's part).")
+      .def(
+          "nodes_carries",
+          [](node_context& ctx, int code, const py::object& send, const py::object& recv) {
+            if (!is_code<op_code>(code)) throw py::value_error("not an operation's code");
+            return round_carries(ctx, static_cast<op_code>(code), send, recv);
+          },
+          py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+          "After setup_nodes: whether an allgather, reduction or bcast of op code `code` on "
+          "these buffers travels whole in its round between nodes (the size rule), as the "
+          "one-crossing path decides.")
       .def(
           "nodes_pack_limit",
           [](node_context& ctx, int op) {

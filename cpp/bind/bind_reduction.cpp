@@ -83,18 +83,6 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
       });
 }
 
-// Whether a call of `op` across nodes travels whole in its round (aggregate.hpp's
-// begin_reduction): one whose input (`send`, or `recv` in place and for a bcast) is a
-// non-empty ndarray within the engine's size rule. The Python path asks the same.
-bool round_carries_reduction(node_context& ctx, op_code op, const py::object& send,
-                             const py::object& recv) {
-  const py::object& input = is_in_place(send) || send.is_none() ? recv : send;
-  if (!py::isinstance<py::array>(input)) return false;
-  const auto bytes = py::reinterpret_borrow<py::array>(input).nbytes();
-  const std::int64_t limit = ctx.between_nodes(node_map{}).pack_limit(op);
-  return bytes > 0 && limit >= 0 && bytes <= limit;
-}
-
 // Phase 1 of a reduction's round on `ctx` (every node rank alike; the record says what is
 // wrong when an argument cannot be converted).
 node_messages& begin_reduction_round(node_context& ctx, const call_record& record, op_code op,
@@ -113,15 +101,6 @@ node_messages& begin_reduction_round(node_context& ctx, const call_record& recor
         round.begin_reduction(record, nullptr);
       });
   return round;
-}
-
-call_record record_of(const py::bytes& record) {
-  const std::string_view bytes = record;
-  if (bytes.size() != sizeof(call_record))
-    throw std::invalid_argument("record must be one call record");
-  call_record r;
-  std::memcpy(&r, bytes.data(), sizeof r);
-  return r;
 }
 
 #ifdef ZCOLL_HAVE_MPI
@@ -220,7 +199,7 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
     if (across_nodes) {  // whole in the round within the size rule; else the Python path
 #ifdef ZCOLL_HAVE_MPI
-      if (ctx->closed() || !round_carries_reduction(*ctx, op, send, recv)) Py_RETURN_NONE;
+      if (ctx->closed() || !round_carries(*ctx, op, send, recv)) Py_RETURN_NONE;
       reduction_across_nodes(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root),
                              route);
       Py_RETURN_TRUE;
@@ -314,14 +293,6 @@ void register_reduction(py::module_& m) {
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
       py::arg("algorithm"), py::arg("root"),
       "Local: this rank's call record of such a call, for agree() across nodes.");
-  cls.def(
-      "nodes_carries_reduction",
-      [](node_context& ctx, int code, const py::object& send, const py::object& recv) {
-        return round_carries_reduction(ctx, reduction_op(code), send, recv);
-      },
-      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
-      "After setup_nodes: whether a reduction of op code `code` on these buffers travels whole "
-      "in its round between nodes (within the size rule), as the one-crossing path decides.");
   cls.def(
       "nodes_reduction_begin",
       [](node_context& ctx, const py::bytes& record, int code, const py::object& send,

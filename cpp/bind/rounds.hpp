@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "arrays.hpp"
 #include "fast_path.hpp"
 #include "plans.hpp"
 #include "zcoll/aggregate.hpp"
@@ -25,6 +26,22 @@ namespace zcoll::bind {
 // nodes too.
 inline double wait_timeout(node_context& ctx) {
   return ctx.protocol().barrier().options().timeout_s;
+}
+
+// Whether a call of `op` across nodes carries its data whole in its round, by the engine's size
+// rule (node_messages::carries): an allgather's block (`recv`'s bytes / P), a reduction's or
+// bcast's input (`send`, or `recv` in place and for a bcast), non-empty. The one-crossing paths
+// and the Python path (NodeContext.nodes_carries) decide by it alike.
+inline bool round_carries(node_context& ctx, op_code op, const pybind11::object& send,
+                          const pybind11::object& recv) {
+  const bool gather = op == op_code::allgather;
+  const pybind11::object& data = gather || is_in_place(send) || send.is_none() ? recv : send;
+  if (!pybind11::isinstance<pybind11::array>(data)) return false;
+  const auto bytes =
+      static_cast<std::uint64_t>(pybind11::reinterpret_borrow<pybind11::array>(data).nbytes());
+  const node_messages& round = ctx.between_nodes(node_map{});
+  if (gather) return round.carries(op, bytes / static_cast<std::uint64_t>(ctx.config().comm_size));
+  return bytes > 0 && round.carries(op, bytes);
 }
 
 // Runs `steps` (a round between nodes and what follows it); a peer_error other than an

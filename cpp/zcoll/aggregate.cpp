@@ -267,8 +267,7 @@ void node_messages::begin(const call_record& record, const collective_data* data
     own_ = false;
     for (int j = 0; j < cfg.size; ++j)
       own_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
-    const std::int64_t limit = pack_limit(op_);
-    aggregate_ = limit >= 0 && block_ <= static_cast<std::uint64_t>(limit);
+    aggregate_ = carries(op_, block_);
     // An allgather's blocks are packed by their own ranks, whatever the buffers (a rank's one
     // block into every message: nothing to order); its node's blocks are read from the node's
     // first outgoing message.

@@ -222,6 +222,11 @@ class node_messages {
   // (max_aggregated_block) or what set_aggregation forces; negative: none. Irregular calls
   // take an alltoall's.
   std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept;
+  // Whether a call of `op` carries blocks (a reduction: inputs) of `bytes` in its round.
+  bool carries(op_code op, std::uint64_t bytes) const noexcept {
+    const std::int64_t limit = pack_limit(op);
+    return limit >= 0 && bytes <= static_cast<std::uint64_t>(limit);
+  }
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
   // node sends; with `data` on every node rank, blocks within pack_limit() and records that
   // match on the node (an alltoall whose local checks passed), the blocks bound for other nodes

@@ -23,9 +23,7 @@ void node_messages::begin_reduction(const call_record& record, const reduction_c
       is_reduction(op_)) {
     const local_check check = check_reduction_args(op_, cfg.comm_size, me, call->send, call->recv,
                                                    call->reduce, call->algorithm, call->root);
-    const std::int64_t limit = pack_limit(op_);
-    if (check.ok() && check.block_bytes > 0 && limit >= 0 &&
-        check.block_bytes <= static_cast<std::uint64_t>(limit)) {
+    if (check.ok() && check.block_bytes > 0 && carries(op_, check.block_bytes)) {
       const array_view& in = call->send ? *call->send : *call->recv;
       block_ = check.block_bytes;
       root_node_ = nodes_.node_of[static_cast<std::size_t>(call->root)];

@@ -8,7 +8,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _internode, _registry
-from ._aggregated import alltoall_between_nodes, exchange_remote, pack_limit
+from ._aggregated import alltoall_between_nodes, exchange_remote
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -99,12 +99,9 @@ def _allgather_across_nodes(ctx: Context, sendbuf, recvbuf, code: int, copy_code
 
 
 def _round_carries(ctx: Context, recvbuf) -> bool:
-    """Whether the round between nodes carries this allgather's blocks (within the engine's
-    size rule, as the extension's fast path decides)."""
-    if not isinstance(recvbuf, np.ndarray):
-        return False
-    limit = pack_limit(ctx, _ALLGATHER)
-    return limit >= 0 and recvbuf.nbytes // ctx.size <= limit
+    """Whether the round between nodes carries this allgather's blocks (the engine's size
+    rule, decided as the extension's fast path decides)."""
+    return ctx.core.nodes_carries(_ALLGATHER_CODE, None, recvbuf)
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:

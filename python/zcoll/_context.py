@@ -304,7 +304,7 @@ class Context:
     def reduction_round(self, opname: str, record: bytes, args: tuple) -> None:
         """Multi-node only: a reduction whole in its round between nodes (aggregate.hpp's
         begin_reduction; `args` = (code, sendbuf, recvbuf, op code, algorithm code, root), a
-        call the engine's size rule lets through: ``core.nodes_carries_reduction``). Every rank
+        call the engine's size rule lets through: ``core.nodes_carries``). Every rank
         raises the error the records call for, or has its result after it."""
         self.check_unbroken()
         what = f"zcoll.{opname} (messages between nodes)"

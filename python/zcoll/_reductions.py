@@ -155,13 +155,13 @@ def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
     """Hierarchical path. Small reductions travel whole in the round that agrees on the call
     (each node's partial in every message it sends, folded in node order on every rank; a
-    bcast's buffer in the root's node's messages);
-    otherwise the call agreed on across nodes, each node's buffers reduced on its heap into its
-    leader, the leaders' results combined through MPI, the result broadcast on each node's heap
-    (bcast: on the root's node, between leaders, on the other nodes)."""
+    bcast's buffer in the root's node's messages); otherwise the call agreed on across nodes,
+    each node's buffers reduced on its heap into its leader, the leaders' results combined
+    through MPI, the result broadcast on each node's heap (bcast: on the root's node, between
+    leaders, on the other nodes)."""
     name = _PUBLIC_NAMES[code]
     record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
-    if ctx.core.nodes_carries_reduction(code, sendbuf, recvbuf):  # small: whole in the round
+    if ctx.core.nodes_carries(code, sendbuf, recvbuf):  # small: whole in the round
         ctx.reduction_round(name, record, (code, sendbuf, recvbuf, op_code, alg_code, root))
         return
     ctx.agree(name, record)
