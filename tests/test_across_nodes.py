@@ -480,15 +480,17 @@ KILL_JOB = textwrap.dedent(
         return exchange_or_die
 
     cpp = os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
-    if path == "direct":  # rank to rank, after the round of records: from the Python path
-        _aggregated.force(False)  # (the one crossing runs it in C++, out of a hook's reach)
-        zcoll._collectives._fast = lambda *args: None
+    if path in ("direct", "spread"):  # after the round of records, from the Python path (the
+        # one crossing runs it in C++, out of a hook's reach): rank to rank, or phase 2 of a
+        # reduction spread over the ranks
+        _aggregated.force(False)
+        zcoll._collectives._fast = zcoll._reductions._fast = lambda *args: None
         setattr(_context.Context, "exchange_buffers", dying(_context.Context.exchange_buffers))
     elif not cpp:  # the aggregated round with mpi4py's sender: after packing
         setattr(_context.Context, "_exchange_messages", dying(_context.Context._exchange_messages))
     # With the extension's sender a call is one crossing from its second call on: die just
     # before it.
-    die_before = path == "plan" or (path != "direct" and cpp)
+    die_before = path == "plan" or (path not in ("direct", "spread") and cpp)
     collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
     if path == "allgather":  # an allgather whose blocks travel in the round
         mine = np.full(4, rank, np.int64)
@@ -497,6 +499,12 @@ KILL_JOB = textwrap.dedent(
 
         def collective(comm, send, recv):
             total = zcoll.allreduce(comm, np.ones(4, np.int64))
+            recv[:, 0] = np.arange(p) if (total == p).all() else -1
+
+    if path == "spread":  # an allreduce beyond the round's size rule
+
+        def collective(comm, send, recv):
+            total = zcoll.allreduce(comm, np.ones(1 << 16, np.int64))
             recv[:, 0] = np.arange(p) if (total == p).all() else -1
 
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
@@ -524,7 +532,9 @@ KILL_JOB = textwrap.dedent(
 
 
 @alone
-@pytest.mark.parametrize("path", ["round", "direct", "v-round", "allgather", "allreduce", "plan"])
+@pytest.mark.parametrize(
+    "path", ["round", "direct", "v-round", "allgather", "allreduce", "spread", "plan"]
+)
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
@@ -532,7 +542,10 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     "round"; "v-round", "allgather", "allreduce": the same in such a call's round);
     with the extension's, whose call
     is one crossing, just before it; or, blocks going rank to rank (path "direct", run by the
-    Python path so that a hook can reach it), before sending its blocks; or (path "plan")
+    Python path so that a hook can reach it), before sending its blocks; or, in an allreduce
+    beyond the round's rule (path "spread", the Python path too), after phase 1, before
+    sending its partials (the survivors wait for them, or for it at the node barrier that
+    ends the call); or (path "plan")
     just before a run of an alltoall plan, whose blocks between nodes go by persistent
     requests (from C++ in the run's one crossing, or from mpi4py). Its node-mate sees it
     die; rank 0, which waits for its message, raises PeerError once the 5 s timeout is over,

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstring>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -22,6 +23,7 @@
 #include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/reduce_kernels.hpp"
+#include "zcoll/spread_reduction.hpp"
 
 namespace py = pybind11;
 
@@ -103,8 +105,55 @@ node_messages& begin_reduction_round(node_context& ctx, const call_record& recor
   return round;
 }
 
+// Phase 1 of a reduction spread over the ranks (spread_reduction.hpp), after its round of
+// records agreed on it: with_reduction_views, then `then(spread)` without the GIL. The
+// conversions succeeded when the call was described, so they do here.
+template <class Then>
+void begin_spread(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
+                  int reduce, int algorithm, int root, Then&& then) {
+  spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
+  with_reduction_views(
+      op, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        const reduction_call call{op, s, r, reduce, algorithm, root};
+        py::gil_scoped_release release;
+        spread.begin(call);
+        then(spread);
+      },
+      [&](const std::string& why) { throw std::logic_error("zcoll: " + why); });
+}
+
+// A phase's messages as the Python path sends them: ([(peer, tag, uint8 array)] received,
+// the same sent), views of the engine's buffers valid until the next phase.
+py::tuple spread_lists(const spread_reduction& spread, int tag) {
+  const py::capsule owner(static_cast<const void*>(&spread), [](void*) {});  // owns nothing
+  auto list = [&](std::span<const spread_message> messages) {
+    py::list out;
+    for (const spread_message& m : messages)
+      out.append(
+          py::make_tuple(m.peer, tag,
+                         py::array(py::dtype::of<std::uint8_t>(),
+                                   {static_cast<py::ssize_t>(m.bytes)}, {1}, m.data, owner)));
+    return out;
+  };
+  return py::make_tuple(list(spread.recvs()), list(spread.sends()));
+}
+
 #ifdef ZCOLL_HAVE_MPI
-// A reduction across nodes whole in its round, messages from C++ (one crossing).
+// The messages of a phase of a spread reduction, by MPI from C++ (call without the GIL).
+void exchange_spread(const spread_reduction& spread, const nodes_route& route, int tag,
+                     double timeout, const std::string& what) {
+  auto buffers = [&](std::span<const spread_message> messages) {
+    std::vector<peer_buffer> out;
+    for (const spread_message& m : messages) out.push_back({m.peer, tag, m.data, m.bytes});
+    return out;
+  };
+  exchange_rank_to_rank(route, buffers(spread.recvs()), buffers(spread.sends()), false, timeout,
+                        what);
+}
+
+// A reduction across nodes in one crossing, messages from C++: whole in its round within the
+// size rule, else a round of records and the reduction spread over the ranks.
 void reduction_across_nodes(node_context& ctx, op_code op, const py::object& send,
                             const py::object& recv, int reduce, int algorithm, int root,
                             const nodes_route& route) {
@@ -118,29 +167,19 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
     finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
                         wait_timeout(ctx), what);
   });
-  if (!round.packed()) throw std::logic_error("zcoll: a reduction's round carried no result");
+  if (round.packed() || record.call.block_bytes == 0) return;
+  if (op == op_code::bcast) throw std::logic_error("zcoll: a bcast's round carried no buffer");
+  const double timeout = wait_timeout(ctx);
+  marking_failure(round, [&] {
+    begin_spread(ctx, op, send, recv, reduce, algorithm, root, [&](spread_reduction& spread) {
+      exchange_spread(spread, route, spread_partial_tag, timeout, what);
+      spread.combine();
+      exchange_spread(spread, route, spread_result_tag, timeout, what);
+      spread.finish();
+    });
+  });
 }
 #endif
-
-// dst = srcs[0] op srcs[1] op ... (in this order), for the multi-node path's leaders.
-void fold_arrays(int reduce, const py::array& dst, const std::vector<py::array>& srcs) {
-  const array_view d = view_of(dst);
-  const auto type = element_type_of(d.dtype);
-  if (!type || !is_code<reduce_op>(reduce) || !op_defined(static_cast<reduce_op>(reduce), *type))
-    throw type_mismatch("zcoll: no such reduction for this dtype");
-  if (!d.c_contiguous || !d.writeable) throw usage_error("zcoll: dst must be writable, contiguous");
-  std::vector<const void*> from;
-  for (const py::array& s : srcs) {
-    const array_view v = view_of(s);
-    if (!(v.dtype == d.dtype) || v.size != d.size || !v.c_contiguous)
-      throw usage_error("zcoll: every source must match dst (dtype, size, contiguity)");
-    from.push_back(v.data);
-  }
-  if (from.empty()) throw usage_error("zcoll: nothing to fold");
-  py::gil_scoped_release release;
-  reduce_fold(static_cast<reduce_op>(reduce), *type, const_cast<void*>(d.data), from.data(),
-              static_cast<int>(from.size()), d.size);
-}
 
 // The code of a name of `Enum`, "auto" as `auto_code`, or `none` for anything else. The names
 // are interned once, so the usual call (a literal such as op="sum") is one identity match.
@@ -197,9 +236,10 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
-    if (across_nodes) {  // whole in the round within the size rule; else the Python path
+    if (across_nodes) {  // a bcast beyond its round's size rule: the Python path
 #ifdef ZCOLL_HAVE_MPI
-      if (ctx->closed() || !round_carries(*ctx, op, send, recv)) Py_RETURN_NONE;
+      if (ctx->closed() || (op == op_code::bcast && !round_carries(*ctx, op, send, recv)))
+        Py_RETURN_NONE;
       reduction_across_nodes(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root),
                              route);
       Py_RETURN_TRUE;
@@ -304,6 +344,38 @@ void register_reduction(py::module_& m) {
       py::arg("op"), py::arg("algorithm"), py::arg("root"),
       "Collective (node): phase 1 of a reduction's round between nodes (aggregate.hpp's "
       "begin_reduction); the messages then go by mpi4py, and nodes_finish folds the result.");
+  cls.def(
+      "nodes_spread_begin",
+      [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
+         int algorithm, int root) {
+        begin_spread(ctx, reduction_op(code), send, recv, reduce, algorithm, root,
+                     [](spread_reduction&) {});
+        return spread_lists(ctx.between_nodes(node_map{}).spread(), spread_partial_tag);
+      },
+      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
+      py::arg("algorithm"), py::arg("root"),
+      "Collective (node), after a round of records agreed on a non-empty allreduce, reduce or "
+      "reduce_scatter_block beyond the round's rule: phase 1 of spread_reduction.hpp; returns "
+      "phase 2's (recvs, sends) as [(peer, tag, uint8 array)].");
+  cls.def(
+      "nodes_spread_combine",
+      [](node_context& ctx) {
+        spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
+        {
+          py::gil_scoped_release release;
+          spread.combine();
+        }
+        return spread_lists(spread, spread_result_tag);
+      },
+      "Local, after phase 2's messages: the owner's fold; returns phase 3's (recvs, sends).");
+  cls.def(
+      "nodes_spread_finish",
+      [](node_context& ctx) {
+        spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
+        py::gil_scoped_release release;
+        spread.finish();
+      },
+      "Collective (node), after phase 3's messages: the node barrier and this rank's result.");
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_reduction_round",
@@ -351,9 +423,6 @@ void register_reduction(py::module_& m) {
       },
       py::arg("algorithm"), py::arg("nbytes"),
       "Predicted seconds of an algorithm for nbytes per rank (the model algorithm='auto' uses).");
-  m.def("fold", &fold_arrays, py::arg("op"), py::arg("dst"), py::arg("srcs"),
-        "Local: dst = srcs[0] op srcs[1] op ... element-wise, in this order (the engine's "
-        "kernel; NumPy's semantics).");
   m.def(
       "reduction_supported",
       [](const py::dtype& dtype, int reduce) {

@@ -225,17 +225,85 @@ TEST_CASE("an allgather's size rule is four times an alltoall's, with the same c
   CHECK(rule({0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8}) == 64 * 1024);  // the cap
 }
 
-TEST_CASE("a reduction's size rule bounds the bytes each node sends per rank") {
+TEST_CASE("a reduction's size rule grows with the smallest node, bounded per rank and in all") {
   using zcoll::node_map;
   using zcoll::op_code;
   const auto rule = [](std::vector<int> leaders, op_code op) {
     return zcoll::max_aggregated_block(node_map::from_leaders(leaders), op);
   };
-  CHECK(rule({0, 1}, op_code::allreduce) == 256 * 1024);         // 2 nodes of 1
-  CHECK(rule({0, 0, 2, 2}, op_code::allreduce) == 256 * 1024);   // 2 nodes of 2: the cap
-  CHECK(rule({0, 1, 2, 3}, op_code::reduce) == 256 * 1024 / 3);  // 4 nodes of 1
-  CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::reduce_scatter) == 2 * 256 * 1024 / 3);
+  CHECK(rule({0, 1}, op_code::allreduce) == 32 * 1024);           // 2 nodes of 1
+  CHECK(rule({0, 0, 2, 2}, op_code::allreduce) == 64 * 1024);     // 2 nodes of 2
+  CHECK(rule({0, 0, 0, 3, 3}, op_code::allreduce) == 64 * 1024);  // the smallest node: 2
+  CHECK(rule({0, 1, 2, 3}, op_code::reduce) == 32 * 1024);        // 4 nodes of 1
+  CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::reduce_scatter) == 64 * 1024);
+  std::vector<int> sixteen_of_one(16), two_of_sixteen(32);
+  for (int r = 0; r < 16; ++r) sixteen_of_one[static_cast<std::size_t>(r)] = r;
+  for (int r = 0; r < 32; ++r) two_of_sixteen[static_cast<std::size_t>(r)] = r / 16 * 16;
+  CHECK(rule(sixteen_of_one, op_code::allreduce) == 256 * 1024 / 15);    // bounded per rank
+  CHECK(rule(two_of_sixteen, op_code::allreduce) == 256 * 1024);         // the cap
   CHECK(rule({0, 0, 2, 2, 4, 4, 6, 6}, op_code::alltoall) == 8 * 1024);  // unchanged
   CHECK(rule({0, 1}, op_code::bcast) == 16 * 1024);  // a bcast: allgather's rule
   CHECK(rule({0, 0, 2, 2}, op_code::bcast) == 32 * 1024);
+}
+
+TEST_CASE("a spread reduction's pieces cover the result in whole lines, or are the blocks") {
+  using zcoll::op_code;
+  const std::vector<int> all{0, 1, 2, 3};
+  const auto pieces = zcoll::spread_pieces(op_code::allreduce, 1000, 8, 3, {all.data(), 3});
+  REQUIRE(pieces.size() == 3);
+  CHECK(pieces[0].from == 0);
+  CHECK(pieces[0].bytes == 336 * 8);  // 334 elements rounded up to whole 64-byte lines
+  CHECK(pieces[1].from == 336 * 8);
+  CHECK(pieces[2].from == 672 * 8);
+  CHECK(pieces[2].bytes == 328 * 8);  // the rest
+  const auto short_result = zcoll::spread_pieces(op_code::reduce, 5, 8, 4, all);
+  CHECK(short_result[0].bytes == 40);
+  for (std::size_t r = 1; r < 4; ++r) CHECK(short_result[r].bytes == 0);
+  const auto blocks = zcoll::spread_pieces(op_code::reduce_scatter, 12, 4, 3, all);
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(blocks[r].from == r * 16);
+    CHECK(blocks[r].bytes == 16);
+  }
+}
+
+TEST_CASE("a reduce on two nodes gives the pieces to the root's node only") {
+  using zcoll::node_map;
+  using zcoll::op_code;
+  const node_map two = node_map::from_leaders(std::vector<int>{0, 0, 2, 2});
+  CHECK(zcoll::spread_owners(two, op_code::reduce, 3) == std::vector<int>{2, 3});
+  CHECK(zcoll::spread_owners(two, op_code::allreduce, 3) == std::vector<int>{0, 1, 2, 3});
+  const node_map three = node_map::from_leaders(std::vector<int>{0, 0, 2, 2, 4});
+  CHECK(zcoll::spread_owners(three, op_code::reduce, 4).size() == 5);
+  const auto owners = zcoll::spread_owners(two, op_code::reduce, 3);
+  const auto pieces = zcoll::spread_pieces(op_code::reduce, 100, 8, 4, owners);
+  CHECK(pieces[0].bytes == 0);
+  CHECK(pieces[1].bytes == 0);
+  CHECK(pieces[2].from == 0);
+  CHECK(pieces[2].bytes == 56 * 8);  // 50 elements rounded up to whole lines
+  CHECK(pieces[3].from == 56 * 8);
+  CHECK(pieces[3].bytes == 44 * 8);
+}
+
+TEST_CASE("a spread reduction deals the other nodes' pieces round robin to a node's ranks") {
+  using zcoll::node_map;
+  const node_map nodes = node_map::from_leaders(std::vector<int>{0, 0, 2, 2, 4});  // 2, 2, 1
+  CHECK(zcoll::spread_server(nodes, 0, 2) == 0);
+  CHECK(zcoll::spread_server(nodes, 0, 3) == 1);
+  CHECK(zcoll::spread_server(nodes, 0, 4) == 0);
+  CHECK(zcoll::spread_server(nodes, 1, 0) == 0);
+  CHECK(zcoll::spread_server(nodes, 1, 1) == 1);
+  CHECK(zcoll::spread_server(nodes, 1, 4) == 0);
+  for (int owner = 0; owner < 4; ++owner) CHECK(zcoll::spread_server(nodes, 2, owner) == 0);
+  // Every node's ranks serve the other nodes' ranks within one of each other.
+  std::vector<int> leaders(12);
+  for (int r = 0; r < 12; ++r) leaders[static_cast<std::size_t>(r)] = r < 5 ? 0 : r < 8 ? 5 : 8;
+  const node_map uneven = node_map::from_leaders(leaders);  // 5, 3, 4
+  for (int node = 0; node < uneven.nodes(); ++node) {
+    std::vector<int> served(static_cast<std::size_t>(uneven.ranks_on(node)));
+    for (int owner = 0; owner < 12; ++owner)
+      if (uneven.node_of[static_cast<std::size_t>(owner)] != node)
+        ++served[static_cast<std::size_t>(zcoll::spread_server(uneven, node, owner))];
+    const auto [low, high] = std::minmax_element(served.begin(), served.end());
+    CHECK(*high - *low <= 1);
+  }
 }

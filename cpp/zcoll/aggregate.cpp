@@ -119,8 +119,8 @@ std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
   for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
   if (is_reduction(op) && op != op_code::bcast) {
     const auto others = static_cast<std::uint64_t>(nodes.nodes() - 1);
-    return std::min(reduction_round_bytes,
-                    reduction_round_bytes * q / std::max<std::uint64_t>(others, 1));
+    return std::min({reduction_round_bytes, reduction_unit_bytes * q,
+                     reduction_round_bytes * q / std::max<std::uint64_t>(others, 1)});
   }
   // An allgather's message holds one block per sender, a bcast's the root's buffer.
   const bool one_per_sender = op == op_code::allgather || op == op_code::bcast;

@@ -79,6 +79,7 @@
 #include "zcoll/reduction.hpp"
 #include "zcoll/registry.hpp"
 #include "zcoll/schedule.hpp"
+#include "zcoll/spread_reduction.hpp"
 #include "zcoll/vexchange.hpp"
 
 namespace zcoll {
@@ -151,17 +152,24 @@ inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
 // up to 32 KiB (40-72 against 98-135 rank to rank and 69-108 by the leaders), even at 64 KiB.
 inline constexpr std::uint64_t allgather_block_factor = 4;
 // A reduction's round (allreduce, reduce, reduce_scatter) carries each node's partial result,
-// n bytes, in each of its N - 1 messages: it carries inputs while the bytes a node sends per
-// rank, (N - 1) n / q, are at most this, and n too. The alternative is the node's reduction,
-// the leaders' gather, fold and broadcast through MPI and the node's broadcast. Measured (a
-// script timing zcoll.allreduce of float64 forced each way, 2-vCPU VM, two runs each): the round
-// faster at every size up to 256 KiB on two nodes (nodes of 1: 256 KiB 66-67 against 129-132
-// us; nodes of 2: 127-138 against 249-251), and up to 128 KiB on four one-rank nodes (157-183
-// against 198-212), slower at 256 KiB there (366-382 against 326-334).
+// n bytes, in each of its N - 1 messages; the alternative is the reduction spread over the ranks
+// (spread_reduction.hpp: two phases of messages of n / P bytes, two more node barriers). The
+// round carries inputs of at most reduction_unit_bytes * q, while the bytes a node sends per rank,
+// (N - 1) n / q, are at most reduction_round_bytes, and at most reduction_round_bytes. Measured
+// (a script timing zcoll.allreduce of float64 forced each way, interleaved, medians of 7 rounds,
+// 2-vCPU VM, us, round / spread): nodes of 1, N = 2: 16 KiB 13.3 / 16.4, 24 KiB 16.7 / 19.2,
+// 32 KiB 18.0 / 16.7, 64 KiB 33.1 / 27.2, 256 KiB 87.8 / 68.7; N = 3: 32 KiB 54.5 / 56.9, 48 KiB
+// 74.6 / 77.3, 64 KiB 81.5 / 64.1; nodes of 2, N = 2 (P = 4, oversubscribed): the round faster up
+// to 512 KiB (190 / 213), spread at 1 MiB (539 / 512); N = 3: 64 KiB 193 / 251, 256 KiB 391 /
+// 332; nodes of 3, N = 2: 64 KiB 134 / 208, 256 KiB 383 / 280. The per-rank bound (the rule
+// before the spread path, measured against the leaders' path: on four one-rank nodes the round
+// faster up to 128 KiB) keeps the round's N - 1 copies of the input in check on many nodes.
+inline constexpr std::uint64_t reduction_unit_bytes = 32 * 1024;
 inline constexpr std::uint64_t reduction_round_bytes = 256 * 1024;
 // The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
 // (times allgather_block_factor for an allgather or a bcast), at most aggregate_max_block; a
-// reduction's, reduction_round_bytes times q / (N - 1), at most reduction_round_bytes. A bcast
+// reduction's, reduction_unit_bytes times q and reduction_round_bytes times q / (N - 1), at most
+// reduction_round_bytes. A bcast
 // moves no more bytes through the round than a reduction, but the copies into and out of it
 // (root to local area to messages to every rank) cost more than the leaders' path, which
 // broadcasts the user's buffer itself: measured (a script timing zcoll.bcast forced each way,
@@ -272,6 +280,10 @@ class node_messages {
   // The call's buffers must stay alive until finish().
   void begin_reduction(const call_record& record, const reduction_call* call);
 
+  // The reductions beyond their round's size rule (spread_reduction.hpp), run after a round of
+  // records agreed on them; made on first use.
+  spread_reduction& spread();
+
   // After finish() of an irregular round: this rank's blocks to or from other nodes that the
   // round did not carry (non-empty, beyond pack_limit(), or all without carry) -- the caller
   // sends and receives them rank to rank. Both lists follow the pattern's tuple order, so the
@@ -374,6 +386,7 @@ class node_messages {
   const std::byte* my_send_base_ = nullptr;  // where my_send_ lies (in place: the receive buffer)
   std::vector<direct_block> direct_sends_, direct_recvs_;
   std::string failure_;
+  std::unique_ptr<spread_reduction> spread_;
 };
 
 }  // namespace zcoll

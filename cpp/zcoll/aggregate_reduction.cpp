@@ -2,6 +2,7 @@
 // payload of every message the node sends, folded on every rank in node order; a bcast's
 // buffer in the root's node's messages.
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -110,6 +111,11 @@ void node_messages::finish_reduction() {
   std::vector<const void*> partials(static_cast<std::size_t>(n));  // in node order
   for (int node = 0; node < n; ++node) partials[static_cast<std::size_t>(node)] = from_node(node);
   reduce_fold(rop_, type_, result_, partials.data(), n, result_bytes_ / element_bytes(type_));
+}
+
+spread_reduction& node_messages::spread() {
+  if (!spread_) spread_ = std::make_unique<spread_reduction>(ctx_, nodes_);
+  return *spread_;
 }
 
 }  // namespace zcoll

@@ -4,8 +4,9 @@ The node's ranks combine their buffers where they are (HPDC'13's algorithms, in 
 engine: ``cpp/zcoll/reduction.hpp``). Across nodes, a small reduction travels whole in the
 call's round of messages between nodes (each node's partial result in every message it
 sends, folded in node order on every rank; a bcast's buffer in the root's node's messages:
-``cpp/zcoll/aggregate.hpp``); a larger one goes through one leader per node, which combine the
-nodes' results through MPI on a leaders' communicator made once per context.
+``cpp/zcoll/aggregate.hpp``); a larger reduction is spread over every rank after that round
+(``cpp/zcoll/spread_reduction.hpp``), a larger bcast goes through one leader per node (a
+leaders' communicator made once per context).
 """
 
 from __future__ import annotations
@@ -52,7 +53,6 @@ _MPI_OPS = tuple(zip((MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, MPI.LAND, MPI.LOR, MP
 # or None when the Python path (_reduction) must run the call.
 _fast = _core.fast_reduction
 _fast_barrier = _core.fast_barrier
-_P2P_TAG = 0x7A0D
 
 
 def _op_code(ctx: Context, name: str, op) -> int:
@@ -130,24 +130,6 @@ def _bytes(a: np.ndarray) -> list:
     return [_flat(a).view(np.uint8), MPI.BYTE]
 
 
-def _leaders_combine(ctx: Context, name: str, partial: np.ndarray, op_code: int) -> None:
-    """Leaders only: every node's `partial` combined in node order, the same on every leader
-    (gathered to the first leader, folded by the engine's kernel, broadcast back)."""
-    leaders = ctx.leaders
-    assert leaders is not None
-    first = leaders.rank == 0
-    gathered = np.empty((leaders.size, partial.size), partial.dtype) if first else None
-    request = leaders.Igather(
-        _bytes(partial), _bytes(gathered) if gathered is not None else None, root=0
-    )
-    ctx.wait_bounded([request], f"zcoll.{name} (combining across nodes)")
-    if first:
-        assert gathered is not None
-        _core.fold(op_code, _flat(partial), list(gathered))
-    request = leaders.Ibcast(_bytes(partial), root=0)
-    ctx.wait_bounded([request], f"zcoll.{name} (combining across nodes)")
-
-
 def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
     ctx.core.reduction(_BCAST_CODE, None, buf, 0, _ALGORITHM_CODES[AUTO], root)
 
@@ -155,49 +137,45 @@ def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
     """Hierarchical path. Small reductions travel whole in the round that agrees on the call
     (each node's partial in every message it sends, folded in node order on every rank; a
-    bcast's buffer in the root's node's messages); otherwise the call agreed on across nodes,
-    each node's buffers reduced on its heap into its leader, the leaders' results combined
-    through MPI, the result broadcast on each node's heap (bcast: on the root's node, between
-    leaders, on the other nodes)."""
+    bcast's buffer in the root's node's messages). Larger reductions are spread over the ranks
+    after that round (``cpp/zcoll/spread_reduction.hpp``: each piece's node partial folded by
+    one rank of each node, sent to the piece's owner, folded there in node order, the pieces
+    sent back to every node); a larger bcast goes on the root's node, between the leaders
+    through MPI, then on the other nodes."""
     name = _PUBLIC_NAMES[code]
     record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
     if ctx.core.nodes_carries(code, sendbuf, recvbuf):  # small: whole in the round
         ctx.reduction_round(name, record, (code, sendbuf, recvbuf, op_code, alg_code, root))
         return
     ctx.agree(name, record)
-    leader = ctx.local_ranks[0]  # this node's leader (comm rank)
-    mine = ctx.node_of[ctx.rank]
     if code == _BCAST_CODE:
-        root_node = ctx.node_of[root]
-        if mine == root_node:
-            _node_bcast(ctx, recvbuf, root)
-        if ctx.leaders is not None and recvbuf.nbytes:
-            index = sorted(set(ctx.node_of)).index(root_node)
-            request = ctx.leaders.Ibcast(_bytes(recvbuf), root=index)
-            ctx.wait_bounded([request], "zcoll.bcast (between nodes)")
-        if mine != root_node:
-            _node_bcast(ctx, recvbuf, leader)
+        _bcast_by_leaders(ctx, recvbuf, root)
         return
-    data = _flat(recvbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf))
-    total = np.empty(data.size, data.dtype)  # the full result, on every rank of the node
-    node_out = total if ctx.node_rank == 0 else None
-    ctx.core.reduction(_REDUCE_CODE, data, node_out, op_code, alg_code, leader)
-    if ctx.leaders is not None and data.size:
-        _leaders_combine(ctx, name, total, op_code)
-    if code == _REDUCE_CODE:
-        if mine != ctx.node_of[root]:
-            return
-        if root != leader:
-            _node_bcast(ctx, total, leader)
-        if ctx.rank == root:
-            _flat(recvbuf)[:] = total
+    data = recvbuf if sendbuf is IN_PLACE else np.asarray(sendbuf)
+    if data.size == 0:  # every rank agreed on the size
         return
-    _node_bcast(ctx, total, leader)
-    if code == _ALLREDUCE_CODE:
-        _flat(recvbuf)[:] = total
-    else:
-        block = data.size // ctx.size
-        _flat(recvbuf)[:block] = total[ctx.rank * block : (ctx.rank + 1) * block]
+    what = f"zcoll.{name} (between nodes)"
+    core = ctx.core
+    ctx.exchange_buffers(
+        what, *core.nodes_spread_begin(code, sendbuf, recvbuf, op_code, alg_code, root)
+    )
+    ctx.exchange_buffers(what, *core.nodes_spread_combine())
+    core.nodes_spread_finish()
+
+
+def _bcast_by_leaders(ctx: Context, buf: np.ndarray, root: int) -> None:
+    """A bcast beyond its round's rule, after the round agreed on it: on the root's node, between
+    the nodes' leaders through MPI, then on the other nodes."""
+    root_node = ctx.node_of[root]
+    on_root_node = ctx.node_of[ctx.rank] == root_node
+    if on_root_node:
+        _node_bcast(ctx, buf, root)
+    if ctx.leaders is not None and buf.nbytes:
+        index = sorted(set(ctx.node_of)).index(root_node)
+        request = ctx.leaders.Ibcast(_bytes(buf), root=index)
+        ctx.wait_bounded([request], "zcoll.bcast (between nodes)")
+    if not on_root_node:
+        _node_bcast(ctx, buf, ctx.local_ranks[0])
 
 
 def allreduce(
@@ -244,9 +222,10 @@ def allreduce(
     order (rank order for "flat" and each tile of "tiled", the tree's order, recursive
     doubling's pairs), never one that depends on timing. MPI promises neither. Floating-point
     results may differ from ``comm.Allreduce``'s in the last bits (another order); across
-    nodes, each node's result is its ranks' inputs combined in rank order (small calls, whose
-    inputs travel in the round between nodes; larger ones: the node's algorithm), and the
-    nodes' results are combined in node order.
+    nodes, each node's result is its ranks' inputs combined in rank order and the nodes'
+    results are combined in node order, whatever `algorithm` says (small calls travel whole in
+    the round between nodes; larger ones are spread over the ranks, each rank combining one
+    piece of the result, then the pieces go to every node).
 
     The node's ranks read each other's inputs where they are when they are arena arrays
     (:func:`zcoll.empty`); other inputs are first copied into the arena (one copy of the

@@ -194,8 +194,9 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     extra = ["speedup", "auto/best", "auto ran"] if command != "bcast" else ["speedup"]
     picks = AUTO in names and command != "bcast"
     core = _context.context(comm).core if picks else None
-    # Across nodes, a call within the size rule travels whole in the round (each node's inputs
-    # folded in rank order): no node algorithm runs, and the column says "round".
+    # Across nodes no node algorithm runs: a call within the size rule travels whole in the
+    # round (each node's inputs folded in rank order; the column says "round"), a larger one is
+    # spread over the ranks (pieces folded in rank order, then node order: "spread").
     ctx = _context.context(comm)
     round_limit = _aggregated.pack_limit(ctx, command) if ctx.multi_node else -1
     report(
@@ -259,7 +260,11 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
                 line += f"{latencies[AUTO] / min(fixed):>11.2f}"
             if core is not None:
                 carried = 0 < nbytes <= round_limit
-                chosen[nbytes] = "round" if carried else core.reduction_choice(nbytes)
+                chosen[nbytes] = (
+                    "round" if carried
+                    else "spread" if ctx.multi_node
+                    else core.reduction_choice(nbytes)
+                )  # fmt: skip
                 line += f"{chosen[nbytes]:>15}"
             report(line)
     finally:
