@@ -480,9 +480,9 @@ KILL_JOB = textwrap.dedent(
         return exchange_or_die
 
     cpp = os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
-    if path in ("direct", "spread"):  # after the round of records, from the Python path (the
-        # one crossing runs it in C++, out of a hook's reach): rank to rank, or phase 2 of a
-        # reduction spread over the ranks
+    if path in ("direct", "spread", "spread-bcast"):  # after the round of records, from the
+        # Python path (the one crossing runs it in C++, out of a hook's reach): rank to rank,
+        # or phase 2 of a reduction or bcast spread over the ranks
         _aggregated.force(False)
         zcoll._collectives._fast = zcoll._reductions._fast = lambda *args: None
         setattr(_context.Context, "exchange_buffers", dying(_context.Context.exchange_buffers))
@@ -490,7 +490,7 @@ KILL_JOB = textwrap.dedent(
         setattr(_context.Context, "_exchange_messages", dying(_context.Context._exchange_messages))
     # With the extension's sender a call is one crossing from its second call on: die just
     # before it.
-    die_before = path == "plan" or (path not in ("direct", "spread") and cpp)
+    die_before = path == "plan" or (path not in ("direct", "spread", "spread-bcast") and cpp)
     collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
     if path == "allgather":  # an allgather whose blocks travel in the round
         mine = np.full(4, rank, np.int64)
@@ -506,6 +506,13 @@ KILL_JOB = textwrap.dedent(
         def collective(comm, send, recv):
             total = zcoll.allreduce(comm, np.ones(1 << 16, np.int64))
             recv[:, 0] = np.arange(p) if (total == p).all() else -1
+
+    if path == "spread-bcast":  # a bcast beyond the round's size rule, from rank 0
+
+        def collective(comm, send, recv):
+            data = np.full(1 << 16, 7 if rank == 0 else 0, np.int64)
+            zcoll.bcast(comm, data, root=0)
+            recv[:, 0] = np.arange(p) if (data == 7).all() else -1
 
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
         plan = zcoll.alltoall_init(comm, send, recv)
@@ -533,23 +540,24 @@ KILL_JOB = textwrap.dedent(
 
 @alone
 @pytest.mark.parametrize(
-    "path", ["round", "direct", "v-round", "allgather", "allreduce", "spread", "plan"]
+    "path",
+    ["round", "direct", "v-round", "allgather", "allreduce", "spread", "spread-bcast", "plan"],
 )
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
     SIGKILLs itself in call 50: with mpi4py's sender after packing, before sending (path
-    "round"; "v-round", "allgather", "allreduce": the same in such a call's round);
-    with the extension's, whose call
-    is one crossing, just before it; or, blocks going rank to rank (path "direct", run by the
-    Python path so that a hook can reach it), before sending its blocks; or, in an allreduce
-    beyond the round's rule (path "spread", the Python path too), after phase 1, before
-    sending its partials (the survivors wait for them, or for it at the node barrier that
-    ends the call); or (path "plan")
-    just before a run of an alltoall plan, whose blocks between nodes go by persistent
-    requests (from C++ in the run's one crossing, or from mpi4py). Its node-mate sees it
-    die; rank 0, which waits for its message, raises PeerError once the 5 s timeout is over,
-    and rank 1 when rank 0 leaves (or its own wait gives up); every survivor's next call
+    "round"; "v-round", "allgather", "allreduce": the same in such a call's round); with the
+    extension's, whose call is one crossing, just before it; or, blocks going rank to rank
+    (path "direct", run by the Python path so that a hook can reach it), before sending its
+    blocks; or, in an allreduce or a bcast from rank 0 beyond the round's rule (paths
+    "spread", "spread-bcast", the Python path too), after phase 1, before sending its
+    partials or receiving its piece (the survivors wait for them, or for it at the node
+    barrier that ends the call); or (path "plan") just before a run of an alltoall plan,
+    whose blocks between nodes go by persistent requests (from C++ in the run's one
+    crossing, or from mpi4py). Its node-mate sees it die; rank 0, which waits for its
+    message, raises PeerError once the 5 s timeout is over, and rank 1 when rank 0 leaves
+    (or its own wait gives up); every survivor's next call
     raises at once. No rank finishes, no segment is left in /dev/shm."""
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")

@@ -152,8 +152,8 @@ void exchange_spread(const spread_reduction& spread, const nodes_route& route, i
                         what);
 }
 
-// A reduction across nodes in one crossing, messages from C++: whole in its round within the
-// size rule, else a round of records and the reduction spread over the ranks.
+// A reduction or bcast across nodes in one crossing, messages from C++: whole in its round
+// within the size rule, else a round of records and the call spread over the ranks.
 void reduction_across_nodes(node_context& ctx, op_code op, const py::object& send,
                             const py::object& recv, int reduce, int algorithm, int root,
                             const nodes_route& route) {
@@ -168,7 +168,6 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
                         wait_timeout(ctx), what);
   });
   if (round.packed() || record.call.block_bytes == 0) return;
-  if (op == op_code::bcast) throw std::logic_error("zcoll: a bcast's round carried no buffer");
   const double timeout = wait_timeout(ctx);
   marking_failure(round, [&] {
     begin_spread(ctx, op, send, recv, reduce, algorithm, root, [&](spread_reduction& spread) {
@@ -236,10 +235,9 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       Py_RETURN_NONE;
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
-    if (across_nodes) {  // a bcast beyond its round's size rule: the Python path
+    if (across_nodes) {
 #ifdef ZCOLL_HAVE_MPI
-      if (ctx->closed() || (op == op_code::bcast && !round_carries(*ctx, op, send, recv)))
-        Py_RETURN_NONE;
+      if (ctx->closed()) Py_RETURN_NONE;
       reduction_across_nodes(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root),
                              route);
       Py_RETURN_TRUE;
@@ -354,9 +352,9 @@ void register_reduction(py::module_& m) {
       },
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
       py::arg("algorithm"), py::arg("root"),
-      "Collective (node), after a round of records agreed on a non-empty allreduce, reduce or "
-      "reduce_scatter_block beyond the round's rule: phase 1 of spread_reduction.hpp; returns "
-      "phase 2's (recvs, sends) as [(peer, tag, uint8 array)].");
+      "Collective (node), after a round of records agreed on a non-empty reduction or bcast "
+      "beyond the round's rule: phase 1 of spread_reduction.hpp; returns phase 2's (recvs, "
+      "sends) as [(peer, tag, uint8 array)].");
   cls.def(
       "nodes_spread_combine",
       [](node_context& ctx) {

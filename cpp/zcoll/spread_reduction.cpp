@@ -68,15 +68,25 @@ void spread_reduction::fold_partial(std::byte* dst, const result_piece& piece) {
               piece.bytes / element_bytes(type_));
 }
 
+call_protocol::published spread_reduction::publish(std::size_t bytes) {
+  const auto all = ctx_.protocol().publish();
+  check_calls(all, op_);
+  check_arguments(all);
+  node_segments& segments = ctx_.segments();
+  const std::size_t span = round_up(bytes, 64);
+  if (segments.staging_bytes() / 3 / 64 * 64 < span) segments.reserve_staging(3 * span);
+  third_ = segments.staging_bytes() / 3 / 64 * 64;
+  return all;
+}
+
 void spread_reduction::begin(const reduction_call& call) {
   const context_config& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
   const int me = cfg.rank, q = cfg.size;
-  if (!is_reduction(call.op) || call.op == op_code::bcast)
-    throw std::invalid_argument(
-        "zcoll: spread_reduction: not an allreduce, reduce or "
-        "reduce_scatter");
+  if (!is_reduction(call.op))
+    throw std::invalid_argument("zcoll: spread_reduction: not a reduction");
+  if (call.op == op_code::bcast) return begin_bcast(call);
   const array_view& in = call.send ? *call.send : *call.recv;
   op_ = call.op;
   rop_ = static_cast<reduce_op>(call.reduce);
@@ -98,13 +108,7 @@ void spread_reduction::begin(const reduction_call& call) {
   // In place, a reduce_scatter writes its block over its input while peers may still read it:
   // such an input is staged.
   if (call.send || op_ != op_code::reduce_scatter) line.send = segments.locate(input, bytes);
-  const auto all = protocol.publish();
-  check_calls(all, op_);
-  check_arguments(all);
-
-  const std::size_t span = round_up(bytes, 64);
-  if (segments.staging_bytes() / 3 / 64 * 64 < span) segments.reserve_staging(3 * span);
-  third_ = segments.staging_bytes() / 3 / 64 * 64;
+  const auto all = publish(bytes);
   pieces_ = spread_pieces(op_, bytes / element_bytes(type_), element_bytes(type_), cfg.comm_size,
                           spread_owners(nodes_, op_, root_));
   alone_ = q == 1;
@@ -148,15 +152,13 @@ void spread_reduction::begin(const reduction_call& call) {
   std::byte* next = scratch_.data();
   for (int node = 0; node < n; ++node) {
     if (node == node_) continue;
-    const int server = spread_server(nodes_, node, self_);
-    recvs_.push_back(
-        {nodes_.members[static_cast<std::size_t>(node)][static_cast<std::size_t>(server)], next,
-         mine.bytes});
+    recvs_.push_back({member(node, self_), next, mine.bytes});
     next += mine.bytes;
   }
 }
 
 void spread_reduction::combine() {
+  if (op_ == op_code::bcast) return combine_bcast();
   const int me = ctx_.config().rank, n = nodes_.nodes();
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   // Where this rank's piece of the result goes: its receive buffer (reduce_scatter: its block;
@@ -188,10 +190,7 @@ void spread_reduction::combine() {
   if (mine.bytes) {
     if (op_ == op_code::allreduce) {
       for (int node = 0; node < n; ++node)
-        if (node != node_)
-          sends_.push_back({nodes_.members[static_cast<std::size_t>(node)][static_cast<std::size_t>(
-                                spread_server(nodes_, node, self_))],
-                            result, mine.bytes});
+        if (node != node_) sends_.push_back({member(node, self_), result, mine.bytes});
     } else if (node_ != root_node) {
       sends_.push_back({root_, result, mine.bytes});
     }
@@ -207,6 +206,7 @@ void spread_reduction::combine() {
 }
 
 void spread_reduction::finish() {
+  if (op_ == op_code::bcast) return finish_bcast();
   const context_config& cfg = ctx_.config();
   sends_.clear();
   recvs_.clear();
@@ -222,6 +222,129 @@ void spread_reduction::finish() {
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   if (mine.bytes && op_ == op_code::allreduce)
     copy_bytes(out_ + mine.from, work(cfg.rank, 0) + mine.from, mine.bytes);
+}
+
+void spread_reduction::begin_bcast(const reduction_call& call) {
+  const context_config& cfg = ctx_.config();
+  call_protocol& protocol = ctx_.protocol();
+  node_segments& segments = ctx_.segments();
+  const int me = cfg.rank, q = cfg.size;
+  const array_view& buf = *call.recv;
+  op_ = op_code::bcast;
+  self_ = comm_rank(me);
+  node_ = nodes_.node_of[static_cast<std::size_t>(self_)];
+  root_ = call.root;
+  root_node_ = nodes_.node_of[static_cast<std::size_t>(root_)];
+  out_ = self_ == root_ ? nullptr : static_cast<std::byte*>(const_cast<void*>(buf.data));
+  const std::size_t bytes = buf.nbytes;
+  auto& line = protocol.next(op_);
+  line.call.dtype = buf.dtype;
+  line.call.block_bytes = bytes;
+  line.call.root = static_cast<std::uint16_t>(root_);
+  if (self_ == root_) line.send = segments.locate(buf.data, bytes);
+  const auto all = publish(bytes);
+  alone_ = q == 1;
+  // Pieces of bytes (any dtype), one per rank.
+  pieces_ =
+      spread_pieces(op_code::allreduce, bytes, 1, cfg.comm_size, spread_owners(nodes_, op_, root_));
+  sends_.clear();
+  recvs_.clear();
+  source_ = nullptr;
+  root_in_place_ = false;
+  if (node_ == root_node_) {  // the root's buffer, where the node's ranks can read it
+    const int root_rank = nodes_.node_rank[static_cast<std::size_t>(root_)];
+    const buffer_ref& ref = all.line(root_rank).send;
+    if (ref.segment) {  // in the arena: read in place
+      source_ = self_ == root_ ? static_cast<const std::byte*>(buf.data) : segments.resolve(ref);
+      root_in_place_ = !alone_;
+    } else if (alone_) {  // only the root reads it
+      source_ = static_cast<const std::byte*>(buf.data);
+    } else {  // private: a copy in the root's staging partition
+      if (self_ == root_) copy_bytes(segments.staging(me), buf.data, bytes);
+      protocol.sync();  // the staged copy is visible
+      source_ = segments.staging(root_rank);
+    }
+    // Phase 2: each piece to the other nodes: the root's node's own ranks' pieces by their
+    // owners to their servers on every other node, the other nodes' by their servers here to
+    // their owners.
+    for (int owner = 0; owner < cfg.comm_size; ++owner) {
+      const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+      const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
+      if (!piece.bytes) continue;
+      std::byte* from = const_cast<std::byte*>(source_) + piece.from;
+      if (owner == self_) {
+        for (int other = 0; other < nodes_.nodes(); ++other)
+          if (other != node_) sends_.push_back({member(other, owner), from, piece.bytes});
+      } else if (node != node_ && folder(owner) == me) {
+        sends_.push_back({owner, from, piece.bytes});
+      }
+    }
+    return;
+  }
+  // Another node: this rank's piece from its server on the root's node, and the root's node's
+  // pieces this rank serves from their owners, into this node's result area.
+  for (int owner = 0; owner < cfg.comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
+    if (!piece.bytes) continue;
+    if (owner == self_)
+      recvs_.push_back({member(root_node_, owner), landing(piece), piece.bytes});
+    else if (node == root_node_ && folder(owner) == me)
+      recvs_.push_back({owner, landing(piece), piece.bytes});
+  }
+}
+
+void spread_reduction::combine_bcast() {
+  const int me = ctx_.config().rank;
+  sends_.clear();
+  recvs_.clear();
+  if (node_ == root_node_) return;
+  // Phase 3, between the other nodes: each owner's piece to its servers there.
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
+    if (!piece.bytes || node == root_node_) continue;
+    if (owner == self_) {
+      for (int other = 0; other < nodes_.nodes(); ++other)
+        if (other != node_ && other != root_node_)
+          sends_.push_back({member(other, owner), landing(piece), piece.bytes});
+    } else if (node != node_ && folder(owner) == me) {
+      recvs_.push_back({owner, landing(piece), piece.bytes});
+    }
+  }
+}
+
+void spread_reduction::finish_bcast() {
+  sends_.clear();
+  recvs_.clear();
+  call_protocol& protocol = ctx_.protocol();
+  protocol.sync();  // every piece in the node's result area
+  if (node_ == root_node_) {
+    if (out_) copy_bytes(out_, source_, pieces_total());
+    if (root_in_place_) protocol.sync();  // the root's own buffer is read until here
+    return;
+  }
+  if (alone_) return;  // the pieces came straight into the buffer
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    if (piece.bytes)
+      copy_bytes(out_ + piece.from, work(folder(owner), 0) + piece.from, piece.bytes);
+  }
+}
+
+std::byte* spread_reduction::landing(const result_piece& piece) const {
+  return (alone_ ? out_ : work(ctx_.config().rank, 0)) + piece.from;
+}
+
+int spread_reduction::member(int node, int owner) const {
+  return nodes_.members[static_cast<std::size_t>(node)]
+                       [static_cast<std::size_t>(spread_server(nodes_, node, owner))];
+}
+
+std::size_t spread_reduction::pieces_total() const {
+  std::size_t total = 0;
+  for (const result_piece& piece : pieces_) total = std::max(total, piece.from + piece.bytes);
+  return total;
 }
 
 }  // namespace zcoll

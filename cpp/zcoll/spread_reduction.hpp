@@ -19,6 +19,12 @@
  *      call (no input is read after it), then each rank copies the result it wants.
  * A reduce on two nodes gives the pieces to the root's node's ranks only
  * (reduce_to_root_node_nodes): the other node sends them its partials, and phase 3 is empty.
+ * A bcast beyond its round's rule is spread alike, with pieces of the root's buffer: the root's
+ * node sends each other node's rank its piece (its servers reading the root's buffer, in place
+ * when it is in the arena, else a copy in the root's staging partition) and each of its own
+ * ranks' pieces to that rank's server on every other node (phase 2); the other nodes pass
+ * their own pieces on between them (phase 3); every rank copies the pieces from its node's
+ * result area (the root's node: from the root's buffer). Each node receives the buffer once.
  *
  * Bytes between nodes, per node of q ranks: (P - q) m / P out in phase 2 and as many in in phase
  * 3, each rank sending about 1/q of them -- against the leaders' path this replaced (the node's
@@ -36,6 +42,7 @@
 #include <span>
 #include <vector>
 
+#include "zcoll/protocol.hpp"
 #include "zcoll/reduce_kernels.hpp"
 #include "zcoll/reduction.hpp"
 #include "zcoll/registry.hpp"
@@ -103,6 +110,9 @@ class spread_reduction {
   std::span<const spread_message> recvs() const noexcept { return recvs_; }
 
  private:
+  // Collective (node): this rank's line (filled) published and checked, every rank's work
+  // areas made to hold `bytes`.
+  call_protocol::published publish(std::size_t bytes);
   std::byte* work(int node_rank, int which) const;  // 0: result area, 1: partials
   // Node rank `j` of this node, by the communicator rank behind it.
   int comm_rank(int j) const;
@@ -112,6 +122,16 @@ class spread_reduction {
   int folder(int owner) const;
   // This node's partial of `piece` (on a node of one rank: the input itself).
   std::byte* partial(const result_piece& piece) const;
+  // A bcast's three steps.
+  void begin_bcast(const reduction_call& call);
+  void combine_bcast();
+  void finish_bcast();
+  // The communicator rank of `node` that serves `owner`'s piece there.
+  int member(int node, int owner) const;
+  std::size_t pieces_total() const;  // bytes of the whole result
+  // Where a bcast's `piece` arrives off the root's node: the node's result area, or on a node of
+  // one rank the buffer itself.
+  std::byte* landing(const result_piece& piece) const;
 
   node_context& ctx_;
   const node_map& nodes_;
@@ -122,6 +142,9 @@ class spread_reduction {
   int self_ = 0, node_ = 0, root_ = 0;  // this rank, its node, the root (communicator ranks)
   std::size_t third_ = 0;               // bytes of each third of a staging partition
   bool alone_ = false;                  // a node of one rank: no staging, results in place
+  int root_node_ = 0;                   // bcast: the root's node
+  const std::byte* source_ = nullptr;   // bcast, on the root's node: the root's buffer (or copy)
+  bool root_in_place_ = false;          // bcast: the node's ranks read the root's own buffer
   std::byte* out_ = nullptr;            // this rank's receive buffer (nullptr: none wanted)
   std::vector<result_piece> pieces_;
   std::vector<const std::byte*> inputs_;  // every node rank's input

@@ -4,9 +4,8 @@ The node's ranks combine their buffers where they are (HPDC'13's algorithms, in 
 engine: ``cpp/zcoll/reduction.hpp``). Across nodes, a small reduction travels whole in the
 call's round of messages between nodes (each node's partial result in every message it
 sends, folded in node order on every rank; a bcast's buffer in the root's node's messages:
-``cpp/zcoll/aggregate.hpp``); a larger reduction is spread over every rank after that round
-(``cpp/zcoll/spread_reduction.hpp``), a larger bcast goes through one leader per node (a
-leaders' communicator made once per context).
+``cpp/zcoll/aggregate.hpp``); a larger one is spread over every rank after that round
+(``cpp/zcoll/spread_reduction.hpp``).
 """
 
 from __future__ import annotations
@@ -122,60 +121,28 @@ def _reduction(code: int, comm: MPI.Comm, sendbuf, recvbuf, op, algorithm, root:
     return recvbuf
 
 
-def _flat(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1)
-
-
-def _bytes(a: np.ndarray) -> list:
-    return [_flat(a).view(np.uint8), MPI.BYTE]
-
-
-def _node_bcast(ctx: Context, buf: np.ndarray, root: int) -> None:
-    ctx.core.reduction(_BCAST_CODE, None, buf, 0, _ALGORITHM_CODES[AUTO], root)
-
-
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
-    """Hierarchical path. Small reductions travel whole in the round that agrees on the call
-    (each node's partial in every message it sends, folded in node order on every rank; a
-    bcast's buffer in the root's node's messages). Larger reductions are spread over the ranks
-    after that round (``cpp/zcoll/spread_reduction.hpp``: each piece's node partial folded by
-    one rank of each node, sent to the piece's owner, folded there in node order, the pieces
-    sent back to every node); a larger bcast goes on the root's node, between the leaders
-    through MPI, then on the other nodes."""
+    """Across nodes. Small calls travel whole in the round that agrees on the call (each node's
+    partial in every message it sends, folded in node order on every rank; a bcast's buffer in
+    the root's node's messages). Larger ones are spread over the ranks after that round
+    (``cpp/zcoll/spread_reduction.hpp``): a reduction's pieces folded on each node by one rank,
+    sent to their owners, folded there in node order and sent to every node; a bcast's pieces
+    sent from the root's node to their owners, then between the other nodes."""
     name = _PUBLIC_NAMES[code]
     record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
     if ctx.core.nodes_carries(code, sendbuf, recvbuf):  # small: whole in the round
         ctx.reduction_round(name, record, (code, sendbuf, recvbuf, op_code, alg_code, root))
         return
     ctx.agree(name, record)
-    if code == _BCAST_CODE:
-        _bcast_by_leaders(ctx, recvbuf, root)
-        return
-    data = recvbuf if sendbuf is IN_PLACE else np.asarray(sendbuf)
+    data = recvbuf if sendbuf is IN_PLACE or code == _BCAST_CODE else np.asarray(sendbuf)
     if data.size == 0:  # every rank agreed on the size
         return
     what = f"zcoll.{name} (between nodes)"
     core = ctx.core
-    ctx.exchange_buffers(
-        what, *core.nodes_spread_begin(code, sendbuf, recvbuf, op_code, alg_code, root)
-    )
+    begun = core.nodes_spread_begin(code, sendbuf, recvbuf, op_code, alg_code, root)
+    ctx.exchange_buffers(what, *begun)
     ctx.exchange_buffers(what, *core.nodes_spread_combine())
     core.nodes_spread_finish()
-
-
-def _bcast_by_leaders(ctx: Context, buf: np.ndarray, root: int) -> None:
-    """A bcast beyond its round's rule, after the round agreed on it: on the root's node, between
-    the nodes' leaders through MPI, then on the other nodes."""
-    root_node = ctx.node_of[root]
-    on_root_node = ctx.node_of[ctx.rank] == root_node
-    if on_root_node:
-        _node_bcast(ctx, buf, root)
-    if ctx.leaders is not None and buf.nbytes:
-        index = sorted(set(ctx.node_of)).index(root_node)
-        request = ctx.leaders.Ibcast(_bytes(buf), root=index)
-        ctx.wait_bounded([request], "zcoll.bcast (between nodes)")
-    if not on_root_node:
-        _node_bcast(ctx, buf, ctx.local_ranks[0])
 
 
 def allreduce(
@@ -329,8 +296,9 @@ def bcast(comm: MPI.Comm, buf: np.ndarray, *, root: int = 0) -> np.ndarray:
     every rank straight from the root's buffer when it is an arena array (else from a copy in
     the arena), followed by one more barrier. Across nodes, small buffers travel in the
     call's round of messages between nodes (the root's node sends it to every other node);
-    larger ones go on the root's node, then between the nodes' leaders through MPI, then on
-    the other nodes.
+    larger ones are cut into one piece per rank: the root's node sends each piece to its owner
+    (the root's node's own ranks' pieces to a rank of every other node), the other nodes pass
+    their pieces on between them, and every rank copies the pieces from its node's arena.
     """
     if _fast(_BCAST_CODE, comm, None, buf, "sum", AUTO, root):
         return buf
