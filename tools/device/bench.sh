@@ -57,9 +57,11 @@ step_nodes() {
     # plain NumPy buffers: each rank packs its own blocks across nodes, no staging (session 13)
     bench xn_numpy_p8 8 alltoall --virtual-node-size 2 --between-nodes --buffers numpy --sizes 8,1K,8K,16K,64K --orders auto --time-budget 0.2 --check
     bench xn_allgather_p8 8 allgather --virtual-node-size 2 --between-nodes --sizes 8,1K,16K,32K,64K --orders auto --time-budget 0.2 --check
-    for p in 8 16; do  # reductions and bcast whole in the round within their rules (session 13)
-        bench xn_allreduce_p$p $p allreduce --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K,1M --time-budget 0.2 --check
-        bench xn_bcast_p$p $p bcast --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K --time-budget 0.2
+    for p in 8 16; do  # reductions and bcast whole in the round within their rules (session 13),
+        # spread over the ranks beyond them (session 14)
+        bench xn_allreduce_p$p $p allreduce --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K,1M,16M --time-budget 0.2 --check
+        bench xn_reduce_p$p $p reduce --virtual-node-size $((p / 4)) --sizes 8,64K,1M,16M --time-budget 0.2 --check
+        bench xn_bcast_p$p $p bcast --virtual-node-size $((p / 4)) --sizes 8,1K,16K,64K,256K,1M,16M --time-budget 0.2
     done
     for p in 8 16; do  # the irregular calls: counts and small blocks in the round (session 12)
         bench xn_alltoallv_p$p $p alltoallv --virtual-node-size $((p / 4)) --between-nodes \
