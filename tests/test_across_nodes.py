@@ -47,6 +47,18 @@ def check(what, got, expect):
         bad.append(what)
 
 
+def placed(comm, send, recv_shape, where):
+    # The call's buffers, the send buffer holding `send`: "private" NumPy arrays, "arena" ones
+    # (collective), or "mixed" (arena on even ranks, private on odd ones).
+    if where != "private":
+        s = zcoll.empty(comm, send.shape, send.dtype)
+        r = zcoll.empty(comm, recv_shape, send.dtype)
+        s[...] = send
+    if where == "private" or (where == "mixed" and comm.rank % 2):
+        s, r = send.copy(), np.empty(recv_shape, send.dtype)
+    return s, r
+
+
 def cases(seed, dtypes, few):
     # The size rule, every block in the round, none in it; each communicator, every dtype on
     # WORLD and `few` on the others.
@@ -94,25 +106,16 @@ CHECK_JOB = _checking_job(
                     send = np.ascontiguousarray(data).view(dt)
                     expect = np.empty_like(data)
                     comm.Alltoall(data, expect)  # as bytes: MPI has no float16
-                    # mixed: arena buffers on even ranks, private ones on odd ranks
                     for where in ("private", "arena", "mixed"):
-                        if where != "private":  # collective
-                            s = zcoll.empty(comm, send.shape, send.dtype)
-                            r = zcoll.empty(comm, send.shape, send.dtype)
-                            s[...] = send
-                        if where == "private" or (where == "mixed" and comm.rank % 2):
-                            s, r = send.copy(), np.empty_like(send)
+                        s, r = placed(comm, send, send.shape, where)
                         r.view(np.uint8)[...] = 0xA5
                         zcoll.alltoall(comm, s, r)
-                        if r.tobytes() != expect.tobytes():
-                            bad.append((path, name, dt, count, where))
+                        check((path, name, dt, count, where), r, expect)
                         r[...] = send
                         zcoll.alltoall(comm, zcoll.IN_PLACE, r)
-                        if r.tobytes() != expect.tobytes():
-                            bad.append((path, name, dt, count, where, "in place"))
+                        check((path, name, dt, count, where, "in place"), r, expect)
                     out = zcoll.alltoall(comm, send)  # recvbuf=None: a new arena array
-                    if out.tobytes() != expect.tobytes():
-                        bad.append((path, name, dt, count, "new recvbuf"))
+                    check((path, name, dt, count, "new recvbuf"), out, expect)
     """
 )
 
@@ -130,26 +133,17 @@ AG_CHECK_JOB = _checking_job(
             send = data.view(dt)
             expect = np.empty((p, data.size), np.uint8)
             comm.Allgather(data, expect)  # as bytes: MPI has no float16
-            # mixed: arena buffers on even ranks, private ones on odd ranks
             for where in ("private", "arena", "mixed"):
-                if where != "private":  # collective
-                    s = zcoll.empty(comm, send.shape, send.dtype)
-                    g = zcoll.empty(comm, (p, *send.shape), send.dtype)
-                    s[...] = send
-                if where == "private" or (where == "mixed" and r % 2):
-                    s, g = send.copy(), np.empty((p, *send.shape), send.dtype)
+                s, g = placed(comm, send, (p, *send.shape), where)
                 g.view(np.uint8)[...] = 0xA5
                 zcoll.allgather(comm, s, g)
-                if g.tobytes() != expect.tobytes():
-                    bad.append((forced, name, dt, count, where))
+                check((forced, name, dt, count, where), g, expect)
                 g.view(np.uint8)[...] = 0xA5
                 g[r] = send
                 zcoll.allgather(comm, zcoll.IN_PLACE, g)
-                if g.tobytes() != expect.tobytes():
-                    bad.append((forced, name, dt, count, where, "in place"))
+                check((forced, name, dt, count, where, "in place"), g, expect)
             out = zcoll.allgather(comm, send)  # recvbuf=None: a new arena array
-            if out.tobytes() != expect.tobytes():
-                bad.append((forced, name, dt, count, "new recvbuf"))
+            check((forced, name, dt, count, "new recvbuf"), out, expect)
     """
 )
 

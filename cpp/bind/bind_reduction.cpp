@@ -127,9 +127,9 @@ void begin_spread(node_context& ctx, op_code op, const py::object& send, const p
 // the same sent), views of the engine's buffers valid until the next phase.
 py::tuple spread_lists(const spread_reduction& spread, int tag) {
   const py::capsule owner(static_cast<const void*>(&spread), [](void*) {});  // owns nothing
-  auto list = [&](std::span<const spread_message> messages) {
+  auto list = [&](std::span<const peer_block> messages) {
     py::list out;
-    for (const spread_message& m : messages)
+    for (const peer_block& m : messages)
       out.append(
           py::make_tuple(m.peer, tag,
                          py::array(py::dtype::of<std::uint8_t>(),
@@ -143,13 +143,8 @@ py::tuple spread_lists(const spread_reduction& spread, int tag) {
 // The messages of a phase of a spread reduction, by MPI from C++ (call without the GIL).
 void exchange_spread(const spread_reduction& spread, const nodes_route& route, int tag,
                      double timeout, const std::string& what) {
-  auto buffers = [&](std::span<const spread_message> messages) {
-    std::vector<peer_buffer> out;
-    for (const spread_message& m : messages) out.push_back({m.peer, tag, m.data, m.bytes});
-    return out;
-  };
-  exchange_rank_to_rank(route, buffers(spread.recvs()), buffers(spread.sends()), false, timeout,
-                        what);
+  exchange_rank_to_rank(route, with_tag(spread.recvs(), tag), with_tag(spread.sends(), tag), false,
+                        timeout, what);
 }
 
 // A reduction or bcast across nodes in one crossing, messages from C++: whole in its round

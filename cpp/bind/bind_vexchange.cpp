@@ -118,11 +118,9 @@ constexpr int direct_tag = 0x7AFF;  // blocks rank to rank after an irregular ro
 // two ranks matches the k-th: one tag). GIL released by the caller.
 void exchange_direct(node_context& ctx, const node_messages& round, v_in_place in_place,
                      const nodes_route& route, const std::string& what) {
-  std::vector<peer_buffer> in, out;
-  for (const auto& b : round.direct_recvs()) in.push_back({b.peer, direct_tag, b.data, b.bytes});
-  for (const auto& b : round.direct_sends()) out.push_back({b.peer, direct_tag, b.data, b.bytes});
-  exchange_rank_to_rank(route, in, std::move(out), in_place == v_in_place::swap, wait_timeout(ctx),
-                        what);
+  exchange_rank_to_rank(route, with_tag(round.direct_recvs(), direct_tag),
+                        with_tag(round.direct_sends(), direct_tag), in_place == v_in_place::swap,
+                        wait_timeout(ctx), what);
 }
 
 // An irregular call on several nodes, whole, with the messages from C++: the round (every

@@ -64,6 +64,14 @@ void marking_failure(node_messages& round, Steps&& steps) {
 // the caller keeps the arrays alive.
 std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive);
 
+// `blocks` as the rank-to-rank paths' buffers, all with `tag`.
+inline std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
+  std::vector<peer_buffer> out;
+  out.reserve(blocks.size());
+  for (const peer_block& b : blocks) out.push_back({b.peer, tag, b.data, b.bytes});
+  return out;
+}
+
 // Blocks rank to rank between nodes after a round, on `route`'s communicator, all posted at
 // once and bounded by `timeout`; with `copy_sends` (in place: receives overwrite the blocks
 // sent) the sends go from copies. Call without the GIL.

@@ -289,11 +289,7 @@ class node_messages {
   // sends and receives them rank to rank. Both lists follow the pattern's tuple order, so the
   // k-th block between two ranks is the k-th on both sides (one tag serves them all). The sends
   // point into the send buffer (in place: the receive buffer, which a receive overwrites).
-  struct direct_block {
-    int peer = 0;  // communicator rank
-    std::byte* data = nullptr;
-    std::size_t bytes = 0;
-  };
+  using direct_block = peer_block;
   std::span<const direct_block> direct_sends() const noexcept { return direct_sends_; }
   std::span<const direct_block> direct_recvs() const noexcept { return direct_recvs_; }
   std::size_t direct_blocks() const noexcept { return direct_sends_.size() + direct_recvs_.size(); }

@@ -65,14 +65,6 @@ struct node_context::reduction_args {
   dtype_id dtype;
 };
 
-namespace {
-
-std::size_t third_of(std::size_t partition) noexcept {
-  return partition / 3 / 64 * 64;
-}
-
-}  // namespace
-
 node_context::reduction_args node_context::checked_reduction(const reduction_call& c) {
   const int me = config_.comm_ranks[static_cast<std::size_t>(config_.rank)];
   const local_check check = check_reduction_args(c.op, config_.comm_size, me, c.send, c.recv,
@@ -157,7 +149,7 @@ void node_context::execute_bcast(const reduction_args& a) {
   line.call.block_bytes = a.bytes;
   line.call.root = static_cast<std::uint16_t>(a.root);
   const bool eager = policy_.eager_fits(a.bytes);
-  const std::size_t third = third_of(segments_.staging_bytes());
+  const std::size_t third = segments_.staging_third();
   if (me == a.root_node && a.bytes && p > 1) {
     if (eager) {
       copy_bytes(eager_slot(me, parity), a.input, a.bytes);
@@ -202,7 +194,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   const std::size_t span = round_up(a.bytes, 64);  // one input, result or work buffer
   const bool eager = policy_.eager_fits(a.bytes);
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
-  std::size_t third = third_of(segments_.staging_bytes());
+  std::size_t third = segments_.staging_third();
   if (eager_flat && a.bytes && p > 1) {  // the one-barrier path: inputs in the eager slots
     copy_bytes(eager_slot(me, parity), a.input, a.bytes);
   } else if (a.bytes && p > 1) {  // where peers read this rank's input
@@ -249,7 +241,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   for (int j = 0; j < p; ++j) refs_[static_cast<std::size_t>(j)] = all.line(j).send;
   if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
-    third = third_of(segments_.staging_bytes());
+    third = segments_.staging_third();
   }
   resolve_inputs(a, refs_, third);
   auto work = [&](int j, int w) {

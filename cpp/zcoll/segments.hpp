@@ -42,6 +42,9 @@ class node_segments {
   // Bytes of each rank's staging partition (0 before the first reserve_staging); the same on
   // every rank of the node.
   std::size_t staging_bytes() const noexcept { return staging_ ? staging_->partition_bytes : 0; }
+  // Bytes of each third of a staging partition, whole cache lines: the reductions keep an input
+  // copy and two work buffers there.
+  std::size_t staging_third() const noexcept { return staging_bytes() / 3 / 64 * 64; }
 
   // Where [p, p + bytes) is, in terms every rank of this context can resolve ({0, 0} when it
   // is not in a segment that all of them have mapped).

@@ -37,10 +37,11 @@ std::vector<result_piece> spread_pieces(op_code op, std::size_t count, std::size
 }
 
 int spread_server(const node_map& nodes, int node, int owner) {
-  int index = 0;  // the owner among the ranks of the other nodes, in communicator order
-  for (int r = 0; r < owner; ++r)
-    if (nodes.node_of[static_cast<std::size_t>(r)] != node) ++index;
-  return index % nodes.ranks_on(node);
+  // The owner among the ranks of the other nodes, in communicator order: the ranks below it
+  // less those of `node` (its members ascend).
+  const auto& members = nodes.members[static_cast<std::size_t>(node)];
+  const auto below = std::lower_bound(members.begin(), members.end(), owner) - members.begin();
+  return static_cast<int>((owner - below) % nodes.ranks_on(node));
 }
 
 std::byte* spread_reduction::work(int node_rank, int which) const {
@@ -74,8 +75,8 @@ call_protocol::published spread_reduction::publish(std::size_t bytes) {
   check_arguments(all);
   node_segments& segments = ctx_.segments();
   const std::size_t span = round_up(bytes, 64);
-  if (segments.staging_bytes() / 3 / 64 * 64 < span) segments.reserve_staging(3 * span);
-  third_ = segments.staging_bytes() / 3 / 64 * 64;
+  if (segments.staging_third() < span) segments.reserve_staging(3 * span);
+  third_ = segments.staging_third();
   return all;
 }
 
@@ -161,13 +162,15 @@ void spread_reduction::combine() {
   if (op_ == op_code::bcast) return combine_bcast();
   const int me = ctx_.config().rank, n = nodes_.nodes();
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  // Where this rank's piece of the result goes: its receive buffer (reduce_scatter: its block;
-  // the root of a reduce), else the node's shared result area (sent from there).
+  // Where this rank's piece of the result goes: its block (reduce_scatter), the root's buffer
+  // (reduce), where an allreduce's pieces land, else the node's result area (sent from there).
   std::byte* result = work(me, 0) + mine.from;
   if (op_ == op_code::reduce_scatter)
     result = out_;
-  else if ((op_ == op_code::reduce && self_ == root_) || (op_ == op_code::allreduce && alone_))
+  else if (op_ == op_code::reduce && self_ == root_)
     result = out_ + mine.from;
+  else if (op_ == op_code::allreduce)
+    result = landing(mine);
   sends_.clear();
   recvs_.clear();
   if (mine.bytes) {
@@ -198,8 +201,8 @@ void spread_reduction::combine() {
   for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
     if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes) continue;
-    if (op_ == op_code::allreduce && folder(owner) == me)  // alone: straight into out_
-      recvs_.push_back({owner, (alone_ ? out_ : work(me, 0)) + piece.from, piece.bytes});
+    if (op_ == op_code::allreduce && folder(owner) == me)
+      recvs_.push_back({owner, landing(piece), piece.bytes});
     else if (op_ == op_code::reduce && self_ == root_)
       recvs_.push_back({owner, out_ + piece.from, piece.bytes});
   }
@@ -214,14 +217,11 @@ void spread_reduction::finish() {
   if (!out_ || op_ == op_code::reduce_scatter || alone_) return;  // alone: out_ holds it all
   for (int owner = 0; owner < cfg.comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (!piece.bytes || owner == self_) continue;
     const bool here = nodes_.node_of[static_cast<std::size_t>(owner)] == node_;
-    if (op_ == op_code::reduce && !here) continue;  // the root received it in place
+    // The root of a reduce folded its own piece and received the other nodes' in place.
+    if (!piece.bytes || (op_ == op_code::reduce && (owner == self_ || !here))) continue;
     copy_bytes(out_ + piece.from, work(folder(owner), 0) + piece.from, piece.bytes);
   }
-  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  if (mine.bytes && op_ == op_code::allreduce)
-    copy_bytes(out_ + mine.from, work(cfg.rank, 0) + mine.from, mine.bytes);
 }
 
 void spread_reduction::begin_bcast(const reduction_call& call) {
@@ -236,7 +236,7 @@ void spread_reduction::begin_bcast(const reduction_call& call) {
   root_ = call.root;
   root_node_ = nodes_.node_of[static_cast<std::size_t>(root_)];
   out_ = self_ == root_ ? nullptr : static_cast<std::byte*>(const_cast<void*>(buf.data));
-  const std::size_t bytes = buf.nbytes;
+  const std::size_t bytes = bytes_ = buf.nbytes;
   auto& line = protocol.next(op_);
   line.call.dtype = buf.dtype;
   line.call.block_bytes = bytes;
@@ -320,7 +320,7 @@ void spread_reduction::finish_bcast() {
   call_protocol& protocol = ctx_.protocol();
   protocol.sync();  // every piece in the node's result area
   if (node_ == root_node_) {
-    if (out_) copy_bytes(out_, source_, pieces_total());
+    if (out_) copy_bytes(out_, source_, bytes_);
     if (root_in_place_) protocol.sync();  // the root's own buffer is read until here
     return;
   }
@@ -339,12 +339,6 @@ std::byte* spread_reduction::landing(const result_piece& piece) const {
 int spread_reduction::member(int node, int owner) const {
   return nodes_.members[static_cast<std::size_t>(node)]
                        [static_cast<std::size_t>(spread_server(nodes_, node, owner))];
-}
-
-std::size_t spread_reduction::pieces_total() const {
-  std::size_t total = 0;
-  for (const result_piece& piece : pieces_) total = std::max(total, piece.from + piece.bytes);
-  return total;
 }
 
 }  // namespace zcoll

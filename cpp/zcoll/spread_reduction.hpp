@@ -85,8 +85,10 @@ std::vector<result_piece> spread_pieces(op_code op, std::size_t count, std::size
 // nodes, in communicator order, dealt round robin to the node's ranks.
 int spread_server(const node_map& nodes, int node, int owner);
 
-// A message of phase 2 or 3: `bytes` at `data`, to or from communicator rank `peer`.
-struct spread_message {
+// A block sent to or received from communicator rank `peer` by MPI point-to-point after a round
+// between nodes: a spread call's messages of phase 2 or 3, an irregular call's blocks rank to
+// rank (node_messages::direct_sends).
+struct peer_block {
   int peer = 0;
   std::byte* data = nullptr;
   std::size_t bytes = 0;
@@ -106,8 +108,8 @@ class spread_reduction {
   // Collective (node), after phase 3's messages: the node barrier, then this rank's result.
   void finish();
 
-  std::span<const spread_message> sends() const noexcept { return sends_; }
-  std::span<const spread_message> recvs() const noexcept { return recvs_; }
+  std::span<const peer_block> sends() const noexcept { return sends_; }
+  std::span<const peer_block> recvs() const noexcept { return recvs_; }
 
  private:
   // Collective (node): this rank's line (filled) published and checked, every rank's work
@@ -128,9 +130,8 @@ class spread_reduction {
   void finish_bcast();
   // The communicator rank of `node` that serves `owner`'s piece there.
   int member(int node, int owner) const;
-  std::size_t pieces_total() const;  // bytes of the whole result
-  // Where a bcast's `piece` arrives off the root's node: the node's result area, or on a node of
-  // one rank the buffer itself.
+  // Where a piece of an allreduce's result or of a bcast's buffer arrives (and an owner's own
+  // piece is put): the node's result area, or on a node of one rank the buffer itself.
   std::byte* landing(const result_piece& piece) const;
 
   node_context& ctx_;
@@ -142,6 +143,7 @@ class spread_reduction {
   int self_ = 0, node_ = 0, root_ = 0;  // this rank, its node, the root (communicator ranks)
   std::size_t third_ = 0;               // bytes of each third of a staging partition
   bool alone_ = false;                  // a node of one rank: no staging, results in place
+  std::size_t bytes_ = 0;               // bcast: bytes of the buffer
   int root_node_ = 0;                   // bcast: the root's node
   const std::byte* source_ = nullptr;   // bcast, on the root's node: the root's buffer (or copy)
   bool root_in_place_ = false;          // bcast: the node's ranks read the root's own buffer
@@ -150,7 +152,7 @@ class spread_reduction {
   std::vector<const std::byte*> inputs_;  // every node rank's input
   std::vector<const void*> sources_;
   std::vector<std::byte> scratch_;  // the other nodes' partials of this rank's piece
-  std::vector<spread_message> sends_, recvs_;
+  std::vector<peer_block> sends_, recvs_;
 };
 
 }  // namespace zcoll
