@@ -192,6 +192,39 @@ RED_CHECK_JOB = _checking_job(
                 b = x.copy() if r == root else np.zeros_like(x)
                 zcoll.bcast(comm, b, root=root)
                 check((forced, name, dt, count, "bcast", root), b, expect)
+    # Past the limit with the messages cut into short segments (17 lines: a ring that wraps,
+    # a short last one), on each communicator, in place and not, roots on every node.
+    previous = _aggregated.spread_segment(17 * 64)
+    for name, comm in comms.items():
+        p, r = comm.size, comm.rank
+        rng = np.random.default_rng(29 + r)
+        for dt in ("i1", "f8"):
+            count = (2 * limit // np.dtype(dt).itemsize // p + 5) * p
+            x = rng.integers(0, 4, count).astype(dt)
+            what = ("segments", name, dt, count)
+            expect = np.empty_like(x)
+            comm.Allreduce(x, expect)
+            check(what + ("allreduce",), zcoll.allreduce(comm, x), expect)
+            y = x.copy()
+            zcoll.allreduce(comm, zcoll.IN_PLACE, y)
+            check(what + ("allreduce in place",), y, expect)
+            for root in sorted({0, p // 2, p - 1}):
+                got = zcoll.reduce(comm, x, root=root)
+                y = x.copy()
+                if r == root:
+                    zcoll.reduce(comm, zcoll.IN_PLACE, y, root=root)
+                else:
+                    zcoll.reduce(comm, y, root=root)
+                if r == root:
+                    check(what + ("reduce", root), got, expect)
+                    check(what + ("reduce in place", root), y, expect)
+            block = count // p
+            mine = expect[r * block : (r + 1) * block]  # fmt: skip
+            check(what + ("reduce_scatter_block",), zcoll.reduce_scatter_block(comm, x), mine)
+            y = x.copy()
+            zcoll.reduce_scatter_block(comm, zcoll.IN_PLACE, y)
+            check(what + ("reduce_scatter_block in place",), y[:block], mine)
+    _aggregated.spread_segment(previous)
     # A size that differs on the last rank (small, and straddling the limit): every rank
     # raises ValueError, no result written, the communicator works afterwards.
     p, r = world.size, world.rank
@@ -410,11 +443,13 @@ def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
 @over_v_configs
 def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
     """allreduce (and in place), reduce, reduce_scatter_block and bcast across nodes, whole in
-    the round (the size rule, or forced), or by the node's reduction and the leaders' (forced),
+    the round (the size rule, or forced), or spread over the ranks (past the limit, or forced),
     bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
     one element, odd counts and counts at and just past the limit, on WORLD, a dup and a split
-    with reversed keys. Then a size that differs on one rank, on both sides of the limit:
-    ValueError everywhere, no result written, the communicator works afterwards."""
+    with reversed keys; past the limit with the spread's messages cut into many short segments
+    (in place and not, roots on every node). Then a size that differs on one rank, on both
+    sides of the limit: ValueError everywhere, no result written, the communicator works
+    afterwards."""
     assert _run(tmp_path, RED_CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 

@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import all_ranks_agree
-from zcoll import _timing, bench
+from zcoll import _aggregated, _timing, bench
 from zcoll.bench import collectives, common, crossover, plotting, vcollectives
 
 WORLD = MPI.COMM_WORLD
@@ -82,7 +82,11 @@ def test_reduction_json_csv_plot(command, outdir):
     files = {k: outdir / f"red.{k}" for k in ("json", "csv")} | {"plot": outdir / "red.png"}
     argv = [command, "--sizes", "8,64K", "--algorithms", "flat,tiled,auto", "--check"]
     argv += FAST + ["--rounds", "2"] + [f"--{k}={v}" for k, v in files.items()]
+    segment = 4096 if command == "allreduce" else _aggregated.SPREAD_SEGMENT_BYTES
+    if command == "allreduce":  # across nodes, the spread's messages in segments of 4 KiB
+        argv += ["--spread-segment", "4K"]
     assert run_main(argv) == 0
+    assert _aggregated.spread_segment(None) is None  # the bench put the default back
     methods = {"MPI", "zcoll"} if command == "bcast" else {"MPI", "flat", "tiled", "auto"}
     expected = {(b, m) for b in (8, 65536) for m in methods}
     if command == "allreduce":
@@ -95,6 +99,7 @@ def test_reduction_json_csv_plot(command, outdir):
         assert all(r["latency_us"] > 0 and r["collective"] == command for r in rows)
         meta = document["metadata"]
         assert meta["collective"] == command and meta["P"] == P
+        assert meta["spread_segment"] == segment
         assert meta["speedup_small"] > 0 and meta["speedup_large"] > 0
         if command == "allreduce":
             assert meta["allreduce8_over_alltoall8"] > 0 and "65536" in document["over_memcpy"]

@@ -110,14 +110,14 @@ node_messages& begin_reduction_round(node_context& ctx, const call_record& recor
 // conversions succeeded when the call was described, so they do here.
 template <class Then>
 void begin_spread(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-                  int reduce, int algorithm, int root, Then&& then) {
+                  int reduce, int algorithm, int root, bool as_flow, Then&& then) {
   spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
   with_reduction_views(
       op, send, recv,
       [&](const array_view* s, const array_view* r) {
         const reduction_call call{op, s, r, reduce, algorithm, root};
         py::gil_scoped_release release;
-        spread.begin(call);
+        spread.begin(call, as_flow);
         then(spread);
       },
       [&](const std::string& why) { throw std::logic_error("zcoll: " + why); });
@@ -165,10 +165,17 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
   if (round.packed() || record.call.block_bytes == 0) return;
   const double timeout = wait_timeout(ctx);
   marking_failure(round, [&] {
-    begin_spread(ctx, op, send, recv, reduce, algorithm, root, [&](spread_reduction& spread) {
-      exchange_spread(spread, route, spread_partial_tag, timeout, what);
-      spread.combine();
-      exchange_spread(spread, route, spread_result_tag, timeout, what);
+    begin_spread(ctx, op, send, recv, reduce, algorithm, root, true, [&](spread_reduction& spread) {
+      if (spread.flowing()) {
+        message_round_options options;
+        options.timeout_s = timeout;
+        options.what = what + " (blocks between nodes)";
+        exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
+      } else {
+        exchange_spread(spread, route, spread_partial_tag, timeout, what);
+        spread.combine();
+        exchange_spread(spread, route, spread_result_tag, timeout, what);
+      }
       spread.finish();
     });
   });
@@ -341,7 +348,7 @@ void register_reduction(py::module_& m) {
       "nodes_spread_begin",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
          int algorithm, int root) {
-        begin_spread(ctx, reduction_op(code), send, recv, reduce, algorithm, root,
+        begin_spread(ctx, reduction_op(code), send, recv, reduce, algorithm, root, false,
                      [](spread_reduction&) {});
         return spread_lists(ctx.between_nodes(node_map{}).spread(), spread_partial_tag);
       },
@@ -426,6 +433,16 @@ void register_reduction(py::module_& m) {
                op_defined(static_cast<reduce_op>(reduce), *type);
       },
       py::arg("dtype"), py::arg("op"), "Whether the reductions define op code `op` for dtype.");
+  m.def(
+      "set_spread_segment",
+      [](std::int64_t bytes) {
+        if (bytes < 0) throw std::invalid_argument("a segment's bytes cannot be negative");
+        return set_spread_segment(static_cast<std::size_t>(bytes));
+      },
+      py::arg("nbytes"),
+      "Local, the same on every rank: the segment (bytes, a multiple of 64) of the messages of "
+      "reductions spread across nodes; 0: the default. Returns the previous setting.");
+  m.attr("SPREAD_SEGMENT_BYTES") = spread_segment_bytes;
   m.add_object("fast_barrier", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                                    &fast_barrier_def, nullptr, m.attr("__name__").ptr())));
   m.add_object("fast_reduction", py::reinterpret_steal<py::object>(PyCFunction_NewEx(

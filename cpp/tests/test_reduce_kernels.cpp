@@ -151,6 +151,28 @@ TEST_CASE("reduce kernels: complex sum and product") {
   CHECK(out[1] == a[1] + b[1]);
 }
 
+TEST_CASE("reduce kernels: every source count, written directly, through the chunk or streamed") {
+  const std::size_t n = 2 * reduce_chunk_bytes / 4 + 9;  // chunks and a tail
+  std::mt19937_64 rng(11);
+  std::vector<std::vector<std::int32_t>> in(5, std::vector<std::int32_t>(n));
+  for (auto& v : in)
+    for (auto& x : v) x = static_cast<std::int32_t>(rng());
+  const void* srcs[5] = {in[0].data(), in[1].data(), in[2].data(), in[3].data(), in[4].data()};
+  for (reduce_op op : {reduce_op::sum, reduce_op::max})
+    for (int k = 1; k <= 5; ++k)
+      for (bool stream : {false, true}) {
+        std::vector<std::int32_t> got(n, 7);
+        reduce_fold(op, element_type::int32, got.data(), srcs, k, n, stream);
+        bool same = true;
+        for (std::size_t i = 0; i < n; ++i) {
+          std::int32_t want = in[0][i];
+          for (int j = 1; j < k; ++j) want = int_ref(op, want, in[static_cast<std::size_t>(j)][i]);
+          same &= got[i] == want;
+        }
+        CHECK_MESSAGE(same, name_of(op), " k=", k, stream ? " streamed" : "");
+      }
+}
+
 TEST_CASE("reduce kernels: the destination may be any of the sources") {
   const std::size_t n = 2 * reduce_chunk_bytes / 4 + 17;
   auto a = random_values<float>(n, 4, -1, 1), b = random_values<float>(n, 5, -1, 1),

@@ -50,6 +50,12 @@ class bounded_wait {
                              ": interrupted");
   }
 
+  // Something completed: the wait (its backoff and its timeout) starts again.
+  void progressed() {
+    polls_ = 0;
+    start_ = clock_type::now();
+  }
+
  private:
   [[noreturn]] void give_up(std::vector<int> late) const {
     std::sort(late.begin(), late.end());
@@ -200,11 +206,11 @@ void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
     std::memcpy(r.into->data, r.whole.data(), std::min(r.whole.size(), r.into->bytes));
 }
 
-void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
-                      std::span<const peer_buffer> sends, int rank,
-                      const message_round_options& options) {
-  request_list all;
-  bounded_wait wait(options, rank);
+namespace {
+
+// Posts `recvs`, then `sends` (their requests numbered in that order in `all`).
+void post_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                  std::span<const peer_buffer> sends, request_list& all) {
   for (const peer_buffer& b : recvs) {
     MPI_Request r;
     MPI_Irecv(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
@@ -215,7 +221,48 @@ void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
     MPI_Isend(b.data, byte_count(b.bytes), MPI_BYTE, b.peer, b.tag, comm, &r);
     all.add(r, b.peer);
   }
+}
+
+}  // namespace
+
+void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
+                      std::span<const peer_buffer> sends, int rank,
+                      const message_round_options& options) {
+  request_list all;
+  bounded_wait wait(options, rank);
+  post_buffers(comm, recvs, sends, all);
   wait_for_all(all, wait);
+}
+
+void exchange_flow(MPI_Comm comm, message_flow& flow, int rank,
+                   const message_round_options& options) {
+  request_list all;
+  std::vector<peer_buffer> recvs, sends;
+  std::vector<int> completed;
+  std::size_t active = 0;  // requests are numbered as the flow numbers its messages
+  bounded_wait wait(options, rank);
+  const auto post = [&] {
+    recvs.clear();
+    sends.clear();
+    flow.take(recvs, sends);
+    post_buffers(comm, recvs, sends, all);
+    active += recvs.size() + sends.size();
+  };
+  post();
+  while (active) {
+    completed.resize(all.requests.size());
+    int count = 0;
+    MPI_Testsome(static_cast<int>(all.requests.size()), all.requests.data(), &count,
+                 completed.data(), MPI_STATUSES_IGNORE);
+    if (count == 0 || count == MPI_UNDEFINED) {
+      wait.pause([&] { return all.unfinished(); });
+      continue;
+    }
+    wait.progressed();
+    active -= static_cast<std::size_t>(count);
+    for (int k = 0; k < count; ++k) flow.completed(static_cast<std::size_t>(completed[k]));
+    post();
+  }
 }
 
 persistent_messages::persistent_messages(MPI_Comm comm, std::span<const peer_buffer> recvs,

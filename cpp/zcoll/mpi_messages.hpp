@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "zcoll/aggregate.hpp"
+#include "zcoll/message_flow.hpp"
 
 namespace zcoll {
 
@@ -54,20 +55,19 @@ void exchange_messages(MPI_Comm comm, std::span<const node_message> out,
                        std::span<const node_message> in, int rank,
                        const message_round_options& options);
 
-// A buffer of the rank-to-rank paths: `bytes` at `data`, to or from `peer` with `tag`.
-struct peer_buffer {
-  int peer = 0;
-  int tag = 0;
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;
-};
-
 // Receives `recvs` and sends `sends` (all posted at once), on `comm`; the same bounds and
 // errors as exchange_messages. The k-th message of a (peer, tag) matches the k-th buffer
 // (MPI's non-overtaking order).
 void exchange_buffers(MPI_Comm comm, std::span<const peer_buffer> recvs,
                       std::span<const peer_buffer> sends, int rank,
                       const message_round_options& options);
+
+// Runs `flow` on `comm`: posts what it hands over, tells it each receive that arrived, until
+// nothing is in flight and it hands over nothing more. The bounds and errors of
+// exchange_buffers, the timeout counted from the last message that completed (a long flow that
+// keeps moving is not cut short).
+void exchange_flow(MPI_Comm comm, message_flow& flow, int rank,
+                   const message_round_options& options);
 
 // The blocks a persistent plan exchanges between nodes on every run: MPI persistent requests
 // made once (MPI_Recv_init, MPI_Send_init on `comm`), started together and waited for with the

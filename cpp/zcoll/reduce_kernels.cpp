@@ -213,12 +213,23 @@ void fold(void* dst, const void* const* srcs, int k, std::size_t n, bool stream)
     if (dst != srcs[0]) std::memmove(dst, srcs[0], n * sizeof(T));
     return;
   }
+  const auto src = [&](int j, std::size_t start) { return static_cast<const T*>(srcs[j]) + start; };
+  // A destination that is no source is written by the last step itself (one pass less over
+  // the chunk); one that is a source only after the chunk of every source was read.
+  const bool direct = !stream && std::find(srcs, srcs + k, dst) == srcs + k;
   for (std::size_t start = 0; start < n; start += chunk) {
     const std::size_t len = std::min(chunk, n - start);
-    combine2<Bound>(acc, static_cast<const T*>(srcs[0]) + start,
-                    static_cast<const T*>(srcs[1]) + start, len);
-    for (int j = 2; j < k; ++j) accumulate<Bound>(acc, static_cast<const T*>(srcs[j]) + start, len);
-    if (stream)
+    T* const to = reinterpret_cast<T*>(out) + start;
+    if (direct && k == 2) {
+      combine2<Bound>(to, src(0, start), src(1, start), len);
+      continue;
+    }
+    combine2<Bound>(acc, src(0, start), src(1, start), len);
+    const int last = direct ? k - 1 : k;
+    for (int j = 2; j < last; ++j) accumulate<Bound>(acc, src(j, start), len);
+    if (direct)
+      combine2<Bound>(to, acc, src(k - 1, start), len);
+    else if (stream)
       copy_bytes(out + start * sizeof(T), acc, len * sizeof(T), copy_plan{copy_mode::streaming});
     else
       std::memcpy(out + start * sizeof(T), acc, len * sizeof(T));

@@ -1,6 +1,7 @@
 #include "zcoll/spread_reduction.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <stdexcept>
 
 #include "zcoll/aggregate.hpp"
@@ -34,6 +35,21 @@ std::vector<result_piece> spread_pieces(op_code op, std::size_t count, std::size
     pieces[static_cast<std::size_t>(owners[i])] = {first * esize, (last - first) * esize};
   }
   return pieces;
+}
+
+namespace {
+std::atomic<std::size_t> segment_setting{0};
+}  // namespace
+
+std::size_t set_spread_segment(std::size_t bytes) {
+  if (bytes % 64)
+    throw std::invalid_argument("zcoll: the spread's segment must be a multiple of 64 bytes");
+  return segment_setting.exchange(bytes);
+}
+
+std::size_t spread_segment() noexcept {
+  const std::size_t bytes = segment_setting.load();
+  return bytes ? bytes : spread_segment_bytes;
 }
 
 int spread_server(const node_map& nodes, int node, int owner) {
@@ -80,13 +96,16 @@ call_protocol::published spread_reduction::publish(std::size_t bytes) {
   return all;
 }
 
-void spread_reduction::begin(const reduction_call& call) {
+void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   const context_config& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
   const int me = cfg.rank, q = cfg.size;
   if (!is_reduction(call.op))
     throw std::invalid_argument("zcoll: spread_reduction: not a reduction");
+  flow_ = stream_ = false;
+  sends_.clear();
+  recvs_.clear();
   if (call.op == op_code::bcast) return begin_bcast(call);
   const array_view& in = call.send ? *call.send : *call.recv;
   op_ = call.op;
@@ -134,78 +153,237 @@ void spread_reduction::begin(const reduction_call& call) {
 
   // Phase 1: this node's partials of this rank's piece and of the pieces it serves (a node of
   // one rank: its input).
-  sends_.clear();
-  recvs_.clear();
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   if (mine.bytes && !alone_) fold_partial(work(me, 1) + mine.from, mine);
   for (int owner = 0; owner < cfg.comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes ||
-        folder(owner) != me)
-      continue;
-    if (!alone_) fold_partial(work(me, 1) + piece.from, piece);
-    sends_.push_back({owner, partial(piece), piece.bytes});
+    if (!alone_ && piece.bytes && nodes_.node_of[static_cast<std::size_t>(owner)] != node_ &&
+        folder(owner) == me)
+      fold_partial(work(me, 1) + piece.from, piece);
   }
-  // The other nodes' partials of this rank's piece, in node order.
-  const int n = nodes_.nodes();
-  scratch_.resize(static_cast<std::size_t>(n - 1) * mine.bytes);
-  if (!mine.bytes) return;
-  std::byte* next = scratch_.data();
-  for (int node = 0; node < n; ++node) {
+  segment_ = spread_segment();
+  result_ = result_place();
+  // A result far larger than the cache that is not sent on (a reduce's root, reduce_scatter)
+  // is written with streaming stores, as the node's reductions write theirs.
+  const std::size_t cache = ctx_.policy().copy().cache_bytes();
+  stream_ = (op_ == op_code::reduce_scatter || (op_ == op_code::reduce && self_ == root_)) &&
+            cache > 0 && mine.bytes > cache / 2;
+  // In place on a node of one rank, a reduce_scatter's block (the start of its input) is a
+  // partial it sends: its fold waits for all of phase 2, so it runs the phases.
+  const bool in_place_alone = alone_ && out_ == input;
+  flow_ = as_flow && !(in_place_alone && op_ == op_code::reduce_scatter);
+  if (flow_)
+    start_flow(in_place_alone);
+  else
+    list_partials();
+}
+
+void spread_reduction::list_partials() {
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  partial_sends([&](int peer, std::byte* data, std::size_t length) {
+    sends_.push_back({peer, data, length});
+  });
+  std::byte* next = scratch_.reserve(static_cast<std::size_t>(nodes_.nodes() - 1) * mine.bytes);
+  for (int node = 0; node < nodes_.nodes(); ++node) {
     if (node == node_) continue;
-    recvs_.push_back({member(node, self_), next, mine.bytes});
+    for_segments(mine.bytes, [&](std::size_t off, std::size_t length) {
+      recvs_.push_back({member(node, self_), next + off, length});
+    });
     next += mine.bytes;
   }
 }
 
-void spread_reduction::combine() {
-  if (op_ == op_code::bcast) return combine_bcast();
-  const int me = ctx_.config().rank, n = nodes_.nodes();
+void spread_reduction::start_flow(bool in_place_alone) {
+  to_recv_.clear();
+  to_send_.clear();
+  handed_.clear();
+  partials_left_.assign(pieces_.size(), 0);
+  defer_results_ = in_place_alone;
+  partial_sends([&](int peer, std::byte* data, std::size_t length) {
+    hand({peer, data, length}, spread_partial_tag, false, handed_kind::partial,
+         static_cast<std::size_t>(peer));
+    ++partials_left_[static_cast<std::size_t>(peer)];
+  });
+  for (std::size_t owner = 0; owner < pieces_.size(); ++owner)
+    if (!defer_results_ || !partials_left_[owner]) post_result_recvs(static_cast<int>(owner));
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  // Where this rank's piece of the result goes: its block (reduce_scatter), the root's buffer
-  // (reduce), where an allreduce's pieces land, else the node's result area (sent from there).
-  std::byte* result = work(me, 0) + mine.from;
-  if (op_ == op_code::reduce_scatter)
-    result = out_;
-  else if (op_ == op_code::reduce && self_ == root_)
-    result = out_ + mine.from;
-  else if (op_ == op_code::allreduce)
-    result = landing(mine);
-  sends_.clear();
-  recvs_.clear();
-  if (mine.bytes) {
-    sources_.resize(static_cast<std::size_t>(n));
-    const std::byte* other = scratch_.data();
-    for (int node = 0; node < n; ++node) {
-      if (node == node_) {
-        sources_[static_cast<std::size_t>(node)] = partial(mine);
-      } else {
-        sources_[static_cast<std::size_t>(node)] = other;
-        other += mine.bytes;
-      }
-    }
-    reduce_fold(rop_, type_, result, sources_.data(), n, mine.bytes / element_bytes(type_));
+  const auto others = static_cast<std::size_t>(nodes_.nodes() - 1);
+  segments_ = (mine.bytes + segment_ - 1) / segment_;
+  slots_ = std::min(spread_ring_segments, segments_);
+  ring_slot_ = std::min(segment_, mine.bytes);
+  scratch_.reserve(slots_ * others * ring_slot_);
+  ring_count_.assign(slots_, 0);
+  slot_free_.assign(slots_, 1);
+  next_ring_ = next_fold_ = 0;
+  post_rings();
+}
+
+template <class Each>
+void spread_reduction::for_segments(std::size_t bytes, Each&& each) const {
+  for (std::size_t off = 0; off < bytes; off += segment_)
+    each(off, std::min(segment_, bytes - off));
+}
+
+std::size_t spread_reduction::segment_length(std::size_t k, std::size_t bytes) const {
+  return std::min(segment_, bytes - k * segment_);
+}
+
+template <class Each>
+void spread_reduction::partial_sends(Each&& each) const {
+  const int me = ctx_.config().rank;
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes ||
+        folder(owner) != me)
+      continue;
+    std::byte* from = partial(piece);
+    for_segments(piece.bytes,
+                 [&](std::size_t off, std::size_t bytes) { each(owner, from + off, bytes); });
   }
-  if (op_ == op_code::reduce_scatter) return;
-  const int root_node = nodes_.node_of[static_cast<std::size_t>(root_)];
-  // Phase 3: this rank's piece out, the pieces it serves (allreduce) or all others (the root
-  // of a reduce) in.
-  if (mine.bytes) {
-    if (op_ == op_code::allreduce) {
-      for (int node = 0; node < n; ++node)
-        if (node != node_) sends_.push_back({member(node, self_), result, mine.bytes});
-    } else if (node_ != root_node) {
-      sends_.push_back({root_, result, mine.bytes});
-    }
+}
+
+template <class Each>
+void spread_reduction::result_sends(std::size_t off, std::size_t bytes, Each&& each) const {
+  if (op_ == op_code::allreduce) {
+    for (int node = 0; node < nodes_.nodes(); ++node)
+      if (node != node_) each(member(node, self_), result_ + off, bytes);
+  } else if (op_ == op_code::reduce && node_ != nodes_.node_of[static_cast<std::size_t>(root_)]) {
+    each(root_, result_ + off, bytes);
   }
+}
+
+template <class Each>
+void spread_reduction::result_recvs(Each&& each) const {
   for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
     if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes) continue;
-    if (op_ == op_code::allreduce && folder(owner) == me)
-      recvs_.push_back({owner, landing(piece), piece.bytes});
+    std::byte* into = nullptr;
+    if (op_ == op_code::allreduce && folder(owner) == ctx_.config().rank)
+      into = landing(piece);
     else if (op_ == op_code::reduce && self_ == root_)
-      recvs_.push_back({owner, out_ + piece.from, piece.bytes});
+      into = out_ + piece.from;
+    if (into)
+      for_segments(piece.bytes,
+                   [&](std::size_t off, std::size_t bytes) { each(owner, into + off, bytes); });
   }
+}
+
+std::byte* spread_reduction::result_place() {
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  if (op_ == op_code::reduce_scatter) return out_;
+  if (op_ == op_code::reduce && self_ == root_) return out_ + mine.from;
+  if (op_ == op_code::allreduce) return landing(mine);
+  return work(ctx_.config().rank, 0) + mine.from;
+}
+
+void spread_reduction::fold_segment(std::size_t off, std::size_t bytes,
+                                    const std::byte* const* others) {
+  const int n = nodes_.nodes();
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  sources_.resize(static_cast<std::size_t>(n));
+  for (int node = 0, other = 0; node < n; ++node)
+    sources_[static_cast<std::size_t>(node)] =
+        node == node_ ? partial(mine) + off : others[other++];
+  reduce_fold(rop_, type_, result_ + off, sources_.data(), n, bytes / element_bytes(type_),
+              stream_);
+}
+
+void spread_reduction::combine() {
+  if (op_ == op_code::bcast) return combine_bcast();
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  sends_.clear();
+  recvs_.clear();
+  if (mine.bytes) {
+    std::vector<const std::byte*> others;
+    for (std::size_t i = 0; i + 1 < static_cast<std::size_t>(nodes_.nodes()); ++i)
+      others.push_back(scratch_.data() + i * mine.bytes);
+    fold_segment(0, mine.bytes, others.data());
+  }
+  // Phase 3: this rank's piece out, the pieces it serves (allreduce) or all others (the root
+  // of a reduce) in.
+  const auto push = [](std::vector<peer_block>& to) {
+    return
+        [&to](int peer, std::byte* data, std::size_t bytes) { to.push_back({peer, data, bytes}); };
+  };
+  for_segments(mine.bytes,
+               [&](std::size_t off, std::size_t bytes) { result_sends(off, bytes, push(sends_)); });
+  result_recvs(push(recvs_));
+}
+
+void spread_reduction::hand(const peer_block& b, int tag, bool receive, handed_kind kind,
+                            std::size_t index) {
+  (receive ? to_recv_ : to_send_).push_back({{b.peer, tag, b.data, b.bytes}, {kind, index}});
+}
+
+void spread_reduction::take(std::vector<peer_buffer>& recvs, std::vector<peer_buffer>& sends) {
+  for (auto* list : {&to_recv_, &to_send_}) {
+    for (const pending& p : *list) {
+      (list == &to_recv_ ? recvs : sends).push_back(p.message);
+      handed_.push_back(p.what);
+    }
+    list->clear();
+  }
+}
+
+std::byte* spread_reduction::ring(std::size_t slot, std::size_t other) const {
+  const std::size_t others = static_cast<std::size_t>(nodes_.nodes() - 1);
+  return scratch_.data() + (slot * others + other) * ring_slot_;
+}
+
+void spread_reduction::post_rings() {
+  // In segment order: the k-th message from a peer matches the k-th receive posted for it.
+  for (; next_ring_ < segments_ && slot_free_[next_ring_ % slots_]; ++next_ring_) {
+    slot_free_[next_ring_ % slots_] = 0;
+    post_ring(next_ring_);
+  }
+}
+
+void spread_reduction::post_ring(std::size_t k) {
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  const std::size_t bytes = segment_length(k, mine.bytes);
+  std::size_t other = 0;
+  for (int node = 0; node < nodes_.nodes(); ++node)
+    if (node != node_)
+      hand({member(node, self_), ring(k % slots_, other++), bytes}, spread_partial_tag, true,
+           handed_kind::ring, k);
+}
+
+void spread_reduction::post_result_recvs(int owner) {
+  result_recvs([&](int peer, std::byte* data, std::size_t bytes) {
+    if (peer == owner) hand({peer, data, bytes}, spread_result_tag, true, handed_kind::other, 0);
+  });
+}
+
+void spread_reduction::completed(std::size_t id) {
+  const handed what = handed_[id];
+  if (what.kind == handed_kind::partial) {
+    if (--partials_left_[what.index] == 0 && defer_results_)
+      post_result_recvs(static_cast<int>(what.index));
+    return;
+  }
+  if (what.kind != handed_kind::ring) return;
+  ++ring_count_[what.index % slots_];
+  // In segment order (a peer's k-th result message must be segment k): each segment whose
+  // partials all arrived.
+  const auto others = static_cast<int>(nodes_.nodes() - 1);
+  for (; next_fold_ < segments_ && ring_count_[next_fold_ % slots_] == others; ++next_fold_)
+    fold_ring(next_fold_);
+  post_rings();
+}
+
+void spread_reduction::fold_ring(std::size_t k) {
+  const std::size_t slot = k % slots_, others = static_cast<std::size_t>(nodes_.nodes() - 1);
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  const std::size_t off = k * segment_, bytes = segment_length(k, mine.bytes);
+  std::vector<const std::byte*>& in = ring_sources_;
+  in.resize(others);
+  for (std::size_t i = 0; i < others; ++i) in[i] = ring(slot, i);
+  fold_segment(off, bytes, in.data());
+  result_sends(off, bytes, [&](int peer, std::byte* data, std::size_t length) {
+    hand({peer, data, length}, spread_result_tag, false, handed_kind::other, 0);
+  });
+  ring_count_[slot] = 0;
+  slot_free_[slot] = 1;
 }
 
 void spread_reduction::finish() {
@@ -213,6 +391,7 @@ void spread_reduction::finish() {
   const context_config& cfg = ctx_.config();
   sends_.clear();
   recvs_.clear();
+  if (stream_) store_fence();
   ctx_.protocol().sync();  // every piece of the node in its result area; no input read after
   if (!out_ || op_ == op_code::reduce_scatter || alone_) return;  // alone: out_ holds it all
   for (int owner = 0; owner < cfg.comm_size; ++owner) {

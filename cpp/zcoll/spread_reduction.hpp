@@ -33,8 +33,16 @@
  * 2 (P - q) / q, each of m / P bytes. Determinism as the node's reductions: each element of the
  * result is computed by exactly one rank, in an order fixed by (nodes, size).
  *
- * The messages go by MPI between the phases: the caller (the binding from C++, or the Python
- * path by mpi4py) sends sends() and receives recvs() after begin() and again after combine().
+ * Every message of phases 2 and 3 is cut into segments of at most spread_segment() bytes, the
+ * same for every sender, so that a receiver can act on each as it comes. The messages go by
+ * MPI in one of two ways, the same segments either way:
+ *   - phases: the caller (the Python path by mpi4py) sends sends() and receives recvs() after
+ *     begin() and again after combine(): phase 2 whole, the fold whole, phase 3 whole.
+ *   - a flow (message_flow.hpp; the binding's sender in C++): phase 3's receives are posted at
+ *     the start, phase 2's into a ring of spread_ring_segments segments per other node; as soon
+ *     as every node's partial of a segment arrived the owner folds it and sends it on, and the
+ *     ring slot takes a later segment. The transfer, the fold and phase 3 overlap, and each
+ *     segment is folded while in cache (MPI's own reductions pipeline segments alike).
  */
 #pragma once
 
@@ -42,6 +50,8 @@
 #include <span>
 #include <vector>
 
+#include "zcoll/message_buffer.hpp"
+#include "zcoll/message_flow.hpp"
 #include "zcoll/protocol.hpp"
 #include "zcoll/reduce_kernels.hpp"
 #include "zcoll/reduction.hpp"
@@ -62,6 +72,21 @@ struct result_piece {
   std::size_t from = 0;
   std::size_t bytes = 0;
 };
+
+// Bytes of a segment of the messages of phases 2 and 3 (a multiple of 64, so of every element
+// size) unless set_spread_segment() changed it. Measured on 2 and 3 one-rank virtual nodes
+// (docs/performance.md, session 15; zcoll.bench allreduce|reduce --spread-segment): 64 KiB
+// costs more in messages than it gains, 256-512 KiB are best at 16 MiB and within 10 % of one
+// message per piece at 1-4 MiB.
+inline constexpr std::size_t spread_segment_bytes = 512 * 1024;
+// Segments of each other node's partial that a flow's owner receives ahead of its fold.
+inline constexpr std::size_t spread_ring_segments = 4;
+
+// The segment of later calls of this process: `bytes` (a positive multiple of 64), or 0 for
+// spread_segment_bytes. Local, but every rank must set the same, between collectives (tests and
+// benchmarks). Returns the previous setting.
+std::size_t set_spread_segment(std::size_t bytes);
+std::size_t spread_segment() noexcept;
 
 // A reduce on at most this many nodes gives the pieces to the root's node's ranks only: each
 // other node sends its partials there (m bytes per node, in one phase: the bound when N = 2),
@@ -85,28 +110,27 @@ std::vector<result_piece> spread_pieces(op_code op, std::size_t count, std::size
 // nodes, in communicator order, dealt round robin to the node's ranks.
 int spread_server(const node_map& nodes, int node, int owner);
 
-// A block sent to or received from communicator rank `peer` by MPI point-to-point after a round
-// between nodes: a spread call's messages of phase 2 or 3, an irregular call's blocks rank to
-// rank (node_messages::direct_sends).
-struct peer_block {
-  int peer = 0;
-  std::byte* data = nullptr;
-  std::size_t bytes = 0;
-};
-
-class spread_reduction {
+class spread_reduction final : public message_flow {
  public:
   // `ctx` and `nodes` must outlive this object.
   spread_reduction(node_context& ctx, const node_map& nodes) : ctx_(ctx), nodes_(nodes) {}
 
   // Collective (node), after a round of records agreed on `call` (allreduce, reduce or
-  // reduce_scatter with a non-empty input) across nodes: this rank's input published, staged
-  // when private, and phase 1. Then sends() and recvs() are phase 2's messages.
-  void begin(const reduction_call& call);
+  // reduce_scatter with a non-empty input, or bcast) across nodes: this rank's input
+  // published, staged when private, and phase 1. Then either sends() and recvs() are phase 2's
+  // messages, or, with `as_flow` and when flowing(), the call is a message_flow to run.
+  void begin(const reduction_call& call, bool as_flow = false);
+  // Whether begin() made the call a flow: a reduction asked to (a bcast runs its phases).
+  bool flowing() const noexcept { return flow_; }
   // Local, after phase 2's messages: the owner's fold. Then sends() and recvs() are phase 3's.
   void combine();
-  // Collective (node), after phase 3's messages: the node barrier, then this rank's result.
+  // Collective (node), after phase 3's messages or the flow: the node barrier, then this
+  // rank's result.
   void finish();
+
+  // message_flow, after begin(call, true): phases 2 and 3 as they can go.
+  void take(std::vector<peer_buffer>& recvs, std::vector<peer_buffer>& sends) override;
+  void completed(std::size_t id) override;
 
   std::span<const peer_block> sends() const noexcept { return sends_; }
   std::span<const peer_block> recvs() const noexcept { return recvs_; }
@@ -119,6 +143,39 @@ class spread_reduction {
   // Node rank `j` of this node, by the communicator rank behind it.
   int comm_rank(int j) const;
   void fold_partial(std::byte* dst, const result_piece& piece);
+  // The owner's fold of [off, off + bytes) of its piece: this node's partial and `others` (the
+  // other nodes' partials of the same range, in node order) into the result.
+  void fold_segment(std::size_t off, std::size_t bytes, const std::byte* const* others);
+  // The segments of `bytes` bytes: each(offset, length).
+  template <class Each>
+  void for_segments(std::size_t bytes, Each&& each) const;
+  std::size_t segment_length(std::size_t k, std::size_t bytes) const;
+  // Phase 2's sends (this rank's partials of the pieces it serves) and phase 3's: [off, off +
+  // bytes) of this rank's result (to every other node, or the root), and its receives: each(peer,
+  // data, bytes).
+  template <class Each>
+  void partial_sends(Each&& each) const;
+  template <class Each>
+  void result_sends(std::size_t off, std::size_t bytes, Each&& each) const;
+  template <class Each>
+  void result_recvs(Each&& each) const;
+  // Where this rank's piece of the result goes: its block (reduce_scatter), the root's buffer
+  // (reduce), where an allreduce's pieces land, else the node's result area (sent from there).
+  std::byte* result_place();
+  // The flow's messages: hands them out, numbered.
+  enum class handed_kind : std::uint8_t { other, ring, partial };
+  void hand(const peer_block& b, int tag, bool receive, handed_kind kind, std::size_t index);
+  // After phase 1: phase 2's messages as lists (sends(), recvs()), or the flow started (a node of
+  // one rank in place defers the receives of a piece until its partial went).
+  void list_partials();
+  void start_flow(bool in_place_alone);
+  // Phase 2's receives of the next segments whose ring slots are free, and of segment k.
+  void post_rings();
+  void post_ring(std::size_t k);
+  // The owner's fold of segment k from its ring slot, and its phase 3 sends.
+  void fold_ring(std::size_t k);
+  std::byte* ring(std::size_t slot, std::size_t other) const;
+  void post_result_recvs(int owner);
   // The node rank that folds this node's partial of `owner`'s piece (and holds its result in
   // phase 3): the owner on its own node, else the node's server.
   int folder(int owner) const;
@@ -151,8 +208,35 @@ class spread_reduction {
   std::vector<result_piece> pieces_;
   std::vector<const std::byte*> inputs_;  // every node rank's input
   std::vector<const void*> sources_;
-  std::vector<std::byte> scratch_;  // the other nodes' partials of this rank's piece
+  message_buffer scratch_;  // the other nodes' partials of this rank's piece (or a ring)
   std::vector<peer_block> sends_, recvs_;
+  std::size_t segment_ = spread_segment_bytes;
+  std::byte* result_ = nullptr;  // this rank's piece of the result
+  bool stream_ = false;          // its fold writes with streaming stores
+  // The flow's:
+  bool flow_ = false;
+  // A node of one rank in place receives results where its partials are sent from: phase 3's
+  // receives of a piece wait until its partial went (MPI forbids overlapping buffers in flight).
+  bool defer_results_ = false;
+  std::size_t slots_ = 0;        // ring slots in use
+  std::size_t ring_slot_ = 0;    // bytes of each other node's segment in a slot
+  std::vector<int> ring_count_;  // per slot: partials arrived
+  std::vector<std::uint8_t> slot_free_;
+  std::size_t segments_ = 0;   // of this rank's piece
+  std::size_t next_ring_ = 0;  // the next segment whose receives to post
+  std::size_t next_fold_ = 0;  // the next segment to fold
+  struct handed {
+    handed_kind kind;
+    std::size_t index;  // ring: the segment; partial: the owner
+  };
+  struct pending {
+    peer_buffer message;
+    handed what;
+  };
+  std::vector<pending> to_recv_, to_send_;  // not yet handed out
+  std::vector<handed> handed_;              // per message handed out, by number
+  std::vector<int> partials_left_;          // per owner: its partial's segments not yet sent
+  std::vector<const std::byte*> ring_sources_;
 };
 
 }  // namespace zcoll

@@ -32,7 +32,7 @@ from mpi4py import MPI
 import zcoll
 from zcoll import _aggregated, _context, _core
 from zcoll._registry import AUTO, TEMPORAL
-from zcoll._timing import REWRITE, after_rewrite
+from zcoll._timing import REWRITE, after_rewrite, parse_size
 
 from .collectives import Call, Timer, add_size_options
 from .common import (
@@ -329,13 +329,20 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
     report(
         f"# latency in us per call (float64 sum), {loop}, max over ranks of the mean; P={comm.size}"
     )
-    if args.command == "barrier":
-        rows, summary = run_barrier(comm, args, report, timer)
-    else:
-        result = run_sizes(comm, args, report, timer)
-        if result is None:
-            return 1
-        rows, summary = result
+    if args.spread_segment:
+        report(f"# reductions spread across nodes in segments of {args.spread_segment} bytes")
+    previous = _aggregated.spread_segment(args.spread_segment)
+    try:
+        if args.command == "barrier":
+            rows, summary = run_barrier(comm, args, report, timer)
+        else:
+            result = run_sizes(comm, args, report, timer)
+            if result is None:
+                return 1
+            rows, summary = result
+    finally:
+        _aggregated.spread_segment(previous)
+    if args.command != "barrier":
         report(
             f"geomean speedup over MPI ({AUTO if args.command != 'bcast' else 'zcoll'}): "
             f"<= {format_size(SMALL)}: {times(summary['speedup_small'])}, "
@@ -367,6 +374,7 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
             **common_metadata(comm, args, layout, now, command),
             "bench_method": args.method,
             "algorithms": list(getattr(args, "algorithms", [])),
+            "spread_segment": args.spread_segment or _aggregated.SPREAD_SEGMENT_BYTES,
             **{k: v for k, v in summary.items() if k not in BY_SIZE},
         }
         extra = {k: {str(b): v for b, v in summary.get(k, {}).items()} for k in BY_SIZE}
@@ -404,6 +412,14 @@ def add_reduction_options(parser: argparse.ArgumentParser) -> None:
         "--check", action="store_true", help="first compare each method's result with MPI's"
     )
     parser.add_argument(
+        "--spread-segment",
+        type=parse_size,
+        metavar="BYTES",
+        help="across nodes, cut the messages of reductions beyond their round's rule into "
+        "segments of BYTES, a multiple of 64 (default: zcoll's, "
+        f"{_aggregated.SPREAD_SEGMENT_BYTES // 1024} KiB)",
+    )
+    parser.add_argument(
         "--method",
         choices=METHODS,
         default="warm",
@@ -422,3 +438,5 @@ def finish_reduction_args(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("sizes must be multiples of 8 bytes (float64 elements)")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.spread_segment is not None and (args.spread_segment <= 0 or args.spread_segment % 64):
+        parser.error("--spread-segment must be a positive multiple of 64 bytes")
