@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import all_ranks_agree
-from zcoll import _context, _internode, _tuning
+from zcoll import _context, _core, _internode, _registry, _tuning
 
 DIRECT = _internode.Choice(_internode.DIRECT)
 CHOICES = {
@@ -188,6 +188,48 @@ def _simulate(nodes: int, concurrency: int, split: bool) -> bool:
         if any(held[n] != set(range(nodes)) for n in held) or set(received.values()) - {1}:
             return False
     return True
+
+
+@pytest.mark.parametrize("k", NODE_SIZES)
+def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
+    """An allgather beyond the round whose blocks the built-in rule sends rank to rank is
+    remembered by every rank after its first call: the extension's one crossing then runs that
+    block size (bit for bit, in place and not); every size when direct is forced, none when the
+    concurrent exchange is."""
+    comm = node_comm("split_reversed", k)
+    if comm is None:
+        pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of {k}")
+    if _context.context(comm)._p2p_handle is None:
+        pytest.skip("mpi4py sends the messages between nodes: no one crossing")
+    count = 64 * 1024 // 8 + 1  # beyond the round's largest block (64 KiB)
+    send = _data(np.float64, count, comm.rank, seed=17)
+    ref = _expected(comm, send)
+    op = _registry.OPS[_registry.ALLGATHER]
+
+    def one_crossing(sendbuf, recvbuf):
+        return _core.fast_collective(op, comm, sendbuf, recvbuf, "auto", "auto")
+
+    all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "not yet remembered")
+    all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "first call")
+    private = np.full_like(ref, 1)
+    inplace = zcoll.zeros(comm, ref.shape, np.float64)
+    inplace[comm.rank] = send
+    ran = one_crossing(send, private) is private
+    ran &= one_crossing(zcoll.IN_PLACE, inplace) is inplace
+    ok = ran and _same_bits(private, ref) and _same_bits(inplace, ref)
+    all_ranks_agree(comm, ok, "one crossing")
+    forced(_internode.Choice(_internode.CONCURRENT, 2))
+    all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "concurrent")
+    all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "forced concurrent")
+    forced(DIRECT)
+    other = send[: count - 3].copy()  # a size never called before
+    private = np.full_like(_expected(comm, other), 1)
+    ran = one_crossing(other, private) is private
+    all_ranks_agree(comm, ran and _same_bits(private, _expected(comm, other)), "forced direct")
+    forced(None)
+    private = np.full_like(ref, 1)
+    ran = one_crossing(send, private) is private
+    all_ranks_agree(comm, ran and _same_bits(private, ref), "remembered still")
 
 
 @pytest.mark.parametrize("split", [False, True])

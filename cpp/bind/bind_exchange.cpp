@@ -351,12 +351,12 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!found.ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
-    if (found.route) {  // several nodes: alltoall, and allgather within the size rule
+    if (found.route) {  // several nodes: alltoall, and allgather within the size rule or direct
 #ifdef ZCOLL_HAVE_MPI
       if (found.ctx->closed()) Py_RETURN_NONE;
       const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
       if (op == static_cast<long>(op_code::allgather) &&
-          !round_carries(*ctx, op_code::allgather, send, recv))
+          !round_carries(*ctx, op_code::allgather, send, recv) && !crosses_directly(*ctx, recv))
         Py_RETURN_NONE;  // larger blocks: the Python path chooses how they cross
       collective_across_nodes(*ctx, static_cast<op_code>(op), send, recv, order, copy,
                               *found.route);
@@ -609,6 +609,15 @@ void register_exchange(py::module_& m) {
           "these buffers travels whole in its round between nodes (the size rule), as the "
           "one-crossing path decides.")
       .def(
+          "nodes_remember_direct_allgather",
+          [](node_context& ctx, std::uint64_t block) {
+            ctx.between_nodes(node_map{}).remember_direct_allgather(block);
+          },
+          py::arg("block"),
+          "After setup_nodes, on every rank alike: allgathers of `block`-byte blocks beyond the "
+          "round cross nodes rank to rank (the Python path's choice), so the one crossing may "
+          "run them.")
+      .def(
           "nodes_pack_limit",
           [](node_context& ctx, int op) {
             if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
@@ -733,6 +742,17 @@ void register_exchange(py::module_& m) {
         return record_bytes(r);
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
+  m.def(
+      "set_allgather_crossing",
+      [](int mode) {
+        if (mode < 0 || mode > 2) throw std::invalid_argument("allgather crossing is 0, 1 or 2");
+        return static_cast<int>(set_allgather_crossing(static_cast<allgather_crossing>(mode)));
+      },
+      py::arg("mode"),
+      "Local, the same on every rank: allgathers beyond the round cross nodes as the policy "
+      "chose (0: the sizes remembered as direct run in one crossing), all rank to rank (1), or "
+      "by the leaders' concurrent exchange (2: the Python path runs them). Returns the previous "
+      "mode.");
   m.def(
       "set_aggregation",
       [](int mode) {

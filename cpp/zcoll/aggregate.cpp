@@ -136,6 +136,37 @@ aggregation set_aggregation(aggregation mode) noexcept {
   return aggregation_mode.exchange(mode);
 }
 
+namespace {
+std::atomic<allgather_crossing> crossing_mode{allgather_crossing::by_policy};
+}  // namespace
+
+allgather_crossing set_allgather_crossing(allgather_crossing crossing) noexcept {
+  return crossing_mode.exchange(crossing);
+}
+
+void node_messages::remember_direct_allgather(std::uint64_t block) {
+  if (crossing_mode.load() != allgather_crossing::by_policy ||
+      std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
+          direct_allgather_.end())
+    return;
+  if (direct_allgather_.size() == remembered_direct_blocks)
+    direct_allgather_.erase(direct_allgather_.begin());
+  direct_allgather_.push_back(block);
+}
+
+bool node_messages::direct_allgather(std::uint64_t block) const noexcept {
+  switch (crossing_mode.load()) {
+    case allgather_crossing::direct:
+      return true;
+    case allgather_crossing::concurrent:
+      return false;
+    case allgather_crossing::by_policy:
+      break;
+  }
+  return std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
+         direct_allgather_.end();
+}
+
 std::int64_t node_messages::pack_limit(op_code op) const noexcept {
   switch (aggregation_mode.load()) {
     case aggregation::never:
@@ -264,18 +295,18 @@ void node_messages::begin(const call_record& record, const collective_data* data
     in_place_ = data->send == nullptr;
     block_ = args.block_bytes;
     recv_bytes_ = args.recv_bytes;
-    own_ = false;
+    bool private_buffers = false;
     for (int j = 0; j < cfg.size; ++j)
-      own_ |= (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
+      private_buffers |=
+          (!in_place_ && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
     aggregate_ = carries(op_, block_);
     // An allgather's blocks are packed by their own ranks, whatever the buffers (a rank's one
     // block into every message: nothing to order); its node's blocks are read from the node's
     // first outgoing message.
-    own_ |= gather;
-    // An alltoall rank to rank with a private buffer on the node: the node's blocks in the
-    // round anyway (through the local areas), which spares the node's part staging whole
-    // buffers.
-    node_blocks_ = aggregate_ || (own_ && !gather);
+    own_ = private_buffers || gather;
+    // A call rank to rank with a private buffer on the node: the node's blocks in the round
+    // anyway (through the local areas), which spares the node's part staging whole buffers.
+    node_blocks_ = aggregate_ || private_buffers;
   }
   const int n = nodes_.nodes();
   std::vector<std::size_t> out_bytes(static_cast<std::size_t>(n - 1));
@@ -292,8 +323,12 @@ void node_messages::begin(const call_record& record, const collective_data* data
     in_bytes[k] = message_head_bytes(nodes_.ranks_on(from)) + there * (gather ? 1 : here) * block;
   }
   const bool own = node_blocks_ && own_;
-  const bool local_areas = own && !gather;
-  plan_messages(out_bytes, in_bytes, local_areas ? static_cast<std::size_t>(cfg.size) * block_ : 0);
+  // Local areas: an alltoall's node blocks by receiver, an allgather's one block (when the
+  // messages do not carry it).
+  std::size_t local_bytes = 0;
+  if (own)
+    local_bytes = gather ? (aggregate_ ? 0 : block_) : static_cast<std::size_t>(cfg.size) * block_;
+  plan_messages(out_bytes, in_bytes, local_bytes);
   write_heads(all, 0);
   // A message is complete once its sender wrote it: records alone, or blocks it packed alone.
   // The local areas need no barrier of their own: the one after the exchange precedes finish().
@@ -369,6 +404,12 @@ void node_messages::pack_own(const collective_args& args) {
         user_send_ +
         (in_place_ ? static_cast<std::size_t>(cfg.comm_ranks[static_cast<std::size_t>(me)]) : 0) *
             block_;
+    if (!aggregate_) {  // rank to rank: the node's ranks read it from this rank's local area
+      if (here > 1)
+        copy_bytes(message(me, local_offset_[static_cast<std::size_t>(me)]), mine, block_,
+                   copy_plan{copy_mode::temporal});
+      return;
+    }
     ctx_.policy().timed_copies(op_, block_, copy_, recv_bytes_,
                                static_cast<std::size_t>(n - 1) * block_, [&](const copy_plan& how) {
                                  for (int step = 1; step < n; ++step)
@@ -410,6 +451,21 @@ void node_messages::unpack_gathered() {
   const int n = nodes_.nodes();
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
   auto* recv = static_cast<std::byte*>(user_recv_);
+  if (!aggregate_) {  // rank to rank: this node's blocks from the local areas, its own block
+    ctx_.policy().timed_copies(
+        op_, block_, copy_, recv_bytes_, static_cast<std::size_t>(cfg.size) * block_,
+        [&](const copy_plan& how) {
+          for (int j = 0; j < cfg.size; ++j) {
+            const auto rank = static_cast<std::size_t>(cfg.comm_ranks[static_cast<std::size_t>(j)]);
+            if (j != cfg.rank)
+              copy_bytes(recv + rank * block_,
+                         message(j, local_offset_[static_cast<std::size_t>(j)]), block_, how);
+            else if (!in_place_)
+              copy_bytes(recv + rank * block_, user_send_, block_, how);
+          }
+        });
+    return;
+  }
   // Each message holds its node's blocks in node-rank order; this node's own are in its first
   // outgoing message.
   auto blocks_of = [&](int node, const std::byte* message_start, const copy_plan& how) {

@@ -189,6 +189,21 @@ enum class aggregation : std::int8_t {
 // Sets the mode; returns the previous one.
 aggregation set_aggregation(aggregation mode) noexcept;
 
+// How allgathers beyond the round cross nodes, for every context of the process: as the
+// caller's policy chose (the sizes it remembered: node_messages::direct_allgather), or forced
+// by a test or benchmark (zcoll._internode.force) to rank to rank or to the leaders'
+// concurrent exchange. Every rank must set the same, between collectives.
+enum class allgather_crossing : std::int8_t {
+  by_policy = 0,   // the block sizes remembered as direct
+  direct = 1,      // every one rank to rank
+  concurrent = 2,  // none rank to rank (the caller runs the exchange)
+};
+// Sets it; returns the previous setting.
+allgather_crossing set_allgather_crossing(allgather_crossing crossing) noexcept;
+
+// Allgather block sizes a node_messages remembers as crossing rank to rank.
+inline constexpr std::size_t remembered_direct_blocks = 16;
+
 // One irregular pattern's messages as node `node` sees them: where each rank's counts sit in its
 // node's head (words of 8 bytes after the records: send list's, then receive list's), and the
 // tuples (communicator ranks) of each message this node sends or receives, in payload order
@@ -235,6 +250,12 @@ class node_messages {
     const std::int64_t limit = pack_limit(op);
     return limit >= 0 && bytes <= static_cast<std::uint64_t>(limit);
   }
+  // Allgather block sizes beyond the round whose blocks the caller's policy sends rank to rank
+  // (zcoll._internode.choose: the direct path), remembered so the one crossing can run such
+  // calls (the last remembered_direct_blocks; the same on every rank: the same calls record
+  // them), or as set_allgather_crossing forces.
+  void remember_direct_allgather(std::uint64_t block);
+  bool direct_allgather(std::uint64_t block) const noexcept;
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
   // node sends; with `data` on every node rank, blocks within pack_limit() and records that
   // match on the node (an alltoall whose local checks passed), the blocks bound for other nodes
@@ -383,6 +404,7 @@ class node_messages {
   std::vector<direct_block> direct_sends_, direct_recvs_;
   std::string failure_;
   std::unique_ptr<spread_reduction> spread_;
+  std::vector<std::uint64_t> direct_allgather_;  // oldest first
 };
 
 }  // namespace zcoll

@@ -94,8 +94,11 @@ def _allgather_across_nodes(ctx: Context, sendbuf, recvbuf, code: int, copy_code
     choice = _internode.Choice(_internode.DIRECT) if carried else _internode.choose(ctx, block)
     if choice.method == _internode.CONCURRENT:
         _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
-    else:
-        exchange_remote(ctx, _ALLGATHER, send, recvbuf, block)
+        return
+    exchange_remote(ctx, _ALLGATHER, send, recvbuf, block)
+    if not carried:
+        # Every rank records it after the same call: the next such call runs in one crossing.
+        ctx.core.nodes_remember_direct_allgather(block)
 
 
 def _round_carries(ctx: Context, recvbuf) -> bool:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import _aggregated, _registry, _tuning
+from . import _aggregated, _core, _registry, _tuning
 from ._context import Context
 
 __all__ = [
@@ -76,10 +76,6 @@ CONCURRENT = "concurrent"
 METHODS = (DIRECT, CONCURRENT)
 #: Blocks of this many bytes and more are split in halves between pair and co-pair (C >= 2).
 SPLIT_BYTES = 64 * 1024
-#: Concurrency index of the built-in choice.
-DEFAULT_CONCURRENCY = 2
-#: The built-in choice takes the direct path for larger blocks (bytes).
-CONCURRENT_MAX_BLOCK = 64 * 1024
 _TAG_BASE = 0x7D00  # tags of the leaders' messages on the private dup (direct path: 0x7A0C)
 _CACHED_BLOCKS = 8  # plans kept per context (least recently used dropped)
 _BCAST_CODE = _registry.OPS[_registry.BCAST]
@@ -112,6 +108,9 @@ def force(choice: Choice | None) -> Choice | None:
     A forced choice applies to every block size: while one is set, the round between nodes
     carries no blocks (``_aggregated.force(False)``; set back on ``force(None)``)."""
     global _forced, _aggregation_before
+    # The extension's one crossing runs what is rank to rank: every call when forced so, none
+    # when the concurrent exchange is forced, else the sizes the policy chose it for.
+    _core.set_allgather_crossing(0 if choice is None else 1 if choice.method == DIRECT else 2)
     if choice is not None:
         _check_choice(choice)
         if _forced is None:
@@ -132,16 +131,20 @@ def _check_choice(choice: Choice) -> None:
 
 
 def builtin_choice(nodes: int, block: int) -> Choice:
-    """The choice without a table rule: the concurrent exchange with C = 2 (C = 1 on two
-    nodes, where both are the same single exchange) for blocks of up to
-    :data:`CONCURRENT_MAX_BLOCK` bytes -- the leaders move whole nodes' blocks in
-    ``ceil(log2(N / 2))`` rounds instead of every rank sending ``P - q`` messages -- and the
-    direct path above, where the leader's share of the bytes (everything through one rank, then
-    a node-wide bcast) costs more than the messages it saves (dev VM, P = 4 and 8 on nodes of
-    2: direct 1.3-1.7x faster at 256 KiB, 1.2-1.6x slower at 32 KiB)."""
-    if block > CONCURRENT_MAX_BLOCK:
-        return Choice(DIRECT)
-    return Choice(CONCURRENT, 1 if nodes <= 2 else DEFAULT_CONCURRENCY)
+    """The choice without a table rule: the direct path (every rank sends its block to every
+    rank on another node), for every node count and block size.
+
+    Measured on virtual nodes (dev VM, ``zcoll.bench allgather --between-nodes``, session 15):
+    once the direct path ran in the extension's one crossing (remembered block sizes), it beat
+    the leaders' concurrent exchange (C = 1, 2, 4, from Python: a round per step, then a
+    node-wide bcast of the whole receive buffer) at every size from 8 KiB to 64 KiB on 2, 3 and
+    4 nodes (P = 2 of 1, 4 of 2, 3 of 1, 6 of 2, 8 of 2), by up to 3x: e.g. 32 KiB on two
+    one-rank nodes 9.9 us against 20.0-20.5, 64 KiB on two nodes of 2 62.9 against 105-191,
+    on four nodes of 2 about even (500 against 510-512). One machine has no network
+    concurrency for C to use; on a cluster, ``python -m zcoll.tune --internode`` measures both
+    and its table's rules choose (`nodes` and `block` are what such a rule is matched on)."""
+    del nodes, block
+    return Choice(DIRECT)
 
 
 class _State:
