@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import all_ranks_agree
-from zcoll import _context, _core, _internode, _registry, _tuning
+from zcoll import _aggregated, _context, _core, _internode, _registry, _tuning
 
 DIRECT = _internode.Choice(_internode.DIRECT)
 CHOICES = {
@@ -336,3 +336,15 @@ def test_bench_virtual_node_option(monkeypatch):
     _context.context(MPI.COMM_WORLD)  # a context exists from here on
     with pytest.raises(RuntimeError, match="before any zcoll context"):
         cli.apply_virtual_nodes(2)
+
+
+def test_bad_forced_choice_changes_nothing():
+    """A forced choice that is not one raises ValueError and leaves every setting as it was:
+    no choice forced, the extension's crossing mode the policy's, the round's carry."""
+    assert _internode.force(None) is None
+    for bad in (_internode.Choice("sideways"), _internode.Choice(_internode.CONCURRENT, 0)):
+        with pytest.raises(ValueError):
+            _internode.force(bad)
+    assert _core.set_allgather_crossing(0) == 0
+    assert _aggregated.force(None) is None
+    assert _internode.force(None) is None

@@ -144,11 +144,13 @@ allgather_crossing set_allgather_crossing(allgather_crossing crossing) noexcept 
   return crossing_mode.exchange(crossing);
 }
 
+bool node_messages::remembers_direct(std::uint64_t block) const noexcept {
+  return std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
+         direct_allgather_.end();
+}
+
 void node_messages::remember_direct_allgather(std::uint64_t block) {
-  if (crossing_mode.load() != allgather_crossing::by_policy ||
-      std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
-          direct_allgather_.end())
-    return;
+  if (crossing_mode.load() != allgather_crossing::by_policy || remembers_direct(block)) return;
   if (direct_allgather_.size() == remembered_direct_blocks)
     direct_allgather_.erase(direct_allgather_.begin());
   direct_allgather_.push_back(block);
@@ -163,8 +165,7 @@ bool node_messages::direct_allgather(std::uint64_t block) const noexcept {
     case allgather_crossing::by_policy:
       break;
   }
-  return std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
-         direct_allgather_.end();
+  return remembers_direct(block);
 }
 
 std::int64_t node_messages::pack_limit(op_code op) const noexcept {

@@ -405,6 +405,7 @@ class node_messages {
   std::string failure_;
   std::unique_ptr<spread_reduction> spread_;
   std::vector<std::uint64_t> direct_allgather_;  // oldest first
+  bool remembers_direct(std::uint64_t block) const noexcept;
 };
 
 }  // namespace zcoll

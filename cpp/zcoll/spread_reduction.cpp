@@ -68,6 +68,11 @@ int spread_reduction::comm_rank(int j) const {
   return ctx_.config().comm_ranks[static_cast<std::size_t>(j)];
 }
 
+bool spread_reduction::serves(int owner) const {
+  const auto r = static_cast<std::size_t>(owner);
+  return nodes_.node_of[r] != node_ && spread_server(nodes_, node_, owner) == ctx_.config().rank;
+}
+
 int spread_reduction::folder(int owner) const {
   const auto r = static_cast<std::size_t>(owner);
   return nodes_.node_of[r] == node_ ? nodes_.node_rank[r] : spread_server(nodes_, node_, owner);
@@ -157,9 +162,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   if (mine.bytes && !alone_) fold_partial(work(me, 1) + mine.from, mine);
   for (int owner = 0; owner < cfg.comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (!alone_ && piece.bytes && nodes_.node_of[static_cast<std::size_t>(owner)] != node_ &&
-        folder(owner) == me)
-      fold_partial(work(me, 1) + piece.from, piece);
+    if (!alone_ && piece.bytes && serves(owner)) fold_partial(work(me, 1) + piece.from, piece);
   }
   segment_ = spread_segment();
   result_ = result_place();
@@ -213,7 +216,6 @@ void spread_reduction::start_flow(bool in_place_alone) {
   ring_slot_ = std::min(segment_, mine.bytes);
   scratch_.reserve(slots_ * others * ring_slot_);
   ring_count_.assign(slots_, 0);
-  slot_free_.assign(slots_, 1);
   next_ring_ = next_fold_ = 0;
   post_rings();
 }
@@ -230,12 +232,9 @@ std::size_t spread_reduction::segment_length(std::size_t k, std::size_t bytes) c
 
 template <class Each>
 void spread_reduction::partial_sends(Each&& each) const {
-  const int me = ctx_.config().rank;
   for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes ||
-        folder(owner) != me)
-      continue;
+    if (!piece.bytes || !serves(owner)) continue;
     std::byte* from = partial(piece);
     for_segments(piece.bytes,
                  [&](std::size_t off, std::size_t bytes) { each(owner, from + off, bytes); });
@@ -253,19 +252,17 @@ void spread_reduction::result_sends(std::size_t off, std::size_t bytes, Each&& e
 }
 
 template <class Each>
-void spread_reduction::result_recvs(Each&& each) const {
-  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
-    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes) continue;
-    std::byte* into = nullptr;
-    if (op_ == op_code::allreduce && folder(owner) == ctx_.config().rank)
-      into = landing(piece);
-    else if (op_ == op_code::reduce && self_ == root_)
-      into = out_ + piece.from;
-    if (into)
-      for_segments(piece.bytes,
-                   [&](std::size_t off, std::size_t bytes) { each(owner, into + off, bytes); });
-  }
+void spread_reduction::result_recvs(int owner, Each&& each) const {
+  const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+  if (nodes_.node_of[static_cast<std::size_t>(owner)] == node_ || !piece.bytes) return;
+  std::byte* into = nullptr;
+  if (op_ == op_code::allreduce && serves(owner))
+    into = landing(piece);
+  else if (op_ == op_code::reduce && self_ == root_)
+    into = out_ + piece.from;
+  if (into)
+    for_segments(piece.bytes,
+                 [&](std::size_t off, std::size_t bytes) { each(owner, into + off, bytes); });
 }
 
 std::byte* spread_reduction::result_place() {
@@ -294,10 +291,9 @@ void spread_reduction::combine() {
   sends_.clear();
   recvs_.clear();
   if (mine.bytes) {
-    std::vector<const std::byte*> others;
-    for (std::size_t i = 0; i + 1 < static_cast<std::size_t>(nodes_.nodes()); ++i)
-      others.push_back(scratch_.data() + i * mine.bytes);
-    fold_segment(0, mine.bytes, others.data());
+    others_.resize(static_cast<std::size_t>(nodes_.nodes() - 1));
+    for (std::size_t i = 0; i < others_.size(); ++i) others_[i] = scratch_.data() + i * mine.bytes;
+    fold_segment(0, mine.bytes, others_.data());
   }
   // Phase 3: this rank's piece out, the pieces it serves (allreduce) or all others (the root
   // of a reduce) in.
@@ -307,7 +303,7 @@ void spread_reduction::combine() {
   };
   for_segments(mine.bytes,
                [&](std::size_t off, std::size_t bytes) { result_sends(off, bytes, push(sends_)); });
-  result_recvs(push(recvs_));
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) result_recvs(owner, push(recvs_));
 }
 
 void spread_reduction::hand(const peer_block& b, int tag, bool receive, handed_kind kind,
@@ -331,11 +327,10 @@ std::byte* spread_reduction::ring(std::size_t slot, std::size_t other) const {
 }
 
 void spread_reduction::post_rings() {
-  // In segment order: the k-th message from a peer matches the k-th receive posted for it.
-  for (; next_ring_ < segments_ && slot_free_[next_ring_ % slots_]; ++next_ring_) {
-    slot_free_[next_ring_ % slots_] = 0;
+  // In segment order (the k-th message from a peer matches the k-th receive posted for it),
+  // each into the slot the segment slots_ before it left when it was folded.
+  for (; next_ring_ < segments_ && next_ring_ < next_fold_ + slots_; ++next_ring_)
     post_ring(next_ring_);
-  }
 }
 
 void spread_reduction::post_ring(std::size_t k) {
@@ -349,8 +344,8 @@ void spread_reduction::post_ring(std::size_t k) {
 }
 
 void spread_reduction::post_result_recvs(int owner) {
-  result_recvs([&](int peer, std::byte* data, std::size_t bytes) {
-    if (peer == owner) hand({peer, data, bytes}, spread_result_tag, true, handed_kind::other, 0);
+  result_recvs(owner, [&](int peer, std::byte* data, std::size_t bytes) {
+    hand({peer, data, bytes}, spread_result_tag, true, handed_kind::other, 0);
   });
 }
 
@@ -375,15 +370,13 @@ void spread_reduction::fold_ring(std::size_t k) {
   const std::size_t slot = k % slots_, others = static_cast<std::size_t>(nodes_.nodes() - 1);
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   const std::size_t off = k * segment_, bytes = segment_length(k, mine.bytes);
-  std::vector<const std::byte*>& in = ring_sources_;
-  in.resize(others);
-  for (std::size_t i = 0; i < others; ++i) in[i] = ring(slot, i);
-  fold_segment(off, bytes, in.data());
+  others_.resize(others);
+  for (std::size_t i = 0; i < others; ++i) others_[i] = ring(slot, i);
+  fold_segment(off, bytes, others_.data());
   result_sends(off, bytes, [&](int peer, std::byte* data, std::size_t length) {
     hand({peer, data, length}, spread_result_tag, false, handed_kind::other, 0);
   });
   ring_count_[slot] = 0;
-  slot_free_[slot] = 1;
 }
 
 void spread_reduction::finish() {
@@ -448,13 +441,12 @@ void spread_reduction::begin_bcast(const reduction_call& call) {
     // their owners.
     for (int owner = 0; owner < cfg.comm_size; ++owner) {
       const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-      const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
       if (!piece.bytes) continue;
       std::byte* from = const_cast<std::byte*>(source_) + piece.from;
       if (owner == self_) {
         for (int other = 0; other < nodes_.nodes(); ++other)
           if (other != node_) sends_.push_back({member(other, owner), from, piece.bytes});
-      } else if (node != node_ && folder(owner) == me) {
+      } else if (serves(owner)) {
         sends_.push_back({owner, from, piece.bytes});
       }
     }
@@ -468,13 +460,12 @@ void spread_reduction::begin_bcast(const reduction_call& call) {
     if (!piece.bytes) continue;
     if (owner == self_)
       recvs_.push_back({member(root_node_, owner), landing(piece), piece.bytes});
-    else if (node == root_node_ && folder(owner) == me)
+    else if (node == root_node_ && serves(owner))
       recvs_.push_back({owner, landing(piece), piece.bytes});
   }
 }
 
 void spread_reduction::combine_bcast() {
-  const int me = ctx_.config().rank;
   sends_.clear();
   recvs_.clear();
   if (node_ == root_node_) return;
@@ -487,7 +478,7 @@ void spread_reduction::combine_bcast() {
       for (int other = 0; other < nodes_.nodes(); ++other)
         if (other != node_ && other != root_node_)
           sends_.push_back({member(other, owner), landing(piece), piece.bytes});
-    } else if (node != node_ && folder(owner) == me) {
+    } else if (serves(owner)) {
       recvs_.push_back({owner, landing(piece), piece.bytes});
     }
   }

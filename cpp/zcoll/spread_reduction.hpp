@@ -151,14 +151,14 @@ class spread_reduction final : public message_flow {
   void for_segments(std::size_t bytes, Each&& each) const;
   std::size_t segment_length(std::size_t k, std::size_t bytes) const;
   // Phase 2's sends (this rank's partials of the pieces it serves) and phase 3's: [off, off +
-  // bytes) of this rank's result (to every other node, or the root), and its receives: each(peer,
-  // data, bytes).
+  // bytes) of this rank's result (to every other node, or the root), and its receives of
+  // `owner`'s piece: each(peer, data, bytes).
   template <class Each>
   void partial_sends(Each&& each) const;
   template <class Each>
   void result_sends(std::size_t off, std::size_t bytes, Each&& each) const;
   template <class Each>
-  void result_recvs(Each&& each) const;
+  void result_recvs(int owner, Each&& each) const;
   // Where this rank's piece of the result goes: its block (reduce_scatter), the root's buffer
   // (reduce), where an allreduce's pieces land, else the node's result area (sent from there).
   std::byte* result_place();
@@ -176,6 +176,8 @@ class spread_reduction final : public message_flow {
   void fold_ring(std::size_t k);
   std::byte* ring(std::size_t slot, std::size_t other) const;
   void post_result_recvs(int owner);
+  // Whether this rank is its node's server of `owner`'s piece (on another node).
+  bool serves(int owner) const;
   // The node rank that folds this node's partial of `owner`'s piece (and holds its result in
   // phase 3): the owner on its own node, else the node's server.
   int folder(int owner) const;
@@ -221,10 +223,9 @@ class spread_reduction final : public message_flow {
   std::size_t slots_ = 0;        // ring slots in use
   std::size_t ring_slot_ = 0;    // bytes of each other node's segment in a slot
   std::vector<int> ring_count_;  // per slot: partials arrived
-  std::vector<std::uint8_t> slot_free_;
-  std::size_t segments_ = 0;   // of this rank's piece
-  std::size_t next_ring_ = 0;  // the next segment whose receives to post
-  std::size_t next_fold_ = 0;  // the next segment to fold
+  std::size_t segments_ = 0;     // of this rank's piece
+  std::size_t next_ring_ = 0;    // the next segment whose receives to post
+  std::size_t next_fold_ = 0;    // the next segment to fold
   struct handed {
     handed_kind kind;
     std::size_t index;  // ring: the segment; partial: the owner
@@ -236,7 +237,7 @@ class spread_reduction final : public message_flow {
   std::vector<pending> to_recv_, to_send_;  // not yet handed out
   std::vector<handed> handed_;              // per message handed out, by number
   std::vector<int> partials_left_;          // per owner: its partial's segments not yet sent
-  std::vector<const std::byte*> ring_sources_;
+  std::vector<const std::byte*> others_;    // the other nodes' partials of a fold
 };
 
 }  // namespace zcoll

@@ -108,11 +108,12 @@ def force(choice: Choice | None) -> Choice | None:
     A forced choice applies to every block size: while one is set, the round between nodes
     carries no blocks (``_aggregated.force(False)``; set back on ``force(None)``)."""
     global _forced, _aggregation_before
+    if choice is not None:
+        _check_choice(choice)  # before anything is set: a bad choice changes nothing
     # The extension's one crossing runs what is rank to rank: every call when forced so, none
     # when the concurrent exchange is forced, else the sizes the policy chose it for.
     _core.set_allgather_crossing(0 if choice is None else 1 if choice.method == DIRECT else 2)
     if choice is not None:
-        _check_choice(choice)
         if _forced is None:
             _aggregation_before = _aggregated.force(False)
     elif _forced is not None:
