@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -27,8 +28,8 @@ inline bool cpu_flag(const std::string& flag) {
   return false;
 }
 
-// Runs `body` in a forked child, which leaves with _exit(body()) (1 + ... on exceptions), so
-// neither doctest's reporter nor any destructor of the parent's objects runs there.
+// Runs `body` in a forked child, which leaves with _exit(body()) (101 on an exception, its message
+// on stderr), so neither doctest's reporter nor any destructor of the parent's objects runs there.
 template <class Body>
 pid_t fork_child(Body body) {
   std::fflush(nullptr);  // no buffered output duplicated into the child
@@ -38,6 +39,9 @@ pid_t fork_child(Body body) {
     int code = 100;
     try {
       code = body();
+    } catch (const std::exception& e) {  // said, so a failure in a child can be told apart
+      std::fprintf(stderr, "forked child %d: %s\n", static_cast<int>(::getpid()), e.what());
+      code = 101;
     } catch (...) {
       code = 101;
     }
