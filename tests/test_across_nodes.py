@@ -218,6 +218,14 @@ RED_CHECK_JOB = _checking_job(
                 if r == root:
                     check(what + ("reduce", root), got, expect)
                     check(what + ("reduce in place", root), y, expect)
+                # bcast: private and arena buffers (the root's read in place on its node)
+                want = x.copy()
+                comm.Bcast(want, root=root)
+                for arena in (False, True):
+                    b = zcoll.empty(comm, x.shape, x.dtype) if arena else np.empty_like(x)
+                    b[...] = x if r == root else 0
+                    zcoll.bcast(comm, b, root=root)
+                    check(what + ("bcast", root, "arena" if arena else "private"), b, want)
             block = count // p
             mine = expect[r * block : (r + 1) * block]  # fmt: skip
             check(what + ("reduce_scatter_block",), zcoll.reduce_scatter_block(comm, x), mine)
@@ -447,9 +455,9 @@ def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
     bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
     one element, odd counts and counts at and just past the limit, on WORLD, a dup and a split
     with reversed keys; past the limit with the spread's messages cut into many short segments
-    (in place and not, roots on every node). Then a size that differs on one rank, on both
-    sides of the limit: ValueError everywhere, no result written, the communicator works
-    afterwards."""
+    (in place and not, roots on every node; bcast from private and arena buffers). Then a size
+    that differs on one rank, on both sides of the limit: ValueError everywhere, no result
+    written, the communicator works afterwards."""
     assert _run(tmp_path, RED_CHECK_JOB, ranks, node, sender=sender) == "OK"
 
 

@@ -111,7 +111,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   flow_ = stream_ = false;
   sends_.clear();
   recvs_.clear();
-  if (call.op == op_code::bcast) return begin_bcast(call);
+  if (call.op == op_code::bcast) return begin_bcast(call, as_flow);
   const array_view& in = call.send ? *call.send : *call.recv;
   op_ = call.op;
   rop_ = static_cast<reduce_op>(call.reduce);
@@ -351,6 +351,7 @@ void spread_reduction::post_result_recvs(int owner) {
 
 void spread_reduction::completed(std::size_t id) {
   const handed what = handed_[id];
+  if (what.kind == handed_kind::own) return forward_arrived(what.index);
   if (what.kind == handed_kind::partial) {
     if (--partials_left_[what.index] == 0 && defer_results_)
       post_result_recvs(static_cast<int>(what.index));
@@ -396,7 +397,7 @@ void spread_reduction::finish() {
   }
 }
 
-void spread_reduction::begin_bcast(const reduction_call& call) {
+void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
   const context_config& cfg = ctx_.config();
   call_protocol& protocol = ctx_.protocol();
   node_segments& segments = ctx_.segments();
@@ -416,11 +417,10 @@ void spread_reduction::begin_bcast(const reduction_call& call) {
   if (self_ == root_) line.send = segments.locate(buf.data, bytes);
   const auto all = publish(bytes);
   alone_ = q == 1;
+  segment_ = spread_segment();
   // Pieces of bytes (any dtype), one per rank.
   pieces_ =
       spread_pieces(op_code::allreduce, bytes, 1, cfg.comm_size, spread_owners(nodes_, op_, root_));
-  sends_.clear();
-  recvs_.clear();
   source_ = nullptr;
   root_in_place_ = false;
   if (node_ == root_node_) {  // the root's buffer, where the node's ranks can read it
@@ -436,33 +436,110 @@ void spread_reduction::begin_bcast(const reduction_call& call) {
       protocol.sync();  // the staged copy is visible
       source_ = segments.staging(root_rank);
     }
-    // Phase 2: each piece to the other nodes: the root's node's own ranks' pieces by their
-    // owners to their servers on every other node, the other nodes' by their servers here to
-    // their owners.
-    for (int owner = 0; owner < cfg.comm_size; ++owner) {
-      const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-      if (!piece.bytes) continue;
-      std::byte* from = const_cast<std::byte*>(source_) + piece.from;
-      if (owner == self_) {
-        for (int other = 0; other < nodes_.nodes(); ++other)
-          if (other != node_) sends_.push_back({member(other, owner), from, piece.bytes});
-      } else if (serves(owner)) {
-        sends_.push_back({owner, from, piece.bytes});
-      }
-    }
+  }
+  flow_ = as_flow;
+  if (!flow_) {
+    bcast_sends([&](int peer, std::byte* data, std::size_t length) {
+      sends_.push_back({peer, data, length});
+    });
+    bcast_recvs([&](int peer, std::byte* data, std::size_t length, bool) {
+      recvs_.push_back({peer, data, length});
+    });
     return;
   }
-  // Another node: this rank's piece from its server on the root's node, and the root's node's
-  // pieces this rank serves from their owners, into this node's result area.
-  for (int owner = 0; owner < cfg.comm_size; ++owner) {
+  to_recv_.clear();
+  to_send_.clear();
+  handed_.clear();
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  segments_ = node_ == root_node_ ? 0 : (mine.bytes + segment_ - 1) / segment_;
+  arrived_.assign(segments_, 0);
+  next_fold_ = 0;
+  std::size_t k = 0;
+  bcast_recvs([&](int peer, std::byte* data, std::size_t length, bool own) {
+    hand({peer, data, length}, spread_partial_tag, true, own ? handed_kind::own : handed_kind::other,
+         own ? k++ : 0);
+  });
+  bcast_forwarded_recvs([&](int peer, std::byte* data, std::size_t length) {
+    hand({peer, data, length}, spread_result_tag, true, handed_kind::other, 0);
+  });
+  bcast_sends([&](int peer, std::byte* data, std::size_t length) {
+    hand({peer, data, length}, spread_partial_tag, false, handed_kind::other, 0);
+  });
+}
+
+template <class Each>
+void spread_reduction::bcast_sends(Each&& each) const {
+  if (node_ != root_node_) return;
+  // Each piece to the other nodes: the root's node's own ranks' pieces by their owners to their
+  // servers on every other node, the other nodes' by their servers here to their owners.
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    if (!piece.bytes) continue;
+    std::byte* from = const_cast<std::byte*>(source_) + piece.from;
+    const auto send = [&](int peer) {
+      for_segments(piece.bytes,
+                   [&](std::size_t off, std::size_t bytes) { each(peer, from + off, bytes); });
+    };
+    if (owner == self_) {
+      for (int other = 0; other < nodes_.nodes(); ++other)
+        if (other != node_) send(member(other, owner));
+    } else if (serves(owner)) {
+      send(owner);
+    }
+  }
+}
+
+template <class Each>
+void spread_reduction::bcast_recvs(Each&& each) const {
+  if (node_ == root_node_) return;
+  // Another node: this rank's piece from its server on the root's node (`own`), and the root's
+  // node's pieces this rank serves from their owners, into this node's result area.
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    if (!piece.bytes) continue;
+    const bool own = owner == self_;
+    int from = -1;
+    if (own)
+      from = member(root_node_, owner);
+    else if (nodes_.node_of[static_cast<std::size_t>(owner)] == root_node_ && serves(owner))
+      from = owner;
+    if (from < 0) continue;
+    std::byte* into = landing(piece);
+    for_segments(piece.bytes, [&](std::size_t off, std::size_t bytes) {
+      each(from, into + off, bytes, own);
+    });
+  }
+}
+
+template <class Each>
+void spread_reduction::bcast_forwards(std::size_t off, std::size_t bytes, Each&& each) const {
+  std::byte* from = landing(pieces_[static_cast<std::size_t>(self_)]) + off;
+  for (int other = 0; other < nodes_.nodes(); ++other)
+    if (other != node_ && other != root_node_) each(member(other, self_), from, bytes);
+}
+
+template <class Each>
+void spread_reduction::bcast_forwarded_recvs(Each&& each) const {
+  if (node_ == root_node_) return;
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
     const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
-    if (!piece.bytes) continue;
-    if (owner == self_)
-      recvs_.push_back({member(root_node_, owner), landing(piece), piece.bytes});
-    else if (node == root_node_ && serves(owner))
-      recvs_.push_back({owner, landing(piece), piece.bytes});
+    if (!piece.bytes || node == root_node_ || node == node_ || !serves(owner)) continue;
+    std::byte* into = landing(piece);
+    for_segments(piece.bytes,
+                 [&](std::size_t off, std::size_t bytes) { each(owner, into + off, bytes); });
   }
+}
+
+void spread_reduction::forward_arrived(std::size_t k) {
+  arrived_[k] = 1;
+  // In segment order (a peer's k-th message must be segment k).
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  for (; next_fold_ < segments_ && arrived_[next_fold_]; ++next_fold_)
+    bcast_forwards(next_fold_ * segment_, segment_length(next_fold_, mine.bytes),
+                   [&](int peer, std::byte* data, std::size_t length) {
+                     hand({peer, data, length}, spread_result_tag, false, handed_kind::other, 0);
+                   });
 }
 
 void spread_reduction::combine_bcast() {
@@ -470,18 +547,15 @@ void spread_reduction::combine_bcast() {
   recvs_.clear();
   if (node_ == root_node_) return;
   // Phase 3, between the other nodes: each owner's piece to its servers there.
-  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
-    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    const int node = nodes_.node_of[static_cast<std::size_t>(owner)];
-    if (!piece.bytes || node == root_node_) continue;
-    if (owner == self_) {
-      for (int other = 0; other < nodes_.nodes(); ++other)
-        if (other != node_ && other != root_node_)
-          sends_.push_back({member(other, owner), landing(piece), piece.bytes});
-    } else if (serves(owner)) {
-      recvs_.push_back({owner, landing(piece), piece.bytes});
-    }
-  }
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  for_segments(mine.bytes, [&](std::size_t off, std::size_t bytes) {
+    bcast_forwards(off, bytes, [&](int peer, std::byte* data, std::size_t length) {
+      sends_.push_back({peer, data, length});
+    });
+  });
+  bcast_forwarded_recvs([&](int peer, std::byte* data, std::size_t length) {
+    recvs_.push_back({peer, data, length});
+  });
 }
 
 void spread_reduction::finish_bcast() {

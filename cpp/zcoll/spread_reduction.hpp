@@ -25,6 +25,9 @@
  * ranks' pieces to that rank's server on every other node (phase 2); the other nodes pass
  * their own pieces on between them (phase 3); every rank copies the pieces from its node's
  * result area (the root's node: from the root's buffer). Each node receives the buffer once.
+ * As a flow, every receive is posted at the start and an owner forwards each segment of its
+ * piece to the other nodes as soon as it arrived (phases 2 and 3 overlap; with two nodes phase
+ * 3 is empty).
  *
  * Bytes between nodes, per node of q ranks: (P - q) m / P out in phase 2 and as many in in phase
  * 3, each rank sending about 1/q of them -- against the leaders' path this replaced (the node's
@@ -120,7 +123,8 @@ class spread_reduction final : public message_flow {
   // published, staged when private, and phase 1. Then either sends() and recvs() are phase 2's
   // messages, or, with `as_flow` and when flowing(), the call is a message_flow to run.
   void begin(const reduction_call& call, bool as_flow = false);
-  // Whether begin() made the call a flow: a reduction asked to (a bcast runs its phases).
+  // Whether begin() made the call a flow (asked to; a reduce_scatter in place on a node of one
+  // rank runs its phases).
   bool flowing() const noexcept { return flow_; }
   // Local, after phase 2's messages: the owner's fold. Then sends() and recvs() are phase 3's.
   void combine();
@@ -163,7 +167,10 @@ class spread_reduction final : public message_flow {
   // (reduce), where an allreduce's pieces land, else the node's result area (sent from there).
   std::byte* result_place();
   // The flow's messages: hands them out, numbered.
-  enum class handed_kind : std::uint8_t { other, ring, partial };
+  // other: nothing follows its completion; ring: a partial into a ring slot (index: its
+  // segment); partial: a partial sent (index: its owner); own: a segment of a bcast's own piece
+  // arrived (index: the segment), to forward.
+  enum class handed_kind : std::uint8_t { other, ring, partial, own };
   void hand(const peer_block& b, int tag, bool receive, handed_kind kind, std::size_t index);
   // After phase 1: phase 2's messages as lists (sends(), recvs()), or the flow started (a node of
   // one rank in place defers the receives of a piece until its partial went).
@@ -184,9 +191,22 @@ class spread_reduction final : public message_flow {
   // This node's partial of `piece` (on a node of one rank: the input itself).
   std::byte* partial(const result_piece& piece) const;
   // A bcast's three steps.
-  void begin_bcast(const reduction_call& call);
+  void begin_bcast(const reduction_call& call, bool as_flow);
   void combine_bcast();
   void finish_bcast();
+  // A bcast's phase 2: the root's node's sends, another node's receives
+  // (each(peer, data, bytes, own): `own` for this rank's own piece); phase 3: [off, off + bytes)
+  // of this rank's piece to the other nodes but the root's, and the receives of the pieces
+  // this rank serves from them. The flow forwards segment k once it arrived, in order.
+  template <class Each>
+  void bcast_sends(Each&& each) const;
+  template <class Each>
+  void bcast_recvs(Each&& each) const;
+  template <class Each>
+  void bcast_forwards(std::size_t off, std::size_t bytes, Each&& each) const;
+  template <class Each>
+  void bcast_forwarded_recvs(Each&& each) const;
+  void forward_arrived(std::size_t k);
   // The communicator rank of `node` that serves `owner`'s piece there.
   int member(int node, int owner) const;
   // Where a piece of an allreduce's result or of a bcast's buffer arrives (and an owner's own
@@ -225,7 +245,8 @@ class spread_reduction final : public message_flow {
   std::vector<int> ring_count_;  // per slot: partials arrived
   std::size_t segments_ = 0;     // of this rank's piece
   std::size_t next_ring_ = 0;    // the next segment whose receives to post
-  std::size_t next_fold_ = 0;    // the next segment to fold
+  std::size_t next_fold_ = 0;    // the next segment to fold (bcast: to forward)
+  std::vector<std::uint8_t> arrived_;  // bcast: per segment of this rank's piece
   struct handed {
     handed_kind kind;
     std::size_t index;  // ring: the segment; partial: the owner

@@ -61,16 +61,16 @@ def force(aggregate: bool | None) -> bool | None:
     return {0: None, 1: True, -1: False}[previous]
 
 
-#: Bytes of a segment of the messages of a reduction spread across nodes (the engine's,
-#: spread_reduction.hpp): an owner folds and sends on each segment as it arrives.
+#: Bytes of a segment of the messages of a reduction or bcast spread across nodes (the engine's,
+#: spread_reduction.hpp): an owner folds (a bcast's: forwards) each segment as it arrives.
 SPREAD_SEGMENT_BYTES: int = _core.SPREAD_SEGMENT_BYTES
 
 
 def spread_segment(nbytes: int | None) -> int | None:
-    """Cut the messages of later reductions spread across nodes (beyond their round's rule)
-    into segments of `nbytes` (a positive multiple of 64); None: ``SPREAD_SEGMENT_BYTES``
-    again. Returns the previous setting. Local, but it must be the same on every rank, between
-    collectives (benches and tests)."""
+    """Cut the messages of later reductions and bcasts spread across nodes (beyond their
+    round's rule) into segments of `nbytes` (a positive multiple of 64); None:
+    ``SPREAD_SEGMENT_BYTES`` again. Returns the previous setting. Local, but it must be the
+    same on every rank, between collectives (benches and tests)."""
     previous = _core.set_spread_segment(nbytes or 0)
     return previous or None
 

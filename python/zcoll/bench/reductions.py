@@ -415,8 +415,8 @@ def add_reduction_options(parser: argparse.ArgumentParser) -> None:
         "--spread-segment",
         type=parse_size,
         metavar="BYTES",
-        help="across nodes, cut the messages of reductions beyond their round's rule into "
-        "segments of BYTES, a multiple of 64 (default: zcoll's, "
+        help="across nodes, cut the messages of reductions and bcasts beyond their round's "
+        "rule into segments of BYTES, a multiple of 64 (default: zcoll's, "
         f"{_aggregated.SPREAD_SEGMENT_BYTES // 1024} KiB)",
     )
     parser.add_argument(
