@@ -208,6 +208,22 @@ RED_CHECK_JOB = _checking_job(
             y = x.copy()
             zcoll.allreduce(comm, zcoll.IN_PLACE, y)
             check(what + ("allreduce in place",), y, expect)
+            # Receive buffers in the arena (pieces land there, peers copy from them): on every
+            # rank and on the even ranks only, in place and not; new values each time, so that
+            # nothing left by an earlier call can pass.
+            for kind in ("arena", "mixed", "mixed", "arena"):
+                v = rng.integers(0, 4, count).astype(dt)
+                want = np.empty_like(v)
+                comm.Allreduce(v, want)
+                a = zcoll.empty(comm, v.shape, v.dtype)
+                if kind == "mixed" and r % 2:
+                    a = np.empty_like(v)
+                a[...] = 0
+                zcoll.allreduce(comm, v, a)
+                check(what + ("allreduce into", kind), a, want)
+                a[...] = v
+                zcoll.allreduce(comm, zcoll.IN_PLACE, a)
+                check(what + ("allreduce in place", kind), a, want)
             for root in sorted({0, p // 2, p - 1}):
                 got = zcoll.reduce(comm, x, root=root)
                 y = x.copy()
@@ -221,7 +237,7 @@ RED_CHECK_JOB = _checking_job(
                 # bcast: private and arena buffers (the root's read in place on its node)
                 want = x.copy()
                 comm.Bcast(want, root=root)
-                for arena in (False, True):
+                for arena in (True, False):  # arena first: the result areas hold other data
                     b = zcoll.empty(comm, x.shape, x.dtype) if arena else np.empty_like(x)
                     b[...] = x if r == root else 0
                     zcoll.bcast(comm, b, root=root)
@@ -455,7 +471,7 @@ def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
     bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
     one element, odd counts and counts at and just past the limit, on WORLD, a dup and a split
     with reversed keys; past the limit with the spread's messages cut into many short segments
-    (in place and not, roots on every node; bcast from private and arena buffers). Then a size
+    (in place and not, roots on every node, private and arena buffers). Then a size
     that differs on one rank, on both sides of the limit: ValueError everywhere, no result
     written, the communicator works afterwards."""
     assert _run(tmp_path, RED_CHECK_JOB, ranks, node, sender=sender) == "OK"

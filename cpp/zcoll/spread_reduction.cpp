@@ -133,6 +133,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   // In place, a reduce_scatter writes its block over its input while peers may still read it:
   // such an input is staged.
   if (call.send || op_ != op_code::reduce_scatter) line.send = segments.locate(input, bytes);
+  if (op_ == op_code::allreduce && q > 1) line.recv = segments.locate(out_, bytes);
   const auto all = publish(bytes);
   pieces_ = spread_pieces(op_, bytes / element_bytes(type_), element_bytes(type_), cfg.comm_size,
                           spread_owners(nodes_, op_, root_));
@@ -148,6 +149,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
       }
     protocol.sync();  // staged inputs are visible
   }
+  find_holders(all);
   inputs_.assign(static_cast<std::size_t>(q), nullptr);
   for (int j = 0; j < q; ++j) {
     const buffer_ref& ref = all.line(j).send;
@@ -393,8 +395,35 @@ void spread_reduction::finish() {
     const bool here = nodes_.node_of[static_cast<std::size_t>(owner)] == node_;
     // The root of a reduce folded its own piece and received the other nodes' in place.
     if (!piece.bytes || (op_ == op_code::reduce && (owner == self_ || !here))) continue;
-    copy_bytes(out_ + piece.from, work(folder(owner), 0) + piece.from, piece.bytes);
+    copy_piece(owner);
   }
+  if (holders_read_) ctx_.protocol().sync();  // peers' receive buffers are read until here
+}
+
+void spread_reduction::find_holders(const call_protocol::published& all) {
+  const int q = ctx_.config().size;
+  holders_.assign(static_cast<std::size_t>(q), nullptr);
+  holders_read_ = false;
+  if (alone_ || (op_ != op_code::allreduce && op_ != op_code::bcast)) return;
+  for (int j = 0; j < q; ++j) {
+    const buffer_ref& ref = all.line(j).recv;
+    if (!ref.segment) continue;
+    holders_[static_cast<std::size_t>(j)] =
+        j == ctx_.config().rank ? out_ : ctx_.segments().resolve(ref);
+    holders_read_ = true;
+  }
+}
+
+std::byte* spread_reduction::holder(int node_rank) const {
+  std::byte* out = holders_[static_cast<std::size_t>(node_rank)];
+  return out ? out : work(node_rank, 0);
+}
+
+void spread_reduction::copy_piece(int owner) {
+  const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+  const int from = folder(owner);
+  if (from == ctx_.config().rank && holders_[static_cast<std::size_t>(from)]) return;  // landed
+  copy_bytes(out_ + piece.from, holder(from) + piece.from, piece.bytes);
 }
 
 void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
@@ -415,8 +444,10 @@ void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
   line.call.block_bytes = bytes;
   line.call.root = static_cast<std::uint16_t>(root_);
   if (self_ == root_) line.send = segments.locate(buf.data, bytes);
+  if (node_ != root_node_ && q > 1) line.recv = segments.locate(buf.data, bytes);
   const auto all = publish(bytes);
   alone_ = q == 1;
+  find_holders(all);
   segment_ = spread_segment();
   // Pieces of bytes (any dtype), one per rank.
   pieces_ =
@@ -456,8 +487,8 @@ void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
   next_fold_ = 0;
   std::size_t k = 0;
   bcast_recvs([&](int peer, std::byte* data, std::size_t length, bool own) {
-    hand({peer, data, length}, spread_partial_tag, true, own ? handed_kind::own : handed_kind::other,
-         own ? k++ : 0);
+    hand({peer, data, length}, spread_partial_tag, true,
+         own ? handed_kind::own : handed_kind::other, own ? k++ : 0);
   });
   bcast_forwarded_recvs([&](int peer, std::byte* data, std::size_t length) {
     hand({peer, data, length}, spread_result_tag, true, handed_kind::other, 0);
@@ -505,9 +536,8 @@ void spread_reduction::bcast_recvs(Each&& each) const {
       from = owner;
     if (from < 0) continue;
     std::byte* into = landing(piece);
-    for_segments(piece.bytes, [&](std::size_t off, std::size_t bytes) {
-      each(from, into + off, bytes, own);
-    });
+    for_segments(piece.bytes,
+                 [&](std::size_t off, std::size_t bytes) { each(from, into + off, bytes, own); });
   }
 }
 
@@ -569,15 +599,13 @@ void spread_reduction::finish_bcast() {
     return;
   }
   if (alone_) return;  // the pieces came straight into the buffer
-  for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
-    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (piece.bytes)
-      copy_bytes(out_ + piece.from, work(folder(owner), 0) + piece.from, piece.bytes);
-  }
+  for (int owner = 0; owner < ctx_.config().comm_size; ++owner)
+    if (pieces_[static_cast<std::size_t>(owner)].bytes) copy_piece(owner);
+  if (holders_read_) protocol.sync();  // peers' buffers are read until here
 }
 
 std::byte* spread_reduction::landing(const result_piece& piece) const {
-  return (alone_ ? out_ : work(ctx_.config().rank, 0)) + piece.from;
+  return (alone_ ? out_ : holder(ctx_.config().rank)) + piece.from;
 }
 
 int spread_reduction::member(int node, int owner) const {

@@ -17,6 +17,9 @@
  *      reduce: every owner on another node sends its piece to the root; reduce_scatter: none,
  *      the owner folded its block straight into its receive buffer. A node barrier ends the
  *      call (no input is read after it), then each rank copies the result it wants.
+ * An allreduce's (or a bcast's) rank whose receive buffer is in the arena receives its pieces
+ * there and folds its own there: its peers copy them from it, and a second node barrier keeps
+ * it from returning while they do (one copy of its pieces less per node rank).
  * A reduce on two nodes gives the pieces to the root's node's ranks only
  * (reduce_to_root_node_nodes): the other node sends them its partials, and phase 3 is empty.
  * A bcast beyond its round's rule is spread alike, with pieces of the root's buffer: the root's
@@ -210,8 +213,17 @@ class spread_reduction final : public message_flow {
   // The communicator rank of `node` that serves `owner`'s piece there.
   int member(int node, int owner) const;
   // Where a piece of an allreduce's result or of a bcast's buffer arrives (and an owner's own
-  // piece is put): the node's result area, or on a node of one rank the buffer itself.
+  // piece is put): this rank's receive buffer when it is in the arena (its peers copy from it)
+  // or on a node of one rank, else its part of the node's result area.
   std::byte* landing(const result_piece& piece) const;
+  // After publish(): each node rank's receive buffer where it is in the arena (an allreduce or
+  // a bcast on another node than the root's, on a node of several ranks).
+  void find_holders(const call_protocol::published& all);
+  // Where node rank `node_rank`'s pieces land.
+  std::byte* holder(int node_rank) const;
+  // Local, after the node barrier: `owner`'s piece into this rank's receive buffer from where it
+  // landed (nothing when it landed there).
+  void copy_piece(int owner);
 
   node_context& ctx_;
   const node_map& nodes_;
@@ -230,7 +242,9 @@ class spread_reduction final : public message_flow {
   std::vector<result_piece> pieces_;
   std::vector<const std::byte*> inputs_;  // every node rank's input
   std::vector<const void*> sources_;
-  message_buffer scratch_;  // the other nodes' partials of this rank's piece (or a ring)
+  std::vector<std::byte*> holders_;  // per node rank: its receive buffer in the arena, or null
+  bool holders_read_ = false;        // some rank's receive buffer is read by its peers
+  message_buffer scratch_;           // the other nodes' partials of this rank's piece (or a ring)
   std::vector<peer_block> sends_, recvs_;
   std::size_t segment_ = spread_segment_bytes;
   std::byte* result_ = nullptr;  // this rank's piece of the result
@@ -240,12 +254,12 @@ class spread_reduction final : public message_flow {
   // A node of one rank in place receives results where its partials are sent from: phase 3's
   // receives of a piece wait until its partial went (MPI forbids overlapping buffers in flight).
   bool defer_results_ = false;
-  std::size_t slots_ = 0;        // ring slots in use
-  std::size_t ring_slot_ = 0;    // bytes of each other node's segment in a slot
-  std::vector<int> ring_count_;  // per slot: partials arrived
-  std::size_t segments_ = 0;     // of this rank's piece
-  std::size_t next_ring_ = 0;    // the next segment whose receives to post
-  std::size_t next_fold_ = 0;    // the next segment to fold (bcast: to forward)
+  std::size_t slots_ = 0;              // ring slots in use
+  std::size_t ring_slot_ = 0;          // bytes of each other node's segment in a slot
+  std::vector<int> ring_count_;        // per slot: partials arrived
+  std::size_t segments_ = 0;           // of this rank's piece
+  std::size_t next_ring_ = 0;          // the next segment whose receives to post
+  std::size_t next_fold_ = 0;          // the next segment to fold (bcast: to forward)
   std::vector<std::uint8_t> arrived_;  // bcast: per segment of this rank's piece
   struct handed {
     handed_kind kind;
