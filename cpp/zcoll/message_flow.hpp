@@ -41,6 +41,11 @@ class message_flow {
   // The message numbered `id` completed (arrived, or went: its buffer is free again). Messages
   // are numbered 0, 1, ... in the order take() handed them out, each call's receives first.
   virtual void completed(std::size_t id) = 0;
+  // Local work the flow can do while its messages travel (a segment's fold): does one unit and
+  // returns true (then take() may hand out more), or returns false when none is left. The
+  // sender calls it whenever nothing completed, and goes on until nothing is in flight and no
+  // work is left.
+  virtual bool step() { return false; }
 };
 
 }  // namespace zcoll

@@ -249,13 +249,21 @@ void exchange_flow(MPI_Comm comm, message_flow& flow, int rank,
     active += recvs.size() + sends.size();
   };
   post();
-  while (active) {
+  for (;;) {
     completed.resize(all.requests.size());
     int count = 0;
-    MPI_Testsome(static_cast<int>(all.requests.size()), all.requests.data(), &count,
-                 completed.data(), MPI_STATUSES_IGNORE);
+    if (active)
+      MPI_Testsome(static_cast<int>(all.requests.size()), all.requests.data(), &count,
+                   completed.data(), MPI_STATUSES_IGNORE);
     if (count == 0 || count == MPI_UNDEFINED) {
-      wait.pause([&] { return all.unfinished(); });
+      if (flow.step()) {  // local work done: the wait's backoff starts again
+        wait.progressed();
+        post();
+      } else if (active) {
+        wait.pause([&] { return all.unfinished(); });
+      } else {
+        return;
+      }
       continue;
     }
     wait.progressed();

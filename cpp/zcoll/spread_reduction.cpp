@@ -83,11 +83,12 @@ std::byte* spread_reduction::partial(const result_piece& piece) const {
   return work(ctx_.config().rank, 1) + piece.from;
 }
 
-void spread_reduction::fold_partial(std::byte* dst, const result_piece& piece) {
+void spread_reduction::fold_partial(const result_piece& piece, std::size_t off, std::size_t bytes) {
+  const std::size_t from = piece.from + off;
   sources_.resize(inputs_.size());
-  for (std::size_t j = 0; j < inputs_.size(); ++j) sources_[j] = inputs_[j] + piece.from;
-  reduce_fold(rop_, type_, dst, sources_.data(), static_cast<int>(inputs_.size()),
-              piece.bytes / element_bytes(type_));
+  for (std::size_t j = 0; j < inputs_.size(); ++j) sources_[j] = inputs_[j] + from;
+  reduce_fold(rop_, type_, work(ctx_.config().rank, 1) + from, sources_.data(),
+              static_cast<int>(inputs_.size()), bytes / element_bytes(type_));
 }
 
 call_protocol::published spread_reduction::publish(std::size_t bytes) {
@@ -111,6 +112,8 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   flow_ = stream_ = false;
   sends_.clear();
   recvs_.clear();
+  folds_.clear();
+  next_partial_ = own_partials_ = 0;
   if (call.op == op_code::bcast) return begin_bcast(call, as_flow);
   const array_view& in = call.send ? *call.send : *call.recv;
   op_ = call.op;
@@ -158,14 +161,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
                                                          : segments.staging(j);
   }
 
-  // Phase 1: this node's partials of this rank's piece and of the pieces it serves (a node of
-  // one rank: its input).
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  if (mine.bytes && !alone_) fold_partial(work(me, 1) + mine.from, mine);
-  for (int owner = 0; owner < cfg.comm_size; ++owner) {
-    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
-    if (!alone_ && piece.bytes && serves(owner)) fold_partial(work(me, 1) + piece.from, piece);
-  }
   segment_ = spread_segment();
   result_ = result_place();
   // A result far larger than the cache that is not sent on (a reduce's root, reduce_scatter)
@@ -177,8 +173,17 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   // partial it sends: its fold waits for all of phase 2, so it runs the phases.
   const bool in_place_alone = alone_ && out_ == input;
   flow_ = as_flow && !(in_place_alone && op_ == op_code::reduce_scatter);
+  // Phase 1: this node's partials of this rank's piece and of the pieces it serves (a node of
+  // one rank: its input). A flow folds them segment by segment (step()) -- but for an in-place
+  // reduce_scatter, whose result (its first block) may be a piece it serves.
+  const bool fold_first = !flow_ || (op_ == op_code::reduce_scatter && out_ == input);
+  if (!alone_ && fold_first)
+    for (int owner = 0; owner < cfg.comm_size; ++owner) {
+      const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+      if (piece.bytes && (owner == self_ || serves(owner))) fold_partial(piece, 0, piece.bytes);
+    }
   if (flow_)
-    start_flow(in_place_alone);
+    start_flow(in_place_alone, alone_ || fold_first);
   else
     list_partials();
 }
@@ -198,22 +203,38 @@ void spread_reduction::list_partials() {
   }
 }
 
-void spread_reduction::start_flow(bool in_place_alone) {
+void spread_reduction::start_flow(bool in_place_alone, bool folded) {
   to_recv_.clear();
   to_send_.clear();
   handed_.clear();
   partials_left_.assign(pieces_.size(), 0);
   defer_results_ = in_place_alone;
-  partial_sends([&](int peer, std::byte* data, std::size_t length) {
-    hand({peer, data, length}, spread_partial_tag, false, handed_kind::partial,
-         static_cast<std::size_t>(peer));
-    ++partials_left_[static_cast<std::size_t>(peer)];
-  });
+  if (folded) {  // all sent at once
+    partial_sends([&](int peer, std::byte* data, std::size_t length) {
+      hand({peer, data, length}, spread_partial_tag, false, handed_kind::partial,
+           static_cast<std::size_t>(peer));
+      ++partials_left_[static_cast<std::size_t>(peer)];
+    });
+  } else {  // folded and sent by step(), the served pieces' segments round robin
+    std::vector<int> served;
+    std::size_t most = 0;
+    for (int owner = 0; owner < ctx_.config().comm_size; ++owner) {
+      const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+      if (!piece.bytes || !serves(owner)) continue;
+      served.push_back(owner);
+      most = std::max(most, (piece.bytes + segment_ - 1) / segment_);
+    }
+    for (std::size_t k = 0; k < most; ++k)
+      for (const int owner : served)
+        if (k * segment_ < pieces_[static_cast<std::size_t>(owner)].bytes)
+          folds_.push_back({owner, k});
+  }
   for (std::size_t owner = 0; owner < pieces_.size(); ++owner)
     if (!defer_results_ || !partials_left_[owner]) post_result_recvs(static_cast<int>(owner));
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   const auto others = static_cast<std::size_t>(nodes_.nodes() - 1);
   segments_ = (mine.bytes + segment_ - 1) / segment_;
+  own_partials_ = folded ? segments_ : 0;
   slots_ = std::min(spread_ring_segments, segments_);
   ring_slot_ = std::min(segment_, mine.bytes);
   scratch_.reserve(slots_ * others * ring_slot_);
@@ -369,7 +390,31 @@ void spread_reduction::completed(std::size_t id) {
   post_rings();
 }
 
+bool spread_reduction::step() {
+  if (op_ == op_code::bcast) return false;  // nothing to fold
+  if (next_partial_ < folds_.size()) {      // a served piece's segment: folded, then sent
+    const auto [owner, k] = folds_[next_partial_++];
+    const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
+    const std::size_t off = k * segment_, bytes = segment_length(k, piece.bytes);
+    fold_partial(piece, off, bytes);
+    hand({owner, partial(piece) + off, bytes}, spread_partial_tag, false, handed_kind::other, 0);
+    return true;
+  }
+  if (own_partials_ < segments_) {  // this rank's own piece's partial, ahead of its fold
+    fold_own_partial(own_partials_);
+    return true;
+  }
+  return false;
+}
+
+void spread_reduction::fold_own_partial(std::size_t k) {
+  const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
+  fold_partial(mine, k * segment_, segment_length(k, mine.bytes));
+  own_partials_ = k + 1;
+}
+
 void spread_reduction::fold_ring(std::size_t k) {
+  while (own_partials_ <= k) fold_own_partial(own_partials_);
   const std::size_t slot = k % slots_, others = static_cast<std::size_t>(nodes_.nodes() - 1);
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   const std::size_t off = k * segment_, bytes = segment_length(k, mine.bytes);

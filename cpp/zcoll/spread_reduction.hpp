@@ -48,7 +48,12 @@
  *     the start, phase 2's into a ring of spread_ring_segments segments per other node; as soon
  *     as every node's partial of a segment arrived the owner folds it and sends it on, and the
  *     ring slot takes a later segment. The transfer, the fold and phase 3 overlap, and each
- *     segment is folded while in cache (MPI's own reductions pipeline segments alike).
+ *     segment is folded while in cache (MPI's own reductions pipeline segments alike). On a
+ *     node of several ranks phase 1 flows too: while nothing arrives, each rank folds the next
+ *     segment of a piece it serves (the pieces round robin) and sends it at once, then its own
+ *     piece's partial ahead of its fold -- so the first segments leave before the node's whole
+ *     phase 1 is done (an in-place reduce_scatter, whose result may overlay a piece it serves,
+ *     folds phase 1 first).
  */
 #pragma once
 
@@ -138,6 +143,9 @@ class spread_reduction final : public message_flow {
   // message_flow, after begin(call, true): phases 2 and 3 as they can go.
   void take(std::vector<peer_buffer>& recvs, std::vector<peer_buffer>& sends) override;
   void completed(std::size_t id) override;
+  // Phase 1 as the messages travel (a node of several ranks): the next segment of a served
+  // piece's partial folded and handed out, else of this rank's own piece's.
+  bool step() override;
 
   std::span<const peer_block> sends() const noexcept { return sends_; }
   std::span<const peer_block> recvs() const noexcept { return recvs_; }
@@ -149,7 +157,8 @@ class spread_reduction final : public message_flow {
   std::byte* work(int node_rank, int which) const;  // 0: result area, 1: partials
   // Node rank `j` of this node, by the communicator rank behind it.
   int comm_rank(int j) const;
-  void fold_partial(std::byte* dst, const result_piece& piece);
+  // This node's partial of [off, off + bytes) of `piece`, into this rank's partials area.
+  void fold_partial(const result_piece& piece, std::size_t off, std::size_t bytes);
   // The owner's fold of [off, off + bytes) of its piece: this node's partial and `others` (the
   // other nodes' partials of the same range, in node order) into the result.
   void fold_segment(std::size_t off, std::size_t bytes, const std::byte* const* others);
@@ -175,15 +184,18 @@ class spread_reduction final : public message_flow {
   // arrived (index: the segment), to forward.
   enum class handed_kind : std::uint8_t { other, ring, partial, own };
   void hand(const peer_block& b, int tag, bool receive, handed_kind kind, std::size_t index);
-  // After phase 1: phase 2's messages as lists (sends(), recvs()), or the flow started (a node of
-  // one rank in place defers the receives of a piece until its partial went).
+  // After phase 1: phase 2's messages as lists (sends(), recvs()). Or the flow started (a node
+  // of one rank in place defers the receives of a piece until its partial went).
   void list_partials();
-  void start_flow(bool in_place_alone);
+  // `folded`: phase 1 is done (or the partials are the input), else step() does it.
+  void start_flow(bool in_place_alone, bool folded);
   // Phase 2's receives of the next segments whose ring slots are free, and of segment k.
   void post_rings();
   void post_ring(std::size_t k);
-  // The owner's fold of segment k from its ring slot, and its phase 3 sends.
+  // The owner's fold of segment k from its ring slot (after its own partial of it), and its
+  // phase 3 sends.
   void fold_ring(std::size_t k);
+  void fold_own_partial(std::size_t k);
   std::byte* ring(std::size_t slot, std::size_t other) const;
   void post_result_recvs(int owner);
   // Whether this rank is its node's server of `owner`'s piece (on another node).
@@ -272,7 +284,14 @@ class spread_reduction final : public message_flow {
   std::vector<pending> to_recv_, to_send_;  // not yet handed out
   std::vector<handed> handed_;              // per message handed out, by number
   std::vector<int> partials_left_;          // per owner: its partial's segments not yet sent
-  std::vector<const std::byte*> others_;    // the other nodes' partials of a fold
+  struct partial_segment {
+    int owner;
+    std::size_t segment;
+  };
+  std::vector<partial_segment> folds_;    // phase 1's served segments, in the order step() folds
+  std::size_t next_partial_ = 0;          // the next of folds_
+  std::size_t own_partials_ = 0;          // segments of this rank's own partial folded
+  std::vector<const std::byte*> others_;  // the other nodes' partials of a fold
 };
 
 }  // namespace zcoll
