@@ -124,6 +124,17 @@ step_tcp() {  # every MPI message over TCP (loopback), as between real nodes; zc
             --sizes 8,1K,16K,64K --time-budget 0.2
     done
 }
+step_spread() {  # reductions and bcast spread over the ranks (sessions 15-16): the default
+    # segments (phase 1, the transfers, the fold and phase 3 overlap) against one segment per piece
+    for k in 8 4; do
+        for seg in 512K 1G; do
+            bench spread_ar_k${k}_$seg 16 allreduce --virtual-node-size $k --algorithms auto \
+                --sizes 1M,4M,16M --time-budget 0.2 --spread-segment $seg
+            bench spread_bc_k${k}_$seg 16 bcast --virtual-node-size $k --algorithms auto \
+                --sizes 1M,4M,16M --time-budget 0.2 --spread-segment $seg
+        done
+    done
+}
 step_tests() {  # the collectives' and reductions' tests at P = 16, never run in CI (2 cores)
     local start=$SECONDS
     timeout -k 5 "${LIMIT_TESTS:-200}" python3 "$here/tests/run_mpi.py" -n "${TEST_RANKS:-16}" --no-virtual-nodes \
