@@ -22,6 +22,17 @@ from mpi4py import MPI
 import zcoll
 
 WATCHDOG_SECONDS = float(os.environ.get("ZCOLL_TEST_WATCHDOG", "300"))
+#: Environment prefixes of the MPI launchers: a process a test starts must not see them, or it
+#: takes itself for a rank of the job that runs the suite (which may be mpiexec -n 1).
+LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "PMI_", "HYDRA_", "MPI_LOCALRANKID")
+
+
+def launcher_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the launcher's variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(extra)
+    return env
+
 
 # Fail fast in tests: a missing peer is reported after 20 s rather than the default 60 s.
 zcoll.set_timeout(float(os.environ.get("ZCOLL_TEST_TIMEOUT", "20")))

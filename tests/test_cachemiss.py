@@ -15,11 +15,13 @@ import json
 import math
 import shutil
 import subprocess
+import sys
 
 import pytest
 from mpi4py import MPI
 
 import zcoll
+from conftest import launcher_free_env
 from zcoll import bench
 from zcoll.bench import cachemiss
 from zcoll.bench.cachemiss import CacheGeometry, Config
@@ -469,3 +471,34 @@ def test_cli_topology_reports_cross_domain_bytes(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cachemiss.main(["--topology", "socket:x"])
     assert "--topology: hwloc rejects 'socket:x'" in capsys.readouterr().err
+
+
+@needs_valgrind
+def test_module_entry_point_runs_the_replay(tmp_path):
+    """``python -m zcoll.cachemiss`` (the command the NUMA issue names) runs the same replay
+    as ``python -m zcoll.bench cachemiss``, in a process of its own, without mpiexec."""
+    out = tmp_path / "numa.json"
+    argv = ["--topology", TWO_SOCKETS, "--ops", "alltoall", "--procs", "8", "--blocks", "64"]
+    argv += ["--orders", "morton,numa", "--cache", "paper", "--json", str(out), "--no-progress"]
+    env = launcher_free_env()  # the suite may run under mpiexec -n 1
+    done = subprocess.run(
+        [sys.executable, "-m", "zcoll.cachemiss", *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "P = 8 on 2 NUMA domains: bytes per rank in another domain" in done.stdout
+    rows = {x["order"]: x for x in json.loads(out.read_text())["results"]}
+    numa = [i % 6 // 3 for i in range(8)]
+    for order, row in rows.items():
+        assert row["cross_write"] == independent_cross_writes(8, order, numa, 64)
+    help_text = subprocess.run(
+        [sys.executable, "-m", "zcoll.cachemiss", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    ).stdout
+    assert help_text.startswith("usage: python -m zcoll.cachemiss")

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from run_mpi import mpiexec_command
 
 import zcoll
-from conftest import all_ranks_agree
+from conftest import all_ranks_agree, launcher_free_env
 from zcoll import _context
 
 WORLD_SIZE = MPI.COMM_WORLD.size
@@ -58,8 +58,7 @@ def is_open_mpi() -> bool:
 def job_env(**extra: str) -> dict:
     """This environment without the launcher's variables (the suite itself may run under
     mpiexec -n 1, and a nested mpiexec must not think it is part of that job), plus `extra`."""
-    launcher = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "PMI_", "HYDRA_", "MPI_LOCALRANKID")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(launcher)}
+    env = launcher_free_env()
     env.pop("ZCOLL_VIRTUAL_NODE_SIZE", None)
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)

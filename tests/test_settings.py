@@ -20,12 +20,11 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree
+from conftest import all_ranks_agree, launcher_free_env
 from zcoll import _context, _core, _settings, _tuning
 
 WORLD = MPI.COMM_WORLD
 CONTEXT_VARIABLES = [v.env for v in _settings.VARIABLES.values() if v.when == "context"]
-LAUNCHER = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "PMI_", "HYDRA_", "MPI_LOCALRANKID")
 
 
 @pytest.fixture
@@ -271,8 +270,7 @@ def test_settings_object():
 
 
 def python(code: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER)}
-    environ = {k: v for k, v in environ.items() if not k.startswith("ZCOLL_")}
+    environ = {k: v for k, v in launcher_free_env().items() if not k.startswith("ZCOLL_")}
     environ.update(MPI4PY_RC_INITIALIZE="0", **env)
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
                           capture_output=True, text=True, timeout=120)  # fmt: skip

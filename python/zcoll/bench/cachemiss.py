@@ -665,9 +665,9 @@ DESCRIPTION = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line of ``python -m zcoll.bench cachemiss``."""
-    p = argparse.ArgumentParser(prog="python -m zcoll.bench cachemiss", description=DESCRIPTION)
+def build_parser(prog: str = "python -m zcoll.bench cachemiss") -> argparse.ArgumentParser:
+    """The command line of ``python -m zcoll.bench cachemiss`` (or of `prog`)."""
+    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     add_options(p)
     return p
 
@@ -798,9 +798,10 @@ def _configs(args: argparse.Namespace) -> list:
     return configs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m zcoll.bench cachemiss``; returns the exit status."""
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Entry point of ``python -m zcoll.bench cachemiss`` (and ``python -m zcoll.cachemiss``,
+    `prog`); returns the exit status."""
+    parser = build_parser(prog) if prog else build_parser()
     args = parser.parse_args(argv)
     finish_args(parser, args)
     return run(args)
