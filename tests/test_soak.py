@@ -4,7 +4,8 @@ One seeded random sequence (the same on every rank; ZCOLL_SOAK_SEED overrides th
 ZCOLL_SOAK_CALLS the length) mixes every collective zcoll has -- alltoall, allgather, allreduce,
 reduce, reduce_scatter_block, bcast, barrier, alltoallv, allgatherv, the neighbourhood
 collectives on Cartesian and graph communicators, persistent irregular plans -- over random
-dtypes (every family), shapes (zero size and odd sizes included), counts with zeros and
+dtypes (every family), shapes (zero size and odd sizes included; counts up to 20011 elements,
+past the rounds between virtual nodes, so the spread calls run too), counts with zeros and
 displacements with holes, block orders, copy modes and reduction algorithms, in place and not,
 with send and receive buffers in the arena or private, on WORLD and on dups, splits (reversed
 keys, halves), Cartesian grids and distributed graphs that are created and freed during the
@@ -40,7 +41,7 @@ MIB = 2**20
 ORDERS = ["auto", *zcoll.ORDERS]
 COPIES = ["auto", *zcoll.COPY_MODES]
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
-COUNTS = [0, 1, 2, 3, 7, 16, 33, 100, 1000, 4099]
+COUNTS = [0, 1, 2, 3, 7, 16, 33, 100, 1000, 4099, 20011]  # 20011: beyond the rounds across nodes
 INTEGERS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
 # (dtype, op) pairs whose result is the same in any order of combination.
 EXACT_REDUCTIONS = (
