@@ -510,7 +510,7 @@ def test_calls_that_differ_between_nodes(tmp_path, ranks, node, sender):
 
 KILL_JOB = textwrap.dedent(
     """
-    import os, signal, sys, time
+    import os, signal, sys, threading, time
     import numpy as np
     from mpi4py import MPI
     import zcoll
@@ -567,6 +567,15 @@ KILL_JOB = textwrap.dedent(
             zcoll.bcast(comm, data, root=0)
             recv[:, 0] = np.arange(p) if (data == 7).all() else -1
 
+    if path == "spread-flow":  # an allreduce beyond the rule as it runs (the C++ flow): the
+        # victim's timer kills it 2 ms into call 50, wherever the call then is
+
+        def collective(comm, send, recv):
+            if calls == 50 and rank == victim:
+                threading.Timer(0.002, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            total = zcoll.allreduce(comm, np.ones(1 << 20, np.int64))
+            recv[:, 0] = np.arange(p) if (total == p).all() else -1
+
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
         plan = zcoll.alltoall_init(comm, send, recv)
         collective = lambda comm, send, recv: plan()
@@ -594,7 +603,17 @@ KILL_JOB = textwrap.dedent(
 @alone
 @pytest.mark.parametrize(
     "path",
-    ["round", "direct", "v-round", "allgather", "allreduce", "spread", "spread-bcast", "plan"],
+    [
+        "round",
+        "direct",
+        "v-round",
+        "allgather",
+        "allreduce",
+        "spread",
+        "spread-bcast",
+        "spread-flow",
+        "plan",
+    ],
 )
 @pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
@@ -608,7 +627,9 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     partials or receiving its piece (the survivors wait for them, or for it at the node
     barrier that ends the call); or (path "plan") just before a run of an alltoall plan,
     whose blocks between nodes go by persistent requests (from C++ in the run's one
-    crossing, or from mpi4py). Its node-mate sees it die; rank 0, which waits for its
+    crossing, or from mpi4py); or (path "spread-flow") 2 ms into an 8 MiB allreduce beyond
+    the rule, by a timer, wherever the call then is (with the extension's sender most likely
+    in the flow of phases 1-3). Its node-mate sees it die; rank 0, which waits for its
     message, raises PeerError once the 5 s timeout is over, and rank 1 when rank 0 leaves
     (or its own wait gives up); every survivor's next call
     raises at once. No rank finishes, no segment is left in /dev/shm."""
@@ -630,6 +651,13 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     again = {rank: later for rank, _, later, _ in found}
     assert set(again.values()) == {"at-once-unusable"}, again
     assert set(reports) == {"0", "1", "3"}, proc.stdout + proc.stderr
+    if path == "spread-flow":  # it dies in call 50 or (a late timer) 51, in the flow or not
+        calls = {rank: int(call) for rank, call, _, _ in found}
+        assert set(calls.values()) <= {50, 51}, proc.stdout
+        assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
+        assert re.search(r"rank\(s\) \[2(, 3)?\] did not take part within 5", reports["0"]), reports
+        assert re.search(r"peer rank\(s\) 0 \(pid \d+\) died|\[2(, 3)?\] did not", reports["1"])
+        return
     # Rank 3 finishes call 50 when its blocks go rank to rank, and meets the death in call 51.
     calls = {rank: int(call) for rank, call, _, _ in found}
     assert calls == {"0": 50, "1": 50, "3": 51 if path == "direct" else 50}, proc.stdout
