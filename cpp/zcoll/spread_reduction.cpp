@@ -222,18 +222,18 @@ void spread_reduction::start_flow(bool in_place_alone, bool folded) {
       const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
       if (!piece.bytes || !serves(owner)) continue;
       served.push_back(owner);
-      most = std::max(most, (piece.bytes + segment_ - 1) / segment_);
+      most = std::max(most, segment_count(piece.bytes));
     }
     for (std::size_t k = 0; k < most; ++k)
       for (const int owner : served)
-        if (k * segment_ < pieces_[static_cast<std::size_t>(owner)].bytes)
+        if (k < segment_count(pieces_[static_cast<std::size_t>(owner)].bytes))
           folds_.push_back({owner, k});
   }
   for (std::size_t owner = 0; owner < pieces_.size(); ++owner)
     if (!defer_results_ || !partials_left_[owner]) post_result_recvs(static_cast<int>(owner));
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
   const auto others = static_cast<std::size_t>(nodes_.nodes() - 1);
-  segments_ = (mine.bytes + segment_ - 1) / segment_;
+  segments_ = segment_count(mine.bytes);
   own_partials_ = folded ? segments_ : 0;
   slots_ = std::min(spread_ring_segments, segments_);
   ring_slot_ = std::min(segment_, mine.bytes);
@@ -247,6 +247,10 @@ template <class Each>
 void spread_reduction::for_segments(std::size_t bytes, Each&& each) const {
   for (std::size_t off = 0; off < bytes; off += segment_)
     each(off, std::min(segment_, bytes - off));
+}
+
+std::size_t spread_reduction::segment_count(std::size_t bytes) const {
+  return (bytes + segment_ - 1) / segment_;
 }
 
 std::size_t spread_reduction::segment_length(std::size_t k, std::size_t bytes) const {
@@ -391,8 +395,7 @@ void spread_reduction::completed(std::size_t id) {
 }
 
 bool spread_reduction::step() {
-  if (op_ == op_code::bcast) return false;  // nothing to fold
-  if (next_partial_ < folds_.size()) {      // a served piece's segment: folded, then sent
+  if (next_partial_ < folds_.size()) {  // a served piece's segment: folded, then sent
     const auto [owner, k] = folds_[next_partial_++];
     const result_piece& piece = pieces_[static_cast<std::size_t>(owner)];
     const std::size_t off = k * segment_, bytes = segment_length(k, piece.bytes);
@@ -527,7 +530,8 @@ void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
   to_send_.clear();
   handed_.clear();
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  segments_ = node_ == root_node_ ? 0 : (mine.bytes + segment_ - 1) / segment_;
+  segments_ = node_ == root_node_ ? 0 : segment_count(mine.bytes);
+  own_partials_ = segments_;  // a bcast folds nothing: step() has no work
   arrived_.assign(segments_, 0);
   next_fold_ = 0;
   std::size_t k = 0;

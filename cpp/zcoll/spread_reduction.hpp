@@ -165,6 +165,8 @@ class spread_reduction final : public message_flow {
   // The segments of `bytes` bytes: each(offset, length).
   template <class Each>
   void for_segments(std::size_t bytes, Each&& each) const;
+  // Segments of `bytes` bytes, and the length of segment k.
+  std::size_t segment_count(std::size_t bytes) const;
   std::size_t segment_length(std::size_t k, std::size_t bytes) const;
   // Phase 2's sends (this rank's partials of the pieces it serves) and phase 3's: [off, off +
   // bytes) of this rank's result (to every other node, or the root), and its receives of
