@@ -4,6 +4,11 @@
     python tests/run_mpi.py                 # P = 1 2 3 4 5 8, then virtual nodes
     python tests/run_mpi.py -n 2 4 -- -k alltoall
     python tests/run_mpi.py --sanitize      # P = 2 with the extension under ASan + UBSan
+    python tests/run_mpi.py --nodes-only    # only the virtual and emulated nodes' runs
+
+The multi-node path runs on virtual nodes (ZCOLL_VIRTUAL_NODE_SIZE: cuts of this machine's
+node) and, with Open MPI, on a cluster emulated on this machine (tools/emulated-nodes/rsh-agent:
+nodes of MPI's own, TCP between them), where zcoll finds its nodes as on a real cluster.
 
 Each size runs `python -m pytest` on every rank under mpiexec, with a wall-clock limit so a
 stuck job cannot hang CI. Rank 0's output is shown; the other ranks write logs that are shown
@@ -21,8 +26,10 @@ design); any other report aborts its rank, which fails the run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +40,20 @@ HERE = Path(__file__).resolve().parent
 
 # Extra runs: (ranks, environment) -- virtual nodes exercise the multi-node path for real.
 VIRTUAL_NODE_RUNS = [(4, {"ZCOLL_VIRTUAL_NODE_SIZE": "2"}), (5, {"ZCOLL_VIRTUAL_NODE_SIZE": "2"})]
+# Runs on a cluster emulated on this machine: MPI's own nodes (shared memory within one, TCP
+# between them), as zcoll finds them on a real cluster. Open MPI only. Every message between
+# nodes crosses the kernel's TCP stack, which makes a call several times slower than on
+# virtual nodes: without pytest arguments these runs take the modules of the collectives
+# themselves, their faults and the settings (the whole suite passes there too, in ~11 min).
+EMULATED_NODE_RUNS = [(2, 2)]
+EMULATED_NODE_MODULES = [
+    "test_collectives.py",
+    "test_reductions.py",
+    "test_internode.py",
+    "test_faults.py",
+    "test_settings.py",
+]
+RSH_AGENT = HERE.parent / "tools" / "emulated-nodes" / "rsh-agent"
 
 
 def mpiexec_command(ranks: int, *open_mpi_options: str) -> list[str]:
@@ -42,13 +63,35 @@ def mpiexec_command(ranks: int, *open_mpi_options: str) -> list[str]:
     exe = shutil.which("mpiexec") or shutil.which("mpirun")
     if exe is None:
         raise FileNotFoundError("no mpiexec on PATH (install openmpi-bin or mpich)")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
     cmd = [exe]
-    if "Open MPI" in version or "OpenRTE" in version:
+    if is_open_mpi(exe):
         cmd += ["--oversubscribe", *open_mpi_options]
         if os.geteuid() == 0:
             cmd += ["--allow-run-as-root"]
     return [*cmd, "-n", str(ranks)]
+
+
+def is_open_mpi(exe: str) -> bool:
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    return "Open MPI" in version or "OpenRTE" in version
+
+
+def emulated_cluster(node_sizes: tuple[int, ...]) -> list[str] | None:
+    """Open MPI's options for nodes of `node_sizes` ranks emulated on this machine (the first
+    is this host; tools/emulated-nodes/rsh-agent starts the others' daemons here, each in a
+    UTS namespace named after its host), or None where that cannot work: no Open MPI, or no
+    namespace for the agent."""
+    exe = shutil.which("mpiexec") or shutil.which("mpirun")
+    if exe is None or not is_open_mpi(exe) or shutil.which("unshare") is None:
+        return None
+    probe = (
+        ["unshare", "--uts", "true"] if os.geteuid() == 0 else ["unshare", "-r", "--uts", "true"]
+    )
+    if subprocess.run(probe, capture_output=True).returncode != 0:
+        return None
+    names = [socket.gethostname()] + [f"zcoll-node-{i}" for i in range(1, len(node_sizes))]
+    hosts = ",".join(f"{name}:{size}" for name, size in zip(names, node_sizes))
+    return ["--host", hosts, "--mca", "plm_rsh_agent", str(RSH_AGENT)]
 
 
 SANITIZERS = "address,undefined"
@@ -86,21 +129,37 @@ def sanitized_python() -> tuple[str, list[str]]:
     return str(python), preload
 
 
-def run_size(ranks: int, env_extra: dict, pytest_args: list[str], out: Path, limit: float,
-             python: str = sys.executable, prefix: tuple[str, ...] = ()) -> int:  # fmt: skip
-    env = dict(os.environ, **env_extra)
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One mpiexec job of the suite: `ranks` ranks with `env` added, on emulated nodes of
+    `nodes` ranks each where given."""
+
+    ranks: int
+    env: dict = dataclasses.field(default_factory=dict)
+    nodes: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        where = f" on emulated nodes {'+'.join(map(str, self.nodes))}" if self.nodes else ""
+        return f"P={self.ranks}{where}" + "".join(f" {k}={v}" for k, v in self.env.items())
+
+
+def run_size(run: Run, pytest_args: list[str], out: Path, limit: float,
+             python: str = sys.executable, prefix: tuple[str, ...] = (),
+             cluster: list[str] | None = None) -> int:  # fmt: skip
+    env = dict(os.environ, **run.env)
     env["ZCOLL_TEST_RESULTS"] = str(out)
     env.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        cmd = mpiexec_command(ranks) + [*prefix, python, str(HERE / "rank_main.py"), *pytest_args]
+        cmd = mpiexec_command(run.ranks, *(cluster or ()))
     except FileNotFoundError as exc:
         sys.exit(f"run_mpi.py: {exc}")
-    label = f"P={ranks}" + "".join(f" {k}={v}" for k, v in env_extra.items())
-    print(f"\n===== {label}: {' '.join(cmd)}", flush=True)
+    cmd += [*prefix, python, str(HERE / "rank_main.py"), *pytest_args]
+    print(f"\n===== {run.label}: {' '.join(cmd)}", flush=True)
     try:
         return subprocess.run(cmd, env=env, timeout=limit).returncode
     except subprocess.TimeoutExpired:
-        print(f"===== {label}: killed after {limit:.0f} s", flush=True)
+        print(f"===== {run.label}: killed after {limit:.0f} s", flush=True)
         return 124
 
 
@@ -125,7 +184,16 @@ def tally(out: Path) -> dict[str, str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("-n", "--ranks", type=int, nargs="+")
-    parser.add_argument("--no-virtual-nodes", action="store_true")
+    parser.add_argument(
+        "--no-virtual-nodes",
+        action="store_true",
+        help="no runs on virtual nodes (ZCOLL_VIRTUAL_NODE_SIZE) or emulated nodes",
+    )
+    parser.add_argument(
+        "--nodes-only",
+        action="store_true",
+        help="only the runs on virtual and emulated nodes",
+    )
     parser.add_argument(
         "--sanitize",
         action="store_true",
@@ -138,22 +206,30 @@ def main() -> int:
     if args.sanitize:
         python, prefix = sanitized_python()
     ranks_default = [2] if args.sanitize else [1, 2, 3, 4, 5, 8]
-    runs = [(p, {}) for p in (args.ranks or ranks_default)]
+    runs = [] if args.nodes_only else [Run(p) for p in args.ranks or ranks_default]
     if not args.no_virtual_nodes and not args.sanitize:
-        runs += VIRTUAL_NODE_RUNS
+        runs += [Run(p, env) for p, env in VIRTUAL_NODE_RUNS]
+        runs += [Run(sum(nodes), nodes=nodes) for nodes in EMULATED_NODE_RUNS]
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     bad_runs = []
-    for ranks, env_extra in runs:
+    for run in runs:
+        cluster = emulated_cluster(run.nodes) if run.nodes else None
+        if run.nodes and cluster is None:
+            print(f"\n===== {run.label}: skipped (needs Open MPI and unshare)", flush=True)
+            continue
         with tempfile.TemporaryDirectory(prefix="zcoll-tests-") as tmp:
             out = Path(tmp)
-            code = run_size(ranks, env_extra, args.pytest_args, out, args.limit, python, prefix)
+            pytest_args = args.pytest_args
+            if run.nodes and not pytest_args:
+                pytest_args = [str(HERE / module) for module in EMULATED_NODE_MODULES]
+            code = run_size(run, pytest_args, out, args.limit, python, prefix, cluster)
             verdict = tally(out)
             counts = {k: sum(v == k for v in verdict.values()) for k in totals}
             for k in totals:
                 totals[k] += counts[k]
             failed = [name for name, v in verdict.items() if v == "failed"]
             if code != 0 or failed or not verdict:
-                bad_runs.append((ranks, env_extra, code))
+                bad_runs.append((run, code))
                 for name in failed:
                     print(f"FAILED (on some rank) {name}")
                 for log in sorted(out.glob("rank*.log")):
@@ -161,9 +237,9 @@ def main() -> int:
                     if "FAILED" in text or "Error" in text or code != 0:
                         print(f"----- {log.name} (last 60 lines)")
                         print("\n".join(text.splitlines()[-60:]))
-            print(f"===== P={ranks} {env_extra or ''}: exit {code}, {counts}", flush=True)
-    for ranks, env_extra, code in bad_runs:
-        print(f"run P={ranks} {env_extra or ''} failed (exit {code})")
+            print(f"===== {run.label}: exit {code}, {counts}", flush=True)
+    for run, code in bad_runs:
+        print(f"run {run.label} failed (exit {code})")
     failed = totals["failed"] + (1 if bad_runs and not totals["failed"] else 0)
     print(f"{totals['passed']} passed, {failed} failed, {totals['skipped']} skipped")
     return 1 if bad_runs or totals["failed"] else 0

@@ -16,10 +16,12 @@ import sys
 import textwrap
 
 import pytest
+from run_mpi import emulated_cluster
 from test_leaks import (
     alone,
     is_open_mpi,
     job_env,
+    job_ranks_ended,
     leaked_entries,
     mpiexec,
     read_job_pids,
@@ -633,15 +635,37 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     message, raises PeerError once the 5 s timeout is over, and rank 1 when rank 0 leaves
     (or its own wait gives up); every survivor's next call
     raises at once. No rank finishes, no segment is left in /dev/shm."""
+    _kill_rank_2_and_check(tmp_path, sender, path, ZCOLL_VIRTUAL_NODE_SIZE="2")
+
+
+@alone
+@pytest.mark.parametrize("path", ["round", "spread-flow"])
+def test_rank_killed_between_emulated_nodes(tmp_path, path):
+    """As above on two nodes of MPI's own (tools/emulated-nodes/rsh-agent: each node's ranks
+    under their own Open MPI daemon, TCP between the nodes), where zcoll finds the nodes as on
+    a real cluster: the victim dies on the other node than rank 0, whose wait for its message
+    must give up by the timeout."""
+    cluster = emulated_cluster((2, 2))
+    if cluster is None:
+        pytest.skip("emulated nodes need Open MPI and unshare")
+    _kill_rank_2_and_check(tmp_path, "cpp", path, cluster=cluster)
+
+
+def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
+    """KILL_JOB at P = 4 on two nodes of 2 (virtual ones by `env_extra`, or emulated by the
+    mpiexec options `cluster`): rank 2 dies; the survivors' reports are checked."""
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     job = tmp_path / "job.py"
     job.write_text(KILL_JOB)
-    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE="2", ZCOLL_TIMEOUT="5", ZCOLL_NODE_MESSAGES=sender)
+    env = job_env(ZCOLL_TIMEOUT="5", ZCOLL_NODE_MESSAGES=sender, **env_extra)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
-    cmd = mpiexec(4, "--enable-recovery") + [sys.executable, str(job), "2", str(tmp_path), path]
-    proc = run_job(cmd, env, timeout=60)
+    cmd = mpiexec(4, "--enable-recovery", *cluster)
+    cmd += [sys.executable, str(job), "2", str(tmp_path), path]
+    proc = run_job(
+        cmd, env, timeout=60, ranks_ended=job_ranks_ended(tmp_path, 4) if cluster else None
+    )
     pids = read_job_pids(tmp_path)
     assert len(pids) == 4, proc.stdout + proc.stderr
     assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"

@@ -89,11 +89,31 @@ def set_tuning(mode: str) -> str:
     return previous
 
 
+def machine_id() -> str:
+    """This machine's identity: the running kernel's boot id, which every process under that
+    kernel shares, containers and hosts of their own name included; the host name where the
+    kernel shows none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return MPI.Get_processor_name()
+
+
+def machine_ranks(comm: MPI.Comm) -> int:
+    """How many ranks of `comm` run on this one's machine and so share its CPUs -- more than
+    its node's when one machine holds several nodes: virtual ones, or several shared-memory
+    domains as an emulated cluster or containers make (MPI then counts them as nodes).
+    Collective over `comm`."""
+    here = machine_id()
+    return comm.allgather(here).count(here)
+
+
 def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> tuple[MPI.Comm, int]:
     """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
     into virtual nodes of `virtual_node_size` ranks (default: ZCOLL_VIRTUAL_NODE_SIZE) so the
     multi-node path runs for real. Also returns how many ranks of `comm` share the machine
-    (the CPUs are shared by all of them, virtual nodes or not).
+    (the CPUs are shared by all of them, virtual nodes or not: :func:`machine_ranks`).
 
     A rank's virtual node is its ``COMM_WORLD`` rank // k, the same for every communicator,
     so arena arrays allocated on one communicator are shared exactly as on a real node."""
@@ -101,12 +121,11 @@ def _split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> tuple[M
     if k is None:
         k = _settings.read("virtual_node_size").value
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    machine_ranks = node.size
     if k:
         virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
         node.Free()
         node = virtual
-    return node, machine_ranks
+    return node, machine_ranks(comm)
 
 
 def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
@@ -143,7 +162,7 @@ class Context:
         self.size = comm.size
         self.rank = comm.rank
         self.handle = comm.handle
-        node, machine_ranks = _split_node(comm, s.virtual_node_size)
+        node, ranks_on_machine = _split_node(comm, s.virtual_node_size)
         try:
             self.node_size = node.size
             self.node_rank = node.rank
@@ -159,8 +178,8 @@ class Context:
         leaders = comm.allgather(self.local_ranks[0])
         self.node_of = tuple(leaders)  # node of each comm rank, named by its lowest comm rank
         self.multi_node = len(set(leaders)) > 1
-        # Virtual nodes share the machine's CPUs: count every rank on it.
-        self.oversubscribed = machine_ranks > s.cpus
+        # Nodes of one machine (virtual or emulated) share its CPUs: count every rank on it.
+        self.oversubscribed = ranks_on_machine > s.cpus
         self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self._p2p = comm.Dup() if self.multi_node else None  # inter-node traffic, own tag space
         # The C handle of the private dup when the extension sends the rounds' messages itself.

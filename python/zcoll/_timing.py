@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _settings
+from . import _context, _settings
 
 __all__ = [
     "KIB",
@@ -224,13 +224,14 @@ def budget_iterations(fn: Callable[[], object], iterations: int, budget: float, 
 
 
 def node_layout(comm: MPI.Comm) -> tuple[int, int, float]:
-    """Return (number of nodes, CPUs per node, ranks per CPU on the busiest node); collective."""
+    """Return (number of nodes, CPUs per node, ranks per CPU on the busiest machine; nodes of
+    one machine share its CPUs); collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    leader, ranks_here = node.rank == 0, node.size
+    leader = node.rank == 0
     node.Free()
     cpus = _settings.machine()["cpus"].value
     nodes = comm.allreduce(int(leader))
-    return nodes, cpus, comm.allreduce(ranks_here / cpus, op=MPI.MAX)
+    return nodes, cpus, comm.allreduce(_context.machine_ranks(comm) / cpus, op=MPI.MAX)
 
 
 def _progress_stream():
