@@ -264,9 +264,9 @@ def _table(tmp_path, internode: list[dict], version: int = _tuning.VERSION):
     return path
 
 
-def _rule(nodes, per_node, low, high, method, concurrency):
+def _rule(nodes, per_node, low, high, method, concurrency, collective="allgather"):
     return {
-        "collective": "allgather",
+        "collective": collective,
         "nodes": nodes,
         "ranks_per_node": per_node,
         "min_block": low,
@@ -314,13 +314,124 @@ def test_table_versions(tmp_path):
     assert table.internode == (_tuning.InternodeRule("allgather", 4, 2, 0, None, "concurrent", 2),)
     assert _tuning.TuningTable.from_json(table.as_json()) == table
     assert _tuning.load_tuning(_table(tmp_path, [rule], version=2)).internode == ()
+    round_rule = _rule(4, 2, 0, 4096, "round", 0, collective="alltoall")
+    assert _tuning.load_tuning(_table(tmp_path, [round_rule])).internode == (
+        _tuning.InternodeRule("alltoall", 4, 2, 0, 4096, "round", 0),
+    )
     for bad in (
         [dict(rule, method="ring")],
         [dict(rule, concurrency=0)],
+        [dict(rule, collective="alltoall")],  # the concurrent exchange is an allgather's
+        [dict(round_rule, collective="allreduce")],
         [_rule(4, 2, 0, 100, "direct", 0), _rule(4, 2, 100, None, "concurrent", 2)],
     ):
         with pytest.raises(_tuning.TuningError):
             _tuning.load_tuning(_table(tmp_path, bad))
+
+
+def test_round_limit_from_rules():
+    """The round carries blocks up to the end of the first run of "round" rules of the layout,
+    back to back from its first rule; -1 when that is another method; None without rules."""
+
+    def rules(*ranges, collective="alltoall", nodes=2, per_node=1):
+        return tuple(
+            _tuning.InternodeRule(collective, nodes, per_node, low, high, method)
+            for low, high, method in ranges
+        )
+
+    def limit(table, collective="alltoall"):
+        return _tuning.round_limit(table, collective, 2, 1)
+
+    assert limit(rules((0, 32768, "round"), (32769, None, "direct"))) == 32768
+    assert limit(rules((0, 100, "round"), (101, 5000, "round"), (5001, None, "direct"))) == 5000
+    assert limit(rules((0, None, "round"))) == 2**63 - 1
+    assert limit(rules((0, 64, "direct"), (65, None, "round"))) == -1
+    assert limit(rules((0, 64, "round"), (65, 99, "direct"), (100, None, "round"))) == 64
+    assert limit(rules((0, 64, "round"), (200, None, "round"))) == 64  # a gap ends the run
+    assert limit(()) is None
+    assert limit(rules((0, None, "round"), nodes=3)) is None  # another layout's
+    assert limit(rules((0, None, "round"), per_node=2)) is None
+    assert limit(rules((0, 99, "round"), collective="allgather")) is None
+    assert limit(rules((0, 99, "round"), collective="allgather"), "allgather") == 99
+
+
+def _builtin_limit(node_sizes, one_per_sender=False):
+    """README's size rule: 4 KiB times the smallest node's ranks, at most 64 KiB (an
+    allgather's four times that, at most 64 KiB)."""
+    return min(64 * 1024, 4096 * min(node_sizes) * (4 if one_per_sender else 1))
+
+
+def test_table_round_rules_set_the_limit(node_comm, monkeypatch, tmp_path_factory):
+    """A table's "round" rules for this layout move the round's limit of alltoall and
+    allgather (rank 0's file, shared); calls beyond the built-in limit then travel in the round,
+    bit for bit; tuning "off" restores the built-in limit, "table" the table's."""
+    size = MPI.COMM_WORLD.size
+    nodes, per_node = -(-size // 2), min(2, size)
+    node_sizes = [2] * (size // 2) + [1] * (size % 2)
+    rules = [
+        _rule(nodes, per_node, 0, 40000, "round", 0, collective="alltoall"),
+        _rule(nodes, per_node, 40001, None, "direct", 0, collective="alltoall"),
+        _rule(nodes, per_node, 0, 300, "direct", 0),
+        _rule(nodes, per_node, 301, None, "round", 0),
+    ]
+    path = "/nonexistent/zcoll-tuning.json"
+    if MPI.COMM_WORLD.rank == 0:
+        path = str(_table(tmp_path_factory.mktemp("t"), rules))
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", path)
+    comm = node_comm("world", 2)
+    if comm is None:
+        pytest.skip("one node")
+    ctx = _context.context(comm)
+    limits = (_aggregated.pack_limit(ctx), _aggregated.pack_limit(ctx, "allgather"))
+    all_ranks_agree(comm, limits == (40000, -1), f"{limits}")
+    send = _data(np.int32, comm.size * 9000, comm.rank, seed=11)  # 36000-byte blocks
+    expect = np.empty_like(send)
+    comm.Alltoall(send, expect)
+    all_ranks_agree(comm, _same_bits(zcoll.alltoall(comm, send), expect))
+    mine = _data(np.int16, 50, comm.rank, seed=12)  # 100-byte blocks: rank to rank now
+    all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, mine), _expected(comm, mine)))
+    previous = zcoll.set_tuning("off")
+    try:
+        limits = (_aggregated.pack_limit(ctx), _aggregated.pack_limit(ctx, "allgather"))
+        builtin = (_builtin_limit(node_sizes), _builtin_limit(node_sizes, True))
+        all_ranks_agree(comm, limits == builtin, f"{limits} != {builtin}")
+    finally:
+        zcoll.set_tuning(previous)
+    all_ranks_agree(comm, _aggregated.pack_limit(ctx) == 40000)
+
+
+def test_tune_internode_writes_round_rules(tmp_path_factory, monkeypatch):
+    """``python -m zcoll.tune --internode`` on the suite's nodes (virtual or emulated runs):
+    rules for alltoall and allgather over every block size, each method one the collective
+    has; a context made afterwards carries in its round what the first rule says."""
+    world = MPI.COMM_WORLD
+    if not _context.context(world).multi_node:
+        pytest.skip("needs the suite on several nodes (the virtual and emulated runs)")
+    from zcoll import tune
+
+    path = tmp_path_factory.mktemp("tune") / "tuning.json"
+    path = world.bcast(str(path), root=0)
+    argv = ["--quick", "--collectives", "alltoall", "--sizes", "8", "--internode"]
+    argv += ["--internode-sizes", "8,16K", "--time-budget", "0.01", "--output", path]
+    status = tune.main(argv, comm=world)
+    if status == 2:  # uneven nodes (P = 5 on nodes of 2): tune refuses them
+        pytest.skip("tune refuses uneven nodes")
+    all_ranks_agree(world, status == 0, f"status {status}")
+    table = _tuning.load_tuning(path)
+    for collective, methods in (("alltoall", {"round", "direct"}), ("allgather", None)):
+        mine = [r for r in table.internode if r.collective == collective]
+        ok = mine and mine[0].min_block == 0 and mine[-1].max_block is None
+        ok = ok and (methods is None or {r.method for r in mine} <= methods)
+        all_ranks_agree(world, bool(ok), f"{collective}: {mine}")
+    first = next(r for r in table.internode if r.collective == "alltoall")
+    want = -1 if first.method != "round" else first.max_block or 2**63 - 1
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", path)
+    comm = world.Dup()
+    try:
+        got = _aggregated.pack_limit(_context.context(comm))
+        all_ranks_agree(world, got == want, f"{got} != {want} ({first})")
+    finally:
+        comm.Free()
 
 
 def test_bench_virtual_node_option(monkeypatch):

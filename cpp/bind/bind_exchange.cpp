@@ -627,6 +627,17 @@ void register_exchange(py::module_& m) {
           "After setup_nodes: the largest block a call across nodes carries in its round "
           "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).")
       .def(
+          "nodes_set_round_limit",
+          [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
+            if (op != static_cast<int>(op_code::alltoall) &&
+                op != static_cast<int>(op_code::allgather))
+              throw py::value_error("only an alltoall's or an allgather's round has a limit");
+            ctx.between_nodes(node_map{}).set_round_limit(static_cast<op_code>(op), limit);
+          },
+          py::arg("op"), py::arg("limit"),
+          "After setup_nodes: the largest block an alltoall's or allgather's round carries, as "
+          "measured (negative: none; None: the built-in size rule again).")
+      .def(
           "nodes_messages",
           [](node_context& ctx) {
             const node_messages& round = ctx.between_nodes(node_map{});

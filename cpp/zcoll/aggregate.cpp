@@ -177,7 +177,19 @@ std::int64_t node_messages::pack_limit(op_code op) const noexcept {
     case aggregation::by_size:
       break;
   }
+  if (op == op_code::alltoall && alltoall_round_limit_) return *alltoall_round_limit_;
+  if (op == op_code::allgather && allgather_round_limit_) return *allgather_round_limit_;
   return static_cast<std::int64_t>(max_aggregated_block(nodes_, op));
+}
+
+void node_messages::set_round_limit(op_code op, std::optional<std::int64_t> limit) {
+  if (limit && *limit < 0) limit = -1;
+  if (op == op_code::alltoall)
+    alltoall_round_limit_ = limit;
+  else if (op == op_code::allgather)
+    allgather_round_limit_ = limit;
+  else
+    throw std::invalid_argument("zcoll: only an alltoall's or an allgather's round has a measured limit");
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {

@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -242,9 +243,14 @@ class node_messages {
 
   const node_map& nodes() const noexcept { return nodes_; }
   // The largest block a call of `op` across these nodes carries in its round: the size rule
-  // (max_aggregated_block) or what set_aggregation forces; negative: none. Irregular calls
-  // take an alltoall's.
+  // (max_aggregated_block, or the measured limit set_round_limit gave for an alltoall or an
+  // allgather) or what set_aggregation forces; negative: none. Irregular calls take an
+  // alltoall's.
   std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept;
+  // The limit of an alltoall's or an allgather's round on these nodes as measured (the tuning
+  // table's internode rules): the largest block it carries, negative for none; nullopt: the
+  // built-in size rule again. The same on every rank (the table rank 0 read).
+  void set_round_limit(op_code op, std::optional<std::int64_t> limit);
   // Whether a call of `op` carries blocks (a reduction: inputs) of `bytes` in its round.
   bool carries(op_code op, std::uint64_t bytes) const noexcept {
     const std::int64_t limit = pack_limit(op);
@@ -325,6 +331,9 @@ class node_messages {
   void check_unbroken() const;
 
  private:
+  // Measured round limits (set_round_limit) of an alltoall and of an allgather.
+  std::optional<std::int64_t> alltoall_round_limit_;
+  std::optional<std::int64_t> allgather_round_limit_;
   // The start of every round's phase 1: the state reset, this rank's record in its slot (the
   // senders copy it into the heads) and its descriptor line, without data (target none).
   detail::rank_line& start_round(const call_record& record);

@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _online, _settings, _tuning
-from ._registry import ALLOCATE, BARRIER, BARRIER_CODES, COLLECTIVES
+from ._registry import ALLGATHER, ALLOCATE, ALLTOALL, BARRIER, BARRIER_CODES, COLLECTIVES, OPS
 from ._settings import TUNING_MODES, get_timeout
 
 __all__ = [
@@ -212,7 +212,8 @@ class Context:
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
         self.core.set_copy_cache(s.llc_bytes)
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
-        self.tuning_rules, self.reduction_models = _tuning.shared_tuning(comm, s.tuning)
+        shared = _tuning.shared_tuning(comm, s.tuning)
+        self.tuning_rules, self.reduction_models, self.internode_rules = shared
         self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
         # The irregular collectives' communication patterns (_vcollectives), made on first use.
@@ -236,6 +237,8 @@ class Context:
         models = () if mode == "off" else self.reduction_models
         for code, pieces in _tuning.reduction_pieces(models, self.node_size).items():
             self.core.set_reduction_model(code, pieces)
+        if self.multi_node:
+            self._apply_round_limits(() if mode == "off" else self.internode_rules)
         # The engine's entry point for each collective, bound once (looked up per call).
         self.online = _online.OnlineTuner(self) if mode == "online" else None
         self.engine = {
@@ -254,6 +257,19 @@ class Context:
             _core.register_fast(self.handle, self.core, route)
         else:
             _core.register_fast(self.handle, self.core)
+
+    def layout(self) -> tuple[int, int]:
+        """(nodes, ranks of the largest node): what the table's internode rules match."""
+        sizes = [self.node_of.count(leader) for leader in set(self.node_of)]
+        return len(sizes), max(sizes)
+
+    def _apply_round_limits(self, rules: tuple[_tuning.InternodeRule, ...]) -> None:
+        """The largest blocks an alltoall's and an allgather's round carry, as the table's
+        internode rules for these nodes measured (else the engine's size rule)."""
+        nodes, per_node = self.layout()
+        for op in (ALLTOALL, ALLGATHER):
+            limit = _tuning.round_limit(rules, op, nodes, per_node)
+            self.core.nodes_set_round_limit(OPS[op], limit)
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""

@@ -37,29 +37,30 @@ messages go through :meth:`Context.exchange_buffers` on the context's private du
 where the extension sends the messages between nodes, else by mpi4py requests; every wait is
 bounded.
 
-The choice between the direct path and the concurrent exchange (and ``C``) follows the tuning
-table's ``internode`` rules (``python -m zcoll.tune --internode``) where one covers the call,
-else :func:`builtin_choice`; it is the same on every rank (the table's rules are those rank 0
-read, shared once per context).
+The choice between the direct path and the concurrent exchange (and ``C``) for blocks beyond
+the round's limit follows the tuning table's ``internode`` rules (``python -m zcoll.tune
+--internode``) where one covers the call, else :func:`builtin_choice`; it is the same on every
+rank (the table's rules are those rank 0 read, shared with the context). The table's "round"
+rules set the round's limit itself (:func:`zcoll._tuning.round_limit`, in the engine).
 """
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
-from mpi4py import MPI
 
 from . import _aggregated, _core, _registry, _tuning
 from ._context import Context
+from ._registry import ALLGATHER
 
 __all__ = [
     "CONCURRENT",
     "DIRECT",
     "METHODS",
+    "ROUND",
     "SPLIT_BYTES",
     "Choice",
     "Message",
@@ -70,9 +71,11 @@ __all__ = [
     "schedule",
 ]
 
+ROUND = "round"
 DIRECT = "direct"
 CONCURRENT = "concurrent"
-#: The ``method`` names of the tuning table's internode rules.
+#: How blocks beyond the round's limit cross nodes (the tuning table's internode rules name
+#: these, and ROUND, which sets the round's limit).
 METHODS = (DIRECT, CONCURRENT)
 #: Blocks of this many bytes and more are split in halves between pair and co-pair (C >= 2).
 SPLIT_BYTES = 64 * 1024
@@ -84,14 +87,15 @@ _AUTO_ALGORITHM = _registry.REDUCE_ALGORITHM_CODES[_registry.AUTO]
 
 @dataclass(frozen=True)
 class Choice:
-    """How an allgather's blocks cross nodes: `method` "direct" (every rank to every remote
-    rank) or "concurrent" (the leaders' concurrent exchange with index `concurrency`)."""
+    """How an allgather's blocks cross nodes: `method` "round" (in the call's round of
+    messages), "direct" (every rank to every remote rank) or "concurrent" (the leaders'
+    concurrent exchange with index `concurrency`)."""
 
     method: str
     concurrency: int = 0
 
     def label(self) -> str:
-        return DIRECT if self.method == DIRECT else f"C={self.concurrency}"
+        return self.method if self.method != CONCURRENT else f"C={self.concurrency}"
 
 
 # --- which method ------------------------------------------------------------------------------
@@ -106,16 +110,19 @@ def force(choice: Choice | None) -> Choice | None:
     on every rank (benchmarks and tests call it on every rank, between collectives).
 
     A forced choice applies to every block size: while one is set, the round between nodes
-    carries no blocks (``_aggregated.force(False)``; set back on ``force(None)``)."""
+    carries every block ("round") or none (``_aggregated.force``; set back on
+    ``force(None)``)."""
     global _forced, _aggregation_before
     if choice is not None:
         _check_choice(choice)  # before anything is set: a bad choice changes nothing
     # The extension's one crossing runs what is rank to rank: every call when forced so, none
     # when the concurrent exchange is forced, else the sizes the policy chose it for.
-    _core.set_allgather_crossing(0 if choice is None else 1 if choice.method == DIRECT else 2)
+    crossing = {None: 0, ROUND: 0, DIRECT: 1, CONCURRENT: 2}
+    _core.set_allgather_crossing(crossing[choice.method if choice else None])
     if choice is not None:
+        aggregation = _aggregated.force(choice.method == ROUND)
         if _forced is None:
-            _aggregation_before = _aggregated.force(False)
+            _aggregation_before = aggregation
     elif _forced is not None:
         _aggregated.force(_aggregation_before)
     previous, _forced = _forced, choice
@@ -123,8 +130,10 @@ def force(choice: Choice | None) -> Choice | None:
 
 
 def _check_choice(choice: Choice) -> None:
-    if choice.method not in METHODS:
-        raise ValueError(f"internode method must be one of {METHODS}, got {choice.method!r}")
+    if choice.method not in (ROUND, *METHODS):
+        raise ValueError(
+            f"internode method must be one of {(ROUND, *METHODS)}, got {choice.method!r}"
+        )
     if choice.method == CONCURRENT and not (
         type(choice.concurrency) is int and choice.concurrency >= 1
     ):
@@ -149,11 +158,9 @@ def builtin_choice(nodes: int, block: int) -> Choice:
 
 
 class _State:
-    """What this module keeps per context: the table's internode rules (shared once) and the
-    cached plans of the leaders' rounds."""
+    """What this module keeps per context: the cached plans of the leaders' rounds."""
 
     def __init__(self) -> None:
-        self.rules: tuple[_tuning.InternodeRule, ...] | None = None
         self.plans: OrderedDict[tuple, list] = OrderedDict()
 
 
@@ -167,30 +174,6 @@ def _state(ctx: Context) -> _State:
     return state
 
 
-def _shared_rules(ctx: Context) -> tuple[_tuning.InternodeRule, ...]:
-    """Collective (first multi-node allgather of the context under a tuning mode other than
-    "off"): rank 0's table rules, broadcast as JSON with bounded waits."""
-    state = _state(ctx)
-    if state.rules is not None:
-        return state.rules
-    comm = ctx.p2p_comm()
-    payload = b""
-    if ctx.rank == 0:
-        rules = _tuning.internode_rules_or_warn(ctx.settings.tuning)
-        payload = json.dumps([r.as_json() for r in rules]).encode()
-    length = np.array([len(payload)], np.int64)
-    what = "zcoll.allgather (sharing the tuning table)"
-    ctx.wait_bounded([comm.Ibcast([length, MPI.INT64_T], root=0)], what)
-    data = (
-        np.frombuffer(payload, np.uint8).copy() if ctx.rank == 0 else np.empty(length[0], np.uint8)
-    )
-    if data.size:
-        ctx.wait_bounded([comm.Ibcast([data, MPI.BYTE], root=0)], what)
-    parsed = json.loads(data.tobytes()) if data.size else []
-    state.rules = tuple(_tuning.parse_internode_rule(i, r) for i, r in enumerate(parsed))
-    return state.rules
-
-
 def _layout(ctx: Context) -> tuple[list[int], list[list[int]]]:
     """The nodes (named by their leader's comm rank, in node order) and each node's ranks."""
     nodes = sorted(set(ctx.node_of))
@@ -202,19 +185,19 @@ def _layout(ctx: Context) -> tuple[list[int], list[list[int]]]:
 
 
 def choose(ctx: Context, block: int) -> Choice:
-    """How this multi-node allgather of `block`-byte blocks crosses nodes: a forced choice
-    (:func:`force`), else the tuning table's rule for (nodes, largest node, block) when the
-    tuning mode is not "off", else :func:`builtin_choice`. Collective on a context's first
-    call (the table's rules are shared then); the same on every rank."""
+    """How this multi-node allgather of `block`-byte blocks, beyond its round's limit, crosses
+    nodes: a forced choice (:func:`force`), else the tuning table's "direct" or "concurrent"
+    rule for (nodes, largest node, block) when the tuning mode is not "off" (its "round" rules
+    set the round's limit: :func:`zcoll._tuning.round_limit`), else :func:`builtin_choice`.
+    The same on every rank (the table's rules are rank 0's, shared with the context)."""
     if _forced is not None:
         return _forced
-    nodes, members = _layout(ctx)
+    nodes, per_node = ctx.layout()
     if ctx.settings.tuning != "off":
-        per_node = max(len(m) for m in members)
-        for rule in _shared_rules(ctx):
-            if rule.nodes == len(nodes) and rule.ranks_per_node == per_node and rule.covers(block):
+        for rule in _tuning.internode_rules_for(ctx.internode_rules, ALLGATHER, nodes, per_node):
+            if rule.method in METHODS and rule.covers(block):
                 return Choice(rule.method, rule.concurrency)
-    return builtin_choice(len(nodes), block)
+    return builtin_choice(nodes, block)
 
 
 # --- the schedule ------------------------------------------------------------------------------

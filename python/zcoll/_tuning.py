@@ -8,9 +8,12 @@ number of ranks per node, disjoint ranges of block sizes (bytes per block, both 
 with the order (or the eager path) and the copy mode that were fastest there on this machine.
 Format version 2 adds ``reductions``: for each number of ranks per node and reduction
 algorithm, the pieces of its cost model (HPDC'13 §3.4): calls of up to ``max_bytes`` bytes per
-rank take ``a + b * bytes`` seconds. Version 3 adds ``internode``: for a multi-node allgather on a
-number of nodes and ranks per node, ranges of block sizes with how blocks cross nodes
-(``method`` "direct" or "concurrent" with a ``concurrency`` index; :mod:`zcoll._internode`).
+rank take ``a + b * bytes`` seconds. Version 3 adds ``internode``: for a multi-node alltoall or
+allgather on a number of nodes and ranks per node, ranges of block sizes with how blocks cross
+nodes (``method`` "round": in the call's round of messages, one per pair of nodes; "direct":
+rank to rank; for an allgather also "concurrent" with a ``concurrency`` index:
+:mod:`zcoll._internode`). The round carries the blocks up to the end of the first run of
+"round" rules (:func:`round_limit`).
 Version 1 and 2 tables (no reductions, no internode rules) are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
@@ -39,6 +42,8 @@ from mpi4py import MPI
 
 from . import _settings
 from ._registry import (
+    ALLGATHER,
+    ALLTOALL,
     COLLECTIVES,
     COPY_CODES,
     HYBRID,
@@ -58,7 +63,9 @@ __all__ = [
     "TuningRule",
     "TuningTable",
     "current_machine",
+    "internode_rules_for",
     "load_tuning",
+    "round_limit",
     "shared_rules",
     "shared_tuning",
     "tuning_path",
@@ -148,7 +155,9 @@ class ReductionModel:
 
 
 #: The ``method`` values of an internode rule (see :mod:`zcoll._internode`).
-INTERNODE_METHODS = ("direct", "concurrent")
+INTERNODE_METHODS = ("round", "direct", "concurrent")
+#: The collectives an internode rule may name ("concurrent": allgather only).
+INTERNODE_COLLECTIVES = (ALLTOALL, ALLGATHER)
 _INTERNODE_KEYS = {
     "collective",
     "nodes",
@@ -164,8 +173,9 @@ _INTERNODE_KEYS = {
 class InternodeRule:
     """How a multi-node `collective` on `nodes` nodes of `ranks_per_node` ranks (the largest
     node's) with blocks of `min_block` to `max_block` bytes (both included; ``None``: no upper
-    bound) moves blocks between nodes: `method` "direct", or "concurrent" with the
-    concurrency index `concurrency` (0 for "direct")."""
+    bound) moves blocks between nodes: `method` "round" (in the call's round of messages),
+    "direct" (rank to rank), or "concurrent" with the concurrency index `concurrency` (0
+    otherwise)."""
 
     collective: str
     nodes: int
@@ -353,8 +363,10 @@ def parse_internode_rule(index: int, rule) -> InternodeRule:
     where = f"internode rule {index}"
     if not isinstance(rule, dict) or rule.keys() != _INTERNODE_KEYS:
         raise TuningError(f"{where} must be an object with keys {sorted(_INTERNODE_KEYS)}")
-    _check_one_of(where, "collective", rule["collective"], COLLECTIVES)
+    _check_one_of(where, "collective", rule["collective"], INTERNODE_COLLECTIVES)
     _check_one_of(where, "method", rule["method"], INTERNODE_METHODS)
+    if rule["method"] == "concurrent" and rule["collective"] != ALLGATHER:
+        raise TuningError(f"{where}: method 'concurrent' is an allgather's")
     for key in ("nodes", "ranks_per_node"):
         _check_count(where, key, rule[key])
     concurrency = rule["concurrency"]
@@ -472,45 +484,62 @@ def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
     return _table_or_warn(mode)[0]
 
 
-def _table_or_warn(mode: str) -> tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...]]:
-    """This process's table rules and reduction models, or ((), ()) with a RuntimeWarning when
-    it cannot be used."""
+#: A table's parts a context follows: rules, reduction models, internode rules.
+SharedTuning = tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...], tuple[InternodeRule, ...]]
+
+
+def _table_or_warn(mode: str) -> SharedTuning:
+    """This process's table rules, reduction models and internode rules, or ((), (), ()) with
+    a RuntimeWarning when it cannot be used."""
     if mode == "off":
-        return (), ()
+        return (), (), ()
     path: str | Path = _settings.VARIABLES["tuning_file"].env
     try:
         path = tuning_path()
         named = _settings.read("tuning_file").text
         if not named and not path.exists():
-            return (), ()  # no table made yet: the ordinary case, nothing to say
+            return (), (), ()  # no table made yet: the ordinary case, nothing to say
         table = load_tuning(path)
-        return table.rules, table.reductions
+        return table.rules, table.reductions, table.internode
     except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
         warnings.warn(
             f"zcoll: ignoring the tuning table {path}: {exc}; using the built-in rules",
             RuntimeWarning,
             stacklevel=3,
         )
-        return (), ()
+        return (), (), ()
 
 
-def internode_rules_or_warn(mode: str) -> tuple[InternodeRule, ...]:
-    """This process's table internode rules, or () (with a RuntimeWarning when the table
-    cannot be used); () under mode "off"."""
-    if mode == "off":
-        return ()
-    try:
-        path = tuning_path()
-        if not _settings.read("tuning_file").text and not path.exists():
-            return ()
-        return load_tuning(path).internode
-    except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
-        warnings.warn(
-            f"zcoll: ignoring the tuning table's internode rules: {exc}; using the built-in rule",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return ()
+def internode_rules_for(
+    rules: tuple[InternodeRule, ...], collective: str, nodes: int, ranks_per_node: int
+) -> list[InternodeRule]:
+    """The rules of `collective` on `nodes` nodes of (at most) `ranks_per_node` ranks, by
+    block size."""
+    mine = [
+        r
+        for r in rules
+        if (r.collective, r.nodes, r.ranks_per_node) == (collective, nodes, ranks_per_node)
+    ]
+    return sorted(mine, key=lambda r: r.min_block)
+
+
+def round_limit(
+    rules: tuple[InternodeRule, ...], collective: str, nodes: int, ranks_per_node: int
+) -> int | None:
+    """The largest block a multi-node `collective` carries in its round by the table's rules
+    for this layout: the end of their first run of "round" rules, back to back from the first
+    rule (-1 when the first is another method: no block in the round; no end: any block);
+    None without rules (the built-in size rule). A later "round" range after another method's
+    goes rank to rank: the round has one limit."""
+    mine = internode_rules_for(rules, collective, nodes, ranks_per_node)
+    limit = -1
+    for rule in mine:
+        if rule.method != "round" or rule.min_block > limit + 1:
+            break
+        if rule.max_block is None:
+            return _MAX_BYTES
+        limit = rule.max_block
+    return limit if mine else None
 
 
 def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
@@ -519,11 +548,9 @@ def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
     return shared_tuning(comm, mode)[0]
 
 
-def shared_tuning(
-    comm: MPI.Comm, mode: str
-) -> tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...]]:
-    """Collective: rank 0's table rules and reduction models (all node sizes) under `mode`,
-    the same on every rank of `comm`, in one broadcast."""
+def shared_tuning(comm: MPI.Comm, mode: str) -> SharedTuning:
+    """Collective: rank 0's table rules, reduction models and internode rules (all node sizes
+    and layouts) under `mode`, the same on every rank of `comm`, in one broadcast."""
     return comm.bcast(_table_or_warn(mode) if comm.rank == 0 else None, root=0)
 
 

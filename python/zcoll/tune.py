@@ -36,11 +36,15 @@ they share the machine's conditions: this VM's bursts of load last several sizes
 the algorithm that was fastest.
 
 ``--internode`` (on ranks spanning several nodes: real ones, or virtual ones with
-``--virtual-node-size K`` / ``ZCOLL_VIRTUAL_NODE_SIZE``) times how a multi-node allgather's
-blocks cross nodes -- the direct path and the leaders' concurrent exchange with C = 1, 2, 4
-(:mod:`zcoll._internode`) -- as whole ``zcoll.allgather`` calls on arena arrays, at every size
-of ``--internode-sizes``, in the same interleaved rounds, and writes the fastest per size as
-the table's ``internode`` rules for (nodes, ranks per node), merged into ranges as above.
+``--virtual-node-size K`` / ``ZCOLL_VIRTUAL_NODE_SIZE``) times how a multi-node alltoall's and
+allgather's blocks cross nodes -- in the call's round of messages (MN-CO: one message per pair
+of nodes), rank to rank, and for allgather the leaders' concurrent exchange with C = 1, 2, 4
+(:mod:`zcoll._internode`) -- as whole calls on arena arrays, at every size of
+``--internode-sizes``, in the same interleaved rounds, and writes the fastest per size as the
+table's ``internode`` rules for (nodes, ranks per node), merged into ranges as above. The
+round then carries blocks up to the end of the first run of "round" rules, instead of the
+built-in size rule's limit (measured on virtual nodes, where MPI's messages are cheap: a
+network moves the limit up).
 """
 
 from __future__ import annotations
@@ -65,7 +69,7 @@ from mpi4py import MPI
 
 import zcoll
 
-from . import _context, _core, _internode, _settings, _tuning
+from . import _aggregated, _context, _core, _internode, _settings, _tuning
 from ._registry import (
     ALLGATHER,
     ALLTOALL,
@@ -112,10 +116,17 @@ REDUCTION_SIZES = powers_of_two(8, 32 * MIB)  # bytes per rank
 QUICK_REDUCTION_SIZES = [8, 4 * KIB, 256 * KIB]
 QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
 INTERNODE_SIZES = powers_of_two(8, 256 * KIB)[::3]  # 8 B, 64 B, ..., 256 KiB
-INTERNODE_CHOICES = (
-    _internode.Choice(_internode.DIRECT),
-    *(_internode.Choice(_internode.CONCURRENT, c) for c in (1, 2, 4)),
-)
+# How blocks cross nodes, per collective --internode times: in the call's round of messages
+# (up to which size sets the round's limit), rank to rank, and an allgather's leaders'
+# concurrent exchange.
+INTERNODE_CHOICES = {
+    ALLTOALL: (_internode.Choice(_internode.ROUND), _internode.Choice(_internode.DIRECT)),
+    ALLGATHER: (
+        _internode.Choice(_internode.ROUND),
+        _internode.Choice(_internode.DIRECT),
+        *(_internode.Choice(_internode.CONCURRENT, c) for c in (1, 2, 4)),
+    ),
+}
 QUICK_ITERATIONS = 20
 COPY_SWEEP_BLOCKS = 64 * KIB  # blocks from this size also try streaming and hybrid copies
 HYBRID_STEPS = 3  # thresholds T0, T0/2, T0/4
@@ -187,8 +198,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--internode",
         action="store_true",
-        help="also time the multi-node allgather's inter-node methods (direct, C = 1, 2, 4) "
-        "on the ranks' nodes and write the table's internode rules",
+        help="also time how a multi-node alltoall's and allgather's blocks cross nodes (in "
+        "the call's round, rank to rank; allgather also C = 1, 2, 4) on the ranks' nodes and "
+        "write the table's internode rules (they set the round's limit)",
     )
     p.add_argument(
         "--internode-sizes",
@@ -581,28 +593,39 @@ def merged_table(
 # --- between nodes -----------------------------------------------------------------------------
 
 
-def _forced_allgather(comm: MPI.Comm, send, recv, choice: _internode.Choice) -> None:
-    previous = _internode.force(choice)
+def _forced_call(collective: str, comm: MPI.Comm, send, recv, choice: _internode.Choice):
+    """One `collective` whose blocks cross nodes as `choice` says, whatever their size."""
+    if collective == ALLGATHER:
+        previous = _internode.force(choice)
+        try:
+            zcoll.allgather(comm, send, recv)
+        finally:
+            _internode.force(previous)
+        return
+    before = _aggregated.force(choice.method == _internode.ROUND)
     try:
-        zcoll.allgather(comm, send, recv)
+        zcoll.alltoall(comm, send, recv)
     finally:
-        _internode.force(previous)
+        _aggregated.force(before)
 
 
 def sweep_internode(
-    world: MPI.Comm, sw: _Sweep, sizes, report: Reporter
+    world: MPI.Comm, sw: _Sweep, collective: str, sizes, report: Reporter
 ) -> dict[int, dict[_internode.Choice, float]]:
-    """Seconds per multi-node allgather of each inter-node method at every block size: the
-    best of the interleaved rounds, the slowest rank's; collective over `world`."""
+    """Seconds per multi-node `collective` (alltoall or allgather) of each way its blocks
+    cross nodes at every block size: the best of the interleaved rounds, the slowest rank's;
+    collective over `world`."""
     results: dict[int, dict[_internode.Choice, float]] = {}
+    p = world.size
     for block in sizes:
-        send = zcoll.empty(world, block, np.uint8)
+        send = zcoll.empty(world, block * (p if collective == ALLTOALL else 1), np.uint8)
         send[:] = world.rank % 251
-        recv = zcoll.zeros(world, (world.size, block), np.uint8)
+        recv = zcoll.zeros(world, (p, block), np.uint8)
         calls = {
-            c: functools.partial(_forced_allgather, world, send, recv, c) for c in INTERNODE_CHOICES
+            c: functools.partial(_forced_call, collective, world, send, recv, c)
+            for c in INTERNODE_CHOICES[collective]
         }
-        wanted = sw.args.iterations or default_iterations(block, world.size, sw.oversubscription)
+        wanted = sw.args.iterations or default_iterations(block, p, sw.oversubscription)
         counts = {
             c: budget_iterations(call, wanted, sw.args.time_budget / sw.repeats, world)
             for c, call in calls.items()
@@ -612,30 +635,36 @@ def sweep_internode(
             for c, call in calls.items():
                 warmup = min(100, max(2, counts[c] // 10))
                 best[c] = min(best[c], measure(call, counts[c], warmup, world))
-                report.step(f"allgather between nodes {format_size(block)} {c.label()}")
+                report.step(f"{collective} between nodes {format_size(block)} {c.label()}")
         results[block] = best  # measure() returns the largest mean over the ranks already
         del send, recv
     return results
 
 
 def internode_rules(
-    nodes: int, ranks_per_node: int, results: dict[int, dict[_internode.Choice, float]]
+    collective: str,
+    nodes: int,
+    ranks_per_node: int,
+    results: dict[int, dict[_internode.Choice, float]],
 ) -> list[_tuning.InternodeRule]:
     """The fastest method per block size, neighbouring sizes with the same winner merged
     (boundaries as in :func:`rules_from_winners`)."""
     winners = {b: min(t, key=t.__getitem__) for b, t in results.items()}
     return [
-        _tuning.InternodeRule(ALLGATHER, nodes, ranks_per_node, low, high, c.method, c.concurrency)
+        _tuning.InternodeRule(collective, nodes, ranks_per_node, low, high, c.method, c.concurrency)
         for low, high, c in winner_ranges(winners)
     ]
 
 
-def print_internode(report, results: dict[int, dict[_internode.Choice, float]]) -> None:
-    report("\nallgather between nodes: us per call (max over ranks) by method")
-    report(f"  {'block':>9}" + "".join(f"{c.label():>12}" for c in INTERNODE_CHOICES) + "  fastest")
+def print_internode(
+    report, collective: str, results: dict[int, dict[_internode.Choice, float]]
+) -> None:
+    choices = INTERNODE_CHOICES[collective]
+    report(f"\n{collective} between nodes: us per call (max over ranks) by method")
+    report(f"  {'block':>9}" + "".join(f"{c.label():>12}" for c in choices) + "  fastest")
     for block, t in results.items():
         best = min(t, key=t.__getitem__)
-        cells = "".join(f"{_us(t.get(c)):>12}" for c in INTERNODE_CHOICES)
+        cells = "".join(f"{_us(t.get(c)):>12}" for c in choices)
         report(f"  {format_size(block):>9}{cells}  {best.label()}")
 
 
@@ -718,7 +747,8 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
     )
     steps = planned_steps(args.sizes, args.collectives, sw)
     if args.internode:
-        steps += len(args.internode_sizes) * len(INTERNODE_CHOICES) * sw.repeats
+        choices = sum(len(c) for c in INTERNODE_CHOICES.values())
+        steps += len(args.internode_sizes) * choices * sw.repeats
     report.start(steps, "zcoll.tune")
     new_rules = []
     new_models: list[_tuning.ReductionModel] = []
@@ -728,10 +758,12 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
         report("zcoll.tune: --internode needs ranks on several nodes (or --virtual-node-size)")
     try:
         if crossing:
-            nodes = len(set(_context.context(world).node_of))
-            timed_x = sweep_internode(world, sw, args.internode_sizes, report)
-            print_internode(report, timed_x)
-            new_internode = internode_rules(nodes, node.size, timed_x)
+            nodes, per_node = _context.context(world).layout()
+            new_internode = []
+            for collective in INTERNODE_CHOICES:
+                timed_x = sweep_internode(world, sw, collective, args.internode_sizes, report)
+                print_internode(report, collective, timed_x)
+                new_internode += internode_rules(collective, nodes, per_node, timed_x)
         for collective in args.collectives:
             if collective == REDUCTION:
                 timed = sweep_reductions(sw, args.reduction_sizes, report)
