@@ -189,7 +189,8 @@ void node_messages::set_round_limit(op_code op, std::optional<std::int64_t> limi
   else if (op == op_code::allgather)
     allgather_round_limit_ = limit;
   else
-    throw std::invalid_argument("zcoll: only an alltoall's or an allgather's round has a measured limit");
+    throw std::invalid_argument(
+        "zcoll: only an alltoall's or an allgather's round has a measured limit");
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {
