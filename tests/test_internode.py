@@ -276,6 +276,19 @@ def _rule(nodes, per_node, low, high, method, concurrency, collective="allgather
     }
 
 
+def _comm_with_rank_0_table(node_comm, monkeypatch, tmp_path_factory, rules) -> MPI.Comm:
+    """A new communicator on virtual nodes of 2 whose context follows a table of `rules` that
+    only rank 0 has (the others must get its rules); skips on one node."""
+    path = "/nonexistent/zcoll-tuning.json"
+    if MPI.COMM_WORLD.rank == 0:
+        path = str(_table(tmp_path_factory.mktemp("t"), rules))
+    monkeypatch.setenv("ZCOLL_TUNING_FILE", path)
+    comm = node_comm("world", 2)
+    if comm is None:
+        pytest.skip("one node")
+    return comm
+
+
 def test_table_rules_are_followed(node_comm, monkeypatch, tmp_path_factory):
     """A table's internode rule (rank 0's file, shared) decides; elsewhere the built-in rule."""
     size = MPI.COMM_WORLD.size
@@ -284,14 +297,7 @@ def test_table_rules_are_followed(node_comm, monkeypatch, tmp_path_factory):
         _rule(nodes, per_node, 0, 64, "direct", 0),
         _rule(nodes, per_node, 65, 1000, "concurrent", 4),
     ]
-    # Only rank 0 has the file: the others must get its rules.
-    path = "/nonexistent/zcoll-tuning.json"
-    if MPI.COMM_WORLD.rank == 0:
-        path = str(_table(tmp_path_factory.mktemp("t"), rules))
-    monkeypatch.setenv("ZCOLL_TUNING_FILE", path)
-    comm = node_comm("world", 2)
-    if comm is None:
-        pytest.skip("one node")
+    comm = _comm_with_rank_0_table(node_comm, monkeypatch, tmp_path_factory, rules)
     ctx = _context.context(comm)
     got = [_internode.choose(ctx, b) for b in (8, 64, 65, 1000, 1001)]
     want = [
@@ -374,13 +380,7 @@ def test_table_round_rules_set_the_limit(node_comm, monkeypatch, tmp_path_factor
         _rule(nodes, per_node, 0, 300, "direct", 0),
         _rule(nodes, per_node, 301, None, "round", 0),
     ]
-    path = "/nonexistent/zcoll-tuning.json"
-    if MPI.COMM_WORLD.rank == 0:
-        path = str(_table(tmp_path_factory.mktemp("t"), rules))
-    monkeypatch.setenv("ZCOLL_TUNING_FILE", path)
-    comm = node_comm("world", 2)
-    if comm is None:
-        pytest.skip("one node")
+    comm = _comm_with_rank_0_table(node_comm, monkeypatch, tmp_path_factory, rules)
     ctx = _context.context(comm)
     limits = (_aggregated.pack_limit(ctx), _aggregated.pack_limit(ctx, "allgather"))
     all_ranks_agree(comm, limits == (40000, -1), f"{limits}")
