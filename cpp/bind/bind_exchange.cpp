@@ -629,9 +629,7 @@ void register_exchange(py::module_& m) {
       .def(
           "nodes_set_round_limit",
           [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
-            if (op != static_cast<int>(op_code::alltoall) &&
-                op != static_cast<int>(op_code::allgather))
-              throw py::value_error("only an alltoall's or an allgather's round has a limit");
+            if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
             ctx.between_nodes(node_map{}).set_round_limit(static_cast<op_code>(op), limit);
           },
           py::arg("op"), py::arg("limit"),

@@ -177,20 +177,21 @@ std::int64_t node_messages::pack_limit(op_code op) const noexcept {
     case aggregation::by_size:
       break;
   }
-  if (op == op_code::alltoall && alltoall_round_limit_) return *alltoall_round_limit_;
-  if (op == op_code::allgather && allgather_round_limit_) return *allgather_round_limit_;
+  if (const int i = measured_limit_index(op); i >= 0 && measured_limits_[i])
+    return *measured_limits_[i];
   return static_cast<std::int64_t>(max_aggregated_block(nodes_, op));
 }
 
+int node_messages::measured_limit_index(op_code op) noexcept {
+  return op == op_code::alltoall ? 0 : op == op_code::allgather ? 1 : -1;
+}
+
 void node_messages::set_round_limit(op_code op, std::optional<std::int64_t> limit) {
-  if (limit && *limit < 0) limit = -1;
-  if (op == op_code::alltoall)
-    alltoall_round_limit_ = limit;
-  else if (op == op_code::allgather)
-    allgather_round_limit_ = limit;
-  else
+  const int i = measured_limit_index(op);
+  if (i < 0)
     throw std::invalid_argument(
         "zcoll: only an alltoall's or an allgather's round has a measured limit");
+  measured_limits_[i] = limit && *limit < 0 ? -1 : limit;
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {

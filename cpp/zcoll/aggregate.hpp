@@ -65,6 +65,7 @@
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -331,9 +332,10 @@ class node_messages {
   void check_unbroken() const;
 
  private:
-  // Measured round limits (set_round_limit) of an alltoall and of an allgather.
-  std::optional<std::int64_t> alltoall_round_limit_;
-  std::optional<std::int64_t> allgather_round_limit_;
+  // Where measured_limits_ keeps `op`'s limit: an alltoall's, an allgather's; -1 for others.
+  static int measured_limit_index(op_code op) noexcept;
+  // The measured round limits (set_round_limit); nullopt: the built-in size rule.
+  std::array<std::optional<std::int64_t>, 2> measured_limits_;
   // The start of every round's phase 1: the state reset, this rank's record in its slot (the
   // senders copy it into the heads) and its descriptor line, without data (target none).
   detail::rank_line& start_round(const call_record& record);

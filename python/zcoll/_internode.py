@@ -111,7 +111,8 @@ def force(choice: Choice | None) -> Choice | None:
 
     A forced choice applies to every block size: while one is set, the round between nodes
     carries every block ("round") or none (``_aggregated.force``; set back on
-    ``force(None)``)."""
+    ``force(None)``) -- for every collective, so "round" and "direct" force an alltoall's way
+    too (``zcoll.tune --internode`` times both collectives so)."""
     global _forced, _aggregation_before
     if choice is not None:
         _check_choice(choice)  # before anything is set: a bad choice changes nothing
@@ -130,10 +131,9 @@ def force(choice: Choice | None) -> Choice | None:
 
 
 def _check_choice(choice: Choice) -> None:
-    if choice.method not in (ROUND, *METHODS):
-        raise ValueError(
-            f"internode method must be one of {(ROUND, *METHODS)}, got {choice.method!r}"
-        )
+    known = (ROUND, *METHODS)
+    if choice.method not in known:
+        raise ValueError(f"internode method must be one of {known}, got {choice.method!r}")
     if choice.method == CONCURRENT and not (
         type(choice.concurrency) is int and choice.concurrency >= 1
     ):

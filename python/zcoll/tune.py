@@ -69,7 +69,7 @@ from mpi4py import MPI
 
 import zcoll
 
-from . import _aggregated, _context, _core, _internode, _settings, _tuning
+from . import _context, _core, _internode, _settings, _tuning
 from ._registry import (
     ALLGATHER,
     ALLTOALL,
@@ -595,18 +595,11 @@ def merged_table(
 
 def _forced_call(collective: str, comm: MPI.Comm, send, recv, choice: _internode.Choice):
     """One `collective` whose blocks cross nodes as `choice` says, whatever their size."""
-    if collective == ALLGATHER:
-        previous = _internode.force(choice)
-        try:
-            zcoll.allgather(comm, send, recv)
-        finally:
-            _internode.force(previous)
-        return
-    before = _aggregated.force(choice.method == _internode.ROUND)
+    previous = _internode.force(choice)
     try:
-        zcoll.alltoall(comm, send, recv)
+        getattr(zcoll, collective)(comm, send, recv)
     finally:
-        _aggregated.force(before)
+        _internode.force(previous)
 
 
 def sweep_internode(
