@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
-"""Staged test driver: lint, C++ unit tests (plain and under sanitizers), MPI test suite.
+"""Staged test driver: lint, C++ unit tests under sanitizers, the MPI test suite on Open MPI and
+on MPICH.
 
-    python3 tests/ci.py                        # lint, cpp, asan, tsan, mpi
-    python3 tests/ci.py --stages cpp           # only the C++ unit tests
+    python3 tests/ci.py                        # lint, asan, tsan, mpi, mpich (what CI runs)
+    python3 tests/ci.py --stages cpp           # only the C++ unit tests, unsanitized
     python3 tests/ci.py --no-lint -- -n 2 4    # arguments after -- go to tests/run_mpi.py
 
 Stages run in order and every selected stage runs even when an earlier one failed:
 
   lint  pre-commit run --all-files --show-diff-on-failure (skipped, with a note, when the
         repository has no .pre-commit-config.yaml)
-  cpp   configures build/cpp-tests with -DZCOLL_BUILD_TESTS=ON (needs doctest: apt install
-        doctest-dev), builds the unit tests with 2 jobs and runs ctest --output-on-failure
-  asan  the same in build/cpp-asan with -DZCOLL_SANITIZE=address,undefined: any AddressSanitizer,
-        LeakSanitizer or UndefinedBehaviorSanitizer report fails its test
-  tsan  the same in build/cpp-tsan with -DZCOLL_SANITIZE=thread (the barrier's flags and
-        sequence numbers, threads and forked processes as ranks): any report fails its test
-  mpi   python tests/run_mpi.py [arguments after --]
+  asan  configures build/cpp-asan with -DZCOLL_BUILD_TESTS=ON (needs doctest: apt install
+        doctest-dev) and -DZCOLL_SANITIZE=address,undefined at -O1 (the sanitizers' advice),
+        builds every C++ unit test with 2 jobs and runs them under ctest --output-on-failure:
+        any AddressSanitizer, LeakSanitizer or UndefinedBehaviorSanitizer report fails its test
+  tsan  the same in build/cpp-tsan with -DZCOLL_SANITIZE=thread, for the unit tests that run
+        threads or forked processes as ranks (barrier, arena, reduction, irregular exchange:
+        the flags and sequence numbers): any report fails its test. The others run one thread,
+        where ThreadSanitizer has nothing to see that asan does not
+  mpi   python tests/run_mpi.py [arguments after --]: Open MPI, the system's default
+  mpich the user's install on MPICH (stage_mpich): mpi4py built against it in a venv of its
+        own, zcoll from the checkout there, the collectives, reductions, irregular,
+        neighbourhood and FFT tests at P = 1, 2, 3, one run on virtual nodes and the FFT example
+  cpp   (not by default) the unit tests in build/cpp-tests without sanitizers: the tests asan
+        runs, without its checks
 
 Each stage prints its name and wall time. The exit status is non-zero when any stage failed.
 The last line is "N passed, N failed, N skipped": ctest's test counts plus run_mpi's; a stage
@@ -37,9 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("lint", "cpp", "asan", "tsan", "mpi")
+STAGES = ("lint", "asan", "tsan", "mpi", "mpich", "cpp")
+#: What CI runs: the plain C++ build of the unit tests ("cpp") runs the very tests that "asan"
+#: runs with the sanitizers' checks added, so it is left out unless named.
+DEFAULT_STAGES = ("lint", "asan", "tsan", "mpi")
 # Per sanitized stage: its -fsanitize= list, and the runtime options that make every report
 # fatal (non-zero exit: the ctest case fails).
+# and the unit tests it builds and runs (None: all of them).
 SANITIZERS = {
     "asan": (
         "address,undefined",
@@ -47,9 +59,17 @@ SANITIZERS = {
             "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=1:strict_string_checks=1",
             "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
         },
+        None,
     ),
-    "tsan": ("thread", {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"}),
+    "tsan": (
+        "thread",
+        {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"},
+        ("test_arena", "test_barrier", "test_reduction", "test_vexchange"),
+    ),
 }
+# Sanitized builds at -O1, as AddressSanitizer's and ThreadSanitizer's documentation advise:
+# about half the build time of -O3, the reports the same.
+SANITIZED_BUILD = ("-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_CXX_FLAGS_DEBUG=-O1")
 SUMMARY_RE = re.compile(r"^\s*(\d+) passed, (\d+) failed, (\d+) skipped\s*$")
 CTEST_SUMMARY_RE = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
 
@@ -158,9 +178,10 @@ def stage_cpp(result: StageResult, args: argparse.Namespace) -> None:
 
 
 def stage_sanitized(result: StageResult, args: argparse.Namespace) -> None:
-    flags, runtime = SANITIZERS[result.name]
+    flags, runtime, tests = SANITIZERS[result.name]
     build = (ROOT / "build" / f"cpp-{result.name}").resolve()
-    build_and_run_unit_tests(result, args, build, (f"-DZCOLL_SANITIZE={flags}",), runtime)
+    options = (f"-DZCOLL_SANITIZE={flags}", *SANITIZED_BUILD)
+    build_and_run_unit_tests(result, args, build, options, runtime, tests)
 
 
 def build_and_run_unit_tests(
@@ -169,9 +190,10 @@ def build_and_run_unit_tests(
     build: Path,
     cmake_options: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    tests: tuple[str, ...] | None = None,
 ) -> None:
-    """Configures `build`, builds the C++ unit tests and runs them under ctest (with `env`
-    added to the environment); `result` gets ctest's counts."""
+    """Configures `build`, builds the C++ unit tests (those named in `tests`, else all) and runs
+    them under ctest (with `env` added to the environment); `result` gets ctest's counts."""
     configure = [
         "cmake",
         "-S",
@@ -190,7 +212,7 @@ def build_and_run_unit_tests(
         result.status = "failed"
         result.note = "CMake configure failed (doctest missing? apt-get install doctest-dev)"
         return
-    build_cmd = ["cmake", "--build", str(build), "--target", "zcoll_cpp_tests"]
+    build_cmd = ["cmake", "--build", str(build), "--target", *(tests or ["zcoll_cpp_tests"])]
     if run([*build_cmd, "--parallel", str(args.jobs)]) != 0:
         result.status, result.note = "failed", "build failed"
         return
@@ -206,6 +228,7 @@ def build_and_run_unit_tests(
             str(args.jobs),
             "--output-junit",
             str(junit),
+            *(["-R", f"^({'|'.join(tests)})/"] if tests else []),
         ],
         cwd=ROOT,
         env={**os.environ, **(env or {})},
@@ -219,12 +242,20 @@ def build_and_run_unit_tests(
 
 
 def stage_mpi(result: StageResult, args: argparse.Namespace) -> None:
-    code, log = tee([sys.executable, str(ROOT / "tests" / "run_mpi.py"), *args.mpi_args], cwd=ROOT)
+    run_mpi_and_count(result, [sys.executable, str(ROOT / "tests" / "run_mpi.py"), *args.mpi_args])
+
+
+def run_mpi_and_count(
+    result: StageResult, cmd: list[str], env: dict[str, str] | None = None
+) -> None:
+    """Runs a tests/run_mpi.py command; adds its closing counts to `result`, which fails when
+    the command did or printed no counts."""
+    code, log = tee(cmd, cwd=ROOT, env=env)
     for line in reversed(log.splitlines()):
         match = SUMMARY_RE.match(line)
         if match:
-            passed, failed, skipped = (int(g) for g in match.groups())
-            result.counts = {"passed": passed, "failed": failed, "skipped": skipped}
+            for key, value in zip(("passed", "failed", "skipped"), match.groups()):
+                result.counts[key] += int(value)
             break
     else:
         result.note = "no summary line from run_mpi.py"
@@ -233,12 +264,72 @@ def stage_mpi(result: StageResult, args: argparse.Namespace) -> None:
         result.note = result.note or f"run_mpi.py exit {code}"
 
 
+#: The MPICH stage: a user's install on MPICH (and so on Intel MPI, Cray MPICH, MVAPICH, which
+#: share its ABI) beside the system's default Open MPI -- mpi4py built from source against it
+#: in a venv of its own, zcoll installed from the checkout there (its build asks that mpi4py
+#: which MPI to use) -- then the collectives on WORLD and derived communicators, the FFT
+#: example and one run on virtual nodes, under mpiexec.mpich.
+MPICH_VENV = ROOT / "build" / "mpich-venv"
+MPICH_MODULES = (
+    "test_collectives.py",
+    "test_reductions.py",
+    "test_vcoll.py",
+    "test_fft.py",
+    "test_examples.py",
+)
+MPICH_NODE_MODULES = ("test_collectives.py", "test_reductions.py", "test_internode.py")
+MPICH_PACKAGES = ("numpy", "pytest", "scipy", "pyfftw", "platformdirs")
+
+
+def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
+    if not (shutil.which("mpicc.mpich") and shutil.which("mpiexec.mpich")):
+        result.status, result.note = "failed", "no mpicc.mpich (apt-get install mpich libmpich-dev)"
+        return
+    python = MPICH_VENV / "bin" / "python"
+    env = {**os.environ, "MPICC": "mpicc.mpich", "ZCOLL_MPIEXEC": "mpiexec.mpich"}
+    env.pop("PYTHONPATH", None)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", str(MPICH_VENV)],
+        [*pip, "--no-binary=mpi4py", "mpi4py", *MPICH_PACKAGES],
+        # Not MPICC: the build is to find mpi4py's MPI by itself.
+        ["env", "-u", "MPICC", *pip, str(ROOT), "-Cbuild-dir=build/mpich"],
+    ]
+    for step in steps:
+        if run(step, env=env) != 0:
+            result.status, result.note = "failed", f"install step failed: {' '.join(step[:4])}"
+            return
+    check = (
+        "import zcoll; s = zcoll.settings(); assert s.mpi_libraries_match, s; print(s.mpi_library)"
+    )
+    if run([str(python), "-W", "error", "-c", check], env=env) != 0:
+        result.status, result.note = "failed", "zcoll is not built against mpi4py's MPICH"
+        return
+    run_mpi = [str(python), str(ROOT / "tests" / "run_mpi.py"), "--no-virtual-nodes"]
+    tests = [str(ROOT / "tests" / m) for m in MPICH_MODULES]
+    run_mpi_and_count(result, [*run_mpi, "-n", "1", "2", "3", "--", *tests], env)
+    # Two virtual nodes of one rank: every message between them goes by MPI (the C++ sender).
+    # Not more ranks: MPICH's waits spin without yielding, which makes each MPI call of an
+    # oversubscribed job take a scheduler slice (P = 3: ms per call, 7x Open MPI's time).
+    node_tests = [str(ROOT / "tests" / m) for m in MPICH_NODE_MODULES]
+    nodes = {**env, "ZCOLL_VIRTUAL_NODE_SIZE": "1"}
+    run_mpi_and_count(result, [*run_mpi, "-n", "2", "--", *node_tests], nodes)
+    for ranks in (1, 2, 3):
+        example = ["mpiexec.mpich", "-n", str(ranks), str(python), "examples/fft3d.py"]
+        if run([*example, "--n", "24", "--repeat", "2"], env=env) != 0:
+            result.status, result.note = "failed", f"examples/fft3d.py failed at P = {ranks}"
+            result.counts["failed"] += 1
+        else:
+            result.counts["passed"] += 1
+
+
 RUNNERS = {
     "lint": stage_lint,
     "cpp": stage_cpp,
     "asan": stage_sanitized,
     "tsan": stage_sanitized,
     "mpi": stage_mpi,
+    "mpich": stage_mpich,
 }
 
 
@@ -254,8 +345,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--stages",
-        default=",".join(STAGES),
-        help=f"comma-separated stages to run, in this order: {','.join(STAGES)} (default: all)",
+        default=",".join(DEFAULT_STAGES),
+        help=f"comma-separated stages to run, in this order: {','.join(STAGES)} "
+        f"(default: {','.join(DEFAULT_STAGES)})",
     )
     parser.add_argument("--no-lint", action="store_true", help="skip the lint stage")
     parser.add_argument(

@@ -632,7 +632,7 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
     crossing, or from mpi4py); or (path "spread-flow") 2 ms into an 8 MiB allreduce beyond
     the rule, by a timer, wherever the call then is (with the extension's sender most likely
     in the flow of phases 1-3). Its node-mate sees it die; rank 0, which waits for its
-    message, raises PeerError once the 5 s timeout is over, and rank 1 when rank 0 leaves
+    message, raises PeerError once the timeout (KILL_TIMEOUT) is over, and rank 1 when rank 0 leaves
     (or its own wait gives up); every survivor's next call
     raises at once. No rank finishes, no segment is left in /dev/shm."""
     _kill_rank_2_and_check(tmp_path, sender, path, ZCOLL_VIRTUAL_NODE_SIZE="2")
@@ -651,6 +651,11 @@ def test_rank_killed_between_emulated_nodes(tmp_path, path):
     _kill_rank_2_and_check(tmp_path, "cpp", path, cluster=cluster)
 
 
+#: ZCOLL_TIMEOUT of the kill jobs: how long rank 0 waits for the dead rank's message before it
+#: raises (every call before the kill takes a few ms, so 2 s is far from a false alarm).
+KILL_TIMEOUT = 2
+
+
 def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
     """KILL_JOB at P = 4 on two nodes of 2 (virtual ones by `env_extra`, or emulated by the
     mpiexec options `cluster`): rank 2 dies; the survivors' reports are checked."""
@@ -658,7 +663,7 @@ def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     job = tmp_path / "job.py"
     job.write_text(KILL_JOB)
-    env = job_env(ZCOLL_TIMEOUT="5", ZCOLL_NODE_MESSAGES=sender, **env_extra)
+    env = job_env(ZCOLL_TIMEOUT=str(KILL_TIMEOUT), ZCOLL_NODE_MESSAGES=sender, **env_extra)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
     cmd = mpiexec(4, "--enable-recovery", *cluster)
@@ -679,7 +684,8 @@ def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
         calls = {rank: int(call) for rank, call, _, _ in found}
         assert set(calls.values()) <= {50, 51}, proc.stdout
         assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
-        assert re.search(r"rank\(s\) \[2(, 3)?\] did not take part within 5", reports["0"]), reports
+        within = rf"did not take part within {KILL_TIMEOUT}\b"
+        assert re.search(rf"rank\(s\) \[2(, 3)?\] {within}", reports["0"]), reports
         assert re.search(r"peer rank\(s\) 0 \(pid \d+\) died|\[2(, 3)?\] did not", reports["1"])
         return
     # Rank 3 finishes call 50 when its blocks go rank to rank, and meets the death in call 51.
@@ -689,7 +695,8 @@ def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
     # A plan's rank 3 posts its blocks before its node barrier finds rank 2 dead, then leaves:
     # they may never reach rank 0, which may name it too.
     late = r"\[2(, 3)?\]" if path == "plan" else r"\[2\]"
-    assert re.search(rf"rank\(s\) {late} did not take part within 5", reports["0"]), reports["0"]
+    within = rf"did not take part within {KILL_TIMEOUT}\b"
+    assert re.search(rf"rank\(s\) {late} {within}", reports["0"]), reports["0"]
 
 
 def test_messages_per_call():
