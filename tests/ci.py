@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("lint", "asan", "tsan", "mpi", "mpich", "cpp")
 #: What CI runs: the plain C++ build of the unit tests ("cpp") runs the very tests that "asan"
 #: runs with the sanitizers' checks added, so it is left out unless named.
-DEFAULT_STAGES = ("lint", "asan", "tsan", "mpi")
+DEFAULT_STAGES = ("lint", "asan", "tsan", "mpi", "mpich")
 # Per sanitized stage: its -fsanitize= list, and the runtime options that make every report
 # fatal (non-zero exit: the ctest case fails).
 # and the unit tests it builds and runs (None: all of them).
@@ -276,6 +276,7 @@ MPICH_MODULES = (
     "test_vcoll.py",
     "test_fft.py",
     "test_examples.py",
+    "test_mpi_library.py",
 )
 MPICH_NODE_MODULES = ("test_collectives.py", "test_reductions.py", "test_internode.py")
 MPICH_PACKAGES = ("numpy", "pytest", "scipy", "pyfftw", "platformdirs")

@@ -170,8 +170,8 @@ struct entry {
   std::optional<nodes_route> route;
 };
 
-std::unordered_map<long long, entry>& contexts() {
-  static auto* table = new std::unordered_map<long long, entry>();
+std::unordered_map<std::uintptr_t, entry>& contexts() {
+  static auto* table = new std::unordered_map<std::uintptr_t, entry>();
   return *table;  // leaked: contexts may still be registered at interpreter teardown
 }
 
@@ -223,14 +223,11 @@ const entry* entry_by_handle(PyObject* comm) {
     PyErr_Clear();
     return nullptr;
   }
-  const long long key = PyLong_AsLongLong(handle);
+  const std::optional<std::uintptr_t> key = handle_bits(handle);
   Py_DECREF(handle);
-  if (key == -1 && PyErr_Occurred()) {
-    PyErr_Clear();
-    return nullptr;
-  }
+  if (!key) return nullptr;
   auto& table = contexts();
-  const auto it = table.find(key);
+  const auto it = table.find(*key);
   return it == table.end() ? nullptr : &it->second;
 }
 
@@ -250,19 +247,19 @@ std::shared_ptr<node_context> context_of(PyObject* comm) {
   return e.route ? nullptr : e.ctx;
 }
 
-void register_context(long long handle, std::shared_ptr<node_context> ctx,
-                      std::optional<std::tuple<std::uintptr_t, int, int, int>> route) {
+void register_context(mpi_handle handle, std::shared_ptr<node_context> ctx,
+                      std::optional<std::tuple<mpi_handle, int, int, int>> route) {
   last().forget();
   if (!ctx) {
-    contexts().erase(handle);
+    contexts().erase(handle.bits);
     return;
   }
   entry e{std::move(ctx), std::nullopt};
   if (route) {
     const auto& [comm, rank, tag, window] = *route;
-    e.route = nodes_route{comm, rank, tag, window};
+    e.route = nodes_route{comm.bits, rank, tag, window};
   }
-  contexts()[handle] = std::move(e);
+  contexts()[handle.bits] = std::move(e);
 }
 
 #ifdef ZCOLL_HAVE_MPI
@@ -506,16 +503,30 @@ void register_exchange(py::module_& m) {
       py::arg("version"),
       "Whether NodeContext.nodes_round can run: zcoll was built with an MPI, and it is the "
       "initialized library whose MPI_Get_library_version is `version` (mpi4py's).");
+  m.def(
+      "mpi_build",
+      [] {
+        py::dict out;
+#ifdef ZCOLL_HAVE_MPI
+        out["libraries"] = ZCOLL_MPI_LIBRARIES;
+        out["chosen_by"] = ZCOLL_MPI_CHOSEN_BY;
+        out["version"] = linked_library_version();
+#endif
+        return out;
+      },
+      "Local: the MPI the C++ sender was built against -- libraries (its link line's), chosen_by "
+      "(MPI_C_COMPILER, MPICC or mpi4py) and version (that library's MPI_Get_library_version) "
+      "-- or an empty dict when zcoll was built without one.");
 #ifdef ZCOLL_HAVE_MPI
   m.def(
       "exchange_buffers",
-      [](std::uintptr_t comm, int rank, const py::list& recvs, const py::list& sends,
-         double timeout, const std::string& what) {
+      [](mpi_handle comm, int rank, const py::list& recvs, const py::list& sends, double timeout,
+         const std::string& what) {
         const std::vector<peer_buffer> in = peer_buffers(recvs, true);
         const std::vector<peer_buffer> out = peer_buffers(sends, false);
         const message_round_options options = round_options(timeout, what);
         py::gil_scoped_release release;
-        exchange_buffers(comm_from_handle(comm), in, out, rank, options);
+        exchange_buffers(comm_from_handle(comm.bits), in, out, rank, options);
       },
       py::arg("comm"), py::arg("rank"), py::arg("recvs"), py::arg("sends"), py::arg("timeout"),
       py::arg("what"),
@@ -647,11 +658,11 @@ void register_exchange(py::module_& m) {
       .def(
           "nodes_round",
           [](node_context& ctx, const py::bytes& record, const py::object& send,
-             const py::object& recv, int order, int copy, std::uintptr_t comm, int rank, int tag,
+             const py::object& recv, int order, int copy, mpi_handle comm, int rank, int tag,
              int window, double timeout, const std::string& what) {
             node_messages& round = begin_round(ctx, record, send, recv, order, copy);
             py::gil_scoped_release release;
-            finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout, what);
+            finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
             return round.packed();
           },
           py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),

@@ -380,12 +380,12 @@ void register_reduction(py::module_& m) {
   cls.def(
       "nodes_reduction_round",
       [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
-         const py::object& recv, int reduce, int algorithm, int root, std::uintptr_t comm, int rank,
+         const py::object& recv, int reduce, int algorithm, int root, mpi_handle comm, int rank,
          int tag, int window, double timeout, const std::string& what) {
         node_messages& round = begin_reduction_round(ctx, record_of(record), reduction_op(code),
                                                      send, recv, reduce, algorithm, root);
         py::gil_scoped_release release;
-        finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout, what);
+        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
         return round.packed();
       },
       py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),

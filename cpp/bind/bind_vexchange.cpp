@@ -503,14 +503,14 @@ void register_vexchange(py::module_& m) {
       "nodes_v_round",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy, bool carry, std::uintptr_t comm, int rank,
+         const counts_array& rd, int order, int copy, bool carry, mpi_handle comm, int rank,
          int tag, int window, double timeout, const std::string& what) {
         std::size_t direct = 0;
         begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
                               carry, [&](node_messages& round) {
                                 py::gil_scoped_release release;
-                                finish_round_by_mpi(ctx, round, comm, rank, tag, window, timeout,
-                                                    what);
+                                finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window,
+                                                    timeout, what);
                                 direct = round.direct_blocks();
                               });
         return direct;
@@ -526,9 +526,9 @@ void register_vexchange(py::module_& m) {
       "nodes_v_call",
       [](const std::shared_ptr<node_context>& ctx, int code, int pattern, const py::object& send,
          const py::object& recv, int in_place, const counts_array& sc, const counts_array& sd,
-         const counts_array& rc, const counts_array& rd, int order, int copy, std::uintptr_t comm,
+         const counts_array& rc, const counts_array& rd, int order, int copy, mpi_handle comm,
          int rank, int tag, int window) {
-        const nodes_route route{comm, rank, tag, window};
+        const nodes_route route{comm.bits, rank, tag, window};
         const op_code op = irregular_op(code);
         with_call(
             code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "mpi_handle.hpp"
 #include "zcoll/exchange.hpp"
 
 namespace zcoll::bind {

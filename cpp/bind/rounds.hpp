@@ -118,10 +118,10 @@ template <class Plan>
 void def_remote_runs(pybind11::class_<bound_plan<Plan>>& cls) {
   cls.def(
       "_attach_remote",
-      [](bound_plan<Plan>& b, std::uintptr_t comm, int rank, const pybind11::list& recvs,
+      [](bound_plan<Plan>& b, mpi_handle comm, int rank, const pybind11::list& recvs,
          const pybind11::list& sends, const pybind11::list& saved, std::string what) {
-        b.remote = std::make_unique<remote_runs>(b.usable().context(), comm, rank, recvs, sends,
-                                                 saved, std::move(what));
+        b.remote = std::make_unique<remote_runs>(b.usable().context(), comm.bits, rank, recvs,
+                                                 sends, saved, std::move(what));
       },
       pybind11::arg("comm"), pybind11::arg("rank"), pybind11::arg("recvs"), pybind11::arg("sends"),
       pybind11::arg("saved"), pybind11::arg("what"),

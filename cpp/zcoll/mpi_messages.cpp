@@ -137,6 +137,14 @@ MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept {
   return handle_as<MPI_Comm>(handle);
 }
 
+std::string linked_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  if (MPI_Get_library_version(text, &length) != MPI_SUCCESS) return {};
+  const std::string_view view(text, static_cast<std::size_t>(length));
+  return std::string(view.substr(0, view.find('\0')));
+}
+
 bool mpi_library_matches(const std::string& version) {
   // The family of the headers this was compiled with must be the running library's: with two
   // MPI libraries in one process, MPI_* may resolve to the other one's functions.

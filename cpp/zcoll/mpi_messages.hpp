@@ -48,6 +48,9 @@ MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept;
 // (derivatives not named so, such as Intel MPI, then use the mpi4py loop).
 bool mpi_library_matches(const std::string& version);
 
+// The MPI_Get_library_version of the library this was linked with (callable before MPI_Init).
+std::string linked_library_version();
+
 // Sends `out`, receives `in` (messages keep their addresses and expected sizes), on `comm`.
 // Throws peer_error naming the late ranks after options.timeout_s, wait_interrupted when
 // the interrupt check asks; unfinished requests are then freed (MPI completes them).

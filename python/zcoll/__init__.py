@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from importlib.metadata import version as _distribution_version
 
-from . import _copy  # noqa: F401  (applies ZCOLL_COPY_ISA)
+from . import (
+    _copy,  # noqa: F401  (applies ZCOLL_COPY_ISA)
+    _mpi_library,
+)
 from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import set_timeout, set_tuning
@@ -51,6 +54,8 @@ from ._vcollectives import (
 )
 
 __version__ = _distribution_version("zcoll")  # pyproject.toml's version, the one place
+
+_mpi_library.warn_on_mismatch()
 
 __all__ = [
     "COPY_MODES",

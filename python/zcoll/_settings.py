@@ -26,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, NamedTuple
 
-from . import _core
+from . import _core, _mpi_library
 from ._registry import AUTO, BARRIERS, FLAT
 
 __all__ = [
@@ -344,11 +344,15 @@ def machine() -> dict[str, _Fact]:
         l2_fact = _Fact(l2, "hwloc") if l2 else _Fact(CACHE_FALLBACK[0], "fallback (no L2)")
         llc_fact = _Fact(llc, "hwloc") if llc else _Fact(l2_fact.value, "L2 (no L3)")
     cpus = os.cpu_count()
+    mpi = _mpi_library.libraries()
     return {
         "l2_bytes": l2_fact,
         "llc_bytes": llc_fact,
         "cpu_model": _cpu_model(),
         "cpus": _Fact(cpus or 1, "os.cpu_count()" if cpus else "fallback"),
+        "mpi_library": _Fact(mpi.zcoll, "build"),
+        "mpi4py_library": _Fact(mpi.mpi4py, "mpi4py"),
+        "mpi_libraries_match": _Fact(mpi.match, "MPI_Get_library_version"),
     }
 
 
@@ -394,6 +398,13 @@ class Settings:
         The CPU model.
     cpus : int
         Logical CPUs of this machine.
+    mpi_library : str
+        The MPI library zcoll's C++ sender was built against (its version line, link line and
+        what chose it: MPI_C_COMPILER, MPICC or mpi4py), or "none".
+    mpi4py_library : str
+        The MPI library mpi4py runs on (version line and path).
+    mpi_libraries_match : bool
+        Whether they are one library; if not, messages between nodes go through mpi4py.
     sources : mapping
         Field name -> where its value came from ("default", "environment", "set_timeout", ...).
     """
@@ -415,6 +426,9 @@ class Settings:
     llc_bytes: int
     cpu_model: str
     cpus: int
+    mpi_library: str
+    mpi4py_library: str
+    mpi_libraries_match: bool
     sources: Mapping[str, str] = dataclasses.field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -515,7 +529,8 @@ def settings() -> Settings:
         ``spin``, ``yields`` (None: the built-in default for the node), ``virtual_node_size``,
         ``tuning``, ``tuning_file``, ``copy_isa``, ``replay``, ``topology``, the machine's
         ``l2_bytes``,
-        ``llc_bytes``, ``cpu_model`` and ``cpus``, and ``sources`` (where each came from).
+        ``llc_bytes``, ``cpu_model`` and ``cpus``, the MPI libraries (``mpi_library``,
+        ``mpi4py_library``, ``mpi_libraries_match``), and ``sources`` (where each came from).
 
     Raises
     ------

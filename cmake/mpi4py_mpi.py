@@ -1,0 +1,94 @@
+"""The MPI that the installed mpi4py runs on, for CMakeLists.txt: prints three lines.
+
+    <compiler wrapper of that MPI, or empty when none is found>
+    <path of the MPI library mpi4py loads>
+    <first line of its MPI_Get_library_version>
+
+Exits 1 when mpi4py cannot be imported. MPI is not initialized: mpi4py loads its library and
+answers MPI_Get_library_version before MPI_Init. The library's path is read from this process's
+memory map. A wrapper is the library's own when its link line names the same file: first
+<prefix>/bin/mpicc beside <prefix>/lib (installs under a prefix, MPI wheels from PyPI), then on
+PATH the family's name (mpicc.mpich, mpicc.openmpi: Debian's alternatives), then mpicc.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib")
+
+
+def loaded_library() -> Path | None:
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1] if len(line.split()) >= 6 else ""
+        name = os.path.basename(path)
+        if name.startswith(("libmpi.so", "libmpich.so", "libmpi_")) and ".so" in name:
+            return Path(path)
+    return None
+
+
+def link_line(wrapper: str) -> list[str]:
+    for flag in ("--showme:link", "-link_info", "-show"):
+        try:
+            out = subprocess.run([wrapper, flag], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        if out.returncode == 0 and out.stdout.strip():
+            return shlex.split(out.stdout)
+    return []
+
+
+def links(wrapper: str, library: Path) -> bool:
+    """Whether `wrapper` links `library` (the same file, links resolved)."""
+    words = link_line(wrapper)
+    dirs = [w[2:] for w in words if w.startswith("-L")]
+    dirs += [w.split("-rpath,", 1)[1] for w in words if "-rpath," in w]
+    target = library.resolve()
+    for word in words:
+        if word.startswith("-l"):
+            for d in [*dirs, *LIBRARY_DIRS]:
+                candidate = Path(d) / f"lib{word[2:]}.so"
+                if candidate.exists() and candidate.resolve() == target:
+                    return True
+        elif ".so" in word and Path(word).exists() and Path(word).resolve() == target:
+            return True
+    return False
+
+
+def wrapper_for(library: Path, version: str) -> str:
+    family = "mpich" if "MPICH" in version or "Intel" in version else "openmpi"
+    beside = library.resolve().parent.parent / "bin" / "mpicc"
+    candidates = [str(beside), str(library.parent.parent / "bin" / "mpicc")]
+    candidates += [shutil.which(name) or "" for name in (f"mpicc.{family}", "mpicc")]
+    for candidate in candidates:
+        if candidate and os.access(candidate, os.X_OK) and links(candidate, library):
+            return candidate
+    return ""
+
+
+def main() -> int:
+    try:
+        import mpi4py
+
+        mpi4py.rc.initialize = False
+        mpi4py.rc.finalize = False
+        from mpi4py import MPI
+    except Exception as exc:  # noqa: BLE001 - any failure means: no mpi4py to ask
+        print(f"mpi4py: {exc}", file=sys.stderr)
+        return 1
+    version = MPI.Get_library_version().strip().splitlines()[0]
+    library = loaded_library()
+    wrapper = wrapper_for(library, version) if library else ""
+    print(wrapper)
+    print(library or "")
+    print(version)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

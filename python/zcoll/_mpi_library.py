@@ -1,0 +1,77 @@
+"""The MPI library behind zcoll's C++ sender against the one mpi4py runs on.
+
+zcoll's extension sends the messages between nodes by calling MPI itself. That is right only
+when it was built against the library mpi4py loaded: with two MPI libraries in one process, the
+extension's calls reach a library that was never initialized. The build picks mpi4py's library
+(CMakeLists.txt); when the two still differ, zcoll sends those messages through mpi4py instead
+(correct, slower across nodes), and ``import zcoll`` warns, naming both.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from typing import NamedTuple
+
+from mpi4py import MPI
+
+from . import _core
+
+
+class MPILibraries(NamedTuple):
+    """zcoll's and mpi4py's MPI: each the first line of its ``MPI_Get_library_version`` (and
+    zcoll's link line), ``"none"`` when zcoll was built without the C++ sender."""
+
+    zcoll: str
+    mpi4py: str
+    match: bool
+
+
+def _first_line(text: str) -> str:
+    """The first line of an MPI_Get_library_version text (which may end in NUL characters)."""
+    lines = text.split("\0", 1)[0].strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _mpi4py_library_path() -> str:
+    """The MPI shared library loaded in this process by mpi4py (from /proc/self/maps)."""
+    module = os.path.realpath(getattr(MPI, "__file__", "") or "")
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/libmpi" in line}
+    except OSError:
+        return ""
+    paths.discard(module)
+    return ", ".join(sorted(paths))
+
+
+@functools.cache
+def libraries() -> MPILibraries:
+    """zcoll's and mpi4py's MPI libraries, and whether they are one (local, no MPI call that
+    needs MPI_Init)."""
+    build = _core.mpi_build()
+    theirs = _first_line(MPI.Get_library_version())
+    where = _mpi4py_library_path()
+    mpi4py = f"{theirs} ({where})" if where else theirs
+    if not build:
+        return MPILibraries("none (built without the C++ sender)", mpi4py, False)
+    ours = _first_line(build["version"])
+    zcoll = f"{ours} ({build['libraries']}; chosen by {build['chosen_by']})"
+    return MPILibraries(zcoll, mpi4py, ours == theirs)
+
+
+def warn_on_mismatch() -> None:
+    """Warn (RuntimeWarning) when zcoll's C++ sender was built against another MPI library than
+    mpi4py's; a build without the sender is a choice and says nothing."""
+    found = libraries()
+    if found.match or not _core.mpi_build():
+        return
+    warnings.warn(
+        f"zcoll was built against another MPI library than mpi4py's: zcoll's is {found.zcoll}, "
+        f"mpi4py's is {found.mpi4py}. Messages between nodes go through mpi4py (correct, "
+        "slower); rebuild zcoll with MPICC or MPI_C_COMPILER naming mpi4py's MPI (README, "
+        "Install).",
+        RuntimeWarning,
+        stacklevel=3,
+    )
