@@ -21,7 +21,8 @@ Stages run in order and every selected stage runs even when an earlier one faile
   mpi   python tests/run_mpi.py [arguments after --]: Open MPI, the system's default
   mpich the user's install on MPICH (stage_mpich): mpi4py built against it in a venv of its
         own, zcoll from the checkout there, the collectives, reductions, irregular,
-        neighbourhood and FFT tests at P = 1, 2, 3, one run on virtual nodes and the FFT example
+        neighbourhood and FFT tests at P = 1, 2, 3, one run on virtual nodes, the FFT and heat
+        examples
   cpp   (not by default) the unit tests in build/cpp-tests without sanitizers: the tests asan
         runs, without its checks
 
@@ -315,13 +316,17 @@ def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
     node_tests = [str(ROOT / "tests" / m) for m in MPICH_NODE_MODULES]
     nodes = {**env, "ZCOLL_VIRTUAL_NODE_SIZE": "1"}
     run_mpi_and_count(result, [*run_mpi, "-n", "2", "--", *node_tests], nodes)
+    examples = (
+        ["examples/fft3d.py", "--n", "24", "--repeat", "2"],
+        ["examples/heat.py", "--steps", "20"],
+    )
     for ranks in (1, 2, 3):
-        example = ["mpiexec.mpich", "-n", str(ranks), str(python), "examples/fft3d.py"]
-        if run([*example, "--n", "24", "--repeat", "2"], env=env) != 0:
-            result.status, result.note = "failed", f"examples/fft3d.py failed at P = {ranks}"
-            result.counts["failed"] += 1
-        else:
-            result.counts["passed"] += 1
+        for example in examples:
+            if run(["mpiexec.mpich", "-n", str(ranks), str(python), *example], env=env) != 0:
+                result.status, result.note = "failed", f"{example[0]} failed at P = {ranks}"
+                result.counts["failed"] += 1
+            else:
+                result.counts["passed"] += 1
 
 
 RUNNERS = {
