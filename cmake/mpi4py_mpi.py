@@ -14,6 +14,7 @@ PATH the family's name (mpicc.mpich, mpicc.openmpi: Debian's alternatives), then
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -30,6 +31,17 @@ def loaded_library() -> Path | None:
         if name.startswith(("libmpi.so", "libmpich.so", "libmpi_")) and ".so" in name:
             return Path(path)
     return None
+
+
+def real_library(path: Path) -> Path:
+    """`path` with links resolved, and a linker script such as ``INPUT(libmpi.so.12)`` (what
+    MPI wheels from PyPI ship as libmpi.so, wheels having no symbolic links) read through."""
+    if path.is_file() and path.stat().st_size < 4096:
+        script = re.search(r"(?:INPUT|GROUP)\s*\(\s*([^\s)]+)", path.read_text(errors="replace"))
+        if script:
+            target = Path(script.group(1))
+            return (target if target.is_absolute() else path.parent / target).resolve()
+    return path.resolve()
 
 
 def link_line(wrapper: str) -> list[str]:
@@ -53,9 +65,9 @@ def links(wrapper: str, library: Path) -> bool:
         if word.startswith("-l"):
             for d in [*dirs, *LIBRARY_DIRS]:
                 candidate = Path(d) / f"lib{word[2:]}.so"
-                if candidate.exists() and candidate.resolve() == target:
+                if candidate.exists() and real_library(candidate) == target:
                     return True
-        elif ".so" in word and Path(word).exists() and Path(word).resolve() == target:
+        elif ".so" in word and Path(word).exists() and real_library(Path(word)) == target:
             return True
     return False
 

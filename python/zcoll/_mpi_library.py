@@ -34,8 +34,9 @@ def _first_line(text: str) -> str:
     return lines[0].strip() if lines else ""
 
 
-def _mpi4py_library_path() -> str:
-    """The MPI shared library loaded in this process by mpi4py (from /proc/self/maps)."""
+def _loaded_mpi_libraries() -> str:
+    """The MPI shared libraries loaded in this process (from /proc/self/maps): mpi4py's, and
+    zcoll's where that is another."""
     module = os.path.realpath(getattr(MPI, "__file__", "") or "")
     try:
         with open("/proc/self/maps") as maps:
@@ -52,8 +53,8 @@ def libraries() -> MPILibraries:
     needs MPI_Init)."""
     build = _core.mpi_build()
     theirs = _first_line(MPI.Get_library_version())
-    where = _mpi4py_library_path()
-    mpi4py = f"{theirs} ({where})" if where else theirs
+    loaded = _loaded_mpi_libraries()
+    mpi4py = f"{theirs} (MPI libraries in this process: {loaded})" if loaded else theirs
     if not build:
         return MPILibraries("none (built without the C++ sender)", mpi4py, False)
     ours = _first_line(build["version"])
