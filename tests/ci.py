@@ -296,6 +296,7 @@ MPICH_MODULES = (
 )
 MPICH_NODE_MODULES = ("test_collectives.py", "test_reductions.py", "test_internode.py")
 MPICH_PACKAGES = ("numpy", "pytest", "scipy", "pyfftw", "platformdirs")
+MPICH_BUILD_PACKAGES = ("scikit-build-core>=0.11.1", "pybind11>=2.12")
 
 
 def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
@@ -313,9 +314,10 @@ def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
     pip = [str(python), "-m", "pip", "install", "-q"]
     steps = [
         [sys.executable, "-m", "venv", "--clear", str(MPICH_VENV)],
-        [*pip, "--no-binary=mpi4py", "mpi4py", *MPICH_PACKAGES],
-        # Not MPICC: the build is to find mpi4py's MPI by itself.
-        ["env", "-u", "MPICC", *pip, str(ROOT), "-Cbuild-dir=build/mpich"],
+        [*pip, "--no-binary=mpi4py", "mpi4py", *MPICH_PACKAGES, *MPICH_BUILD_PACKAGES],
+        # Not MPICC: the build is to find mpi4py's MPI by itself. Its build tools are the venv's
+        # (not a temporary build environment), so that ccache sees the same paths every run.
+        ["env", "-u", "MPICC", *pip, "--no-build-isolation", str(ROOT), "-Cbuild-dir=build/mpich"],
     ]
     for step in steps:
         if run(step, env=env) != 0:
