@@ -224,12 +224,13 @@ def build_and_run_unit_tests(
     pybind11_dir = pybind11_cmake_dir()
     if pybind11_dir:
         configure.append(f"-Dpybind11_DIR={pybind11_dir}")
-    if run(configure, env={**os.environ, **compiler_cache()}) != 0:
+    cache = {**os.environ, **compiler_cache()}  # ccache reads its settings at each compile
+    if run(configure, env=cache) != 0:
         result.status = "failed"
         result.note = "CMake configure failed (doctest missing? apt-get install doctest-dev)"
         return
     build_cmd = ["cmake", "--build", str(build), "--target", *(tests or ["zcoll_cpp_tests"])]
-    if run([*build_cmd, "--parallel", str(args.jobs)]) != 0:
+    if run([*build_cmd, "--parallel", str(args.jobs)], env=cache) != 0:
         result.status, result.note = "failed", "build failed"
         return
     junit = build / "ctest-junit.xml"
