@@ -1,10 +1,10 @@
-"""The MPI that the installed mpi4py runs on, for CMakeLists.txt: prints three lines.
+"""The MPI that the installed mpi4py runs on, for CMakeLists.txt: prints two lines.
 
     <compiler wrapper of that MPI, or empty when none is found>
     <path of the MPI library mpi4py loads>
-    <first line of its MPI_Get_library_version>
 
-Exits 1 when mpi4py cannot be imported. MPI is not initialized: mpi4py loads its library and
+Exits 1 when mpi4py cannot be imported. ``mpi4py_mpi.py --same LIBRARY FILE...`` exits 0 when
+one of the files is LIBRARY (links and linker scripts followed), else 1. MPI is not initialized: mpi4py loads its library and
 answers MPI_Get_library_version before MPI_Init. The library's path is read from this process's
 memory map. A wrapper is the library's own when its link line names the same file: first
 <prefix>/bin/mpicc beside <prefix>/lib (installs under a prefix, MPI wheels from PyPI), then on
@@ -84,6 +84,9 @@ def wrapper_for(library: Path, version: str) -> str:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--same"]:
+        library, files = real_library(Path(sys.argv[2])), sys.argv[3:]
+        return 0 if any(real_library(Path(f)) == library for f in files) else 1
     try:
         import mpi4py
 
@@ -98,7 +101,6 @@ def main() -> int:
     wrapper = wrapper_for(library, version) if library else ""
     print(wrapper)
     print(library or "")
-    print(version)
     return 0
 
 

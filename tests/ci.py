@@ -50,9 +50,8 @@ STAGES = ("lint", "asan", "tsan", "mpi", "mpich", "cpp")
 #: What CI runs: the plain C++ build of the unit tests ("cpp") runs the very tests that "asan"
 #: runs with the sanitizers' checks added, so it is left out unless named.
 DEFAULT_STAGES = ("lint", "asan", "tsan", "mpi", "mpich")
-# Per sanitized stage: its -fsanitize= list, and the runtime options that make every report
-# fatal (non-zero exit: the ctest case fails).
-# and the unit tests it builds and runs (None: all of them).
+# Per sanitized stage: its -fsanitize= list, the runtime options that make every report fatal
+# (non-zero exit: the ctest case fails), and the unit tests it builds and runs (None: all).
 SANITIZERS = {
     "asan": (
         "address,undefined",
@@ -284,8 +283,8 @@ def run_mpi_and_count(
 #: The MPICH stage: a user's install on MPICH (and so on Intel MPI, Cray MPICH, MVAPICH, which
 #: share its ABI) beside the system's default Open MPI -- mpi4py built from source against it
 #: in a venv of its own, zcoll installed from the checkout there (its build asks that mpi4py
-#: which MPI to use) -- then the collectives on WORLD and derived communicators, the FFT
-#: example and one run on virtual nodes, under mpiexec.mpich.
+#: which MPI to use) -- then the collectives on WORLD and derived communicators, one run on
+#: virtual nodes and the FFT and heat examples, under mpiexec.mpich.
 MPICH_VENV = ROOT / "build" / "mpich-venv"
 MPICH_MODULES = (
     "test_collectives.py",

@@ -231,10 +231,15 @@ def mpi_neighbor_allgatherv(comm, send, count, recv, rcounts, rdispls) -> None:
 
 def neighbor_reference(name: str, reference: str = "mpi"):
     """The reference of neighbourhood call `name` (alltoall, allgather, alltoallv,
-    allgatherv): MPI's own (``mpi_neighbor_<name>``) when `reference` is "mpi" and this MPI
-    follows the standard there, else the point-to-point one (``p2p_neighbor_<name>``)."""
-    use_mpi = reference == "mpi" and neighbourhood_follows_standard()
-    return globals()[f"{'mpi' if use_mpi else 'p2p'}_neighbor_{name}"]
+    allgatherv): MPI's own when `reference` is "mpi" and this MPI follows the standard there,
+    else the point-to-point one."""
+    mpi, p2p = {
+        "alltoall": (mpi_neighbor_alltoall, p2p_neighbor_alltoall),
+        "allgather": (mpi_neighbor_allgather, p2p_neighbor_allgather),
+        "alltoallv": (mpi_neighbor_alltoallv, p2p_neighbor_alltoallv),
+        "allgatherv": (mpi_neighbor_allgatherv, p2p_neighbor_allgatherv),
+    }[name]
+    return mpi if reference == "mpi" and neighbourhood_follows_standard() else p2p
 
 
 # --- the point-to-point reference of the neighbourhood collectives ----------------------------

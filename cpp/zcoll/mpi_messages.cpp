@@ -156,11 +156,8 @@ bool mpi_library_matches(const std::string& version) {
   int initialized = 0, finalized = 0;
   if (MPI_Initialized(&initialized) != MPI_SUCCESS || !initialized) return false;
   if (MPI_Finalized(&finalized) != MPI_SUCCESS || finalized) return false;
-  char mine[MPI_MAX_LIBRARY_VERSION_STRING];
-  int length = 0;
-  if (MPI_Get_library_version(mine, &length) != MPI_SUCCESS) return false;
-  const auto text = [](std::string_view v) { return v.substr(0, v.find('\0')); };
-  return text(std::string_view(mine, static_cast<std::size_t>(length))) == text(version);
+  const std::string_view theirs(version);
+  return linked_library_version() == theirs.substr(0, theirs.find('\0'));
 }
 
 void exchange_messages(MPI_Comm comm, std::span<const node_message> out,

@@ -9,8 +9,6 @@ extension's calls reach a library that was never initialized. The build picks mp
 
 from __future__ import annotations
 
-import functools
-import os
 import warnings
 from typing import NamedTuple
 
@@ -37,36 +35,38 @@ def _first_line(text: str) -> str:
 def _loaded_mpi_libraries() -> str:
     """The MPI shared libraries loaded in this process (from /proc/self/maps): mpi4py's, and
     zcoll's where that is another."""
-    module = os.path.realpath(getattr(MPI, "__file__", "") or "")
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "/libmpi" in line}
+            return ", ".join(sorted({line.split()[-1] for line in maps if "/libmpi" in line}))
     except OSError:
         return ""
-    paths.discard(module)
-    return ", ".join(sorted(paths))
 
 
-@functools.cache
 def libraries() -> MPILibraries:
-    """zcoll's and mpi4py's MPI libraries, and whether they are one (local, no MPI call that
-    needs MPI_Init)."""
+    """zcoll's and mpi4py's MPI libraries, and whether the C++ sender runs on mpi4py's: the
+    extension's own test (``_core.mpi_library_matches``: the same library, initialized), the
+    one a context asks before it uses the sender. Local."""
     build = _core.mpi_build()
-    theirs = _first_line(MPI.Get_library_version())
+    version = MPI.Get_library_version()
+    theirs = _first_line(version)
     loaded = _loaded_mpi_libraries()
     mpi4py = f"{theirs} (MPI libraries in this process: {loaded})" if loaded else theirs
     if not build:
         return MPILibraries("none (built without the C++ sender)", mpi4py, False)
-    ours = _first_line(build["version"])
-    zcoll = f"{ours} ({build['libraries']}; chosen by {build['chosen_by']})"
-    return MPILibraries(zcoll, mpi4py, ours == theirs)
+    zcoll = (
+        f"{_first_line(build['version'])} ({build['libraries']}; chosen by {build['chosen_by']})"
+    )
+    return MPILibraries(zcoll, mpi4py, _core.mpi_library_matches(version))
 
 
 def warn_on_mismatch() -> None:
     """Warn (RuntimeWarning) when zcoll's C++ sender was built against another MPI library than
-    mpi4py's; a build without the sender is a choice and says nothing."""
+    mpi4py's; a build without the sender is a choice and says nothing, and before MPI_Init
+    (mpi4py.rc.initialize = False) nothing can be told yet."""
+    if not _core.mpi_build() or not MPI.Is_initialized():
+        return
     found = libraries()
-    if found.match or not _core.mpi_build():
+    if found.match:
         return
     warnings.warn(
         f"zcoll was built against another MPI library than mpi4py's: zcoll's is {found.zcoll}, "

@@ -404,7 +404,8 @@ class Settings:
     mpi4py_library : str
         The MPI library mpi4py runs on (version line and path).
     mpi_libraries_match : bool
-        Whether they are one library; if not, messages between nodes go through mpi4py.
+        Whether the C++ sender runs on mpi4py's library (the same one, initialized); if not,
+        messages between nodes go through mpi4py.
     sources : mapping
         Field name -> where its value came from ("default", "environment", "set_timeout", ...).
     """
