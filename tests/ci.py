@@ -344,7 +344,8 @@ def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
     )
     for ranks in (1, 2, 3):
         for example in examples:
-            if run(["mpiexec.mpich", "-n", str(ranks), str(python), *example], env=env) != 0:
+            job = ["timeout", "300", "mpiexec.mpich", "-n", str(ranks), str(python), *example]
+            if run(job, env=env) != 0:  # bounded like run_mpi.py's runs
                 result.status, result.note = "failed", f"{example[0]} failed at P = {ranks}"
                 result.counts["failed"] += 1
             else:
