@@ -11,6 +11,7 @@ tears the job down.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import os
 import sys
@@ -20,6 +21,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
+from zcoll import _context
 
 WATCHDOG_SECONDS = float(os.environ.get("ZCOLL_TEST_WATCHDOG", "300"))
 #: Environment prefixes of the MPI launchers: a process a test starts must not see them, or it
@@ -159,6 +161,24 @@ def comm(request, world):
     yield c
     if c not in (MPI.COMM_WORLD, MPI.COMM_SELF):
         c.Free()
+
+
+#: How calls move buffers outside shared memory (plain NumPy arrays): pulled by CMA at any
+#: size, or staged through the arena at any size.
+PRIVATE_PATHS = ("cma", "staged")
+
+
+@contextlib.contextmanager
+def private_buffers_by(comm: MPI.Comm, path: str):
+    """Within the block, calls on `comm` (collective: every rank enters) move plain NumPy
+    buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule."""
+    core = _context.context(comm).core
+    before = core.cma_bytes
+    core.cma_bytes = 0 if path == "cma" else 2**62
+    try:
+        yield
+    finally:
+        core.cma_bytes = before
 
 
 def random_bytes(seed: int, nbytes: int) -> np.ndarray:

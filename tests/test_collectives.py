@@ -15,7 +15,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import DTYPES, all_ranks_agree, random_bytes
+from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by, random_bytes
 from zcoll import _context
 
 # "numa" without a NUMA topology is Morton's schedule (test_schedule.py): it runs here under a
@@ -108,6 +108,72 @@ def test_allgather_matches_mpi(comm, order, mode):
     all_ranks_agree(comm, not failures, f"allgather order={order} mode={mode}: {failures}")
 
 
+# Which of a call's buffers are plain NumPy arrays: (send, receive).
+PRIVATE_SIDES = {"both": (True, True), "send": (True, False), "recv": (False, True)}
+
+
+@pytest.mark.parametrize("sides", PRIVATE_SIDES)
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+@pytest.mark.parametrize("op", ["alltoall", "allgather"])
+def test_private_buffers_match_mpi(comm, op, path, sides):
+    """Plain NumPy buffers pulled by CMA or staged, whatever their size (order "auto"), on one
+    side or both: every dtype and count, bit for bit."""
+    private_send, private_recv = PRIVATE_SIDES[sides]
+    p = comm.size
+    failures = []
+    with private_buffers_by(comm, path):
+        for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+            send_shape = (p, count) if op == "alltoall" else (count,)
+            send = make_buffer(comm, send_shape, dtype, arena=not private_send)
+            recv = make_buffer(comm, (p, count), dtype, arena=not private_recv)
+            fill(send, seeded(comm, tag, send.nbytes))
+            fill(recv, random_bytes(tag, recv.nbytes))
+            reference = reference_alltoall if op == "alltoall" else reference_allgather
+            expected = reference(comm, send)
+            got = getattr(zcoll, op)(comm, send, recv)
+            if got is not recv or not same_bits(got, expected):
+                failures.append((np.dtype(dtype).name, count))
+    all_ranks_agree(comm, not failures, f"{op} {path} private={sides}: {failures}")
+
+
+def test_large_private_blocks(world):
+    """~1 MiB blocks between plain NumPy arrays (pulled by CMA under the measured rule)."""
+    send = np.empty((world.size, LARGE_COUNT), np.complex128)
+    fill(send, seeded(world, 98, send.nbytes))
+    recv = np.empty_like(send)
+    ok = same_bits(zcoll.alltoall(world, send, recv), reference_alltoall(world, send))
+    gathered = np.empty_like(send)
+    ok &= same_bits(zcoll.allgather(world, send[1 % world.size], gathered),
+                    reference_allgather(world, send[1 % world.size]))  # fmt: skip
+    all_ranks_agree(world, ok, "large private blocks")
+
+
+def test_refused_cma_stages_on_every_rank(world):
+    """A kernel that refuses CMA (here: rank 0's peers cannot read the word it publishes) gives
+    every rank of rank 0's node the same verdict, naming rank 0 (other nodes' ranks can still
+    read each other), and plain buffers are staged instead."""
+    comm = world.Dup()
+    try:
+        ctx = _context.context(comm)
+        usable = ctx.core.probe_cma(publish_unmapped=comm.rank == 0)
+        state, why = ctx.core.cma
+        if ctx.node_size == 1 or 0 not in ctx.local_ranks:
+            ok = usable and state == "works" and why == ""
+        else:
+            ok = not usable and state == "refused" and why.startswith("process_vm_readv from")
+            ok &= ("rank 0" in why) if comm.rank != 0 else True
+        all_ranks_agree(comm, ok, f"{usable} {state}: {why}")
+        with private_buffers_by(comm, "cma"):
+            send = np.arange(comm.size * 5000, dtype=np.float64) + 1e6 * comm.rank
+            send = send.reshape(comm.size, 5000)
+            got = zcoll.alltoall(comm, send, np.empty_like(send))
+        all_ranks_agree(
+            comm, same_bits(got, reference_alltoall(comm, send)), "staged after refusal"
+        )
+    finally:
+        comm.Free()
+
+
 @pytest.mark.parametrize("mode", ["arena", "private"])
 @pytest.mark.parametrize("order", ORDERS)
 def test_allgather_in_place_matches_mpi(comm, order, mode):
@@ -196,6 +262,16 @@ GUARD = 257  # elements of guard on each side, filled with a pattern nobody writ
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("arena", [True, False], ids=["arena", "private"])
 def test_closed_form_with_guard_bytes(comm, order, arena):
+    with private_buffers_by(comm, "staged"):
+        closed_form_with_guard_bytes(comm, order, arena)
+
+
+def test_closed_form_with_guard_bytes_pulled_by_cma(comm):
+    with private_buffers_by(comm, "cma"):
+        closed_form_with_guard_bytes(comm, "auto", arena=False)
+
+
+def closed_form_with_guard_bytes(comm, order, arena):
     p, me, count = comm.size, comm.rank, 13
     n = p * count
     guard = np.int64(-0x5A5A5A5A5A5A5A5B)

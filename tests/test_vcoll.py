@@ -30,7 +30,7 @@ import vcoll_reference as ref
 from mpi4py import MPI
 
 import zcoll
-from conftest import DTYPES, all_ranks_agree
+from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
 
 # "numa" runs as Morton in the irregular engine (test_vexchange.cpp checks it): not repeated here.
 ORDERS = ["auto", *(o for o in zcoll.ORDERS if o != "numa")]
@@ -356,6 +356,24 @@ def test_allgatherv_matches_mpi(comm, order):
         if failure:
             failures.append(failure)
     all_ranks_agree(comm, not failures, f"allgatherv order={order}: {failures}")
+
+
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+@pytest.mark.parametrize("op", ["alltoallv", "allgatherv"])
+def test_private_buffers_match_mpi(comm, op, path):
+    """Plain NumPy buffers (both sides, or one) pulled by CMA or staged whatever their size:
+    every dtype, seeded counts and specifications."""
+    seed = [6, PRIVATE_PATHS.index(path), op == "allgatherv"]
+    rng_g, rng_l = np.random.default_rng(seed), np.random.default_rng([*seed, comm.rank])
+    case_of = alltoallv_case if op == "alltoallv" else allgatherv_case
+    failures = []
+    with private_buffers_by(comm, path):
+        for case, dtype in enumerate(DTYPES):
+            send_arena, recv_arena = arena_pair(MODES[1 + case % 2], case // 2)
+            failure = case_of(comm, rng_g, rng_l, dtype, "auto", "auto", send_arena, recv_arena)
+            if failure:
+                failures.append(failure)
+    all_ranks_agree(comm, not failures, f"{op} {path}: {failures}")
 
 
 @pytest.mark.parametrize("mode", ["arena", "private"])
@@ -791,6 +809,27 @@ def test_neighbor_matches_mpi(world, topologies, topo, op):
             if failure:
                 failures.append(failure)
     all_ranks_agree(world, not failures, f"{topo} {op}: {failures}")
+
+
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+@pytest.mark.parametrize("topo", ["cart2d_mixed", "graph_repeated_ring"])
+def test_neighbor_private_buffers(world, topologies, topo, path):
+    """Every neighbourhood collective on plain NumPy buffers pulled by CMA or staged."""
+    comm = topology_or_skip(topologies, topo)
+    failures = []
+    if member(comm):
+        seed = [11, TOPOLOGIES.index(topo), PRIVATE_PATHS.index(path)]
+        rng_g = np.random.default_rng(seed)
+        rng_l = np.random.default_rng([*seed, comm.rank])
+        with private_buffers_by(comm, path):
+            for case, dtype in enumerate(NEIGHBOR_DTYPES):
+                op = NEIGHBOR_OPS[case % 4]
+                send_arena, recv_arena = arena_pair(MODES[1 + case % 2], case // 2)
+                failure = neighbor_case(comm, rng_g, rng_l, op, dtype, "auto", "auto",
+                                        send_arena, recv_arena)  # fmt: skip
+                if failure:
+                    failures.append(f"{op}: {failure}")
+    all_ranks_agree(world, not failures, f"{topo} {path}: {failures}")
 
 
 @pytest.mark.parametrize("topo", ["cart2d_mixed", "graph_adjacent"])

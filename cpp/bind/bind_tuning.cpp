@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "zcoll/cma.hpp"
 #include "zcoll/exchange.hpp"
 
 namespace py = pybind11;
@@ -86,6 +87,35 @@ void register_tuning(py::module_& m) {
       "The hybrid threshold copy='auto' uses (or is trying) for blocks of this size.");
   cls.def_property_readonly("eager_bytes", &node_context::eager_bytes,
                             "Largest per-rank receive size of the eager path (0: none).");
+  cls.def_property(
+      "cma_bytes", [](const node_context& ctx) { return ctx.policy().cma_bytes(); },
+      [](node_context& ctx, std::size_t bytes) { ctx.policy().set_cma_bytes(bytes); },
+      "Fewest bytes per rank an exchange receives to pull private buffers by CMA (larger than "
+      "any: never). The same on every rank.");
+  cls.def_property_readonly(
+      "cma",
+      [](const node_context& ctx) {
+        const cross_memory& c = ctx.cma();
+        using state = cross_memory::state;
+        const char* s = c.current() == state::works     ? "works"
+                        : c.current() == state::refused ? "refused"
+                                                        : "untested";
+        return py::make_tuple(std::string(s), c.refusal());
+      },
+      "(state, why refused): whether the node's ranks read each other's memory by CMA "
+      "(probed before the first pull).");
+  cls.def(
+      "probe_cma",
+      [](node_context& ctx, bool publish_unmapped) {
+        py::gil_scoped_release release;
+        return ctx.cma_usable(publish_unmapped);
+      },
+      py::arg("publish_unmapped") = false,
+      "Collective (the first time): whether the node's ranks read each other's memory. "
+      "publish_unmapped (tests): this rank's peers fail to read it, as under a refusing kernel.");
+  m.attr("default_cma_bytes") = default_cma_bytes;
+  m.def("cma_kernel_status", &cma_kernel_status,
+        "What the kernel allows this process: 'available', or why CMA is not.");
   m.def(
       "default_order",
       [](int p, std::size_t block_bytes, int numa_domains) {

@@ -19,6 +19,15 @@
  * traffic where no table covers this node size. The model and m are the same on every rank, so
  * the choice is too.
  *
+ * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives at least
+ * cma_bytes() pulls its blocks from the senders' private memory by CMA (one copy, a system
+ * call per block); smaller ones are staged (three copies and one more barrier, no system
+ * call). Staging costs grow with the bytes received, CMA's with the blocks, so the threshold is
+ * on the bytes received: measured with python -m zcoll.bench alltoall --buffers numpy,
+ * ZCOLL_EAGER_BYTES=0 and ZCOLL_CMA_BYTES=0 against "never", the crossover lay between 8 and
+ * 16 KiB received at P = 2 and between 4 and 16 KiB at P = 4 (docs/performance.md, "Plain
+ * NumPy buffers").
+ *
  * Copy: delegated to copy_chooser (copy_choice.hpp), which may differ between ranks (copy modes
  * change no result). timed_copies() runs a call's copies and feeds the chooser's run-time
  * threshold refinement when it asks for timings.
@@ -65,6 +74,9 @@ double thread_cpu_seconds() noexcept;
 // `numa_domains` NUMA nodes.
 block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) noexcept;
 
+// Fewest bytes per rank an exchange receives to pull by CMA under the built-in rule (above).
+inline constexpr std::size_t default_cma_bytes = std::size_t{16} << 10;
+
 class auto_policy {
  public:
   // `numa_domains`: how many NUMA nodes the node's ranks span (numa_domain_count).
@@ -86,6 +98,14 @@ class auto_policy {
   bool eager_fits(std::size_t recv_bytes) const noexcept {
     return eager_bytes_ && recv_bytes <= eager_bytes_;
   }
+
+  // Exchanges receiving at least `bytes` per rank pull private buffers by CMA (SIZE_MAX:
+  // never).
+  void set_cma_bytes(std::size_t bytes) noexcept { cma_bytes_ = bytes; }
+  std::size_t cma_bytes() const noexcept { return cma_bytes_; }
+  // Whether an exchange receiving `recv_bytes` per rank, with a private buffer, pulls rather
+  // than stages.
+  bool pulls(std::size_t recv_bytes) const noexcept { return recv_bytes >= cma_bytes_; }
 
   // The tuning rules of `op` (a tuned collective); throws std::invalid_argument for unknown
   // codes or overlapping ranges.
@@ -145,6 +165,7 @@ class auto_policy {
   int node_size_;
   int numa_domains_;
   std::size_t eager_bytes_ = 0;
+  std::size_t cma_bytes_ = default_cma_bytes;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;
   reduce_algorithm least_predicted(std::size_t bytes) const noexcept;

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include "zcoll/aggregate.hpp"
 #include "zcoll/copy.hpp"
@@ -27,7 +28,8 @@ node_context::node_context(std::shared_ptr<shm_segment> control, context_config 
     : config_(std::move(config)),
       protocol_(std::move(control), checked(config_)),
       segments_(protocol_, config_.rank, config_.size, config_.pids),
-      policy_(config_.size, numa_domain_count(config_.size, config_.numa_nodes)) {
+      policy_(config_.size, numa_domain_count(config_.size, config_.numa_nodes)),
+      cma_(config_.pids, config_.rank) {
   watch_departure(&protocol_.barrier());
 }
 
@@ -157,7 +159,7 @@ void node_context::execute(const collective_args& args) {
   line.call.block_bytes = args.block_bytes;
   line.call.dtype = args.dtype;
   line.call.flag = in_place ? 1 : 0;
-  if (!in_place) line.send = segments_.locate(args.send, args.send_bytes);
+  if (!in_place) line.send = private_or_located(args.send, args.send_bytes);
   line.recv = segments_.locate(args.recv, args.recv_bytes);
   const auto all = protocol_.publish();
   check_calls(all, args.op);
@@ -168,6 +170,7 @@ void node_context::execute(const collective_args& args) {
   bool staged = false;
   for (int j = 0; j < config_.size; ++j)
     staged |= (!in_place && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
+  if (staged && pulls(args)) return execute_pulls(args, all);
   auto& send = send_bases_;
   auto& recv = recv_bases_;
   send.assign(p, nullptr);
@@ -192,6 +195,40 @@ void node_context::execute(const collective_args& args) {
   protocol_.sync();
   if (staged && my_recv_staged)
     copy_bytes(args.recv, segments_.staging(config_.rank) + send_part, args.recv_bytes);
+}
+
+buffer_ref node_context::private_or_located(const void* p, std::size_t bytes) {
+  buffer_ref ref = segments_.locate(p, bytes);
+  if (ref.segment == 0) ref.offset = reinterpret_cast<std::uintptr_t>(p);
+  return ref;
+}
+
+void node_context::execute_pulls(const collective_args& args, const call_protocol::published& all) {
+  const int me = config_.rank;
+  const auto& cr = config_.comm_ranks;
+  const std::size_t block = args.block_bytes;
+  const std::size_t at = args.op == op_code::alltoall
+                             ? static_cast<std::size_t>(cr[static_cast<std::size_t>(me)]) * block
+                             : 0;
+  auto* recv = static_cast<std::byte*>(args.recv);
+  int failure = 0, failed_from = 0;
+  for (int k = 0; k < config_.size; ++k) {  // from the next rank on: senders read in turn
+    const int s = (me + k) % config_.size;
+    std::byte* into = recv + static_cast<std::size_t>(cr[static_cast<std::size_t>(s)]) * block;
+    const buffer_ref& from = all.line(s).send;
+    if (s == me) {
+      copy_bytes(into, static_cast<const std::byte*>(args.send) + at, block);
+    } else if (from.segment) {
+      copy_bytes(into, segments_.resolve(from) + at, block);
+    } else if (const int err = cma_.read(s, into, from.offset + at, block); err && !failure) {
+      failure = err;
+      failed_from = s;
+    }
+  }
+  protocol_.sync();  // every reader is done: the senders may change their buffers
+  if (failure)
+    throw std::system_error(failure, std::generic_category(),
+                            "zcoll: process_vm_readv from " + protocol_.rank_name(failed_from));
 }
 
 void node_context::stage_in(const collective_args& args, std::size_t send_part,

@@ -6,9 +6,12 @@
  *   1. the arguments are checked locally (checks.hpp) and "auto" is resolved (auto_policy.hpp);
  *   2. the ranks publish their calls and agree on them (protocol.hpp): on an argument error
  *      anywhere, every rank raises the same error and nothing is copied;
- *   3. private (non-arena) buffers are staged through a per-rank staging partition
- *      (segments.hpp: one extra copy on each side and one extra barrier, the documented cost);
- *   4. rank i copies segment i of the schedule (schedule.hpp) with the copy kernels (copy.hpp);
+ *   3. private (non-arena) buffers are either pulled by CMA (cma.hpp: calls receiving at
+ *      least the policy's cma_bytes per rank, not in place: each rank copies its incoming blocks
+ * straight from the senders' buffers into its own, one copy) or staged through a per-rank staging
+ *      partition (segments.hpp: one extra copy on each side and one extra barrier);
+ *   4. otherwise rank i copies segment i of the schedule (schedule.hpp) with the copy kernels
+ *      (copy.hpp);
  *   5. barrier; receive buffers that were staged are copied out.
  * Blocks are addressed by communicator rank, so the same code runs the node-local part of a
  * communicator that spans several nodes (Python moves the rest with MPI point-to-point, after
@@ -36,6 +39,7 @@
 #include "zcoll/arena.hpp"
 #include "zcoll/auto_policy.hpp"
 #include "zcoll/checks.hpp"
+#include "zcoll/cma.hpp"
 #include "zcoll/protocol.hpp"
 #include "zcoll/reduction.hpp"
 #include "zcoll/schedule.hpp"
@@ -165,6 +169,21 @@ class node_context {
   // cannot stage; throws the same error on every rank when one is not in the arena.
   void resolve_all(const call_protocol::published& all, bool send_side,
                    std::vector<std::byte*>* bases);
+  // Collective the first time: whether the node ranks can read each other's private memory
+  // (cma.hpp); the same answer on every rank.
+  bool cma_usable(bool publish_unmapped = false) {
+    return cma_.usable(protocol_, publish_unmapped);
+  }
+  const cross_memory& cma() const noexcept { return cma_; }
+  // Collective when it probes: whether a call (not in place) whose ranks receive `recv_bytes`
+  // each, published with a buffer outside shared memory, pulls it by CMA rather than staging
+  // it. Callers pass what every rank agreed on, so every rank gets the same answer.
+  bool pulls_private(std::size_t recv_bytes) {
+    return config_.size > 1 && policy_.pulls(recv_bytes) && cma_usable();
+  }
+  // Where a buffer is, as a call publishes it: its segment and offset, or (segment 0, for
+  // buffers in no shared segment) its address in this process, for peers' CMA reads.
+  buffer_ref private_or_located(const void* p, std::size_t bytes);
   // A new plan id: plans are created collectively, so every rank numbers them alike.
   std::uint64_t next_plan_id() noexcept { return ++plans_; }
 
@@ -175,6 +194,12 @@ class node_context {
                local_check& check, collective_args& args) const;
   void execute(const collective_args& args);
   void execute_eager(const collective_args& args);
+  // Whether a published call with a private buffer pulls it by CMA (same on every rank).
+  bool pulls(const collective_args& args) {
+    return args.send != nullptr && pulls_private(args.recv_bytes);
+  }
+  // Each rank copies its incoming blocks from the senders' buffers, by CMA where private.
+  void execute_pulls(const collective_args& args, const call_protocol::published& all);
   void stage_in(const collective_args& args, std::size_t send_part, const buffer_ref& my_send,
                 const buffer_ref& my_recv);
   void execute_transfer(const transfer_geometry& g, const array_view& send, const array_view& recv,
@@ -191,6 +216,7 @@ class node_context {
   call_protocol protocol_;
   node_segments segments_;
   auto_policy policy_;
+  cross_memory cma_;
   std::shared_ptr<data_segment> eager_;          // two slots of eager_bytes() per rank, by parity
   std::map<schedule_spec, schedule> schedules_;  // by (kind, order, numa domains)
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating

@@ -137,12 +137,15 @@ struct alignas(cache_line) rank_line {
 };
 static_assert(sizeof(rank_line) == cache_line, "the descriptor must fit one cache line");
 
-// Cold per-rank data: error text, segment-creation status.
+// Cold per-rank data: error text, segment-creation status, the CMA probe (cma.hpp).
 struct alignas(cache_line) rank_slot {
   char message[message_bytes];  // why this rank's arguments are invalid
   std::int32_t status;          // segment creation: 0 or failed
   char status_message[message_bytes];
-  call_record record;  // this rank's call in a round between nodes (aggregate.hpp)
+  call_record record;            // this rank's call in a round between nodes (aggregate.hpp)
+  std::uint64_t cma_address;     // the probe word's address in this process
+  std::int32_t cma_error;        // 0, or the errno of this rank's failed probe read
+  std::int32_t cma_failed_from;  // the node rank that read failed from
 };
 
 struct alignas(cache_line) control_header {
@@ -230,6 +233,9 @@ class call_protocol {
   detail::rank_slot& slot(int node_rank) noexcept { return slots_[node_rank]; }
   node_barrier& barrier() noexcept { return *barrier_; }
   std::uint64_t calls() const noexcept { return calls_; }
+  int comm_rank(int node_rank) const noexcept {
+    return comm_ranks_[static_cast<std::size_t>(node_rank)];
+  }
   // "rank N": how messages name node rank `node_rank` (by its communicator rank).
   std::string rank_name(int node_rank) const;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <system_error>
 #include <tuple>
 #include <unordered_map>
 
@@ -295,7 +296,7 @@ void v_exchange::run(const v_call& c) {
   const std::size_t parity = proto.parity();
   write_metadata(mine, parity, c.order == auto_order && fill_eager_slot(c, mine, parity));
   describe_line(c, mine, line);
-  if (c.send) line.send = ctx_.segments().locate(c.send->data, c.send->nbytes);
+  if (c.send) line.send = ctx_.private_or_located(c.send->data, c.send->nbytes);
   line.recv = ctx_.segments().locate(c.recv->data, c.recv->nbytes);
   const auto all = proto.publish();
   check_calls(all, c.op);
@@ -387,6 +388,8 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
   bool staged = false;
   for (int j = 0; j < n; ++j)
     staged |= (!in_place && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
+  if (staged && !in_place && ctx_.pulls_private(total / static_cast<std::uint64_t>(n)))
+    return execute_pulls(c, all, parity);
   auto send_part = [&](int j) { return round_up(extents(j, parity)[0], line_bytes); };
   if (staged) {
     std::uint64_t need = 0;
@@ -424,6 +427,33 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
                              });
   ctx_.protocol().sync();
   if (staged && all.line(me).recv.segment == 0) stage_out(c, pat, tuples, parity, send_part(me));
+}
+
+void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& all,
+                               std::size_t parity) {
+  const v_pattern& pat = pattern(c.pattern);
+  const int me = ctx_.config().rank;
+  auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
+  int failure = 0, failed_from = 0;
+  for (const v_tuple& t : incoming_[static_cast<std::size_t>(c.pattern)]) {
+    const v_span& to = received(pat, t, parity);
+    const std::uint64_t at = sent(t, parity).offset;
+    const buffer_ref& from = all.line(t.src).send;
+    if (t.src == me)
+      copy_bytes(recv + to.offset, static_cast<const std::byte*>(c.send->data) + at, to.bytes);
+    else if (from.segment)
+      copy_bytes(recv + to.offset, ctx_.segments().resolve(from) + at, to.bytes);
+    else if (const int err = ctx_.cma().read(t.src, recv + to.offset, from.offset + at, to.bytes);
+             err && !failure) {
+      failure = err;
+      failed_from = t.src;
+    }
+  }
+  ctx_.protocol().sync();  // every reader is done: the senders may change their buffers
+  if (failure)
+    throw std::system_error(
+        failure, std::generic_category(),
+        "zcoll: process_vm_readv from " + ctx_.protocol().rank_name(failed_from));
 }
 
 void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,

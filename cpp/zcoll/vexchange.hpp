@@ -32,8 +32,11 @@
  *      barrier's parity, and its buffers into its descriptor line; barrier;
  *   3. every rank checks every tuple (the sender's count equals the receiver's): all read the
  *      same data, so they all raise the same error or all go on;
- *   4. buffers outside the arena are staged (one copy each way, one barrier), then every rank
- *      copies its piece of the stream; barrier.
+ *   4. buffers outside the arena are pulled by CMA when the node's ranks receive enough on
+ *      average (cma.hpp, auto_policy.hpp; not in place): each rank copies the blocks into its
+ *      own receive buffer straight from the senders' buffers; barrier. Otherwise they are
+ *      staged (one copy each way, one barrier), then every rank copies its piece of the stream;
+ *      barrier.
  * Metadata written for a barrier is read only before the next barrier, which every rank
  * passes only after all reads of this call: a rank that races into its next call writes the
  * other parity's slot (a call that moves nothing ends without the second barrier), and the one
@@ -226,6 +229,8 @@ class v_exchange {
                                                    block_order order, v_in_place in_place) const;
   void execute(const v_call& call, const checked_call& mine, const call_protocol::published& all,
                std::size_t parity);
+  // Each rank copies the tuples into itself from the senders' buffers (by CMA where private).
+  void execute_pulls(const v_call& call, const call_protocol::published& all, std::size_t parity);
   // Small calls: every rank's data went into its eager slot before the barrier; each rank
   // pulls its own receive blocks from the senders' slots. One barrier, no staging.
   void execute_eager(const v_call& call, std::size_t parity);

@@ -188,6 +188,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             "context",
             "initial hybrid-copy threshold T of copy='auto'",
         ),
+        "cma_bytes": _Variable(
+            "ZCOLL_CMA_BYTES",
+            _Number(),
+            None,
+            "context",
+            "fewest bytes received per rank to pull plain NumPy buffers by CMA (fewer: staged)",
+        ),
         "spin": _Variable(
             "ZCOLL_SPIN", _Number(), None, "context", "busy polls of a wait before yielding"
         ),
@@ -353,6 +360,7 @@ def machine() -> dict[str, _Fact]:
         "mpi_library": _Fact(mpi.zcoll, "build"),
         "mpi4py_library": _Fact(mpi.mpi4py, "mpi4py"),
         "mpi_libraries_match": _Fact(mpi.match, "MPI_Get_library_version"),
+        "cma": _Fact(_core.cma_kernel_status(), "process_vm_readv"),
     }
 
 
@@ -373,6 +381,11 @@ class Settings:
         Node barrier algorithm (``ZCOLL_BARRIER``): flat, central or dissemination.
     eager_bytes, copy_threshold, spin, yields : int or None
         ``ZCOLL_EAGER_BYTES``, ``ZCOLL_COPY_THRESHOLD``, ``ZCOLL_SPIN``, ``ZCOLL_YIELDS``.
+    cma_bytes : int or None
+        ``ZCOLL_CMA_BYTES``: an alltoall or allgather with a buffer outside shared memory (a
+        plain NumPy array) in which each rank receives at least this many bytes pulls the
+        blocks from the senders' memory by CMA (``process_vm_readv``, one copy); smaller calls
+        are staged through the arena (three copies). None: the measured default.
     virtual_node_size : int
         ``ZCOLL_VIRTUAL_NODE_SIZE`` (0: nodes are the machines).
     node_messages : str
@@ -406,6 +419,10 @@ class Settings:
     mpi_libraries_match : bool
         Whether the C++ sender runs on mpi4py's library (the same one, initialized); if not,
         messages between nodes go through mpi4py.
+    cma : str
+        Whether the kernel lets ranks read each other's memory (``process_vm_readv``):
+        "available", or why not (Yama's ``ptrace_scope``, no system call). Where it does not,
+        plain NumPy buffers are staged at every size.
     sources : mapping
         Field name -> where its value came from ("default", "environment", "set_timeout", ...).
     """
@@ -414,6 +431,7 @@ class Settings:
     barrier: str
     eager_bytes: int | None
     copy_threshold: int | None
+    cma_bytes: int | None
     spin: int | None
     yields: int | None
     virtual_node_size: int
@@ -430,6 +448,7 @@ class Settings:
     mpi_library: str
     mpi4py_library: str
     mpi_libraries_match: bool
+    cma: str
     sources: Mapping[str, str] = dataclasses.field(
         default_factory=dict, compare=False, hash=False, repr=False
     )
@@ -444,6 +463,10 @@ class Settings:
         if self.eager_bytes is not None:
             return self.eager_bytes
         return OVERSUBSCRIBED_EAGER_BYTES if oversubscribed else DEFAULT_EAGER_BYTES
+
+    def cma_bytes_for(self) -> int:
+        """Fewest bytes per rank an exchange receives to pull private buffers by CMA."""
+        return _core.default_cma_bytes if self.cma_bytes is None else self.cma_bytes
 
     def placement(self, node_rank: int) -> dict:
         """Where node rank `node_rank` runs, as ``_core.locate_this_process()`` describes it:
@@ -486,6 +509,7 @@ class Settings:
 _BUILT_IN = {
     "eager_bytes": f"auto ({DEFAULT_EAGER_BYTES}; {OVERSUBSCRIBED_EAGER_BYTES} oversubscribed)",
     "copy_threshold": "auto (L2 / ranks per node)",
+    "cma_bytes": f"auto ({_core.default_cma_bytes // 1024} KiB)",
     "spin": f"auto ({DEFAULT_SPIN}; {OVERSUBSCRIBED_SPIN} oversubscribed)",
     "yields": f"auto ({DEFAULT_YIELDS}; {OVERSUBSCRIBED_YIELDS} oversubscribed)",
     "virtual_node_size": "0 (off)",

@@ -1,0 +1,70 @@
+/*
+ * Cross-memory attach (CMA): one copy between two processes' private memory, made by the
+ * kernel (process_vm_readv), for buffers in no segment the node's ranks share -- the arrays
+ * users allocate with NumPy.
+ *
+ * Without it such a buffer is staged: copied into the sender's staging partition, copied by
+ * the schedule, copied out of the receiver's, with one more barrier -- three copies where MPI
+ * makes one. With it each rank pulls its incoming blocks straight from the senders' buffers
+ * into its own receive buffer: one copy, and the call's two barriers (publication and
+ * completion, the senders' buffers must stay untouched until every reader is done).
+ *
+ * Trade-offs. Each pull is a system call that pins the remote pages (about a microsecond plus
+ * the page walk), and the copy runs with ordinary stores in the kernel (no streaming kernel,
+ * no block order across ranks: each rank fills only its own receive buffer). So small blocks
+ * stay staged; auto_policy holds the measured threshold. A rank can only pull into its own
+ * memory, so in-place calls (where a rank's buffer is also its peers' input) stay staged.
+ *
+ * The kernel may refuse: Yama's ptrace_scope >= 1 lets a process read only its descendants,
+ * and processes of different users never read each other. A context probes once, collectively,
+ * before its first pull (each rank reads a known word of every peer) and every rank reaches
+ * the same verdict; refused, the context stages, and says why (zcoll.settings() shows what the
+ * kernel allows this process).
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zcoll {
+
+class call_protocol;
+
+// Reads `bytes` at address `remote` of process `pid` into `local`. Returns 0 or the errno of
+// the failure (a partial read is continued; a read that stops making progress is EFAULT).
+int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept;
+
+// What the kernel allows this process, in words ("available", or why not), without a peer:
+// whether the system call exists and Yama's ptrace_scope.
+std::string cma_kernel_status();
+
+// Whether the ranks of one node context can read each other's memory.
+class cross_memory {
+ public:
+  enum class state : std::uint8_t { untested, works, refused };
+
+  cross_memory(std::vector<std::int32_t> pids, int rank) : pids_(std::move(pids)), rank_(rank) {}
+
+  // Collective the first time (a probe: two barriers of `protocol`), local afterwards: whether
+  // every node rank can read every other's memory. Every rank gets the same answer.
+  // `publish_unmapped` (tests): this rank publishes an address nobody can read, so its peers'
+  // reads fail as a refusing kernel's would.
+  bool usable(call_protocol& protocol, bool publish_unmapped = false);
+  // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
+  int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {
+    return cma_read(pids_[static_cast<std::size_t>(node_rank)], local, remote, bytes);
+  }
+  state current() const noexcept { return state_; }
+  // Why the probe failed ("" unless refused).
+  const std::string& refusal() const noexcept { return refusal_; }
+
+ private:
+  std::vector<std::int32_t> pids_;
+  int rank_;
+  state state_ = state::untested;
+  std::string refusal_;
+};
+
+}  // namespace zcoll
