@@ -155,7 +155,7 @@ def test_refused_cma_stages_on_every_rank(world):
     comm = world.Dup()
     try:
         ctx = _context.context(comm)
-        usable = ctx.core.probe_cma(publish_unmapped=comm.rank == 0)
+        usable = ctx.core.probe_cma(publish_unmapped=comm.rank == 0)  # probed again
         state, why = ctx.core.cma
         if ctx.node_size == 1 or 0 not in ctx.local_ranks:
             ok = usable and state == "works" and why == ""

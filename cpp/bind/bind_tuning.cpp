@@ -108,11 +108,12 @@ void register_tuning(py::module_& m) {
       "probe_cma",
       [](node_context& ctx, bool publish_unmapped) {
         py::gil_scoped_release release;
-        return ctx.cma_usable(publish_unmapped);
+        return ctx.probe_cma(publish_unmapped);
       },
       py::arg("publish_unmapped") = false,
-      "Collective (the first time): whether the node's ranks read each other's memory. "
-      "publish_unmapped (tests): this rank's peers fail to read it, as under a refusing kernel.");
+      "Collective: whether the node's ranks read each other's memory (and map each other's "
+      "shared heap), probed now. publish_unmapped (tests): this rank's peers fail to read it, "
+      "as under a refusing kernel.");
   m.attr("default_cma_bytes") = default_cma_bytes;
   m.def("cma_kernel_status", &cma_kernel_status,
         "What the kernel allows this process: 'available', or why CMA is not.");

@@ -10,6 +10,7 @@ void register_arena(pybind11::module_& m);
 void register_copy(pybind11::module_& m);
 void register_departure(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);
+void register_heap(pybind11::module_& m);
 void register_reduction(pybind11::module_& m);
 void register_transfer(pybind11::module_& m);
 void register_plan(pybind11::module_& m);

@@ -64,8 +64,7 @@ std::string cma_kernel_status() {
   return "refused between sibling ranks (kernel.yama.ptrace_scope = " + scope + ")";
 }
 
-bool cross_memory::usable(call_protocol& protocol, bool publish_unmapped) {
-  if (state_ != state::untested) return state_ == state::works;
+bool cross_memory::probe(call_protocol& protocol, bool publish_unmapped) {
   const int size = static_cast<int>(pids_.size());
   auto& mine = protocol.slot(rank_);
   mine.cma_address = publish_unmapped ? 0 : reinterpret_cast<std::uintptr_t>(&probe_word);
@@ -82,8 +81,9 @@ bool cross_memory::usable(call_protocol& protocol, bool publish_unmapped) {
     if (failure) mine.cma_failed_from = r;
   }
   mine.cma_error = failure;
-  protocol.sync();  // every rank's verdict is published (written once: never rewritten)
+  protocol.sync();  // every rank's verdict is published; rewritten only after the next sync
   state_ = state::works;
+  refusal_.clear();
   for (int r = 0; r < size && state_ == state::works; ++r) {
     const auto& slot = protocol.slot(r);
     if (slot.cma_error) {

@@ -171,8 +171,15 @@ class node_context {
                    std::vector<std::byte*>* bases);
   // Collective the first time: whether the node ranks can read each other's private memory
   // (cma.hpp); the same answer on every rank.
-  bool cma_usable(bool publish_unmapped = false) {
-    return cma_.usable(protocol_, publish_unmapped);
+  bool cma_usable() {
+    if (cma_.current() == cross_memory::state::untested) probe_cma(false);
+    return cma_.usable(protocol_);
+  }
+  // Collective: probes again (cma.hpp; `publish_unmapped`: as a refusing kernel, for tests).
+  bool probe_cma(bool publish_unmapped) {
+    const bool usable = cma_.probe(protocol_, publish_unmapped);
+    segments_.publish_heap(usable);  // peers may map this rank's heap (heap.hpp)
+    return usable;
   }
   const cross_memory& cma() const noexcept { return cma_; }
   // Collective when it probes: whether a call (not in place) whose ranks receive `recv_bytes`

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "zcoll/error.hpp"
+#include "zcoll/heap.hpp"
 
 namespace zcoll {
 
@@ -58,12 +59,20 @@ buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
   }
   std::size_t offset = 0;
   auto seg = detail::segment_registry::instance().find(p, bytes, &offset);
-  if (!seg) return {};
+  if (!seg) return publish_heap_ ? heap::locate(p, bytes) : buffer_ref{};
   const auto& known = remember(std::move(seg));
   return known.shared_by_all ? buffer_ref{known.seg->id, offset} : buffer_ref{};
 }
 
 std::byte* node_segments::resolve(const buffer_ref& ref) {
+  if (ref.segment & heap::heap_tag) {
+    if (std::byte* p = heap::resolve(ref, 0)) return p;
+    const std::string why =
+        "a peer published a heap buffer this rank cannot map (freed during "
+        "the call, or its process is gone)";
+    protocol_.mark_broken(why);
+    throw peer_error("zcoll: " + why);
+  }
   for (const auto& known : known_)
     if (known.seg->id == ref.segment) return known.seg->shm->data() + ref.offset;
   auto seg = detail::segment_registry::instance().find(ref.segment);
@@ -79,6 +88,8 @@ std::byte* node_segments::resolve(const buffer_ref& ref) {
 
 std::shared_ptr<arena_block> node_segments::view(const buffer_ref& ref, std::size_t bytes) {
   protocol_.check_usable();
+  if (ref.segment & heap::heap_tag)
+    throw usage_error("zcoll: a peer's heap buffer cannot be viewed as an arena array");
   std::byte* p = resolve(ref);
   for (const auto& known : known_) {
     if (known.seg->id != ref.segment) continue;

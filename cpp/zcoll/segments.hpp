@@ -46,9 +46,12 @@ class node_segments {
   // copy and two work buffers there.
   std::size_t staging_third() const noexcept { return staging_bytes() / 3 / 64 * 64; }
 
-  // Where [p, p + bytes) is, in terms every rank of this context can resolve ({0, 0} when it
-  // is not in a segment that all of them have mapped).
+  // Where [p, p + bytes) is, in terms every rank of this context can resolve: a segment all of
+  // them have mapped, or this process's shared heap (heap.hpp) once publish_heap(true); else
+  // {0, 0}.
   buffer_ref locate(const void* p, std::size_t bytes);
+  // Whether heap buffers are published for peers to map (the context's probe said they can).
+  void publish_heap(bool yes) noexcept { publish_heap_ = yes; }
   // The address of a buffer a peer published; marks the protocol broken if it is unknown.
   std::byte* resolve(const buffer_ref& ref);
   // A view of `bytes` at `ref` (published by a peer); keeps the mapping alive.
@@ -75,6 +78,7 @@ class node_segments {
   std::vector<std::shared_ptr<data_segment>> owned_;  // segments this context created
   std::shared_ptr<data_segment> staging_;
   std::size_t next_partition_bytes_;
+  bool publish_heap_ = false;
 };
 
 }  // namespace zcoll

@@ -22,6 +22,7 @@ from ._arena import empty, empty_like, is_shared, peer_arrays, zeros
 from ._collectives import IN_PLACE, allgather, alltoall
 from ._context import set_timeout, set_tuning
 from ._core import PeerError
+from ._heap import heap_stats, in_heap, use_shared_heap
 from ._plans import Plan, allgather_init, alltoall_init
 from ._reductions import (
     REDUCE_ALGORITHMS,
@@ -86,6 +87,8 @@ __all__ = [
     "empty_like",
     "get_timeout",
     "get_tuning",
+    "heap_stats",
+    "in_heap",
     "is_shared",
     "load_tuning",
     "neighbor_allgather",
@@ -105,5 +108,6 @@ __all__ = [
     "settings",
     "topology",
     "tuning_path",
+    "use_shared_heap",
     "zeros",
 ]

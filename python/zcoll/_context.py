@@ -211,6 +211,9 @@ class Context:
         self.core.setup_eager(s.eager_bytes_for(self.oversubscribed))
         self.core.set_copy_threshold(s.copy_threshold_for(self.node_size))
         self.core.cma_bytes = s.cma_bytes_for()
+        # Collective on the node: can its ranks read each other's memory (CMA) and map each
+        # other's shared heap? Decided before any call publishes a heap buffer.
+        self.core.probe_cma()
         self.core.set_copy_cache(s.llc_bytes)
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
         shared = _tuning.shared_tuning(comm, s.tuning)

@@ -229,6 +229,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             "context",
             "the tuning table",
         ),
+        "shared_heap": _Variable(
+            "ZCOLL_SHARED_HEAP",
+            _one_of(("0", "1")),
+            "0",
+            "import",
+            "1: NumPy allocates array data on the node's shared heap (zcoll.use_shared_heap)",
+        ),
         "copy_isa": _Variable(
             "ZCOLL_COPY_ISA", _copy_isa, "auto", "import", "streaming-copy kernel"
         ),
@@ -396,6 +403,8 @@ class Settings:
         ``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: table, online or off.
     tuning_file : pathlib.Path
         ``ZCOLL_TUNING_FILE``, else ``tuning.json`` in the user's cache directory.
+    shared_heap : str
+        ``ZCOLL_SHARED_HEAP``: "1" switches :func:`zcoll.use_shared_heap` on at import (0: off).
     copy_isa : str
         ``ZCOLL_COPY_ISA``: the streaming-copy kernel asked for ("auto": the best one).
     replay : pathlib.Path or None
@@ -438,6 +447,7 @@ class Settings:
     node_messages: str
     tuning: str
     tuning_file: Path
+    shared_heap: str
     copy_isa: str
     replay: Path | None
     topology: str | None

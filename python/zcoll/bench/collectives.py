@@ -94,7 +94,8 @@ PAIRED_MIN_ITERATIONS = 5  # per timed loop of a round
 PAIRED_WARMUP = 2  # untimed calls before each timed loop of a round
 ARENA_BUFFERS = "arena"  # --buffers: zcoll on arena arrays (zcoll.empty) ...
 NUMPY_BUFFERS = "numpy"  # ... or on plain NumPy arrays
-BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS)
+HEAP_BUFFERS = "heap"  # ... or on NumPy arrays allocated with zcoll.use_shared_heap()
+BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS, HEAP_BUFFERS)
 #: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema,
 #: later ones are only ever appended.
 FIELDS = (
@@ -425,6 +426,10 @@ class BlockCase:
         if buffers == ARENA_BUFFERS:
             self.zsend = zcoll.empty(comm, send_shape, np.uint8)
             self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
+        elif buffers == HEAP_BUFFERS:
+            with zcoll.use_shared_heap():
+                self.zsend = np.empty(send_shape, np.uint8)
+                self.zrecv = np.zeros(recv_shape, np.uint8)
         else:
             self.zsend = np.empty(send_shape, np.uint8)
             self.zrecv = np.zeros(recv_shape, np.uint8)
@@ -1068,8 +1073,9 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
         "--buffers",
         choices=BUFFER_KINDS,
         default=ARENA_BUFFERS,
-        help="zcoll's buffers: arena (zcoll.empty: the one-copy path) or numpy (plain arrays, as "
-        "an mpi4py program has them: zcoll stages what its peers must read) (default arena)",
+        help="zcoll's buffers: arena (zcoll.empty), numpy (plain arrays, as an mpi4py program "
+        "has them: pulled by CMA, or staged when small) or heap (plain arrays allocated with "
+        "zcoll.use_shared_heap(): used in place) (default arena)",
     )
     parser.add_argument(
         "--persistent",

@@ -1,0 +1,80 @@
+/*
+ * Shared heap: this process's private arrays allocated in memory its node peers can map, so
+ * that an unmodified NumPy program's buffers move with one copy, as arena arrays do (TPDS'18
+ * §2 overrides malloc for this; zcoll installs a NumPy memory handler, NEP 49: bind_heap.cpp).
+ *
+ * Memory. Each segment is a memfd (memfd_create): no name in /dev/shm, so nothing can leak
+ * there, not even on kill -9, and no tmpfs size limit to hit later as a SIGBUS -- its pages
+ * are allocated on first touch, by the owner (NUMA first touch) and charged like anonymous
+ * memory; a mapping the kernel refuses (address space, RLIMIT_AS) is a null pointer, which
+ * NumPy raises as MemoryError. Requests below small_bytes are not taken (the caller keeps them
+ * with its default allocator: calls that small go through the eager slots anyway). Requests of
+ * at least large_bytes get a segment of their own, given back to the system when freed (its
+ * pages punched out first, so a peer's cached mapping keeps none alive). Those in between come
+ * from slabs of one power-of-two size class each (64 B aligned at least; LIFO free lists), kept
+ * for reuse like malloc's arenas: a loop of allocations and frees stays flat.
+ *
+ * Peers. A buffer in the heap is published as (owner pid, fd, generation, offset) packed into a
+ * buffer_ref whose segment word has heap_tag set (arena segment ids never do). A peer maps the
+ * segment by opening /proc/<pid>/fd/<fd> (a weaker permission than process_vm_readv's, which
+ * the context's probe checked) and checks that the memfd's name carries the generation. Peers
+ * cache one mapping per (pid, fd): a published generation that differs means the owner freed
+ * that segment and its fd number was reused, so the old mapping is dropped and never read.
+ * The cache is thus bounded by the peers' open descriptors, and never drops a live segment's
+ * mapping (plans keep resolved addresses). A freed segment's pages are punched out by its
+ * owner, so a peer's stale mapping holds address space, not memory.
+ *
+ * fork(). A child must not share its parent's arrays: the child's handler copies every heap
+ * segment into private memory at the same address (mremap), drops its peers' mappings, and
+ * allocates from its default allocator from then on. This costs a copy of the heap per fork.
+ *
+ * Thread safety: one mutex guards the tables; allocation is a map lookup and a list pop.
+ */
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "zcoll/arena.hpp"
+
+namespace zcoll::heap {
+
+// The segment word of a heap buffer_ref has this bit set.
+inline constexpr std::uint64_t heap_tag = std::uint64_t{1} << 63;
+
+// Sizes the heap takes: [small_bytes, ...); own segments from large_bytes.
+struct limits {
+  std::size_t small_bytes = 1024;
+  std::size_t large_bytes = std::size_t{1} << 20;
+};
+void set_limits(const limits& l) noexcept;
+limits current_limits() noexcept;
+
+// A block of at least `bytes` in the heap (zero-filled if `zeroed`), or nullptr: below
+// small_bytes, in a fork child, or when the kernel refuses a segment (no memory, no
+// descriptor): the caller then uses its default allocator, which raises MemoryError if it
+// cannot allocate either.
+void* allocate(std::size_t bytes, bool zeroed) noexcept;
+// Whether `p` is a block allocate() returned and free() has not taken back.
+bool owns(const void* p) noexcept;
+// Gives back a block allocate() returned.
+void release(void* p) noexcept;
+// Bytes usable at `p` (a block allocate() returned).
+std::size_t usable_bytes(const void* p) noexcept;
+
+// How peers name [p, p + bytes) ({0, 0} when it is not in the heap or cannot be published).
+buffer_ref locate(const void* p, std::size_t bytes) noexcept;
+// The address in this process of a heap buffer_ref published by a peer (mapping its segment
+// if needed), or nullptr when it cannot be mapped (the segment is gone or not the one named).
+std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
+
+struct stats {
+  std::size_t segments = 0;       // memfd segments this process owns
+  std::size_t segment_bytes = 0;  // their bytes
+  std::size_t blocks = 0;         // blocks handed out and not freed
+  std::size_t attached = 0;       // peers' segments mapped
+  bool forked_child = false;      // this process is a fork child (heap disabled)
+};
+stats current_stats() noexcept;
+
+}  // namespace zcoll::heap
