@@ -51,11 +51,7 @@ void* heap_realloc(void* ctx, void* p, std::size_t n) {
 }
 
 void heap_free(void* /*ctx*/, void* p, std::size_t size) {
-  if (!p) return;
-  if (heap::owns(p))
-    heap::release(p);
-  else
-    fallback->allocator.free(fallback->allocator.ctx, p, size);
+  if (!heap::release(p)) fallback->allocator.free(fallback->allocator.ctx, p, size);
 }
 
 PyDataMem_Handler handler = {
@@ -92,7 +88,12 @@ void register_heap(py::module_& m) {
         "Makes `handler` NumPy's memory handler in the current context; returns the previous.");
   m.def(
       "set_heap_limits",
-      [](std::size_t small, std::size_t large) { heap::set_limits({small, large}); },
+      [](std::size_t small, std::size_t large) {
+        heap::limits l = heap::current_limits();
+        l.small_bytes = small;
+        l.large_bytes = large;
+        heap::set_limits(l);
+      },
       py::arg("small_bytes"), py::arg("large_bytes"),
       "Requests below small_bytes stay with NumPy's allocator; from large_bytes a segment each.");
   m.def("heap_stats", [] {
@@ -102,10 +103,13 @@ void register_heap(py::module_& m) {
     d["segments"] = s.segments;
     d["segment_bytes"] = s.segment_bytes;
     d["blocks"] = s.blocks;
+    d["kept_bytes"] = s.kept_bytes;
     d["attached"] = s.attached;
     d["forked_child"] = s.forked_child;
     d["small_bytes"] = l.small_bytes;
     d["large_bytes"] = l.large_bytes;
+    d["huge_bytes"] = l.huge_bytes;
+    d["shmem_huge_pages"] = heap::shmem_huge_pages();
     return d;
   });
   m.def(

@@ -7,9 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -26,6 +28,7 @@ constexpr std::uint64_t max_pid = (std::uint64_t{1} << 22) - 1;  // Linux's pid_
 constexpr std::uint64_t max_fd = 0xffff;
 constexpr std::uint64_t generation_mask = 0xffffff;
 constexpr const char* name_prefix = "zcoll-heap-";
+constexpr std::size_t huge_page_bytes = std::size_t{2} << 20;
 
 struct segment {
   std::byte* base = nullptr;
@@ -34,6 +37,7 @@ struct segment {
   std::uint32_t generation = 0;
   int size_class = -1;     // -1: one block (a large request); else log2 of the block size
   std::size_t carved = 0;  // slab: bytes handed out from the start so far
+  bool kept = false;       // one block, freed and kept for reuse
 };
 
 struct attachment {
@@ -42,14 +46,27 @@ struct attachment {
   std::size_t bytes = 0;
 };
 
+limits default_limits() {
+  limits l;
+  const std::string mode = shmem_huge_pages();
+  if (mode == "never" || mode == "deny" || mode.empty()) l.huge_bytes = std::size_t{32} << 20;
+  return l;
+}
+
 struct heap_state {
   std::mutex mutex;
-  limits lim;
+  limits lim = default_limits();
   std::map<std::uintptr_t, segment> segments;                     // by base address
   std::map<int, std::uintptr_t> by_fd;                            // segments' bases by descriptor
   std::vector<std::vector<std::byte*>> free_blocks{class_count};  // per size class
   std::vector<std::uintptr_t> carving = std::vector<std::uintptr_t>(class_count, 0);
-  std::map<std::uint64_t, attachment> attached;  // peers' segments, by pid << 16 | fd
+  std::map<std::uint64_t, attachment> attached;     // peers' segments, by pid << 16 | fd
+  std::multimap<std::size_t, std::uintptr_t> kept;  // freed one-block segments: bytes -> base
+  std::size_t kept_bytes = 0;
+  std::atomic<std::size_t> small_bytes{limits{}.small_bytes};  // read before locking
+  // Every segment lies in [low, high): a pointer outside is not the heap's, known without
+  // locking (NumPy frees every array through the handler, the smallest too).
+  std::atomic<std::uintptr_t> low{UINTPTR_MAX}, high{0};
   std::size_t blocks = 0;
   std::uint32_t generation = 0;
   std::uint64_t pid = static_cast<std::uint64_t>(::getpid());
@@ -87,8 +104,13 @@ segment* create_segment(heap_state& s, std::size_t bytes, int size_class) {
     ::close(fd);
     return nullptr;
   }
+  if (bytes >= huge_page_bytes) ::madvise(p, bytes, MADV_HUGEPAGE);  // where shmem_enabled=advise
   segment seg{static_cast<std::byte*>(p), bytes, fd, generation, size_class, 0};
-  s.by_fd[fd] = reinterpret_cast<std::uintptr_t>(p);
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  s.by_fd[fd] = base;
+  if (base < s.low.load(std::memory_order_relaxed)) s.low.store(base, std::memory_order_relaxed);
+  if (base + bytes > s.high.load(std::memory_order_relaxed))
+    s.high.store(base + bytes, std::memory_order_relaxed);
   return &s.segments.emplace(reinterpret_cast<std::uintptr_t>(p), seg).first->second;
 }
 
@@ -132,6 +154,8 @@ void privatize_in_child() {
   s.attached.clear();
   for (auto& blocks : s.free_blocks) blocks.clear();
   s.by_fd.clear();
+  s.kept.clear();  // their segments stay mapped (private now), unused
+  s.kept_bytes = 0;
   s.forked_child = true;
   s.pid = static_cast<std::uint64_t>(::getpid());
   s.mutex.unlock();
@@ -189,12 +213,55 @@ std::optional<attachment> attach(std::uint64_t pid, std::uint64_t fd, std::uint3
   return attachment{generation, static_cast<std::byte*>(p), static_cast<std::size_t>(st.st_size)};
 }
 
+// A kept segment of at least `bytes` and at most twice that, or nullptr.
+segment* reuse_kept(heap_state& s, std::size_t bytes) {
+  const auto it = s.kept.lower_bound(bytes);
+  if (it == s.kept.end() || it->first > 2 * bytes) return nullptr;
+  segment& seg = s.segments.at(it->second);
+  s.kept.erase(it);
+  s.kept_bytes -= seg.bytes;
+  seg.kept = false;
+  return &seg;
+}
+
+// Frees a one-block segment: kept for reuse when it and the cache are small enough.
+void release_segment(heap_state& s, segment& seg) {
+  if (!s.forked_child && seg.bytes <= s.lim.keep_segment_bytes &&
+      s.kept_bytes + seg.bytes <= s.lim.keep_total_bytes) {
+    seg.kept = true;
+    s.kept.emplace(seg.bytes, reinterpret_cast<std::uintptr_t>(seg.base));
+    s.kept_bytes += seg.bytes;
+    return;
+  }
+  destroy_segment(s, seg);
+}
+
+void drop_kept(heap_state& s) {
+  while (!s.kept.empty()) {
+    segment& seg = s.segments.at(s.kept.begin()->second);
+    s.kept.erase(s.kept.begin());
+    destroy_segment(s, seg);
+  }
+  s.kept_bytes = 0;
+}
+
 }  // namespace
+
+std::string shmem_huge_pages() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/shmem_enabled");
+  std::string word;
+  while (in >> word)
+    if (word.size() > 2 && word.front() == '[' && word.back() == ']')
+      return word.substr(1, word.size() - 2);
+  return "";
+}
 
 void set_limits(const limits& l) noexcept {
   heap_state& s = state();
   std::lock_guard lock(s.mutex);
   s.lim = l;
+  s.small_bytes.store(l.small_bytes, std::memory_order_relaxed);
+  drop_kept(s);
 }
 
 limits current_limits() noexcept {
@@ -205,14 +272,21 @@ limits current_limits() noexcept {
 
 void* allocate(std::size_t bytes, bool zeroed) noexcept {
   heap_state& s = state();
+  if (bytes < s.small_bytes.load(std::memory_order_relaxed)) return nullptr;
   std::lock_guard lock(s.mutex);
-  if (bytes < s.lim.small_bytes || s.forked_child) return nullptr;
+  if (bytes < s.lim.small_bytes || bytes >= s.lim.huge_bytes || s.forked_child) return nullptr;
   if (!s.fork_handler) {
     s.fork_handler = ::pthread_atfork(lock_for_fork, unlock_in_parent, privatize_in_child) == 0;
     if (!s.fork_handler) return nullptr;  // without it a fork child would share our arrays
   }
   if (bytes >= s.lim.large_bytes) {
-    segment* seg = create_segment(s, round_up(bytes, page_size()), -1);
+    const std::size_t size = round_up(bytes, page_size());
+    if (segment* seg = reuse_kept(s, size)) {
+      ++s.blocks;
+      if (zeroed) std::memset(seg->base, 0, seg->bytes);
+      return seg->base;
+    }
+    segment* seg = create_segment(s, size, -1);
     if (!seg) return nullptr;
     ++s.blocks;
     return seg->base;  // a fresh memfd reads as zeros
@@ -224,23 +298,36 @@ void* allocate(std::size_t bytes, bool zeroed) noexcept {
   return p;
 }
 
-bool owns(const void* p) noexcept {
-  if (!p) return false;
-  heap_state& s = state();
-  std::lock_guard lock(s.mutex);
-  return segment_at(s, p) != nullptr;
+namespace {
+
+// Whether `p` may lie in a segment (false: certainly not), without locking.
+bool in_range(const heap_state& s, const void* p) noexcept {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return at >= s.low.load(std::memory_order_relaxed) && at < s.high.load(std::memory_order_relaxed);
 }
 
-void release(void* p) noexcept {
+}  // namespace
+
+bool owns(const void* p) noexcept {
   heap_state& s = state();
+  if (!p || !in_range(s, p)) return false;
+  std::lock_guard lock(s.mutex);
+  const segment* seg = segment_at(s, p);
+  return seg && !seg->kept;
+}
+
+bool release(void* p) noexcept {
+  heap_state& s = state();
+  if (!p || !in_range(s, p)) return false;
   std::lock_guard lock(s.mutex);
   segment* seg = segment_at(s, p);
-  if (!seg) return;
+  if (!seg || seg->kept) return false;
   --s.blocks;
   if (seg->size_class < 0)
-    destroy_segment(s, *seg);
+    release_segment(s, *seg);
   else if (!s.forked_child)
     s.free_blocks[static_cast<std::size_t>(seg->size_class)].push_back(static_cast<std::byte*>(p));
+  return true;
 }
 
 std::size_t usable_bytes(const void* p) noexcept {
@@ -255,7 +342,8 @@ buffer_ref locate(const void* p, std::size_t bytes) noexcept {
   heap_state& s = state();
   std::lock_guard lock(s.mutex);
   const segment* seg = segment_at(s, p);
-  if (!seg || seg->fd < 0 || static_cast<std::uint64_t>(seg->fd) > max_fd || s.pid > max_pid)
+  if (!seg || seg->kept || seg->fd < 0 || static_cast<std::uint64_t>(seg->fd) > max_fd ||
+      s.pid > max_pid)
     return {};
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - seg->base);
   if (bytes > seg->bytes - offset) return {};
@@ -300,6 +388,7 @@ stats current_stats() noexcept {
   out.segments = s.segments.size();
   for (const auto& [base, seg] : s.segments) out.segment_bytes += seg.bytes;
   out.blocks = s.blocks;
+  out.kept_bytes = s.kept_bytes;
   out.attached = s.attached.size();
   out.forked_child = s.forked_child;
   return out;

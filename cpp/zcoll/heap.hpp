@@ -9,10 +9,21 @@
  * memory; a mapping the kernel refuses (address space, RLIMIT_AS) is a null pointer, which
  * NumPy raises as MemoryError. Requests below small_bytes are not taken (the caller keeps them
  * with its default allocator: calls that small go through the eager slots anyway). Requests of
- * at least large_bytes get a segment of their own, given back to the system when freed (its
- * pages punched out first, so a peer's cached mapping keeps none alive). Those in between come
- * from slabs of one power-of-two size class each (64 B aligned at least; LIFO free lists), kept
- * for reuse like malloc's arenas: a loop of allocations and frees stays flat.
+ * at least large_bytes get a segment of their own. Freed, a segment of at most
+ * keep_segment_bytes goes to a cache for reuse while the cache holds at most keep_total_bytes
+ * (NumPy's temporaries come and go at one size: a fresh segment's pages fault in again, and
+ * shared-memory faults cost several times anonymous ones); any other is given back to the
+ * system at once, its pages punched out first, so a peer's cached mapping keeps none alive.
+ * That is glibc's malloc's rule too (memory from mmap above a threshold that grows to 32 MiB).
+ * Requests of huge_bytes or more are not taken either: where the kernel gives shared memory
+ * no transparent huge pages (shmem_enabled "never" or "deny"), first touching a 64 MiB heap
+ * array cost 4.7x NumPy's default allocator (which asks for huge pages), 256 MiB 5.9x
+ * (python -m zcoll.bench alloc --touch), while collectives on arrays that large gain little
+ * from the heap over CMA; where it does give them (advise: large segments are advised), there
+ * is no such limit.
+ * Requests in between come from slabs of one power-of-two size class each (64 B aligned at
+ * least; LIFO free lists), kept for reuse like malloc's arenas: a loop of allocations and frees
+ * stays flat.
  *
  * Peers. A buffer in the heap is published as (owner pid, fd, generation, offset) packed into a
  * buffer_ref whose segment word has heap_tag set (arena segment ids never do). A peer maps the
@@ -34,6 +45,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "zcoll/arena.hpp"
 
@@ -46,6 +58,9 @@ inline constexpr std::uint64_t heap_tag = std::uint64_t{1} << 63;
 struct limits {
   std::size_t small_bytes = 1024;
   std::size_t large_bytes = std::size_t{1} << 20;
+  std::size_t keep_segment_bytes = std::size_t{32} << 20;
+  std::size_t keep_total_bytes = std::size_t{64} << 20;
+  std::size_t huge_bytes = SIZE_MAX;  // default: 32 MiB unless shared memory gets huge pages
 };
 void set_limits(const limits& l) noexcept;
 limits current_limits() noexcept;
@@ -57,8 +72,8 @@ limits current_limits() noexcept;
 void* allocate(std::size_t bytes, bool zeroed) noexcept;
 // Whether `p` is a block allocate() returned and free() has not taken back.
 bool owns(const void* p) noexcept;
-// Gives back a block allocate() returned.
-void release(void* p) noexcept;
+// Gives back `p` if it is a block allocate() returned; false (nothing done) otherwise.
+bool release(void* p) noexcept;
 // Bytes usable at `p` (a block allocate() returned).
 std::size_t usable_bytes(const void* p) noexcept;
 
@@ -68,10 +83,15 @@ buffer_ref locate(const void* p, std::size_t bytes) noexcept;
 // if needed), or nullptr when it cannot be mapped (the segment is gone or not the one named).
 std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
 
+// The kernel's transparent-huge-page mode for shared memory (the bracketed word of
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled; "" if unknown).
+std::string shmem_huge_pages();
+
 struct stats {
   std::size_t segments = 0;       // memfd segments this process owns
   std::size_t segment_bytes = 0;  // their bytes
   std::size_t blocks = 0;         // blocks handed out and not freed
+  std::size_t kept_bytes = 0;     // freed segments kept for reuse (part of segment_bytes)
   std::size_t attached = 0;       // peers' segments mapped
   bool forked_child = false;      // this process is a fork child (heap disabled)
 };

@@ -6,7 +6,9 @@ of every array of at least 1 KiB that NumPy allocates in this context comes from
 node's ranks can map (memfd segments, nothing in /dev/shm), and zcoll's collectives use such
 arrays in place, as they use :func:`zcoll.empty` arrays: one copy per block, in the schedule's
 order. Smaller arrays stay with NumPy's allocator (calls that small copy through the eager path
-anyway).
+anyway), and so do arrays of 32 MiB or more where the kernel gives shared memory no huge pages
+(``heap_stats()["shmem_huge_pages"]``): first touching them would cost about 5 times NumPy's
+own (which uses huge pages), and collectives on them gain little over CMA.
 
 It is off by default: a ``fork`` child copies every heap segment into private memory (NumPy's
 semantics, at the cost of a copy of the heap), each array of 1 MiB or more holds a file
@@ -70,8 +72,10 @@ def in_heap(a) -> bool:
 
 def heap_stats() -> dict:
     """The heap's state in this process: ``segments`` and ``segment_bytes`` it owns,
-    ``blocks`` handed out, ``attached`` peer segments mapped here, ``forked_child``, and the
-    sizes it takes (``small_bytes``, ``large_bytes``)."""
+    ``blocks`` handed out, ``kept_bytes`` (freed segments kept for reuse), ``attached`` peer
+    segments mapped here, ``forked_child``, the sizes it takes (``small_bytes`` up to
+    ``huge_bytes``; a segment each from ``large_bytes``) and the kernel's
+    ``shmem_huge_pages`` mode."""
     return _core.heap_stats()
 
 

@@ -12,7 +12,7 @@ from mpi4py import MPI
 from zcoll import _context
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO
 
-from . import cachemiss, crossover
+from . import alloc, cachemiss, crossover
 from .collectives import ALL_ORDERS, add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
@@ -66,6 +66,10 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
     "crossover": (
         crossover.run_crossover,
         "copy='auto' vs each fixed copy mode and comm.Alltoall at the cache boundary",
+    ),
+    "alloc": (
+        alloc.run_alloc,
+        "allocate+free with zcoll's shared heap vs NumPy's default allocator, 64 B-1 GiB",
     ),
     "cachemiss": (
         run_cachemiss,
@@ -284,6 +288,12 @@ def _crossover_options() -> argparse.ArgumentParser:
     return options
 
 
+def _alloc_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    alloc.add_options(options)
+    return options
+
+
 def _cachemiss_options() -> argparse.ArgumentParser:
     options = _RootParser(add_help=False)
     cachemiss.add_options(options)
@@ -299,6 +309,7 @@ _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "fft": _fft_options,
     "copy": _copy_options,
     "crossover": _crossover_options,
+    "alloc": _alloc_options,
     "cachemiss": _cachemiss_options,
 }
 
@@ -322,6 +333,8 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     """Checks and defaults that argparse cannot express (calls ``parser.error`` on misuse)."""
     if args.command == "cachemiss":
         cachemiss.finish_args(parser, args)
+        return
+    if args.command == "alloc":
         return
     if args.command in REDUCTION_COMMANDS:
         finish_reduction_args(parser, args)
