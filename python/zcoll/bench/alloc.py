@@ -77,7 +77,7 @@ def run_alloc(comm: MPI.Comm, args: argparse.Namespace) -> int:
         comm.Barrier()
         default, heap = measure(nbytes, args.touch, args.time_budget)
         both = comm.gather((default, heap), root=0)
-        if comm.rank == 0:
+        if both is not None:
             d = float(np.median([x[0] for x in both]))
             h = float(np.median([x[1] for x in both]))
             rows.append((nbytes, d, h))
