@@ -85,14 +85,24 @@ class SizeCase:
     `fresh`: each call rewrites its send buffer first, and the rewrite alone is a method."""
 
     def __init__(
-        self, comm, command: str, nbytes: int, algorithms, rng, fresh: bool = False
+        self,
+        comm,
+        command: str,
+        nbytes: int,
+        algorithms,
+        rng,
+        fresh: bool = False,
+        buffers: str = "arena",
     ) -> None:
         n = nbytes // 8
         self.comm, self.command, self.nbytes = comm, command, nbytes
-        self.zsend = zcoll.empty(comm, n, np.float64)
+        if buffers == "arena":  # the result stays a plain array, as a user's would be
+            self.zsend, self.zrecv = zcoll.empty(comm, n, np.float64), np.zeros(n)
+        else:
+            with zcoll.use_shared_heap(buffers == "heap"):
+                self.zsend, self.zrecv = np.empty(n), np.zeros(n)
         self.zsend[:] = rng.uniform(-1, 1, n)
         self.source = self.zsend.copy()
-        self.zrecv = np.zeros(n)
         self.msend = np.array(self.zsend)
         self.mrecv = np.zeros(n)
         if command == "allreduce":
@@ -213,7 +223,9 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     report.start(len(args.sizes) * timed * args.rounds, command)
     try:
         for nbytes in args.sizes:
-            case = SizeCase(comm, command, nbytes, names, rng, args.method == "fresh")
+            case = SizeCase(
+                comm, command, nbytes, names, rng, args.method == "fresh", args.buffers
+            )
             if args.check:
                 failed = case.check()
                 if failed:
@@ -383,6 +395,13 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
 
 
 def add_reduction_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--buffers",
+        choices=("arena", "numpy", "heap"),
+        default="arena",
+        help="zcoll's input: arena (zcoll.empty; the result a plain array), numpy (both plain) "
+        "or heap (both allocated with zcoll.use_shared_heap()) (default arena)",
+    )
     """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
     add_size_options(
         parser, "message sizes (default: powers of two, 8 B to 16 MiB)", "message", "16M"
