@@ -9,6 +9,7 @@ exchange can be checked against a closed form, and against what MPI itself retur
 exits with status 1 if any check fails on any rank.
 """
 
+import functools
 import sys
 
 import numpy as np
@@ -44,12 +45,12 @@ def encode(src, dst, idx):
 say(zcoll.topology(comm))
 say()
 
-# 2. Buffers in the node's shared arena. zcoll.empty is collective too, but each rank asks for
-#    its own array. Block j of `send` (send[j], N elements) is what this rank sends to rank j.
+# 2. Ordinary NumPy arrays, as an mpi4py program has them. Block j of `send` (send[j], N
+#    elements) is what this rank sends to rank j.
 N = 5
-send = zcoll.empty(comm, (P, N), np.int64)
-send[...] = encode(rank, np.arange(P)[:, None], np.arange(N))  # filled by its owner
-say(f"alltoall on P={P} ranks, blocks of {N} int64, in the arena: {zcoll.is_shared(send)}")
+send = np.empty((P, N), np.int64)
+send[...] = encode(rank, np.arange(P)[:, None], np.arange(N))
+say(f"alltoall on P={P} ranks, blocks of {N} int64")
 
 # After alltoall, block j of the result came from rank j: recv[j, i] == encode(j, rank, i).
 expected = encode(np.arange(P)[:, None], rank, np.arange(N))
@@ -63,20 +64,26 @@ for order in (*zcoll.ORDERS, "auto"):
     recv = zcoll.alltoall(comm, send, order=order)  # no recvbuf: one is allocated in the arena
     check(f"zcoll.alltoall order={order:8} == closed form == MPI", np.array_equal(recv, expected))
 
-# Reusing a receive buffer avoids the (collective) allocation on every call.
-recv = zcoll.empty_like(comm, send)
+# Like comm.Alltoall(send, recv): the result goes into a given recvbuf.
+recv = np.empty_like(send)
 zcoll.alltoall(comm, send, recv)
-check("zcoll.alltoall into a given recvbuf", np.array_equal(recv, expected))
+check("zcoll.alltoall(comm, send, recv)", np.array_equal(recv, expected))
 
 # In place: the blocks of `buf` are exchanged where they are.
-buf = zcoll.empty_like(comm, send)
-buf[...] = send
+buf = send.copy()
 zcoll.alltoall(comm, zcoll.IN_PLACE, buf)
 check("zcoll.alltoall with IN_PLACE", np.array_equal(buf, expected))
 
-# Ordinary NumPy arrays work too; they are staged through the arena (one extra copy each side).
-plain = zcoll.alltoall(comm, np.array(send), np.empty((P, N), np.int64))
-check("zcoll.alltoall on plain NumPy arrays", np.array_equal(plain, expected))
+# Arrays in the node's shared arena (zcoll.empty: collective, each rank its own shape) and on
+# the shared heap (NumPy's own allocations, after zcoll.use_shared_heap()) are read by the peers
+# in place; plain arrays are pulled from the senders by CMA, or staged when small.
+arena = zcoll.empty_like(comm, send)
+arena[...] = send
+with zcoll.use_shared_heap():
+    heap = send.copy()
+for name, a in (("arena", arena), ("heap", heap)):
+    got = zcoll.alltoall(comm, a, np.empty_like(a))
+    check(f"zcoll.alltoall on {name} arrays", np.array_equal(got, expected))
 
 # 3. allgather: every rank receives every rank's whole buffer. Gathering `send` itself gives each
 #    rank the full P x P x N matrix: gathered[j, d, i] == encode(j, d, i).
@@ -102,26 +109,34 @@ def seconds_per_call(fn, iterations):
 
 
 def time_block(block):
-    """Time comm.Alltoall and zcoll.alltoall (row and auto) on blocks of `block` bytes."""
+    """Time comm.Alltoall and zcoll.alltoall on plain, heap and arena arrays of `block`-byte
+    blocks; MPI gets plain arrays, as an mpi4py program has them."""
     iterations = max(10, min(1000, 2**22 // (P * block)))
-    # zcoll wants arena arrays; MPI gets ordinary NumPy arrays, as an mpi4py program would use.
-    zsend, zrecv = zcoll.empty(comm, (P, block), np.uint8), zcoll.empty(comm, (P, block), np.uint8)
-    zsend[...] = (rank * P + np.arange(P)[:, None]) % 256  # (source, destination), mod 256
-    msend, mrecv = np.array(zsend), np.empty((P, block), np.uint8)
-    t_mpi = seconds_per_call(lambda: comm.Alltoall(msend, mrecv), iterations)
-    t_row = seconds_per_call(lambda: zcoll.alltoall(comm, zsend, zrecv, order="row"), iterations)
-    t_auto = seconds_per_call(lambda: zcoll.alltoall(comm, zsend, zrecv), iterations)
-    return t_mpi, t_row, t_auto, np.array_equal(zrecv, mrecv)
+    msend = ((rank * P + np.arange(P)[:, None]) % 256 * np.ones(block)).astype(np.uint8)
+    mrecv = np.empty_like(msend)
+    with zcoll.use_shared_heap():
+        hsend, hrecv = msend.copy(), np.empty_like(msend)
+    asend, arecv = zcoll.empty_like(comm, msend), zcoll.empty_like(comm, msend)
+    asend[...] = msend
+    pairs = ((msend, np.empty_like(msend)), (hsend, hrecv), (asend, arecv))
+    times = [seconds_per_call(lambda: comm.Alltoall(msend, mrecv), iterations)]
+    for send_, recv_ in pairs:
+        call = functools.partial(zcoll.alltoall, comm, send_, recv_)
+        times.append(seconds_per_call(call, iterations))
+    return times, all(np.array_equal(r, mrecv) for _, r in pairs)
 
 
-# Latency per call in microseconds; speedup = MPI latency / zcoll "auto" latency.
-say(f"\n{'block':>9} {'MPI (us)':>10} {'row (us)':>10} {'auto (us)':>10} {'speedup':>8}")
+# Latency per call in microseconds; speedup = MPI latency / zcoll's on that kind of array.
+say(f"\n{'block':>9} {'MPI (us)':>10} {'plain':>8} {'heap':>8} {'arena':>8}  speedups")
 same = True
 for block in (64, 4096, 256 * 1024):  # bytes per block
-    t_mpi, t_row, t_auto, equal = time_block(block)
+    times, equal = time_block(block)
     same = same and equal
-    us = [f"{t * 1e6:10.1f}" for t in (t_mpi, t_row, t_auto)]
-    say(f"{block:>7} B {' '.join(us)} {t_mpi / t_auto:7.2f}x")
+    us = " ".join(f"{t * 1e6:8.1f}" for t in times[1:])
+    say(
+        f"{block:>7} B {times[0] * 1e6:10.1f} {us}  "
+        + " ".join(f"{times[0] / t:.2f}x" for t in times[1:])
+    )
 check("the timed zcoll results equal MPI's", same)
 
 say(f"\n{len(failures)} check(s) failed" if failures else "\nall checks passed")
