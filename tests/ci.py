@@ -64,7 +64,7 @@ SANITIZERS = {
     "tsan": (
         "thread",
         {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"},
-        ("test_arena", "test_barrier", "test_reduction", "test_vexchange"),
+        ("test_arena", "test_barrier", "test_heap", "test_reduction", "test_vexchange"),
     ),
 }
 # Sanitized builds at -O1, as AddressSanitizer's and ThreadSanitizer's documentation advise:

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -139,11 +140,24 @@ void privatize(segment& seg) {
   seg.fd = -1;
 }
 
+// fork(): the child must copy the heap as it was when fork() returned, so the parent waits
+// (in its handler, before it can write any array) until the child says its copy is done --
+// or has died: the parent's end of the pipe then reads end-of-file.
+int fork_pipe[2] = {-1, -1};
+
 void lock_for_fork() {
   state().mutex.lock();
+  if (::pipe2(fork_pipe, O_CLOEXEC) != 0) fork_pipe[0] = fork_pipe[1] = -1;
 }
 
 void unlock_in_parent() {
+  if (fork_pipe[0] >= 0) {
+    ::close(fork_pipe[1]);
+    char done = 0;
+    while (::read(fork_pipe[0], &done, 1) < 0 && errno == EINTR) {
+    }
+    ::close(fork_pipe[0]);
+  }
   state().mutex.unlock();
 }
 
@@ -158,11 +172,17 @@ void privatize_in_child() {
   s.kept_bytes = 0;
   s.forked_child = true;
   s.pid = static_cast<std::uint64_t>(::getpid());
+  if (fork_pipe[0] >= 0) {
+    ::close(fork_pipe[0]);
+    while (::write(fork_pipe[1], "x", 1) < 0 && errno == EINTR) {
+    }
+    ::close(fork_pipe[1]);
+  }
   s.mutex.unlock();
 }
 
 int class_of(std::size_t bytes) {
-  return std::bit_width(std::bit_ceil(std::max<std::size_t>(bytes, 64))) - 1;
+  return static_cast<int>(std::bit_width(std::bit_ceil(std::max<std::size_t>(bytes, 64)))) - 1;
 }
 
 std::byte* slab_block(heap_state& s, int k) {

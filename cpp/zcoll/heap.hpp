@@ -37,7 +37,9 @@
  *
  * fork(). A child must not share its parent's arrays: the child's handler copies every heap
  * segment into private memory at the same address (mremap), drops its peers' mappings, and
- * allocates from its default allocator from then on. This costs a copy of the heap per fork.
+ * allocates from its default allocator from then on; the parent's handler waits until that
+ * copy is done, so the child sees the heap as it was at the fork. This costs a copy of the
+ * heap per fork, which the parent waits for.
  *
  * Thread safety: one mutex guards the tables; allocation is a map lookup and a list pop.
  */
@@ -70,7 +72,7 @@ limits current_limits() noexcept;
 // descriptor): the caller then uses its default allocator, which raises MemoryError if it
 // cannot allocate either.
 void* allocate(std::size_t bytes, bool zeroed) noexcept;
-// Whether `p` is a block allocate() returned and free() has not taken back.
+// Whether `p` lies in a live block's segment (a slab's, or a one-block segment not freed).
 bool owns(const void* p) noexcept;
 // Gives back `p` if it is a block allocate() returned; false (nothing done) otherwise.
 bool release(void* p) noexcept;
