@@ -67,6 +67,7 @@ RSH_AGENT = HERE.parent / "tools" / "emulated-nodes" / "rsh-agent"
 # the import graph): the same at every P, so they run in the runs of one and two ranks on one
 # node, and no other (every further run would only repeat them).
 RANK_COUNT_FREE_MODULES = [
+    "test_heap_process.py",
     "test_libfft.py",
     "test_fftw.py",
     "test_schedule.py",
