@@ -223,9 +223,7 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     report.start(len(args.sizes) * timed * args.rounds, command)
     try:
         for nbytes in args.sizes:
-            case = SizeCase(
-                comm, command, nbytes, names, rng, args.method == "fresh", args.buffers
-            )
+            case = SizeCase(comm, command, nbytes, names, rng, args.method == "fresh", args.buffers)
             if args.check:
                 failed = case.check()
                 if failed:
