@@ -19,7 +19,7 @@ from test_collectives import (
 from test_errors import expect_everywhere, last
 
 import zcoll
-from conftest import DTYPES, all_ranks_agree
+from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
 from zcoll._context import lookup
 
 # "numa" without a NUMA topology is Morton's schedule; test_collectives.test_numa_matches_mpi
@@ -63,6 +63,25 @@ def test_plan_matches_mpi_and_the_plain_call(comm, order, mode, op):
                 if got is not recv or not same_bits(got, expected) or not same_bits(plain, got):
                     failures.append((np.dtype(dtype).name, count, run))
     all_ranks_agree(comm, not failures, f"{op}_init order={order} mode={mode}: {failures}")
+
+
+@pytest.mark.parametrize("op", ["alltoall", "allgather"])
+@pytest.mark.parametrize("mode", ["private", "mixed"])
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+def test_plans_on_private_buffers(comm, path, mode, op):
+    """Plans on plain NumPy buffers, pulled by CMA each run or shadowed in the arena, whatever
+    their size: every dtype and count, against MPI and the plain call, over runs."""
+    failures = []
+    with private_buffers_by(comm, path):
+        for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+            send, recv = _buffers(comm, op, dtype, count, mode)
+            with _init(op)(comm, send, recv) as plan:
+                for run in range(RUNS):
+                    fill(send, seeded(comm, tag * RUNS + run, send.nbytes))
+                    got = plan()
+                    if got is not recv or not same_bits(got, _reference(comm, op, send)):
+                        failures.append((np.dtype(dtype).name, count, run))
+    all_ranks_agree(comm, not failures, f"{op}_init {path} {mode}: {failures}")
 
 
 @pytest.mark.parametrize("mode", ["arena", "private"])
@@ -202,10 +221,12 @@ def test_free_in_any_order_on_different_ranks(world):
     all_ranks_agree(world, bool((got == np.arange(world.size)[:, None]).all()), "after frees")
 
 
-def test_plan_holds_its_buffers(world):
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+def test_plan_holds_its_buffers(world, path):
     def make():
-        send = np.full((world.size, 1000), world.rank, np.int64)  # private: shadowed
-        return zcoll.alltoall_init(world, send), send.ctypes.data
+        send = np.full((world.size, 1000), world.rank, np.int64)  # private: pulled or shadowed
+        with private_buffers_by(world, path):
+            return zcoll.alltoall_init(world, send), send.ctypes.data
 
     plan, _ = make()
     gc.collect()

@@ -19,7 +19,7 @@ from test_errors import expect_everywhere, last
 from test_leaks import check_job_with_killed_rank, killing_job
 
 import zcoll
-from conftest import all_ranks_agree
+from conftest import PRIVATE_PATHS, all_ranks_agree, private_buffers_by
 
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
 OPS = list(zcoll.REDUCE_OPS)
@@ -591,3 +591,17 @@ def test_bcast_of_a_non_array_and_reduce_on_a_freed_comm(world):
         zcoll.reduce(dup, np.ones(3))
     with pytest.raises(ValueError, match="COMM_NULL"):
         zcoll.allreduce(dup, np.ones(3))
+
+
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+def test_bcast_of_a_private_root_buffer(comm, path):
+    """A plain NumPy root buffer pulled by CMA or staged, every root, small to 2 MiB."""
+    failures = []
+    with private_buffers_by(comm, path):
+        for root in range(comm.size):
+            for n in (1, 3000, 262_144):
+                buf = np.full(n, comm.rank, np.float64) + np.arange(n)
+                zcoll.bcast(comm, buf, root=root)
+                if not np.array_equal(buf, root + np.arange(n, dtype=np.float64)):
+                    failures.append((root, n))
+    all_ranks_agree(comm, not failures, f"bcast {path}: {failures}")

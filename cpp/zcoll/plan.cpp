@@ -1,5 +1,8 @@
 #include "zcoll/plan.hpp"
 
+#include <system_error>
+#include <utility>
+
 #include "zcoll/copy.hpp"
 #include "zcoll/error.hpp"
 
@@ -144,7 +147,10 @@ persistent_plan::persistent_plan(std::shared_ptr<node_context> ctx, op_code op,
     : plan_base(std::move(ctx), op) {
   args_ = ctx_->checked_args(op, send, recv, order, copy);
   agree_on_call();
-  if (!args_.eager && args_.block_bytes != 0) {
+  if (pulls_) {  // every rank fills its own receive row; copy modes do not apply
+    choose_copy(op, static_cast<int>(copy_mode::temporal), args_.block_bytes, args_.recv_bytes,
+                args_.recv_bytes);
+  } else if (!args_.eager && args_.block_bytes != 0) {
     const bool in_place = args_.send == nullptr;
     const auto seg = ctx_->schedule_for(op, in_place, args_.order).segment(rank_);
     mine_.assign(seg.begin(), seg.end());
@@ -169,14 +175,29 @@ void persistent_plan::agree_on_call() {
   describe(line);
   const bool ordered = !args_.eager && args_.block_bytes != 0;
   if (ordered) {
-    if (!in_place) line.send = segments.locate(args_.send, args_.send_bytes);
+    if (!in_place) line.send = ctx_->private_or_located(args_.send, args_.send_bytes);
     line.recv = segments.locate(args_.recv, args_.recv_bytes);
   }
   auto all = protocol_->publish();
   check_calls(all, op_code::plan);
   check_arguments(all);
   if (!ordered) return;
-  if (any_private(all, in_place)) {
+  const bool private_buffers = any_private(all, in_place);
+  if (private_buffers && !in_place && ctx_->pulls_private(args_.recv_bytes)) {
+    pulls_ = true;  // every rank saw the same lines and the node's probe verdict
+    send_bases_.assign(static_cast<std::size_t>(size_), nullptr);
+    remote_.assign(static_cast<std::size_t>(size_), 0);
+    for (int j = 0; j < size_; ++j) {
+      const buffer_ref& ref = all.line(j).send;
+      const auto k = static_cast<std::size_t>(j);
+      if (ref.segment)
+        send_bases_[k] = segments.resolve(ref);
+      else
+        remote_[k] = ref.offset;
+    }
+    return;
+  }
+  if (private_buffers) {
     // Every rank saw the same lines, so every rank takes this branch: shadows for private
     // buffers (a collective allocation), then the buffers published again.
     const std::size_t send_part =
@@ -229,12 +250,40 @@ void persistent_plan::stage_in() noexcept {
 }
 
 void persistent_plan::copy_blocks(const copy_plan& how) noexcept {
+  if (pulls_) return pull_blocks();
   if (mine_.empty()) return;
   copy_segment(mine_, args_.op, args_.send == nullptr, args_.block_bytes, send_bases_.data(),
                recv_bases_.data(), comm_ranks_.data(), how);
 }
 
+void persistent_plan::pull_blocks() noexcept {
+  const std::size_t block = args_.block_bytes;
+  const auto me = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]);
+  const std::size_t at = args_.op == op_code::alltoall ? me * block : 0;
+  auto* recv = static_cast<std::byte*>(args_.recv);
+  for (int k = 0; k < size_; ++k) {  // from the next rank on: senders read in turn
+    const int s = (rank_ + k) % size_;
+    const auto j = static_cast<std::size_t>(s);
+    std::byte* into = recv + static_cast<std::size_t>(comm_ranks_[j]) * block;
+    if (s == rank_)
+      copy_bytes(into, static_cast<const std::byte*>(args_.send) + at, block);
+    else if (send_bases_[j])
+      copy_bytes(into, send_bases_[j] + at, block);
+    else if (const int err = ctx_->cma().read(s, into, remote_[j] + at, block);
+             err && !pull_error_) {
+      pull_error_ = err;
+      pull_failed_from_ = s;
+    }
+  }
+}
+
 void persistent_plan::after_barrier() {
+  if (pull_error_) {
+    const int err = std::exchange(pull_error_, 0);
+    throw std::system_error(
+        err, std::generic_category(),
+        "zcoll: process_vm_readv from " + protocol_->rank_name(pull_failed_from_));
+  }
   if (!args_.eager) {
     if (recv_shadow_) copy_out();
     return;
@@ -273,6 +322,7 @@ void persistent_plan::pull_eager() {
 }
 
 void persistent_plan::release() noexcept {
+  remote_.clear();
   shadow_.reset();
   send_bases_.clear();
   recv_bases_.clear();

@@ -5,8 +5,11 @@
  * Creating a plan is collective and does everything a call does before data moves: the local
  * argument checks, "auto" resolved, the ranks' agreement on the call (an error anywhere raises
  * the same error on every rank), the schedule segment this rank copies, the copy mode, and the
- * address of every node rank's buffers. A buffer that is not in the arena gets an arena shadow
- * owned by the plan, so a run never stages through the context's shared staging area.
+ * address of every node rank's buffers. Private buffers (plain NumPy arrays) of a call the
+ * policy pulls by CMA (cma.hpp: not in place, enough bytes received) stay where they are: each
+ * run, every rank pulls its receive blocks from the senders' buffers. Otherwise a buffer that
+ * is not in shared memory gets an arena shadow owned by the plan (one extra copy per run), so a
+ * run never stages through the context's shared staging area.
  *
  * A run is start() then wait():
  *  - ordered path: start() publishes "plan #id", barrier, checks that every rank runs the same
@@ -153,6 +156,8 @@ class persistent_plan final : public plan_base {
   void stage_in() noexcept;
   void copy_out() noexcept;
   void pull_eager();
+  // CMA path: this rank's receive blocks from every node rank's send buffer.
+  void pull_blocks() noexcept;
 
   collective_args args_;
   std::vector<block_coord> mine_;                    // ordered path: this rank's schedule segment
@@ -160,6 +165,9 @@ class persistent_plan final : public plan_base {
   std::shared_ptr<arena_block> shadow_;              // arena copies of private buffers
   std::byte* send_shadow_ = nullptr;                 // null when the buffer is in the arena
   std::byte* recv_shadow_ = nullptr;
+  bool pulls_ = false;                         // the CMA path (send_bases_ null where private)
+  std::vector<std::uint64_t> remote_;          // CMA path: private send buffers' addresses
+  int pull_error_ = 0, pull_failed_from_ = 0;  // CMA path: the run's first failed read
 };
 
 }  // namespace zcoll

@@ -7,6 +7,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 
 #include "zcoll/copy.hpp"
@@ -149,14 +150,18 @@ void node_context::execute_bcast(const reduction_args& a) {
   line.call.block_bytes = a.bytes;
   line.call.root = static_cast<std::uint16_t>(a.root);
   const bool eager = policy_.eager_fits(a.bytes);
+  // A private root buffer is pulled by CMA (one copy) rather than staged (two): the same
+  // decision on every rank (the size is agreed, the probe's verdict is the node's).
+  const bool pull =
+      !eager && policy_.pulls(a.bytes) && cma_.current() == cross_memory::state::works;
   const std::size_t third = segments_.staging_third();
   if (me == a.root_node && a.bytes && p > 1) {
     if (eager) {
       copy_bytes(eager_slot(me, parity), a.input, a.bytes);
       line.send = segments_.locate(eager_slot(me, parity), a.bytes);
     } else {
-      line.send = segments_.locate(a.input, a.bytes);
-      if (!line.send.segment && third >= round_up(a.bytes, 64)) {
+      line.send = private_or_located(a.input, a.bytes);
+      if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
         copy_bytes(segments_.staging(me), a.input, a.bytes);
         line.send = segments_.locate(segments_.staging(me), a.bytes);
       }
@@ -168,6 +173,14 @@ void node_context::execute_bcast(const reduction_args& a) {
   if (a.bytes == 0 || p == 1) return;
   const auto root = static_cast<std::size_t>(a.root_node);
   const buffer_ref ref = all.line(a.root_node).send;
+  if (!ref.segment && pull) {
+    const int err = me == a.root_node ? 0 : cma_.read(a.root_node, a.out, ref.offset, a.bytes);
+    protocol_.sync();  // the root's buffer is read until here
+    if (err)
+      throw std::system_error(err, std::generic_category(),
+                              "zcoll: process_vm_readv from " + protocol_.rank_name(a.root_node));
+    return;
+  }
   const std::byte* from = nullptr;
   if (ref.segment) {
     from = segments_.resolve(ref);

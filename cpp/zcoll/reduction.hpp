@@ -24,6 +24,11 @@
  *                  rank copies every tile (an allgather). Reads m + m, writes m/P + m per rank:
  *                  the least memory traffic, for large m.
  *
+ * bcast copies the root's buffer into every other rank's: from where it is (arena, heap, eager
+ * slot), or, when it is private, pulled by CMA (cma.hpp; sizes the policy pulls) or staged. A
+ * reduction cannot fold from a peer's private memory without first copying it, which is what
+ * staging does, so its private inputs are staged at every size.
+ *
  * Determinism: each algorithm combines in an order fixed by (P, algorithm, size) -- never by
  * timing -- and exactly one rank computes each element of the result (tree, tiled) or partners
  * compute it from the same operands in the same order (flat, dissemination), so the result is
