@@ -124,6 +124,11 @@ def pick_forms(rng_g) -> tuple[str, str]:
     return str(rng_g.choice(POOL_FORMS)), str(rng_g.choice(POOL_FORMS))
 
 
+def seeded_rngs(comm, seed: list[int]) -> tuple[np.random.Generator, np.random.Generator]:
+    """(the same generator on every rank, this rank's own), both from `seed`."""
+    return np.random.default_rng(seed), np.random.default_rng([*seed, comm.rank])
+
+
 def guarded(fn, *args, **kwargs):
     """fn(*args, **kwargs) -- a zcoll call -- and its exception, if any, as a failure text
     instead (keeps the ranks in step when every rank raises)."""
@@ -364,7 +369,7 @@ def test_private_buffers_match_mpi(comm, op, path):
     """Plain NumPy buffers (both sides, or one) pulled by CMA or staged whatever their size:
     every dtype, seeded counts and specifications."""
     seed = [6, PRIVATE_PATHS.index(path), op == "allgatherv"]
-    rng_g, rng_l = np.random.default_rng(seed), np.random.default_rng([*seed, comm.rank])
+    rng_g, rng_l = seeded_rngs(comm, seed)
     case_of = alltoallv_case if op == "alltoallv" else allgatherv_case
     failures = []
     with private_buffers_by(comm, path):
@@ -799,9 +804,7 @@ def test_neighbor_matches_mpi(world, topologies, topo, op):
     comm = topology_or_skip(topologies, topo)
     failures = []
     if member(comm):
-        seed = [10, TOPOLOGIES.index(topo), NEIGHBOR_OPS.index(op)]
-        rng_g = np.random.default_rng(seed)
-        rng_l = np.random.default_rng([*seed, comm.rank])
+        rng_g, rng_l = seeded_rngs(comm, [10, TOPOLOGIES.index(topo), NEIGHBOR_OPS.index(op)])
         for case, dtype in enumerate(NEIGHBOR_DTYPES):
             send_arena, recv_arena = arena_pair(MODES[case % 3], case // 3)
             failure = neighbor_case(comm, rng_g, rng_l, op, dtype, ORDERS[case % 5],
@@ -818,9 +821,7 @@ def test_neighbor_private_buffers(world, topologies, topo, path):
     comm = topology_or_skip(topologies, topo)
     failures = []
     if member(comm):
-        seed = [11, TOPOLOGIES.index(topo), PRIVATE_PATHS.index(path)]
-        rng_g = np.random.default_rng(seed)
-        rng_l = np.random.default_rng([*seed, comm.rank])
+        rng_g, rng_l = seeded_rngs(comm, [11, TOPOLOGIES.index(topo), PRIVATE_PATHS.index(path)])
         with private_buffers_by(comm, path):
             for case, dtype in enumerate(NEIGHBOR_DTYPES):
                 op = NEIGHBOR_OPS[case % 4]

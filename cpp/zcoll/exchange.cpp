@@ -204,31 +204,51 @@ buffer_ref node_context::private_or_located(const void* p, std::size_t bytes) {
 }
 
 void node_context::execute_pulls(const collective_args& args, const call_protocol::published& all) {
-  const int me = config_.rank;
-  const auto& cr = config_.comm_ranks;
-  const std::size_t block = args.block_bytes;
-  const std::size_t at = args.op == op_code::alltoall
+  const auto p = static_cast<std::size_t>(config_.size);
+  send_bases_.assign(p, nullptr);
+  pull_from_.assign(p, 0);
+  for (int j = 0; j < config_.size; ++j) {
+    const buffer_ref& ref = all.line(j).send;
+    if (ref.segment)
+      send_bases_[static_cast<std::size_t>(j)] = segments_.resolve(ref);
+    else
+      pull_from_[static_cast<std::size_t>(j)] = ref.offset;
+  }
+  const row_source from{send_bases_.data(), pull_from_.data(),
+                        static_cast<const std::byte*>(args.send)};
+  const pull_failure failed =
+      pull_row(cma_, config_, args.op, args.block_bytes, from, static_cast<std::byte*>(args.recv));
+  protocol_.sync();  // every reader is done: the senders may change their buffers
+  if (failed.error) raise_pull_failure(failed, protocol_);
+}
+
+pull_failure pull_row(const cross_memory& cma, const context_config& config, op_code op,
+                      std::size_t block, const row_source& from, std::byte* recv) noexcept {
+  const auto& cr = config.comm_ranks;
+  const int me = config.rank;
+  const std::size_t at = op == op_code::alltoall
                              ? static_cast<std::size_t>(cr[static_cast<std::size_t>(me)]) * block
                              : 0;
-  auto* recv = static_cast<std::byte*>(args.recv);
-  int failure = 0, failed_from = 0;
-  for (int k = 0; k < config_.size; ++k) {  // from the next rank on: senders read in turn
-    const int s = (me + k) % config_.size;
-    std::byte* into = recv + static_cast<std::size_t>(cr[static_cast<std::size_t>(s)]) * block;
-    const buffer_ref& from = all.line(s).send;
+  pull_failure failed;
+  for (int k = 0; k < config.size; ++k) {  // from the next rank on: senders read in turn
+    const int s = (me + k) % config.size;
+    const auto j = static_cast<std::size_t>(s);
+    std::byte* into = recv + static_cast<std::size_t>(cr[j]) * block;
     if (s == me) {
-      copy_bytes(into, static_cast<const std::byte*>(args.send) + at, block);
-    } else if (from.segment) {
-      copy_bytes(into, segments_.resolve(from) + at, block);
-    } else if (const int err = cma_.read(s, into, from.offset + at, block); err && !failure) {
-      failure = err;
-      failed_from = s;
+      copy_bytes(into, from.own + at, block);
+    } else if (from.mapped[j]) {
+      copy_bytes(into, from.mapped[j] + at, block);
+    } else if (const int err = cma.read(s, into, from.remote[j] + at, block);
+               err && !failed.error) {
+      failed = {err, s};
     }
   }
-  protocol_.sync();  // every reader is done: the senders may change their buffers
-  if (failure)
-    throw std::system_error(failure, std::generic_category(),
-                            "zcoll: process_vm_readv from " + protocol_.rank_name(failed_from));
+  return failed;
+}
+
+void raise_pull_failure(const pull_failure& failed, const call_protocol& protocol) {
+  throw std::system_error(failed.error, std::generic_category(),
+                          "zcoll: process_vm_readv from " + protocol.rank_name(failed.from));
 }
 
 void node_context::stage_in(const collective_args& args, std::size_t send_part,

@@ -227,6 +227,7 @@ class node_context {
   std::shared_ptr<data_segment> eager_;          // two slots of eager_bytes() per rank, by parity
   std::map<schedule_spec, schedule> schedules_;  // by (kind, order, numa domains)
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
+  std::vector<std::uint64_t> pull_from_;             // per pulled call: private send buffers
   std::uint64_t plans_ = 0;                          // plans created
   std::unique_ptr<v_exchange> irregular_;            // made on first use
   std::unique_ptr<node_messages> between_nodes_;     // made on first use (several nodes)
@@ -235,6 +236,26 @@ class node_context {
   std::vector<buffer_ref> refs_;                     // per reduction: the published inputs
   std::vector<const void*> srcs_;                    // per reduction: a fold's sources
 };
+
+// Where an alltoall's or allgather's blocks come from when a rank pulls its receive row (CMA
+// path): per node rank, its send buffer mapped here, or (mapped null) its address in that
+// process; `own` is this rank's send buffer.
+struct row_source {
+  const std::byte* const* mapped;
+  const std::uint64_t* remote;
+  const std::byte* own;
+};
+// The first read of a pull that failed: its errno (0: none) and the node rank read from.
+struct pull_failure {
+  int error = 0;
+  int from = 0;
+};
+// This rank's receive row (the node ranks' blocks of `block` bytes) copied into `recv` from
+// `from`: mapped buffers by memcpy, private ones by CMA. Every read is tried.
+pull_failure pull_row(const cross_memory& cma, const context_config& config, op_code op,
+                      std::size_t block, const row_source& from, std::byte* recv) noexcept;
+// Throws the failure as std::system_error naming the rank (after the completion barrier).
+[[noreturn]] void raise_pull_failure(const pull_failure& failed, const call_protocol& protocol);
 
 // The kind of schedule `op` (alltoall or allgather), in place or not, runs.
 schedule_kind schedule_kind_of(op_code op, bool in_place) noexcept;

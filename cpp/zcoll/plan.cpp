@@ -1,6 +1,5 @@
 #include "zcoll/plan.hpp"
 
-#include <system_error>
 #include <utility>
 
 #include "zcoll/copy.hpp"
@@ -257,33 +256,15 @@ void persistent_plan::copy_blocks(const copy_plan& how) noexcept {
 }
 
 void persistent_plan::pull_blocks() noexcept {
-  const std::size_t block = args_.block_bytes;
-  const auto me = static_cast<std::size_t>(comm_ranks_[static_cast<std::size_t>(rank_)]);
-  const std::size_t at = args_.op == op_code::alltoall ? me * block : 0;
-  auto* recv = static_cast<std::byte*>(args_.recv);
-  for (int k = 0; k < size_; ++k) {  // from the next rank on: senders read in turn
-    const int s = (rank_ + k) % size_;
-    const auto j = static_cast<std::size_t>(s);
-    std::byte* into = recv + static_cast<std::size_t>(comm_ranks_[j]) * block;
-    if (s == rank_)
-      copy_bytes(into, static_cast<const std::byte*>(args_.send) + at, block);
-    else if (send_bases_[j])
-      copy_bytes(into, send_bases_[j] + at, block);
-    else if (const int err = ctx_->cma().read(s, into, remote_[j] + at, block);
-             err && !pull_error_) {
-      pull_error_ = err;
-      pull_failed_from_ = s;
-    }
-  }
+  const row_source from{send_bases_.data(), remote_.data(),
+                        static_cast<const std::byte*>(args_.send)};
+  const pull_failure failed = pull_row(ctx_->cma(), ctx_->config(), args_.op, args_.block_bytes,
+                                       from, static_cast<std::byte*>(args_.recv));
+  if (!pull_failed_.error) pull_failed_ = failed;
 }
 
 void persistent_plan::after_barrier() {
-  if (pull_error_) {
-    const int err = std::exchange(pull_error_, 0);
-    throw std::system_error(
-        err, std::generic_category(),
-        "zcoll: process_vm_readv from " + protocol_->rank_name(pull_failed_from_));
-  }
+  if (pull_failed_.error) raise_pull_failure(std::exchange(pull_failed_, {}), *protocol_);
   if (!args_.eager) {
     if (recv_shadow_) copy_out();
     return;

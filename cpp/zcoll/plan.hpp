@@ -165,9 +165,9 @@ class persistent_plan final : public plan_base {
   std::shared_ptr<arena_block> shadow_;              // arena copies of private buffers
   std::byte* send_shadow_ = nullptr;                 // null when the buffer is in the arena
   std::byte* recv_shadow_ = nullptr;
-  bool pulls_ = false;                         // the CMA path (send_bases_ null where private)
-  std::vector<std::uint64_t> remote_;          // CMA path: private send buffers' addresses
-  int pull_error_ = 0, pull_failed_from_ = 0;  // CMA path: the run's first failed read
+  bool pulls_ = false;                 // the CMA path (send_bases_ null where private)
+  std::vector<std::uint64_t> remote_;  // CMA path: private send buffers' addresses
+  pull_failure pull_failed_;           // CMA path: the run's first failed read
 };
 
 }  // namespace zcoll

@@ -7,7 +7,6 @@
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <system_error>
 #include <utility>
 
 #include "zcoll/copy.hpp"
@@ -176,9 +175,7 @@ void node_context::execute_bcast(const reduction_args& a) {
   if (!ref.segment && pull) {
     const int err = me == a.root_node ? 0 : cma_.read(a.root_node, a.out, ref.offset, a.bytes);
     protocol_.sync();  // the root's buffer is read until here
-    if (err)
-      throw std::system_error(err, std::generic_category(),
-                              "zcoll: process_vm_readv from " + protocol_.rank_name(a.root_node));
+    if (err) raise_pull_failure({err, a.root_node}, protocol_);
     return;
   }
   const std::byte* from = nullptr;

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <string>
-#include <system_error>
 #include <tuple>
 #include <unordered_map>
 
@@ -434,7 +433,7 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
   const v_pattern& pat = pattern(c.pattern);
   const int me = ctx_.config().rank;
   auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
-  int failure = 0, failed_from = 0;
+  pull_failure failed;
   for (const v_tuple& t : incoming_[static_cast<std::size_t>(c.pattern)]) {
     const v_span& to = received(pat, t, parity);
     const std::uint64_t at = sent(t, parity).offset;
@@ -444,16 +443,12 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
     else if (from.segment)
       copy_bytes(recv + to.offset, ctx_.segments().resolve(from) + at, to.bytes);
     else if (const int err = ctx_.cma().read(t.src, recv + to.offset, from.offset + at, to.bytes);
-             err && !failure) {
-      failure = err;
-      failed_from = t.src;
+             err && !failed.error) {
+      failed = {err, t.src};
     }
   }
   ctx_.protocol().sync();  // every reader is done: the senders may change their buffers
-  if (failure)
-    throw std::system_error(
-        failure, std::generic_category(),
-        "zcoll: process_vm_readv from " + ctx_.protocol().rank_name(failed_from));
+  if (failed.error) raise_pull_failure(failed, ctx_.protocol());
 }
 
 void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,
