@@ -113,8 +113,9 @@ class Plan(PlanMixin, _core.Plan):
     A plan holds its buffers (dropping your references is safe). Plain NumPy buffers are
     pulled by CMA on every run where a plain call would pull them; otherwise the plan holds a
     shadow in the arena for each buffer that is not there (a run costs one extra copy of that
-    buffer, and no staging barrier). ``free()`` is local; using a plan after ``free()``, after its communicator was
-    freed or after a peer died raises. A plan is a context manager that frees itself.
+    buffer, and no staging barrier). ``free()`` is local; using a plan after ``free()``, after
+    its communicator was freed or after a peer died raises. A plan is a context manager that
+    frees itself.
     """
 
     def __init__(
