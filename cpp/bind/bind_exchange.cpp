@@ -730,7 +730,7 @@ void register_exchange(py::module_& m) {
             const buffer_ref r = ctx.where(a.data(), static_cast<std::size_t>(a.nbytes()));
             return py::make_tuple(r.segment, r.offset);
           },
-          py::arg("a"), "(segment id, offset) of an arena array, (0, 0) when not shareable.")
+          py::arg("a"), "(segment id, offset) of an arena array; (0, address) when not shareable.")
       .def(
           "view",
           [](node_context& ctx, std::uint64_t segment, std::uint64_t offset, std::size_t nbytes) {

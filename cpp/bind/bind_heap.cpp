@@ -40,8 +40,8 @@ void* heap_calloc(void* /*ctx*/, std::size_t count, std::size_t size) {
 
 void* heap_realloc(void* ctx, void* p, std::size_t n) {
   if (!p) return heap_malloc(ctx, n);
-  if (!heap::owns(p)) return fallback->allocator.realloc(fallback->allocator.ctx, p, n);
-  const std::size_t have = heap::usable_bytes(p);
+  const std::size_t have = heap::usable_bytes(p);  // 0: not the heap's
+  if (!have) return fallback->allocator.realloc(fallback->allocator.ctx, p, n);
   if (n <= have && n > have / 2) return p;  // still the right block
   void* q = heap_malloc(ctx, n);
   if (!q) return nullptr;  // NumPy keeps p, as realloc's contract says

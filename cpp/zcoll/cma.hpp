@@ -47,14 +47,9 @@ class cross_memory {
 
   cross_memory(std::vector<std::int32_t> pids, int rank) : pids_(std::move(pids)), rank_(rank) {}
 
-  // Collective the first time (probe()), local afterwards: whether every node rank can read
-  // every other's memory. Every rank gets the same answer.
-  bool usable(call_protocol& protocol) {
-    return state_ == state::untested ? probe(protocol) : state_ == state::works;
-  }
   // Collective (two barriers of `protocol`): each rank reads a known word of every peer;
-  // usable() then answers from this verdict. `publish_unmapped` (tests): this rank publishes an
-  // address nobody can read, so its peers' reads fail as a refusing kernel's would.
+  // current() then holds the verdict, the same on every rank. `publish_unmapped` (tests): this rank
+  // publishes an address nobody can read, so its peers' reads fail as a refusing kernel's would.
   bool probe(call_protocol& protocol, bool publish_unmapped = false);
   // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
   int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {

@@ -159,7 +159,7 @@ void node_context::execute(const collective_args& args) {
   line.call.block_bytes = args.block_bytes;
   line.call.dtype = args.dtype;
   line.call.flag = in_place ? 1 : 0;
-  if (!in_place) line.send = private_or_located(args.send, args.send_bytes);
+  if (!in_place) line.send = segments_.locate(args.send, args.send_bytes);
   line.recv = segments_.locate(args.recv, args.recv_bytes);
   const auto all = protocol_.publish();
   check_calls(all, args.op);
@@ -195,12 +195,6 @@ void node_context::execute(const collective_args& args) {
   protocol_.sync();
   if (staged && my_recv_staged)
     copy_bytes(args.recv, segments_.staging(config_.rank) + send_part, args.recv_bytes);
-}
-
-buffer_ref node_context::private_or_located(const void* p, std::size_t bytes) {
-  buffer_ref ref = segments_.locate(p, bytes);
-  if (ref.segment == 0) ref.offset = reinterpret_cast<std::uintptr_t>(p);
-  return ref;
 }
 
 void node_context::execute_pulls(const collective_args& args, const call_protocol::published& all) {

@@ -132,7 +132,8 @@ class node_context {
   }
   const auto_policy& policy() const noexcept { return policy_; }
   auto_policy& policy() noexcept { return policy_; }
-  // Local: where [p, p + bytes) is ({0, 0} when no rank of this context can resolve it).
+  // Local: where [p, p + bytes) is (segment 0 when no rank of this context can map it; the
+  // offset is then its address here).
   buffer_ref where(const void* p, std::size_t bytes) { return segments_.locate(p, bytes); }
   // Local: a view of `bytes` at `ref` (published by a peer); keeps the mapping alive.
   std::shared_ptr<arena_block> view(const buffer_ref& ref, std::size_t bytes) {
@@ -172,8 +173,8 @@ class node_context {
   // Collective the first time: whether the node ranks can read each other's private memory
   // (cma.hpp); the same answer on every rank.
   bool cma_usable() {
-    if (cma_.current() == cross_memory::state::untested) probe_cma(false);
-    return cma_.usable(protocol_);
+    using state = cross_memory::state;
+    return cma_.current() == state::untested ? probe_cma(false) : cma_.current() == state::works;
   }
   // Collective: probes again (cma.hpp; `publish_unmapped`: as a refusing kernel, for tests).
   bool probe_cma(bool publish_unmapped) {
@@ -188,9 +189,6 @@ class node_context {
   bool pulls_private(std::size_t recv_bytes) {
     return config_.size > 1 && policy_.pulls(recv_bytes) && cma_usable();
   }
-  // Where a buffer is, as a call publishes it: its segment and offset, or (segment 0, for
-  // buffers in no shared segment) its address in this process, for peers' CMA reads.
-  buffer_ref private_or_located(const void* p, std::size_t bytes);
   // A new plan id: plans are created collectively, so every rank numbers them alike.
   std::uint64_t next_plan_id() noexcept { return ++plans_; }
 

@@ -60,7 +60,7 @@ struct heap_state {
   std::map<std::uintptr_t, segment> segments;                     // by base address
   std::map<int, std::uintptr_t> by_fd;                            // segments' bases by descriptor
   std::vector<std::vector<std::byte*>> free_blocks{class_count};  // per size class
-  std::vector<std::uintptr_t> carving = std::vector<std::uintptr_t>(class_count, 0);
+  std::vector<segment*> carving = std::vector<segment*>(class_count, nullptr);  // slabs in use
   std::map<std::uint64_t, attachment> attached;     // peers' segments, by pid << 16 | fd
   std::multimap<std::size_t, std::uintptr_t> kept;  // freed one-block segments: bytes -> base
   std::size_t kept_bytes = 0;
@@ -193,14 +193,11 @@ std::byte* slab_block(heap_state& s, int k) {
     return p;
   }
   const std::size_t block = std::size_t{1} << k;
-  segment* slab =
-      s.carving[static_cast<std::size_t>(k)]
-          ? segment_at(s, reinterpret_cast<void*>(s.carving[static_cast<std::size_t>(k)]))
-          : nullptr;
+  segment*& slab = s.carving[static_cast<std::size_t>(k)];  // slabs are never unmapped
   if (!slab || slab->carved + block > slab->bytes) {
-    slab = create_segment(s, std::max(min_slab_bytes, 8 * block), k);
-    if (!slab) return nullptr;
-    s.carving[static_cast<std::size_t>(k)] = reinterpret_cast<std::uintptr_t>(slab->base);
+    segment* fresh = create_segment(s, std::max(min_slab_bytes, 8 * block), k);
+    if (!fresh) return nullptr;
+    slab = fresh;
   }
   std::byte* p = slab->base + slab->carved;
   slab->carved += block;
@@ -311,10 +308,11 @@ void* allocate(std::size_t bytes, bool zeroed) noexcept {
     ++s.blocks;
     return seg->base;  // a fresh memfd reads as zeros
   }
-  std::byte* p = slab_block(s, class_of(bytes));
+  const int k = class_of(bytes);
+  std::byte* p = slab_block(s, k);
   if (!p) return nullptr;
   ++s.blocks;
-  if (zeroed) std::memset(p, 0, std::size_t{1} << class_of(bytes));
+  if (zeroed) std::memset(p, 0, std::size_t{1} << k);
   return p;
 }
 
@@ -352,9 +350,10 @@ bool release(void* p) noexcept {
 
 std::size_t usable_bytes(const void* p) noexcept {
   heap_state& s = state();
+  if (!p || !in_range(s, p)) return 0;
   std::lock_guard lock(s.mutex);
   const segment* seg = segment_at(s, p);
-  if (!seg) return 0;
+  if (!seg || seg->kept) return 0;
   return seg->size_class < 0 ? seg->bytes : std::size_t{1} << seg->size_class;
 }
 

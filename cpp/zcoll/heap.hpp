@@ -76,7 +76,7 @@ void* allocate(std::size_t bytes, bool zeroed) noexcept;
 bool owns(const void* p) noexcept;
 // Gives back `p` if it is a block allocate() returned; false (nothing done) otherwise.
 bool release(void* p) noexcept;
-// Bytes usable at `p` (a block allocate() returned).
+// Bytes usable at `p`, a block allocate() returned; 0 when owns(p) is false.
 std::size_t usable_bytes(const void* p) noexcept;
 
 // How peers name [p, p + bytes) ({0, 0} when it is not in the heap or cannot be published).

@@ -174,7 +174,7 @@ void persistent_plan::agree_on_call() {
   describe(line);
   const bool ordered = !args_.eager && args_.block_bytes != 0;
   if (ordered) {
-    if (!in_place) line.send = ctx_->private_or_located(args_.send, args_.send_bytes);
+    if (!in_place) line.send = segments.locate(args_.send, args_.send_bytes);
     line.recv = segments.locate(args_.recv, args_.recv_bytes);
   }
   auto all = protocol_->publish();

@@ -159,7 +159,7 @@ void node_context::execute_bcast(const reduction_args& a) {
       copy_bytes(eager_slot(me, parity), a.input, a.bytes);
       line.send = segments_.locate(eager_slot(me, parity), a.bytes);
     } else {
-      line.send = private_or_located(a.input, a.bytes);
+      line.send = segments_.locate(a.input, a.bytes);
       if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
         copy_bytes(segments_.staging(me), a.input, a.bytes);
         line.send = segments_.locate(segments_.staging(me), a.bytes);

@@ -48,7 +48,7 @@ const node_segments::known_segment& node_segments::remember(std::shared_ptr<data
   return known_.back();
 }
 
-buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
+buffer_ref node_segments::shared_ref(const void* p, std::size_t bytes) {
   const auto* q = static_cast<const std::byte*>(p);
   for (const auto& known : known_) {
     const std::byte* base = known.seg->shm->data();
@@ -62,6 +62,12 @@ buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
   if (!seg) return publish_heap_ ? heap::locate(p, bytes) : buffer_ref{};
   const auto& known = remember(std::move(seg));
   return known.shared_by_all ? buffer_ref{known.seg->id, offset} : buffer_ref{};
+}
+
+buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
+  buffer_ref ref = shared_ref(p, bytes);
+  if (ref.segment == 0) ref.offset = reinterpret_cast<std::uintptr_t>(p);
+  return ref;
 }
 
 std::byte* node_segments::resolve(const buffer_ref& ref) {

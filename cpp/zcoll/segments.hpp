@@ -48,7 +48,8 @@ class node_segments {
 
   // Where [p, p + bytes) is, in terms every rank of this context can resolve: a segment all of
   // them have mapped, or this process's shared heap (heap.hpp) once publish_heap(true); else
-  // {0, 0}.
+  // segment 0 (private memory) with p's address in this process as the offset, for peers'
+  // CMA reads (cma.hpp).
   buffer_ref locate(const void* p, std::size_t bytes);
   // Whether heap buffers are published for peers to map (the context's probe said they can).
   void publish_heap(bool yes) noexcept { publish_heap_ = yes; }
@@ -68,6 +69,8 @@ class node_segments {
     bool shared_by_all;  // every rank of this context has it mapped (so peers can resolve it)
   };
   const known_segment& remember(std::shared_ptr<data_segment> seg);
+  // locate() for buffers in shared memory ({0, 0} for the others).
+  buffer_ref shared_ref(const void* p, std::size_t bytes);
 
   call_protocol& protocol_;
   int rank_;

@@ -295,7 +295,7 @@ void v_exchange::run(const v_call& c) {
   const std::size_t parity = proto.parity();
   write_metadata(mine, parity, c.order == auto_order && fill_eager_slot(c, mine, parity));
   describe_line(c, mine, line);
-  if (c.send) line.send = ctx_.private_or_located(c.send->data, c.send->nbytes);
+  if (c.send) line.send = ctx_.segments().locate(c.send->data, c.send->nbytes);
   line.recv = ctx_.segments().locate(c.recv->data, c.recv->nbytes);
   const auto all = proto.publish();
   check_calls(all, c.op);
