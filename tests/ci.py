@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Staged test driver: lint, C++ unit tests under sanitizers, the MPI test suite on Open MPI and
-on MPICH.
+"""Staged test driver: lint, the API reference, C++ unit tests under sanitizers, the MPI test
+suite on Open MPI and on MPICH.
 
-    python3 tests/ci.py                        # lint, asan, tsan, mpi, mpich (what CI runs)
+    python3 tests/ci.py                        # lint, docs, asan, tsan, mpi, mpich (what CI runs)
+    python3 tests/ci.py --stages docs          # only the API reference
     python3 tests/ci.py --stages cpp           # only the C++ unit tests, unsanitized
     python3 tests/ci.py --no-lint -- -n 2 4    # arguments after -- go to tests/run_mpi.py
 
@@ -10,6 +11,10 @@ Stages run in order and every selected stage runs even when an earlier one faile
 
   lint  pre-commit run --all-files --show-diff-on-failure (skipped, with a note, when the
         repository has no .pre-commit-config.yaml)
+  docs  the API reference from the numpydoc docstrings (docs/api/), warnings as errors:
+        python -m sphinx -E -W --keep-going -b html docs/api build/docs (needs the docs extra:
+        sphinx, numpydoc; it documents this checkout's python/zcoll with the installed
+        extension)
   asan  configures build/cpp-asan with -DZCOLL_BUILD_TESTS=ON (needs doctest: apt install
         doctest-dev) and -DZCOLL_SANITIZE=address,undefined at -O1 (the sanitizers' advice),
         builds every C++ unit test with 2 jobs and runs them under ctest --output-on-failure:
@@ -28,13 +33,14 @@ Stages run in order and every selected stage runs even when an earlier one faile
 
 Each stage prints its name and wall time. The exit status is non-zero when any stage failed.
 The last line is "N passed, N failed, N skipped": ctest's test counts plus run_mpi's; a stage
-that failed without a failed test to show for it (lint, a build error, a crash) counts as one
-failure, so that line alone tells whether the run was good.
+that failed without a failed test to show for it (lint, docs, a build error, a crash) counts as
+one failure, so that line alone tells whether the run was good.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import shutil
@@ -46,10 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("lint", "asan", "tsan", "mpi", "mpich", "cpp")
+STAGES = ("lint", "docs", "asan", "tsan", "mpi", "mpich", "cpp")
 #: What CI runs: the plain C++ build of the unit tests ("cpp") runs the very tests that "asan"
 #: runs with the sanitizers' checks added, so it is left out unless named.
-DEFAULT_STAGES = ("lint", "asan", "tsan", "mpi", "mpich")
+DEFAULT_STAGES = ("lint", "docs", "asan", "tsan", "mpi", "mpich")
+#: The API reference's build: -E reads every page each time (Sphinx warns only about the pages
+#: it reads, so an incremental build could pass over a warning), -W fails on any warning.
+DOCS_BUILD = ("-m", "sphinx", "-E", "-W", "--keep-going", "-b", "html", "docs/api", "build/docs")
 # Per sanitized stage: its -fsanitize= list, the runtime options that make every report fatal
 # (non-zero exit: the ctest case fails), and the unit tests it builds and runs (None: all).
 SANITIZERS = {
@@ -121,6 +130,17 @@ def stage_lint(result: StageResult, _args: argparse.Namespace) -> None:
     cmd = [exe] if exe else [sys.executable, "-m", "pre_commit"]
     if run([*cmd, "run", "--all-files", "--show-diff-on-failure"]) != 0:
         result.status, result.note = "failed", "pre-commit reported problems"
+
+
+def stage_docs(result: StageResult, _args: argparse.Namespace) -> None:
+    missing = [m for m in ("sphinx", "numpydoc") if importlib.util.find_spec(m) is None]
+    if missing:
+        result.status = "failed"
+        result.note = f"{', '.join(missing)} not installed (pip install '.[docs]')"
+        print(f"docs: {result.note}", flush=True)
+        return
+    if run([sys.executable, *DOCS_BUILD]) != 0:
+        result.status, result.note = "failed", "Sphinx reported warnings or errors"
 
 
 def pybind11_cmake_dir() -> str | None:
@@ -363,6 +383,7 @@ def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
 
 RUNNERS = {
     "lint": stage_lint,
+    "docs": stage_docs,
     "cpp": stage_cpp,
     "asan": stage_sanitized,
     "tsan": stage_sanitized,
