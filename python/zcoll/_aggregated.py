@@ -46,7 +46,7 @@ _P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private
 #: The size rule (the engine's, aggregate.hpp): a call across nodes carries in its round's
 #: messages -- an alltoall aggregates, an irregular call packs -- the blocks of at most
 #: ``AGGREGATE_UNIT_BLOCK * q`` bytes, q the ranks of the smallest node, and at most
-#: ``AGGREGATE_MAX_BLOCK``; larger ones go rank to rank (README "Across nodes").
+#: ``AGGREGATE_MAX_BLOCK``; larger ones go rank to rank (docs/design.md).
 AGGREGATE_UNIT_BLOCK: int = _core.AGGREGATE_UNIT_BLOCK
 AGGREGATE_MAX_BLOCK: int = _core.AGGREGATE_MAX_BLOCK
 
