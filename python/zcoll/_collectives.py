@@ -169,12 +169,15 @@ def alltoall(
 
     Notes
     -----
-    When every buffer is in the arena (:func:`zcoll.empty`) each block moves with one copy
-    between two node barriers, and no MPI call is made. A buffer outside the arena is staged
-    through it: one extra copy of that buffer and one extra node barrier. On a communicator
-    spanning several nodes, blocks between nodes travel by MPI: small ones in one aggregated
-    message per pair of nodes, larger ones rank to rank (README, "Across nodes"); there, with a
-    buffer outside the arena, each rank packs and unpacks its own blocks instead of staging.
+    When every buffer is in shared memory (the arena, :func:`zcoll.empty`, or the shared heap,
+    :func:`zcoll.use_shared_heap`) each block moves with one copy between two node barriers,
+    and no MPI call is made. A plain NumPy buffer is read from its owner's memory by CMA
+    (``process_vm_readv``, one copy) when each rank receives at least ``ZCOLL_CMA_BYTES`` and
+    the kernel allows it; otherwise (and in place) it is staged through the arena: one extra
+    copy of that buffer and one extra node barrier. On a communicator spanning several nodes,
+    blocks between nodes travel by MPI: small ones in one aggregated message per pair of
+    nodes, larger ones rank to rank (docs/design.md); there, with a buffer outside the arena,
+    each rank packs and unpacks its own blocks instead of staging.
 
     Raises
     ------
@@ -223,8 +226,8 @@ def allgather(
     -----
     Costs as for :func:`alltoall`. Across nodes, blocks up to four times alltoall's size limit
     travel in one message per pair of nodes (each rank copying its block into every message
-    its node sends); larger ones between the nodes' leaders (SC'05 concurrent exchange) or
-    rank to rank.
+    its node sends); larger ones rank to rank, or between the nodes' leaders (SC'05 concurrent
+    exchange) where the tuning table's ``internode`` rules say so.
     """
     if (
         recvbuf is not None

@@ -642,8 +642,10 @@ def alltoallv(
     Every rank publishes its counts and displacements in the node's shared control area;
     after one node barrier every rank checks every pair's counts and copies an equal share of
     the bytes along the order's curve (a large block may be split between ranks), then a
-    second barrier. Arena buffers (:func:`zcoll.empty`) move with one copy; others are
-    staged through the arena (one more copy each way and one more barrier). Blocks between
+    second barrier. Arena buffers (:func:`zcoll.empty`) move with one copy; plain NumPy
+    buffers are read by CMA (one copy) when the node's ranks receive at least
+    ``ZCOLL_CMA_BYTES`` on average, else staged through the arena (one more copy each way and
+    one more barrier). Blocks between
     nodes travel by MPI point-to-point. The common buffer forms are parsed in C++ (one
     crossing into the engine per call).
 
