@@ -605,3 +605,62 @@ def test_bcast_of_a_private_root_buffer(comm, path):
                 if not np.array_equal(buf, root + np.arange(n, dtype=np.float64)):
                     failures.append((root, n))
     all_ranks_agree(comm, not failures, f"bcast {path}: {failures}")
+
+
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+@pytest.mark.parametrize("algorithm", ["auto", "tiled"])
+def test_reductions_of_private_inputs(comm, path, algorithm):
+    """Plain NumPy inputs, pulled by CMA a piece at a time or staged: on every rank, on some
+    (the others' in the arena), in place; allreduce, reduce at every root, reduce_scatter_block;
+    sizes whose tiles span several pulled pieces. Integers against MPI, float32 tiled against
+    NumPy's rank-order fold bit for bit (on one node; across nodes within the bound)."""
+    p = comm.size
+    failures = []
+    with private_buffers_by(comm, path):
+        for n in (3, 40_003, 200_000):
+            x = seeded(comm, n, n, np.int64)
+            for mode in ("private", "mixed", "in_place"):
+                in_arena = make(comm, x, True)  # collective: every rank makes one
+                src = in_arena if mode == "mixed" and comm.rank % 2 == 0 else x.copy()
+                if mode == "in_place":
+                    got = zcoll.allreduce(comm, zcoll.IN_PLACE, src, algorithm=algorithm)
+                else:
+                    got = zcoll.allreduce(comm, src, algorithm=algorithm)
+                    if not np.array_equal(src, x):
+                        failures.append((n, mode, "input changed"))
+                if why := check_against_mpi(comm, x, got, "sum"):
+                    failures.append((n, mode, why))
+            for root in range(p):
+                want = np.empty_like(x) if comm.rank == root else None
+                comm.Reduce(x, want, op=MPI.SUM, root=root)
+                got = zcoll.reduce(comm, x, root=root, algorithm=algorithm)
+                if comm.rank == root and not np.array_equal(got, want):
+                    failures.append((n, "reduce", root))
+            block = n // p
+            want = np.empty(block, np.int64)
+            comm.Reduce_scatter_block(x[: p * block], want, op=MPI.SUM)
+            got = zcoll.reduce_scatter_block(comm, x[: p * block], algorithm=algorithm)
+            if not np.array_equal(got, want):
+                failures.append((n, "reduce_scatter_block"))
+            y = seeded(comm, n + 1, n, np.float32)
+            got = zcoll.allreduce(comm, y, algorithm="tiled")
+            if not single_node(comm):  # across nodes the order is not rank order
+                if why := check_against_mpi(comm, y, got, "sum"):
+                    failures.append((n, "float32", why))
+            elif got.tobytes() != numpy_fold(comm, y, "sum").tobytes():
+                failures.append((n, "float32 tiled not NumPy's rank-order fold"))
+    all_ranks_agree(comm, not failures, f"{path} {algorithm}: {failures}")
+
+
+def test_auto_runs_tiled_when_private_inputs_are_pulled(world):
+    """What "auto" runs for private inputs: tiled (the one algorithm that pulls) from the CMA
+    threshold up when CMA works, the size's own choice below it and when refused."""
+    ctx = zcoll._context.context(world)
+    core = ctx.core
+    big = 1 << 22
+    shared = core.reduction_choice(big)
+    pulled = core.reduction_choice(big, private_inputs=True)
+    works = core.cma[0] == "works" and ctx.node_size > 1
+    ok = pulled == ("tiled" if works else shared)
+    ok &= core.reduction_choice(8, private_inputs=True) == core.reduction_choice(8)
+    all_ranks_agree(world, ok, f"shared {shared}, pulled {pulled}, cma {core.cma}")

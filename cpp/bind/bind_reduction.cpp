@@ -410,10 +410,12 @@ void register_reduction(py::module_& m) {
       "piece; [] restores the built-in estimate.");
   cls.def(
       "reduction_choice",
-      [](const node_context& ctx, std::size_t bytes) {
-        return std::string(name_of(ctx.policy().choose_reduction(bytes)));
+      [](const node_context& ctx, std::size_t bytes, bool private_inputs) {
+        return std::string(name_of(ctx.reduction_choice(bytes, private_inputs)));
       },
-      py::arg("nbytes"), "The algorithm algorithm='auto' runs for nbytes per rank.");
+      py::arg("nbytes"), py::arg("private_inputs") = false,
+      "The algorithm algorithm='auto' runs for nbytes per rank (private_inputs: some rank's "
+      "input is outside shared memory).");
   cls.def(
       "reduction_cost",
       [](const node_context& ctx, int algorithm, std::size_t bytes) {

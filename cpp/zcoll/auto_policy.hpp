@@ -125,7 +125,11 @@ class auto_policy {
   double predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept;
   // What algorithm="auto" runs for `bytes` per rank: the least predicted time (ties: the
   // lowest code). The last answer is remembered: a loop of calls of one size asks once.
-  reduce_algorithm choose_reduction(std::size_t bytes) const noexcept {
+  // `pulled`: some input is private and the call pulls it by CMA, which only the tiled
+  // algorithm does (every other one stages each private input whole first); measured faster
+  // than any staged algorithm at every size that pulls (docs/performance.md).
+  reduce_algorithm choose_reduction(std::size_t bytes, bool pulled = false) const noexcept {
+    if (pulled) return reduce_algorithm::tiled;
     if (bytes != chosen_bytes_) {
       chosen_ = least_predicted(bytes);
       chosen_bytes_ = bytes;

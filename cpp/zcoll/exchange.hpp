@@ -189,6 +189,18 @@ class node_context {
   bool pulls_private(std::size_t recv_bytes) {
     return config_.size > 1 && policy_.pulls(recv_bytes) && cma_usable();
   }
+  // Whether a reduction of `bytes` per rank leaves private inputs where they are, for the tiled
+  // algorithm to pull (the same answer on every rank: the size is agreed, the CMA verdict is
+  // the node's; eager calls copy their inputs into the eager slots instead).
+  bool pulls_reduction_inputs(std::size_t bytes) const noexcept {
+    return config_.size > 1 && !policy_.eager_fits(bytes) && policy_.pulls(bytes) &&
+           cma_.current() == cross_memory::state::works;
+  }
+  // What algorithm="auto" runs for a reduction of `bytes` per rank (`private_inputs`: some
+  // rank's input is outside shared memory).
+  reduce_algorithm reduction_choice(std::size_t bytes, bool private_inputs) const noexcept {
+    return policy_.choose_reduction(bytes, private_inputs && pulls_reduction_inputs(bytes));
+  }
   // A new plan id: plans are created collectively, so every rank numbers them alike.
   std::uint64_t next_plan_id() noexcept { return ++plans_; }
 
@@ -213,9 +225,16 @@ class node_context {
   reduction_args checked_reduction(const reduction_call& call);
   void execute_reduction(const reduction_args& a);
   void execute_bcast(const reduction_args& a);
-  // Where each node rank's input is, from the published lines (staging what must be).
+  // Where each node rank's input is, from the published lines (staging what must be; with
+  // `pull`, private peers' inputs are left null for fold_pulled_tile).
   void resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
-                      std::size_t third);
+                      std::size_t third, bool pull);
+  // Folds bytes [off, off + len) of every input into `work`, pulling private peers' parts by
+  // CMA a piece at a time; publishes this rank's first failed read in its slot.
+  void fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len, std::byte* work);
+  // After the barrier that follows fold_pulled_tile: raises any rank's failed read, on every
+  // rank.
+  void raise_failed_pulls();
 
   context_config config_;
   call_protocol protocol_;
@@ -233,6 +252,7 @@ class node_context {
   std::vector<const std::byte*> inputs_;             // per reduction: each node rank's input
   std::vector<buffer_ref> refs_;                     // per reduction: the published inputs
   std::vector<const void*> srcs_;                    // per reduction: a fold's sources
+  std::vector<std::byte> pull_scratch_;              // per pulled reduction: peers' pieces
 };
 
 // Where an alltoall's or allgather's blocks come from when a rank pulls its receive row (CMA

@@ -49,6 +49,11 @@ std::vector<std::vector<tree_group>> make_reduction_tree(int size, const std::ve
   return levels;
 }
 
+namespace {
+// Bytes of each private peer's input a pulled tiled reduction reads per fold (measured: ...).
+constexpr std::size_t pull_piece_bytes = std::size_t{64} << 10;
+}  // namespace
+
 // One rank's reduction call, checked and resolved.
 struct node_context::reduction_args {
   op_code op = op_code::allreduce;
@@ -126,7 +131,15 @@ void node_context::run_reduction(const reduction_call& call) {
 }
 
 void node_context::resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
-                                  std::size_t third) {
+                                  std::size_t third, bool pull) {
+  if (pull) {  // private inputs stay where they are: their tiles are pulled by CMA
+    inputs_.assign(refs.size(), nullptr);
+    for (std::size_t j = 0; j < refs.size(); ++j)
+      inputs_[j] = refs[j].segment                       ? segments_.resolve(refs[j])
+                   : static_cast<int>(j) == config_.rank ? a.input
+                                                         : nullptr;
+    return;
+  }
   bool stage = false;
   for (const buffer_ref& r : refs) stage |= r.segment == 0;
   if (stage) {  // every rank sees the same lines, so every rank takes this branch
@@ -191,6 +204,42 @@ void node_context::execute_bcast(const reduction_args& a) {
   if (!eager) protocol_.sync();  // the root's buffer (or staging) is read until here
 }
 
+void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len,
+                                    std::byte* work) {
+  const auto np = static_cast<std::size_t>(config_.size);
+  const std::size_t esize = a.bytes / a.count;
+  // Pieces small enough that a piece of every peer stays in cache between its read and the
+  // fold; whole elements, so each piece folds on its own.
+  const std::size_t piece = std::max<std::size_t>(esize, pull_piece_bytes / esize * esize);
+  pull_scratch_.resize(np * piece);
+  srcs_.resize(np);
+  pull_failure failed;
+  for (std::size_t at = off; at < off + len; at += piece) {
+    const std::size_t bytes = std::min(piece, off + len - at);
+    for (std::size_t j = 0; j < np; ++j) {
+      if (inputs_[j]) {
+        srcs_[j] = inputs_[j] + at;
+        continue;
+      }
+      std::byte* into = pull_scratch_.data() + j * piece;
+      srcs_[j] = into;
+      const int err = cma_.read(static_cast<int>(j), into, refs_[j].offset + at, bytes);
+      if (err && !failed.error) failed = {err, static_cast<int>(j)};
+    }
+    reduce_fold(a.rop, a.type, work + at, srcs_.data(), config_.size, bytes / esize);
+  }
+  // A failed read spoils this rank's tile, which every rank copies: every rank raises it.
+  auto& mine = protocol_.slot(config_.rank);
+  mine.cma_error = failed.error;
+  mine.cma_failed_from = failed.from;
+}
+
+void node_context::raise_failed_pulls() {
+  for (int r = 0; r < config_.size; ++r)
+    if (const auto& slot = protocol_.slot(r); slot.cma_error)
+      raise_pull_failure({slot.cma_error, slot.cma_failed_from}, protocol_);
+}
+
 void node_context::execute_reduction(const reduction_args& a) {
   const int p = config_.size, me = config_.rank;
   const auto np = static_cast<std::size_t>(p);
@@ -204,6 +253,9 @@ void node_context::execute_reduction(const reduction_args& a) {
   const std::size_t span = round_up(a.bytes, 64);  // one input, result or work buffer
   const bool eager = policy_.eager_fits(a.bytes);
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
+  // A private input may stay where it is, for the tiled algorithm to pull its peers' parts by
+  // CMA: the same answer on every rank (the size is agreed, the probe's verdict is the node's).
+  const bool may_pull = pulls_reduction_inputs(a.bytes);
   std::size_t third = segments_.staging_third();
   if (eager_flat && a.bytes && p > 1) {  // the one-barrier path: inputs in the eager slots
     copy_bytes(eager_slot(me, parity), a.input, a.bytes);
@@ -212,7 +264,7 @@ void node_context::execute_reduction(const reduction_args& a) {
     if (!line.send.segment && eager) {
       copy_bytes(eager_slot(me, parity), a.input, a.bytes);
       line.send = segments_.locate(eager_slot(me, parity), a.bytes);
-    } else if (!line.send.segment && third >= span) {
+    } else if (!line.send.segment && !may_pull && third >= span) {
       copy_bytes(segments_.staging(me), a.input, a.bytes);
       line.send = segments_.locate(segments_.staging(me), a.bytes);
     }
@@ -248,12 +300,22 @@ void node_context::execute_reduction(const reduction_args& a) {
     return;
   }
   refs_.resize(np);
-  for (int j = 0; j < p; ++j) refs_[static_cast<std::size_t>(j)] = all.line(j).send;
+  bool any_private = false;
+  for (int j = 0; j < p; ++j) {
+    refs_[static_cast<std::size_t>(j)] = all.line(j).send;
+    any_private |= refs_[static_cast<std::size_t>(j)].segment == 0;
+  }
+  // Known only now, from every rank's line: whether private inputs are pulled, which changes
+  // what "auto" runs.
+  const bool pulled = may_pull && any_private;
+  const reduce_algorithm alg =
+      a.asked == auto_algorithm ? policy_.choose_reduction(a.bytes, pulled) : a.alg;
+  const bool pull = pulled && alg == reduce_algorithm::tiled;
   if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
     third = segments_.staging_third();
   }
-  resolve_inputs(a, refs_, third);
+  resolve_inputs(a, refs_, third, pull);
   auto work = [&](int j, int w) {
     return segments_.staging(j) + static_cast<std::size_t>(1 + w) * third;
   };
@@ -271,7 +333,7 @@ void node_context::execute_reduction(const reduction_args& a) {
     if (stream) store_fence();
   };
 
-  switch (a.alg) {
+  switch (alg) {
     case reduce_algorithm::flat: {
       const void** from = sources(np);
       for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + want_from;
@@ -302,12 +364,15 @@ void node_context::execute_reduction(const reduction_args& a) {
       };
       std::size_t off = 0, len = 0;
       tile_of(me, &off, &len);
-      if (len) {
+      if (pull) {
+        fold_pulled_tile(a, off, len, work(me, 0));
+      } else if (len) {
         const void** from = sources(np);
         for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + off;
         fold(work(me, 0) + off, from, np, len / esize);
       }
       protocol_.sync();  // every tile folded; no input is read after this
+      if (pull) raise_failed_pulls();
       if (a.op == op_code::reduce_scatter) {
         if (want_bytes) copy_bytes(a.out, work(me, 0) + off, want_bytes);
         return;

@@ -273,7 +273,7 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
                 chosen[nbytes] = (
                     "round" if carried
                     else "spread" if ctx.multi_node
-                    else core.reduction_choice(nbytes)
+                    else core.reduction_choice(nbytes, args.buffers == "numpy")
                 )  # fmt: skip
                 line += f"{chosen[nbytes]:>15}"
             report(line)
