@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 import zcoll
 import zcoll.fft.pencil as pencil_module
-from conftest import all_ranks_agree
+from conftest import PRIVATE_PATHS, all_ranks_agree, private_buffers_by
 from zcoll.fft.pencil import Pencil, Subcomm, Transfer
 
 
@@ -393,3 +393,66 @@ def test_pencil_transfer_is_kept_until_destroyed(world):
     ok &= bool((b == 1).all())
     all_ranks_agree(world, ok, "Pencil.transfer cache")
     sub.destroy()
+
+
+@pytest.mark.parametrize("path", PRIVATE_PATHS)
+@pytest.mark.parametrize("kind", ["plain", "heap", "mixed"])
+def test_transfer_of_plain_and_heap_arrays(world, path, kind):
+    """Transfer.forward/backward on plain NumPy arrays (pulled by CMA or staged through the
+    work arrays), on shared-heap arrays (bound in place) and on a mix across ranks (arena,
+    plain, heap, strided views), against the global array's slices."""
+    p, r = world.size, world.rank
+    bad = []
+    with private_buffers_by(world, path):
+        for shape, axis_a, axis_b, lead in [((10, 7, 6), 2, 0, ()), ((9, 8, 5), 0, 1, (2,))]:
+            sub_a, sub_b = list(shape), list(shape)
+            sub_a[axis_b] = block(shape[axis_b], p, r)[0]
+            sub_b[axis_a] = block(shape[axis_a], p, r)[0]
+            t = Transfer(world, shape, np.complex128, sub_a, axis_a, sub_b, axis_b)
+            plan = t._staged[()].forward
+            g = global_array((*lead, *shape), np.complex128, 5)
+            cut_a, cut_b = [slice(None)] * g.ndim, [slice(None)] * g.ndim
+            n, s = block(shape[axis_b], p, r)
+            cut_a[len(lead) + axis_b] = slice(s, s + n)
+            n, s = block(shape[axis_a], p, r)
+            cut_b[len(lead) + axis_a] = slice(s, s + n)
+            want_a, want_b = g[tuple(cut_a)], g[tuple(cut_b)]
+            mine = kind if kind != "mixed" else ("arena", "plain", "heap", "view")[r % 4]
+            arena_a = zcoll.zeros(world, want_a.shape, np.complex128)  # collective
+            arena_b = zcoll.zeros(world, want_b.shape, np.complex128)
+            if mine == "arena":
+                a, b = arena_a, arena_b
+            elif mine == "heap":
+                with zcoll.use_shared_heap():
+                    a = np.zeros(want_a.shape, np.complex128)
+                    b = np.zeros(want_b.shape, np.complex128)
+            elif mine == "view":  # not C-contiguous: staged whatever the path
+                a = np.zeros((*want_a.shape[:-1], 2 * want_a.shape[-1]), np.complex128)[..., ::2]
+                b = np.zeros((*want_b.shape[:-1], 2 * want_b.shape[-1]), np.complex128)[..., ::2]
+            else:
+                a, b = np.zeros(want_a.shape, np.complex128), np.zeros(want_b.shape, np.complex128)
+            a[...] = want_a
+            if t.forward(a, b) is not b or not np.array_equal(b, want_b):
+                bad.append(f"{shape} {mine}: forward")
+            a[...] = 0
+            if t.backward(b, a) is not a or not np.array_equal(a, want_a):
+                bad.append(f"{shape} {mine}: backward")
+            # The heap is published to peers when the node's ranks can read each other.
+            published = zcoll._context.context(world).core.cma[0] == "works"
+            shared_heap = mine == "heap" and zcoll.in_heap(a) and published
+            direct = mine == "arena" or (mine != "view" and path == "cma" and plan.pulls)
+            if (
+                a.flags.c_contiguous
+                and a.shape == tuple(sub_a)
+                and plan.accepts(a) != (direct or shared_heap or mine == "arena")
+            ):
+                bad.append(f"{shape} {mine}: accepts {plan.accepts(a)}")
+            if plan.pulls != (path == "cma" and world.size > 1 and cma_works(world)):
+                bad.append(f"{shape}: pulls {plan.pulls}")
+            t.destroy()
+    all_ranks_agree(world, not bad, f"{path} {kind}: {bad}")
+
+
+def cma_works(comm) -> bool:
+    ctx = zcoll._context.context(comm)
+    return ctx.core.cma[0] == "works" and ctx.node_size > 1

@@ -221,7 +221,18 @@ void register_transfer(py::module_& m) {
       .def_property_readonly("axis_b",
                              [](const bound_transfer& b) { return b.plan->geometry().axis_b; })
       .def_property_readonly("copied_bytes",
-                             [](const bound_transfer& b) { return b.plan->copied_bytes(); });
+                             [](const bound_transfer& b) { return b.plan->copied_bytes(); })
+      .def_property_readonly(
+          "pulls", [](const bound_transfer& b) { return b.plan->pulls(); },
+          "Whether runs may bind plain (private) arrays, pulled by CMA.")
+      .def(
+          "accepts",
+          [](const bound_transfer& b, const py::array& a) {
+            return b.plan->accepts(a.data(), static_cast<std::size_t>(a.nbytes()));
+          },
+          py::arg("a"),
+          "Local: whether a run may bind `a` (C-contiguous, of this rank's shape and dtype) "
+          "without staging: shared memory, or any array when the plan pulls.");
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {

@@ -4,10 +4,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 
+#include "zcoll/copy.hpp"
 #include "zcoll/protocol.hpp"
 
 namespace zcoll {
@@ -52,6 +54,80 @@ int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t by
     bytes -= static_cast<std::size_t>(got);
   }
   return 0;
+}
+
+namespace {
+
+// Runs of a box read gathered into one process_vm_readv (the kernel's UIO_MAXIOV is 1024).
+class run_batch {
+ public:
+  explicit run_batch(std::int32_t pid) : pid_(pid) {}
+  // Adds one run; reads the batch when it is full. Returns 0 or the errno of a failure.
+  int add(std::byte* local, std::uint64_t remote, std::size_t bytes) noexcept {
+    to_[n_] = {local, bytes};
+    from_[n_] = {reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    total_ += bytes;
+    return ++n_ == max_runs ? flush() : 0;
+  }
+  int flush() noexcept {
+    if (n_ == 0) return 0;
+    ssize_t got = -1;
+    do {
+      got = process_vm_readv(static_cast<pid_t>(pid_), to_, n_, from_, n_, 0);
+    } while (got < 0 && errno == EINTR);
+    int err = got < 0 ? errno : 0;
+    // A short read stopped at some run: each run again on its own, which says which fails.
+    if (!err && static_cast<std::size_t>(got) != total_)
+      for (unsigned long k = 0; k < n_ && !err; ++k)
+        err = cma_read(pid_, to_[k].iov_base, reinterpret_cast<std::uintptr_t>(from_[k].iov_base),
+                       to_[k].iov_len);
+    n_ = 0;
+    total_ = 0;
+    return err;
+  }
+
+ private:
+  static constexpr unsigned long max_runs = 1024;
+  std::int32_t pid_;
+  iovec to_[max_runs], from_[max_runs];
+  unsigned long n_ = 0;
+  std::size_t total_ = 0;
+};
+
+}  // namespace
+
+int cma_read_box(std::int32_t pid, std::byte* local, std::uint64_t remote,
+                 const box_shape& box) noexcept {
+  if (box.rank < 0) return 0;
+  if (box.rank == 0) return cma_read(pid, local, remote, box.itemsize);
+  const int n = box.rank;
+  const box_axis& inner = box.axes[static_cast<std::size_t>(n - 1)];
+  const auto item = static_cast<std::int64_t>(box.itemsize);
+  // An inner axis contiguous on both sides is one run; otherwise each element is.
+  const bool runs = inner.dst_stride == item && inner.src_stride == item;
+  const std::size_t run_bytes = runs ? inner.count * box.itemsize : box.itemsize;
+  const std::uint64_t per_line = runs ? 1 : inner.count;
+  run_batch batch(pid);
+  std::array<std::uint64_t, max_box_dims> index{};
+  auto from = static_cast<std::int64_t>(remote);
+  for (;;) {
+    for (std::uint64_t e = 0; e < per_line; ++e)
+      if (const int err = batch.add(
+              local + static_cast<std::int64_t>(e) * inner.dst_stride,
+              static_cast<std::uint64_t>(from + static_cast<std::int64_t>(e) * inner.src_stride),
+              run_bytes))
+        return err;
+    int k = n - 2;  // odometer over the outer axes, as copy_box
+    for (; k >= 0; --k) {
+      const box_axis& ax = box.axes[static_cast<std::size_t>(k)];
+      local += ax.dst_stride, from += ax.src_stride;
+      if (++index[static_cast<std::size_t>(k)] < ax.count) break;
+      index[static_cast<std::size_t>(k)] = 0;
+      local -= ax.dst_stride * static_cast<std::int64_t>(ax.count);
+      from -= ax.src_stride * static_cast<std::int64_t>(ax.count);
+    }
+    if (k < 0) return batch.flush();
+  }
 }
 
 std::string cma_kernel_status() {

@@ -31,10 +31,17 @@
 namespace zcoll {
 
 class call_protocol;
+struct box_shape;
 
 // Reads `bytes` at address `remote` of process `pid` into `local`. Returns 0 or the errno of
 // the failure (a partial read is continued; a read that stops making progress is EFAULT).
 int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept;
+
+// Reads the box `box` (copy.hpp: its src side at address `remote` of process `pid`, its dst
+// side at `local`) run by run, up to a thousand runs per system call. Returns 0 or the errno of
+// the first failure.
+int cma_read_box(std::int32_t pid, std::byte* local, std::uint64_t remote,
+                 const box_shape& box) noexcept;
 
 // What the kernel allows this process, in words ("available", or why not), without a peer:
 // whether the system call exists and Yama's ptrace_scope.
@@ -54,6 +61,11 @@ class cross_memory {
   // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
   int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {
     return cma_read(pids_[static_cast<std::size_t>(node_rank)], local, remote, bytes);
+  }
+  // cma_read_box from node rank `node_rank`.
+  int read_box(int node_rank, std::byte* local, std::uint64_t remote,
+               const box_shape& box) const noexcept {
+    return cma_read_box(pids_[static_cast<std::size_t>(node_rank)], local, remote, box);
   }
   state current() const noexcept { return state_; }
   // Why the probe failed ("" unless refused).

@@ -1,5 +1,6 @@
 #include "zcoll/transfer_plan.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "zcoll/auto_policy.hpp"
@@ -52,6 +53,21 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
     blocks_.push_back({b.src, b.dst, blk.src_offset, blk.dst_offset, box});
     copied_ += box.bytes();
   }
+  // Every rank knows the mean a rank receives (the global bytes over the ranks): the same
+  // answer everywhere.
+  std::size_t global = g.itemsize;
+  for (int k = 0; k < g.ndim; ++k) global *= g.shape[static_cast<std::size_t>(k)];
+  pulls_ = ctx_->pulls_private(global / static_cast<std::size_t>(g.comm_size));
+  if (pulls_) {
+    for (int k = 0; k < size_; ++k) {  // from the next rank on, as pull_row
+      const int j = (rank_ + k) % size_;
+      const transfer_block blk = block_of(g, cr[static_cast<std::size_t>(j)], me);
+      const box_shape box = make_box(blk.dst_strides.data(), blk.src_strides.data(),
+                                     blk.count.data(), g.ndim, g.itemsize);
+      if (!box.empty()) into_me_.push_back({j, rank_, blk.src_offset, blk.dst_offset, box});
+    }
+    remote_.assign(static_cast<std::size_t>(size_), 0);
+  }
   // Blocks differ in size: "auto" judges by the mean block, as for a plain transfer.
   choose_copy(op_code::transfer, copy, recv.nbytes / static_cast<std::size_t>(g.comm_size),
               recv.nbytes, copied_);
@@ -72,8 +88,8 @@ local_check transfer_plan::check_run(const array_view* send, const array_view* r
     if (!c.ok()) return c;
     if (a->data == (source ? own_send_ : own_recv_)) continue;  // the plan's own array
     buffer_ref& ref = source ? *send_ref : *recv_ref;
-    ref = segments.locate(a->data, a->nbytes);
-    if (ref.segment == 0)
+    ref = segments.locate(a->data, a->nbytes);  // private: {0, its address}
+    if (ref.segment == 0 && !pulls_)
       return value_error(std::string(source ? "the source" : "the destination") +
                          " array is not in the shared arena (allocate it with zcoll.empty)");
   }
@@ -116,26 +132,65 @@ void transfer_plan::run_part(detail::rank_line& line) {
 }
 
 void transfer_plan::bind(const call_protocol::published& all) {
+  // A line names the plan's own array ({0, 0}), a shared one (a segment) or a private one
+  // ({0, its address}).
+  auto is_private = [](const buffer_ref& r) { return r.segment == 0 && r.offset != 0; };
   bool rebound = false;
+  pull_run_ = false;
   for (int j = 0; j < size_; ++j) {
     const auto& l = all.line(j);
-    rebound |= (l.send.segment | l.recv.segment) != 0;
+    rebound |= (l.send.segment | l.recv.segment | l.send.offset | l.recv.offset) != 0;
+    pull_run_ |= is_private(l.send) || is_private(l.recv);
   }
   if (!rebound && !rebound_) return;  // the plan's own arrays, as in the previous run
   auto& segments = ctx_->segments();
+  // Where each array is here: resolved, this rank's own private one at its address, a peer's
+  // private one nowhere (its source is pulled; its destination only its owner writes).
+  auto where = [&](const buffer_ref& r, std::byte* own, int j) -> std::byte* {
+    if (r.segment) return segments.resolve(r);
+    if (!is_private(r)) return own;
+    return j == rank_ ? reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(r.offset))
+                      : nullptr;
+  };
   for (int j = 0; j < size_; ++j) {
     const auto& l = all.line(j);
     const auto k = static_cast<std::size_t>(j);
-    send_now_[k] = l.send.segment ? segments.resolve(l.send) : send_bases_[k];
-    recv_now_[k] = l.recv.segment ? segments.resolve(l.recv) : recv_bases_[k];
+    send_now_[k] = where(l.send, send_bases_[k], j);
+    recv_now_[k] = where(l.recv, recv_bases_[k], j);
+    if (pulls_) remote_[k] = is_private(l.send) ? l.send.offset : 0;
   }
   rebound_ = rebound;
 }
 
 void transfer_plan::copy_blocks(const copy_plan& how) noexcept {
+  if (pull_run_) {
+    pull_blocks(how);
+    return;
+  }
   for (const block& b : blocks_)
     copy_box(recv_now_[static_cast<std::size_t>(b.dst)] + b.dst_offset,
              send_now_[static_cast<std::size_t>(b.src)] + b.src_offset, b.box, how);
+}
+
+void transfer_plan::pull_blocks(const copy_plan& how) noexcept {
+  std::byte* into = recv_now_[static_cast<std::size_t>(rank_)];
+  for (const block& b : into_me_) {
+    const auto j = static_cast<std::size_t>(b.src);
+    if (send_now_[j]) {
+      copy_box(into + b.dst_offset, send_now_[j] + b.src_offset, b.box, how);
+    } else if (const int err = ctx_->cma().read_box(b.src, into + b.dst_offset,
+                                                    remote_[j] + b.src_offset, b.box);
+               err && !pull_failed_.error) {
+      pull_failed_ = {err, b.src};
+    }
+  }
+}
+
+void transfer_plan::after_barrier() {
+  if (!pull_failed_.error) return;
+  const pull_failure failed = pull_failed_;
+  pull_failed_ = {};
+  raise_pull_failure(failed, *protocol_);
 }
 
 void transfer_plan::release() noexcept {
@@ -144,6 +199,8 @@ void transfer_plan::release() noexcept {
   recv_bases_.clear();
   send_now_.clear();
   recv_now_.clear();
+  into_me_.clear();
+  remote_.clear();
 }
 
 }  // namespace zcoll

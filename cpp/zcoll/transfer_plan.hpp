@@ -19,6 +19,13 @@
  * live in the arena needs no staging copy, and each rank decides that alone, without an extra
  * barrier. A rebound run resolves the published addresses (a lookup per rebound array); the
  * blocks are offsets, so nothing else changes.
+ *
+ * Private arrays (plain NumPy arrays, in no shared segment) may be bound too when the plan
+ * pulls (its ranks receive at least the CMA threshold on average and the node's ranks can read
+ * each other's memory, cma.hpp): a run where any rank's array is private is pulled -- each
+ * rank fills its own destination, box by box, reading private sources with process_vm_readv
+ * (a batch of runs per system call) and shared ones in place -- one copy instead of staging's
+ * three. Every rank sees the same published lines, so every rank takes the same path.
  */
 #pragma once
 
@@ -53,6 +60,14 @@ class transfer_plan final : public plan_base {
   // protocol.hpp): this rank's verdict on the arrays, or the run of this plan.
   call_record describe_start(const array_view* send, const array_view* recv);
 
+  // Whether a C-contiguous array at `data` can replace this rank's for a run without
+  // staging: it is in a shared segment, or the plan pulls private arrays (false once freed:
+  // the run then raises the plan's error).
+  bool accepts(const void* data, std::size_t nbytes) const {
+    if (freed()) return false;
+    return pulls_ || ctx_->segments().locate(data, nbytes).segment != 0;
+  }
+  bool pulls() const noexcept { return pulls_; }
   const transfer_geometry& geometry() const noexcept { return g_; }
   block_order order() const noexcept { return order_; }
   // Blocks this rank copies in a run (empty boxes left out) and their bytes.
@@ -75,7 +90,10 @@ class transfer_plan final : public plan_base {
   void run_part(detail::rank_line& line) override;
   void bind(const call_protocol::published& all) override;
   void copy_blocks(const copy_plan& how) noexcept override;
+  void after_barrier() override;
   void release() noexcept override;
+  // Pulled run: this rank's destination blocks from every node rank's source.
+  void pull_blocks(const copy_plan& how) noexcept;
 
   transfer_geometry g_;
   dtype_id dtype_;
@@ -87,8 +105,13 @@ class transfer_plan final : public plan_base {
   std::size_t copied_ = 0;
   std::vector<std::byte*> send_bases_, recv_bases_;  // every node rank's arrays in the plan
   std::vector<std::byte*> send_now_, recv_now_;      // those of the current run
-  buffer_ref run_send_, run_recv_;  // this rank's arrays for the next run ({0, 0}: its own)
-  bool rebound_ = false;            // the current run's arrays differ from the plan's
+  buffer_ref run_send_, run_recv_;     // this rank's arrays for the next run ({0, 0}: its own)
+  bool rebound_ = false;               // the current run's arrays differ from the plan's
+  bool pulls_ = false;                 // private arrays may be bound (and are then pulled)
+  bool pull_run_ = false;              // the current run pulls: some rank's array is private
+  std::vector<block> into_me_;         // pulled runs: the blocks of this rank's destination
+  std::vector<std::uint64_t> remote_;  // pulled runs: private sources' addresses (else 0)
+  pull_failure pull_failed_;           // pulled runs: the run's first failed read
 };
 
 }  // namespace zcoll

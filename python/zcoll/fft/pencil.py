@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .. import _core
 from .._aggregated import remote_ranks
-from .._arena import empty, is_shared
+from .._arena import empty
 from .._collectives import _option_error, option_codes
 from .._context import Context, lookup
 from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin, finish_requests
@@ -355,7 +355,9 @@ class Transfer:
     -----
     Construction is collective (over `comm`). :meth:`forward` and :meth:`backward` are
     collective over `comm`. On a node the transpose is one strided copy per element from the
-    source array into the destination array; arrays outside the arena cost one extra copy each.
+    source array into the destination array. Arrays in the shared heap are used in place; other
+    plain arrays are pulled by CMA (one copy, from the CMA threshold up, where the kernel allows
+    it) or cost one extra copy each through the work arrays.
 
     **Several components at once.** ``forward(a, b)`` also takes arrays with extra leading
     axes, ``lead + subshapeA`` and ``lead + subshapeB`` (a vector field ``(3, *subshapeA)``,
@@ -368,12 +370,13 @@ class Transfer:
     check, the agreement between ranks, the schedule, the copy mode and the peers' addresses
     are settled once, and a call is one run (one crossing into the engine, two node barriers,
     the copies). Each rank still decides alone, on every call, whether its arrays go through
-    the work arrays: an array that already is a C-contiguous arena array is handed to the run
-    in place of the work array (the plan's rebinding: the rank publishes its address in the
-    run's entry barrier, which it passes anyway), any other one is copied into or out of the
-    work array. So every rank always runs the same plan -- never a plan on one rank and a plain
-    transfer on another, which would raise -- without an extra barrier to agree on staging and
-    without an extra copy of arena arrays. On a communicator spanning several nodes each call
+    the work arrays: a C-contiguous array the plan accepts (in the arena or the shared heap,
+    or any when the plan pulls by CMA) is handed to the run in place of the work array (the
+    plan's rebinding: the rank publishes its address in the run's entry barrier, which it
+    passes anyway), any other one is copied into or out of the work array. So every rank
+    always runs the same plan -- never a plan on one rank and a plain transfer on another,
+    which would raise -- without an extra barrier to agree on staging and without an extra
+    copy of arena arrays. On a communicator spanning several nodes each call
     also agrees across nodes (one small allgather, as a plain transfer does), and blocks
     between nodes go by MPI with subarray datatypes made at construction.
 
@@ -512,17 +515,26 @@ class Transfer:
         work_src, work_dst = (staged.work_a, staged.work_b)[:: 1 - 2 * side]
         plan = staged.backward if side else staged.forward
         # Each rank decides alone what goes through the work arrays; the plan runs either way
-        # (None: the plan's own array; an arena array: this run's, see the class notes).
-        src_in = src if _shared(src) or not _filled(work_src, src) else None
-        dst_in = dst if _shared(dst) or not _fits(dst, work_dst) else None
+        # (None: the plan's own array; an array it accepts: this run's, see the class notes).
+        src_in = src if _direct(plan, src, work_src) or not _filled(work_src, src) else None
+        dst_in = dst if _direct(plan, dst, work_dst) or not _fits(dst, work_dst) else None
         plan.run(src_in, dst_in)
         if dst_in is None:
             dst[...] = work_dst
         return dst
 
 
-def _shared(a) -> bool:
-    return isinstance(a, np.ndarray) and a.flags.c_contiguous and is_shared(a)
+def _direct(plan, a, work: np.ndarray) -> bool:
+    """Whether `a` can be bound to a run as it is: a C-contiguous array of the work array's
+    shape and dtype that the plan accepts (in shared memory -- the arena, the shared heap --
+    or any when the plan pulls private arrays by CMA)."""
+    return (
+        isinstance(a, np.ndarray)
+        and a.flags.c_contiguous
+        and a.shape == work.shape
+        and a.dtype == work.dtype
+        and plan.accepts(a)
+    )
 
 
 def _filled(work: np.ndarray, src) -> bool:
