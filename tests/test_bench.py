@@ -689,6 +689,138 @@ def test_fft_subcommand(hide_mpi4py_fft, rank, outdir, monkeypatch):
     on_root(check)
 
 
+# --- setup: making and freeing communicators, PFFT plans, Pencils --------------------------------
+
+SETUP_FAST = ["--iterations", "1", "--rounds", "2", "--no-progress"]
+COMM_KINDS = ("Dup", "Split", "Create_cart")
+STEP_FIELDS = {
+    "comm": ("create_us", "first_call_us", "free_us"),
+    "pfft": ("construct_us", "destroy_us"),
+    "pencil": ("construct_us", "run_us", "destroy_us"),
+}
+
+
+def has_mpi4py_fft() -> bool:
+    try:
+        import mpi4py_fft  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_setup_subcommand(outdir, capsys):
+    files = {"json": outdir / "setup.json", "csv": outdir / "setup.csv"}
+    argv = ["setup", "--quick", "--backends", "numpy", *SETUP_FAST]
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+    out = capsys.readouterr().out
+    reference = has_mpi4py_fft()
+
+    def check():
+        document = read_json(files["json"])
+        meta, rows = document["metadata"], document["results"]
+        assert meta["benchmark"] == "setup" and meta["P"] == P and meta["quick"] is True
+        assert meta["parts"] == ["comm", "pfft", "pencil"] and meta["backends"] == ["numpy"]
+        assert (meta["iterations"], meta["rounds"]) == (1, 2)
+        assert meta["leak_warnings"] == [], meta["leak_warnings"]
+        assert (meta["mpi4py_fft_missing"] is None) == reference
+        comm_rows = [r for r in rows if r["part"] == "comm"]
+        assert {(r["case"], r["method"]) for r in comm_rows} == {
+            (kind, method) for kind in COMM_KINDS for method in ("zcoll", "MPI")
+        }
+        assert len(comm_rows) == 2 * len(COMM_KINDS)
+        pfft_rows = [r for r in rows if r["part"] == "pfft"]
+        zcoll_cases = {r["case"] for r in pfft_rows if r["method"] == "zcoll"}
+        assert 2 <= len(zcoll_cases) <= 5, zcoll_cases  # --quick: a handful
+        others = {r["case"] for r in pfft_rows if r["method"] != "zcoll"}
+        assert others <= zcoll_cases and (bool(others) or not reference)
+        assert {r["method"] for r in pfft_rows} <= {"zcoll", "mpi4py-fft"}
+        shapes = {"16x16x16", "12x13x14", "12x13x14x15"}  # test_mpifft's, as the options say
+        for r in pfft_rows:
+            assert r["backend"] == "numpy" and r["shape"] in shapes, r
+            assert r["dtype"] in ("float32", "float64", "complex64", "complex128"), r
+            assert r["decomposition"] in ("slab", "pencil") and r["padding"] in (None, 1.5), r
+        pencil_rows = [r for r in rows if r["part"] == "pencil"]
+        expected = ["zcoll", "mpi4py-fft"] if reference else ["zcoll"]
+        assert [r["method"] for r in pencil_rows] == expected
+        assert all(r["shape"] == "16x17x18" for r in pencil_rows)
+        assert len(rows) == len(comm_rows) + len(pfft_rows) + len(pencil_rows)
+        for r in rows:
+            assert r["P"] == P and r["rounds"] == 2 and r["iterations"] == 1, r
+            steps = [r[name] for name in STEP_FIELDS[r["part"]]]
+            assert all(step >= 0 for step in steps) and r["total_us"] > 0, r
+            assert 0 < r["best_total_us"] <= r["total_us"] * (1 + 1e-9), r
+            assert r["total_us"] <= sum(steps) * (1 + 1e-9), r  # max of sums <= sum of maxima
+        assert meta["dup_first_call_us"] > 0 and meta["fresh_first_call_max_case"] in COMM_KINDS
+        if reference:
+            assert meta["pfft_geomean_ratio"] > 0 and meta["pencil_ratio"] > 0
+            assert meta["pfft_min_ratio"] <= meta["pfft_geomean_ratio"] * (1 + 1e-9)
+        table = read_csv(files["csv"])
+        assert [(r["part"], r["case"], r["method"]) for r in table] == [
+            (r["part"], r["case"], r["method"]) for r in rows
+        ]
+        for line in ("# zcoll.bench setup |", "comm: first zcoll call on a fresh Dup",
+                     "pencil: mpi4py-fft/zcoll", "no leaks:", "MPI library:"):  # fmt: skip
+            assert line in out, f"{line!r} not in the output:\n{out}"
+
+    on_root(check)
+
+
+def test_setup_parts_alone_without_mpi4py_fft(outdir):
+    files = {"json": outdir / "setup.json"}
+    argv = ["setup", "--parts", "pencil", "--no-mpi4py-fft", *SETUP_FAST]
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+
+    def check():
+        document = read_json(files["json"])
+        meta, rows = document["metadata"], document["results"]
+        assert meta["parts"] == ["pencil"] and "--no-mpi4py-fft" in meta["mpi4py_fft_missing"]
+        assert [(r["part"], r["method"]) for r in rows] == [("pencil", "zcoll")]
+        assert meta["pencil_ratio"] is None and "pfft_geomean_ratio" not in meta
+
+    on_root(check)
+
+
+def test_setup_pfft_configurations_span_test_mpifft():
+    from zcoll.bench import setup
+
+    configs = setup.pfft_configurations(["numpy", "fftw"])
+    # 3 shapes x 4 dtypes x slab or pencil x padded or not, per backend
+    assert len(configs) == len(set(configs)) == 2 * 3 * 4 * 2 * 2
+    assert {c.shape for c in configs} == {(16, 16, 16), (12, 13, 14), (12, 13, 14, 15)}
+    assert {c.padding for c in configs} == {0.0, 1.5}
+    slab = next(c for c in configs if c.decomposition == "slab" and c.padding)
+    assert slab.kwargs()["slab"] is True
+    assert slab.kwargs()["padding"] == [1.5] * len(slab.shape)
+    assert slab.kwargs()["padding"] is not slab.kwargs()["padding"]  # fresh for every call
+    pencil = next(c for c in configs if c.decomposition == "pencil" and not c.padding)
+    assert "slab" not in pencil.kwargs() and pencil.kwargs()["padding"] is False
+    quick = setup.pfft_configurations(["fftw", "numpy"], quick=True)
+    assert quick and all(c.backend == "fftw" for c in quick)
+
+
+def test_setup_warns_of_a_leak(outdir, monkeypatch):
+    """A Subcomm left undestroyed each iteration leaves zcoll contexts open: a warning."""
+    from zcoll.fft import pencil
+
+    kept = []
+    monkeypatch.setattr(pencil.Subcomm, "destroy", lambda self: kept.append(self))
+    files = {"json": outdir / "setup.json"}
+    argv = ["setup", "--parts", "pencil", "--no-mpi4py-fft", "--warmup", "0", *SETUP_FAST]
+    try:
+        assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+    finally:
+        monkeypatch.undo()
+        for subcomm in kept:
+            subcomm.destroy()
+    assert kept
+
+    def check():
+        warnings = read_json(files["json"])["metadata"]["leak_warnings"]
+        assert any("context" in w and "still open" in w for w in warnings), warnings
+
+    on_root(check)
+
+
 # --- alltoallv, allgatherv, neighbourhood collectives ------------------------------------------
 
 VCOLLECTIVES = [
@@ -814,6 +946,10 @@ def test_vcollective_check_failure_returns_1_everywhere(collective, monkeypatch,
         ["allgatherv", "--spread", "1.5,0.5"],
         ["neighbor_alltoall", "--topology", "cube"],
         ["neighbor_alltoallv", "--topology", f"{P + 1}x1"],
+        ["setup", "--parts", "comm,plans"],
+        ["setup", "--backends", "mkl"],
+        ["setup", "--rounds", "0"],
+        ["setup", "--plot", "setup.png"],
     ],
 )
 def test_usage_errors(argv, capsys):

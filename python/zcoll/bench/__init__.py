@@ -2,8 +2,10 @@
 
 Latency of zcoll's collectives against MPI's (OSU style, or with cold caches as in TPDS'18
 Fig. 9), with the bandwidth of large blocks against a memcpy of the same bytes; zcoll.fft's
-parallel FFT against mpi4py-fft's; the bandwidth of zcoll's copy kernels; and the cache misses of
-its block orders, simulated under valgrind (no MPI needed)::
+parallel FFT against mpi4py-fft's; what making and freeing costs (a new communicator and its
+first call, PFFT plans, Pencils and Transfers) against MPI and mpi4py-fft; the bandwidth of
+zcoll's copy kernels; and the cache misses of its block orders, simulated under valgrind (no
+MPI needed)::
 
     mpiexec -n 8 python -m zcoll.bench alltoall
     mpiexec -n 8 python -m zcoll.bench allgather --sizes 8,4K,1M --orders row,hilbert --check
@@ -15,6 +17,7 @@ its block orders, simulated under valgrind (no MPI needed)::
     mpiexec -n 4 python -m zcoll.bench neighbor_alltoallv --topology 3d  # periodic 3D grid
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
+    mpiexec -n 2 python -m zcoll.bench setup --parts comm,pencil         # set-up costs
     python -m zcoll.bench cachemiss --quick          # simulated cache misses, one process
 
 For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
@@ -30,8 +33,9 @@ Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing
 loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
 :mod:`.vcollectives` (``alltoallv``, ``allgatherv``, ``neighbor_alltoall``,
 ``neighbor_allgather``, ``neighbor_alltoallv``, ``neighbor_allgatherv``), :mod:`.fft`,
-:mod:`.copy`, :mod:`.cachemiss` (simulated cache misses of the block orders, no
-MPI), :mod:`.plotting` (:func:`plot_results` for notebooks), :mod:`.cli`.
+:mod:`.copy`, :mod:`.setup` (making and freeing communicators and plans), :mod:`.cachemiss`
+(simulated cache misses of the block orders, no MPI), :mod:`.plotting` (:func:`plot_results`
+for notebooks), :mod:`.cli`.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from .copy import run_copy
 from .fft import run_fft
 from .output import write_outputs
 from .plotting import load_results, plot_results, save_plot
+from .setup import run_setup
 from .vcollectives import run_vcollective
 
 __all__ = [
@@ -116,6 +121,7 @@ __all__ = [
     "run_collective",
     "run_copy",
     "run_fft",
+    "run_setup",
     "run_vcollective",
     "save_plot",
     "write_outputs",

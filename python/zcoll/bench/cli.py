@@ -12,7 +12,7 @@ from mpi4py import MPI
 from zcoll import _context
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO
 
-from . import alloc, cachemiss, crossover
+from . import alloc, cachemiss, crossover, setup
 from .collectives import ALL_ORDERS, add_collective_options, run_collective, zcoll_methods
 from .common import MIB, parse_size, parse_sizes, powers_of_two
 from .copy import COPY_LOOPS, COPY_SIZES, COPY_TIME_BUDGET, run_copy
@@ -71,6 +71,11 @@ COMMANDS: dict[str, tuple[Callable[[MPI.Comm, argparse.Namespace], int], str]] =
         alloc.run_alloc,
         "allocate+free with zcoll's shared heap vs NumPy's default allocator, 64 B-1 GiB",
     ),
+    "setup": (
+        setup.run_setup,
+        "making and freeing: a new communicator's first call vs MPI's, PFFT, Pencil and "
+        "Transfer vs mpi4py-fft's",
+    ),
     "cachemiss": (
         run_cachemiss,
         "simulated cache misses of the block orders (valgrind, one process; no MPI needed)",
@@ -109,7 +114,7 @@ class _RootParser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
-def _add_output_options(parser: argparse.ArgumentParser) -> None:
+def _add_output_options(parser: argparse.ArgumentParser, plot: bool = True) -> None:
     parser.add_argument(
         "--virtual-node-size",
         type=_virtual_node_size,
@@ -121,9 +126,10 @@ def _add_output_options(parser: argparse.ArgumentParser) -> None:
     output = parser.add_argument_group("output (written by rank 0)")
     output.add_argument("--json", metavar="FILE", help="write raw results and metadata as JSON")
     output.add_argument("--csv", metavar="FILE", help="write raw results as CSV")
-    output.add_argument(
-        "--plot", metavar="FILE.png", help="draw the results with matplotlib into FILE.png"
-    )
+    if plot:
+        output.add_argument(
+            "--plot", metavar="FILE.png", help="draw the results with matplotlib into FILE.png"
+        )
     output.add_argument(
         "--no-progress",
         dest="progress",
@@ -288,6 +294,13 @@ def _crossover_options() -> argparse.ArgumentParser:
     return options
 
 
+def _setup_options() -> argparse.ArgumentParser:
+    options = _RootParser(add_help=False)
+    setup.add_options(options)
+    _add_output_options(options, plot=False)
+    return options
+
+
 def _alloc_options() -> argparse.ArgumentParser:
     options = _RootParser(add_help=False)
     alloc.add_options(options)
@@ -309,6 +322,7 @@ _OPTIONS: dict[str, Callable[[], argparse.ArgumentParser]] = {
     "fft": _fft_options,
     "copy": _copy_options,
     "crossover": _crossover_options,
+    "setup": _setup_options,
     "alloc": _alloc_options,
     "cachemiss": _cachemiss_options,
 }
@@ -319,8 +333,8 @@ def _parser() -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = _RootParser(
         prog="python -m zcoll.bench",
         description="OSU-style latency of zcoll collectives against the MPI library's, "
-        "zcoll.fft against mpi4py-fft, zcoll's copy kernels, and the simulated cache misses "
-        "of its block orders.",
+        "zcoll.fft against mpi4py-fft, the cost of making and freeing communicators and plans, "
+        "zcoll's copy kernels, and the simulated cache misses of its block orders.",
         epilog="Run under MPI, e.g.: mpiexec -n 8 python -m zcoll.bench alltoall",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -335,6 +349,9 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         cachemiss.finish_args(parser, args)
         return
     if args.command == "alloc":
+        return
+    if args.command == "setup":
+        setup.finish_args(parser, args)
         return
     if args.command in REDUCTION_COMMANDS:
         finish_reduction_args(parser, args)

@@ -211,8 +211,8 @@ def common_metadata(comm: MPI.Comm, args, layout, now: str, command: str) -> dic
             "python": sys.version.split()[0],
         },
         "environment": _settings.zcoll_environment(),
-        "time_budget_s": args.time_budget,
-        "checked": args.check,
+        "time_budget_s": getattr(args, "time_budget", None),
+        "checked": getattr(args, "check", False),
     }
 
 
