@@ -197,12 +197,147 @@ def test_numpy_buffers(collective, outdir):
 
     def check():
         document = read_json(out)
-        assert document["metadata"]["buffers"] == "numpy" and document["metadata"]["checked"]
+        assert document["metadata"]["buffers"] == ["numpy"] and document["metadata"]["checked"]
         assert {(r["block_bytes"], r["method"]) for r in document["results"]} == {
             (b, m) for b in (8, 100) for m in ("MPI", "auto")
         }
 
     on_root(check)
+
+
+KINDS = ["numpy", "heap", "arena"]
+
+
+def table_cell(header: str, line: str, title: str) -> str:
+    """The cell under column `title` of a table whose cells are right-aligned to its titles."""
+    end = header.index(f" {title}") + 1 + len(title)
+    return line[:end].split()[-1]
+
+
+def test_buffer_kinds_side_by_side_alltoall(outdir, capsys):
+    """--buffers numpy,heap,arena: each zcoll method on each kind in one run (NAME@KIND, each
+    checked against MPI), MPI once; a summary line per kind; rows and metadata name the kind."""
+    files = {k: outdir / f"kinds.{k}" for k in ("json", "csv")}
+    argv = ["alltoall", "--sizes", "8,100", "--orders", "row,auto", "--buffers", ",".join(KINDS)]
+    argv += ["--check", *FAST, *(f"--{k}={v}" for k, v in files.items())]
+    assert run_main(argv) == 0
+    out = capsys.readouterr().out
+    names = [f"{order}@{kind}" for order in ("row", "auto") for kind in KINDS]
+
+    def check():
+        header = next(line for line in out.splitlines() if line.split()[:2] == ["block", "MPI"])
+        assert header.split()[3 : 3 + len(names)] == names, header  # after "block MPI (us)"
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == {
+            (b, m) for b in (8, 100) for m in ["MPI", *names]
+        }
+        for r in rows:
+            order, _, kind = r["method"].partition("@")
+            assert r["buffers"] == (kind or None) and r["order"] == (order if kind else None)
+        meta = document["metadata"]
+        assert meta["buffers"] == KINDS and meta["checked"]
+        latency = {(r["block_bytes"], r["method"]): r["latency_us"] for r in rows}
+        by_kind = meta["speedup_by_buffers"]
+        assert list(by_kind) == KINDS
+        for kind in KINDS:
+            ratios = {
+                b: latency[b, "MPI"] / min(latency[b, f"{o}@{kind}"] for o in ("row", "auto"))
+                for b in (8, 100)
+            }
+            lowest = min(ratios, key=ratios.__getitem__)
+            got = by_kind[kind]
+            assert got["small"] == pytest.approx(geometric_mean(list(ratios.values())))
+            assert got["large"] is None  # no block of 64 KiB or more
+            assert got["lowest"] == pytest.approx(ratios[lowest]) and got["lowest_block"] == lowest
+            assert (
+                f"geomean speedup of best @{kind} method over MPI: blocks <= 16 KiB: "
+                f"{got['small']:.2f}x, blocks >= 64 KiB: n/a; lowest {ratios[lowest]:.2f}x at "
+            ) in out, out
+        table = read_csv(files["csv"])
+        assert list(table[0]) == list(collectives.FIELDS) and list(table[0])[-1] == "buffers"
+        assert {(r["method"], r["buffers"]) for r in table} == {("MPI", "")} | {
+            (n, n.partition("@")[2]) for n in names
+        }
+
+    on_root(check)
+
+
+def test_buffer_kinds_side_by_side_allreduce(outdir, capsys):
+    """--buffers numpy,heap,arena for allreduce: each algorithm on each kind (checked against
+    MPI), MPI, memcpy and alltoall8 once; per kind the speedup, auto/best and the algorithm
+    auto ran (private inputs: the numpy kind's), and the summary lines."""
+    files = {k: outdir / f"kinds.{k}" for k in ("json", "csv")}
+    algorithms = ("flat", "tiled", "auto")
+    argv = ["allreduce", "--sizes", "8,64K", "--algorithms", ",".join(algorithms)]
+    argv += ["--buffers", ",".join(KINDS), "--check", *FAST, "--rounds", "1"]
+    assert run_main(argv + [f"--{k}={v}" for k, v in files.items()]) == 0
+    out = capsys.readouterr().out
+    names = [f"{a}@{kind}" for a in algorithms for kind in KINDS]
+    ctx = zcoll._context.context(WORLD)
+    ran = {
+        (b, kind): ctx.core.reduction_choice(b, private_inputs=kind == "numpy")
+        for b in (8, 65536)
+        for kind in KINDS
+    }
+
+    def check():
+        lines = out.splitlines()
+        header = next(line for line in lines if line.split()[:2] == ["bytes", "MPI"])
+        assert header.split()[2 : 2 + len(names)] == names, header
+        document = read_json(files["json"])
+        rows = document["results"]
+        assert {(r["block_bytes"], r["method"]) for r in rows} == {
+            (b, m) for b in (8, 65536) for m in ["MPI", *names]
+        } | {(65536, "memcpy"), (8, "alltoall8")}
+        for r in rows:
+            kind = r["method"].partition("@")[2]
+            assert r["buffers"] == (kind or {"alltoall8": "arena"}.get(r["method"]))
+        meta = document["metadata"]
+        assert meta["buffers"] == KINDS and list(meta["by_buffers"]) == KINDS
+        latency = {(r["block_bytes"], r["method"]): r["latency_us"] for r in rows}
+        for kind in KINDS:
+            summary = meta["by_buffers"][kind]
+            own = {b: {a: latency[b, f"{a}@{kind}"] for a in algorithms} for b in (8, 65536)}
+            worst = max(lat["auto"] / min(lat["flat"], lat["tiled"]) for lat in own.values())
+            assert summary["auto_over_best_max"] == pytest.approx(worst)
+            speedup = latency[8, "MPI"] / own[8]["auto"]
+            assert summary["speedup_small"] == pytest.approx(speedup)
+            text = f"{summary['speedup_small']:.2f}x"
+            assert f"geomean speedup over MPI (auto@{kind}): <= 16 KiB: {text}" in out
+            assert f"auto@{kind} / best fixed algorithm@{kind}, worst size: {worst:.2f}" in out
+            for b, size in ((8, "8 B"), (65536, "64 KiB")):
+                line = next(line for line in lines if line.startswith(f"{size:>9}"))
+                cell = table_cell(header, line, f"auto ran@{kind}")
+                if not ctx.multi_node:  # across nodes the column says "round" or "spread"
+                    assert cell == ran[b, kind], (kind, size, line)
+        assert meta["speedup_small"] == meta["by_buffers"]["numpy"]["speedup_small"]
+        assert list(read_csv(files["csv"])[0])[-1] == "buffers"
+
+    on_root(check)
+
+
+@pytest.mark.parametrize("command", ["alltoall", "allreduce"])
+def test_buffer_kinds_usage(command, capsys):
+    """An unknown kind is a usage error; a repeated one counts once."""
+    assert run_main([command, "--buffers", "numpy,gpu"]) == 2
+    capsys.readouterr()
+    args = bench.cli.parse_args([command, "--buffers", "heap,arena,heap"])
+    assert args.buffers == ["heap", "arena"]
+
+
+def test_zcoll_methods_on_several_kinds():
+    methods = collectives.zcoll_methods(["auto"], ["auto"], True, ["numpy", "heap"])
+    assert [(m.name, m.buffers, m.persistent) for m in methods] == [
+        ("auto@numpy", "numpy", False),
+        ("auto@heap", "heap", False),
+        ("auto_init@numpy", "numpy", True),
+        ("auto_init@heap", "heap", True),
+    ]
+    assert [collectives.is_persistent(m.name) for m in methods] == [False, False, True, True]
+    assert [m.name for m in collectives.zcoll_methods(["row"], ["auto"], False, ["heap"])] == [
+        "row"
+    ]
 
 
 @pytest.mark.parametrize("collective", ["alltoall", "allgather"])

@@ -376,7 +376,7 @@ def _finish_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                 parser.error("no power of two lies between --min and --max")
         if args.orders is None:
             args.orders = [AUTO] if args.persistent else list(ALL_ORDERS)
-        args.methods = zcoll_methods(args.orders, args.copies, args.persistent)
+        args.methods = zcoll_methods(args.orders, args.copies, args.persistent, args.buffers)
     if getattr(args, "rounds", None) is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if getattr(args, "iterations", None) is not None and args.iterations < 1:

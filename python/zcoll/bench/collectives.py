@@ -1,9 +1,10 @@
 """``alltoall`` and ``allgather``: zcoll's collectives against the MPI library's.
 
 For every block size and every method -- ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy
-arrays, then zcoll with each (block order, copy mode) pair on arena arrays -- the latency of a
-call, warm (OSU: warm-up, barrier, timed loop) or cold (TPDS'18 Fig. 9: caches flushed before
-every timed call). For blocks of 256 KiB and more, also the bandwidth of the fastest zcoll
+arrays, then zcoll with each (block order, copy mode) pair on arena arrays (``--buffers``: on
+plain or shared-heap NumPy arrays, or on several kinds side by side) -- the latency of a call,
+warm (OSU: warm-up, barrier, timed loop) or cold (TPDS'18 Fig. 9: caches flushed before every
+timed call). For blocks of 256 KiB and more, also the bandwidth of the fastest zcoll
 method against a ``memcpy`` of the same bytes on every rank at once, the two timed in
 alternating rounds (see :func:`paired_bandwidth`).
 
@@ -23,7 +24,7 @@ import math
 import socket
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -76,11 +77,13 @@ __all__ = [
     "internode_methods",
     "is_persistent",
     "mpi_persistent_missing",
+    "parse_buffer_kinds",
     "parse_copy_modes",
     "parse_orders",
     "persistent_record",
     "persistent_summary",
     "run_collective",
+    "speedups_by_buffers",
     "zcoll_methods",
 ]
 
@@ -96,6 +99,7 @@ ARENA_BUFFERS = "arena"  # --buffers: zcoll on arena arrays (zcoll.empty) ...
 NUMPY_BUFFERS = "numpy"  # ... or on plain NumPy arrays
 HEAP_BUFFERS = "heap"  # ... or on NumPy arrays allocated with zcoll.use_shared_heap()
 BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS, HEAP_BUFFERS)
+KIND_SEPARATOR = "@"  # several --buffers: method NAME@KIND (auto@numpy)
 #: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema,
 #: later ones are only ever appended.
 FIELDS = (
@@ -113,6 +117,7 @@ FIELDS = (
     "persistent",  # a persistent method (NAME_init, MPI_init), not a plain call
     "plan_order",  # zcoll plans: what order="auto" resolved to ("eager" included) ...
     "plan_copy",  # ... and copy="auto" (after the timed runs); None on other rows
+    "buffers",  # zcoll's buffers (--buffers: arena, numpy, heap); None for MPI and memcpy
 )
 
 
@@ -130,6 +135,17 @@ def parse_copy_modes(text: str) -> list[str]:
     return parse_choices(text, ALL_COPY_MODES, "copy mode(s)")
 
 
+def parse_buffer_kinds(text: str) -> list[str]:
+    """Parse a comma-separated list of buffer kinds (``"numpy,heap,arena"``), in order."""
+    return parse_choices(text, BUFFER_KINDS, "buffer kind(s)")
+
+
+def kind_name(name: str, kind: str, kinds: Sequence[str]) -> str:
+    """Method `name` on buffers of `kind`: ``NAME@KIND`` when several `kinds` are timed, else
+    `name` unchanged."""
+    return f"{name}{KIND_SEPARATOR}{kind}" if len(kinds) > 1 else name
+
+
 @dataclass(frozen=True)
 class ZcollMethod:
     """One zcoll configuration timed as a method: a block order and a copy mode, called plainly
@@ -144,6 +160,7 @@ class ZcollMethod:
     aggregate: bool | None = None  # across nodes: blocks in the round (True) or after it, forced
     sender_packs: int | None = None  # aggregated: largest payload a sender packs alone, forced
     phase: bool = False  # the blocks between nodes alone (no agreement, no node-local part)
+    buffers: str = ARENA_BUFFERS  # zcoll's buffers: a kind of BUFFER_KINDS
 
 
 #: The allgather methods added on a communicator spanning several nodes: the direct path and
@@ -255,30 +272,37 @@ def _phase_call(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, choice) -> C
 
 
 def zcoll_methods(
-    orders: Sequence[str], copies: Sequence[str], persistent: bool = False
+    orders: Sequence[str],
+    copies: Sequence[str],
+    persistent: bool = False,
+    buffers: Sequence[str] = (ARENA_BUFFERS,),
 ) -> list[ZcollMethod]:
     """One method per (order, copy) pair, order-major; with `persistent`, each followed by its
-    persistent twin.
+    persistent twin; each on every kind of `buffers` in turn.
 
     Named by the order alone when there is a single copy mode (``"morton"``), else
     ``"order/copy"`` (``"morton/streaming"``); a persistent twin adds ``"_init"``
-    (``"morton_init"``, ``"morton/streaming_init"``).
+    (``"morton_init"``, ``"morton/streaming_init"``); with several kinds of buffers, each name
+    ends in ``"@KIND"`` (``"morton@numpy"``, ``"morton_init@heap"``).
     """
     single = len(copies) == 1
     methods = []
     for order in orders:
         for copy in copies:
             name = order if single else f"{order}/{copy}"
-            methods.append(ZcollMethod(name, order, copy))
+            twins = [ZcollMethod(name, order, copy)]
             if persistent:
-                methods.append(ZcollMethod(name + PERSISTENT_SUFFIX, order, copy, True))
+                twins.append(ZcollMethod(name + PERSISTENT_SUFFIX, order, copy, True))
+            for m in twins:
+                for kind in buffers:
+                    methods.append(replace(m, name=kind_name(m.name, kind, buffers), buffers=kind))
     return methods
 
 
 def is_persistent(name: str) -> bool:
-    """Whether method `name` is persistent (``MPI_init``, ``auto_init``): no order or copy mode
-    name ends in ``_init``."""
-    return name.endswith(PERSISTENT_SUFFIX)
+    """Whether method `name` is persistent (``MPI_init``, ``auto_init``, ``auto_init@heap``):
+    no order or copy mode name ends in ``_init``."""
+    return name.partition(KIND_SEPARATOR)[0].endswith(PERSISTENT_SUFFIX)
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -397,16 +421,17 @@ class Timer:
 class BlockCase:
     """The buffers and calls of every method for one block size.
 
-    zcoll's buffers live in the node's arena, each rank filling (first-touching) its own, or
-    (`buffers` "numpy") are ordinary NumPy arrays, as an mpi4py program has them; MPI gets
-    ordinary NumPy arrays with the same data; memcpy
-    copies what a rank receives (P blocks) between two private arrays on every rank at once --
-    the physical limit, with the same memory footprint as the collective (send and receive
-    matrices of all ranks).
+    zcoll's buffers are of the kinds its `methods` name (:attr:`ZcollMethod.buffers`), a send
+    and a receive array of each: in the node's arena, each rank filling (first-touching) its
+    own ("arena"), ordinary NumPy arrays as an mpi4py program has them ("numpy"), or NumPy
+    arrays on the shared heap ("heap"); every kind and MPI's ordinary NumPy arrays get the same
+    data. memcpy copies what a rank receives (P blocks) between two private arrays on every
+    rank at once -- the physical limit, with the same memory footprint as the collective (send
+    and receive matrices of all ranks).
 
     With `mpi_persistent`, the MPI library's persistent collective too (method ``MPI_init``,
     on the same send buffer, into a receive buffer of its own); zcoll's persistent methods are
-    plans on the arena buffers of the plain ones. :meth:`close` frees the plans and requests.
+    plans on the buffers of the plain ones. :meth:`close` frees the plans and requests.
     """
 
     def __init__(
@@ -417,24 +442,19 @@ class BlockCase:
         methods,
         rng,
         mpi_persistent: bool = False,
-        buffers: str = ARENA_BUFFERS,
     ) -> None:
         nranks = comm.size
         send_shape = (nranks, block) if collective == ALLTOALL else (block,)
         recv_shape = (nranks, block)
         self.comm, self.collective, self.block = comm, collective, block
-        if buffers == ARENA_BUFFERS:
-            self.zsend = zcoll.empty(comm, send_shape, np.uint8)
-            self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
-        elif buffers == HEAP_BUFFERS:
-            with zcoll.use_shared_heap():
-                self.zsend = np.empty(send_shape, np.uint8)
-                self.zrecv = np.zeros(recv_shape, np.uint8)
-        else:
-            self.zsend = np.empty(send_shape, np.uint8)
-            self.zrecv = np.zeros(recv_shape, np.uint8)
-        self.zsend[...] = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
-        self.msend = np.array(self.zsend)
+        data = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
+        #: Kind -> (send, receive) arrays of zcoll's methods on that kind.
+        self.zbuffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for kind in dict.fromkeys(m.buffers for m in methods):
+            zsend, zrecv = make_buffers(comm, kind, send_shape, recv_shape)
+            zsend[...] = data
+            self.zbuffers[kind] = (zsend, zrecv)
+        self.msend = np.array(data)
         self.mrecv = np.zeros(recv_shape, np.uint8)
         mpi_fn = getattr(comm, collective.capitalize())
         mpi_call = functools.partial(mpi_fn, self.msend, self.mrecv)
@@ -454,27 +474,28 @@ class BlockCase:
         zcoll_fn = getattr(zcoll, collective)
         init_fn = getattr(zcoll, f"{collective}_init")
         for m in methods:
+            zsend, zrecv = self.zbuffers[m.buffers]
             if m.aggregate is not None:
-                plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
+                plain = functools.partial(zcoll_fn, comm, zsend, zrecv)
                 fn = aggregated_call(plain, m.aggregate, comm, m.sender_packs)
-                self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+                self.calls[m.name] = Call(fn, (zsend, zrecv), zrecv)
                 continue
             if m.internode is not None:
                 if m.phase:  # the result of a whole call first, then the phase alone
-                    fn = _phase_call(comm, self.zsend, self.zrecv, m.internode)
-                    self.calls[m.name] = Call(fn, (self.zsend, self.zrecv))
+                    fn = _phase_call(comm, zsend, zrecv, m.internode)
+                    self.calls[m.name] = Call(fn, (zsend, zrecv))
                     continue
-                plain = functools.partial(zcoll_fn, comm, self.zsend, self.zrecv)
+                plain = functools.partial(zcoll_fn, comm, zsend, zrecv)
                 fn = _forced_call(plain, m.internode)
-                self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+                self.calls[m.name] = Call(fn, (zsend, zrecv), zrecv)
                 continue
             if m.persistent:
-                plan = init_fn(comm, self.zsend, self.zrecv, order=m.order, copy=m.copy)
+                plan = init_fn(comm, zsend, zrecv, order=m.order, copy=m.copy)
                 self.plans[m.name] = plan
-                self.calls[m.name] = Call(plan, (self.zsend, self.zrecv), self.zrecv)
+                self.calls[m.name] = Call(plan, (zsend, zrecv), zrecv)
                 continue
-            fn = _plain_call(zcoll_fn, comm, self.zsend, self.zrecv, m.order, m.copy)
-            self.calls[m.name] = Call(fn, (self.zsend, self.zrecv), self.zrecv)
+            fn = _plain_call(zcoll_fn, comm, zsend, zrecv, m.order, m.copy)
+            self.calls[m.name] = Call(fn, (zsend, zrecv), zrecv)
 
     def close(self) -> None:
         """Free the plans and MPI requests (local; the arrays go with the garbage collector)."""
@@ -510,6 +531,15 @@ class BlockCase:
         return failed
 
 
+def make_buffers(comm, kind: str, send_shape, recv_shape) -> tuple[np.ndarray, np.ndarray]:
+    """A send and a (zeroed) receive byte array of buffer `kind` (see :class:`BlockCase`)."""
+    if kind == ARENA_BUFFERS:
+        return zcoll.empty(comm, send_shape, np.uint8), zcoll.zeros(comm, recv_shape, np.uint8)
+    # "numpy" turns the heap off too: plain arrays even under ZCOLL_SHARED_HEAP=1.
+    with zcoll.use_shared_heap(kind == HEAP_BUFFERS):
+        return np.empty(send_shape, np.uint8), np.zeros(recv_shape, np.uint8)
+
+
 def _plain_call(fn, comm, send, recv, order: str, copy: str):
     """`fn(comm, send, recv, order=order, copy=copy)` as a user writes it. Without keywords
     when both are "auto" (a C-level partial, as MPI's call is timed); otherwise a closure that
@@ -522,7 +552,7 @@ def _plain_call(fn, comm, send, recv, order: str, copy: str):
 
 def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, args) -> dict:
     """One JSON/CSV row: the original seven fields, then order, copy, bench_method, rounds,
-    persistent, plan_order, plan_copy."""
+    persistent, plan_order, plan_copy, buffers."""
     method = next((m for m in args.methods if m.name == name), None)
     plan = case.plans.get(name)
     return {
@@ -540,6 +570,7 @@ def latency_row(case: BlockCase, name: str, seconds: float, iterations, warmup, 
         "persistent": is_persistent(name),
         "plan_order": plan.order if plan is not None else None,
         "plan_copy": plan.copy if plan is not None else None,
+        "buffers": method.buffers if method else None,
     }
 
 
@@ -814,6 +845,46 @@ def geomean_speedups(by_block: dict[int, dict[str, float]]) -> dict[str, float |
     return result
 
 
+def speedups_by_buffers(
+    by_block: dict[int, dict[str, float]], methods: Sequence[ZcollMethod]
+) -> dict[str, dict]:
+    """Per kind of buffers, MPI latency / the best latency among the methods on that kind.
+
+    Returns
+    -------
+    dict
+        Kind -> ``{"small": ..., "large": ...}`` (as :func:`geomean_speedups`) with
+        ``"lowest"``, the smallest ratio over the block sizes, and ``"lowest_block"``, where.
+    """
+    result = {}
+    for kind in dict.fromkeys(m.buffers for m in methods):
+        names = [m.name for m in methods if m.buffers == kind]
+        own = {
+            block: {MPI_METHOD: lat[MPI_METHOD], **{n: lat[n] for n in names}}
+            for block, lat in by_block.items()
+        }
+        ratios = {block: lat[MPI_METHOD] / lat[best_order(lat)] for block, lat in own.items()}
+        lowest = min(ratios, key=ratios.__getitem__) if ratios else None
+        result[kind] = {
+            **geomean_speedups(own),
+            "lowest": ratios[lowest] if lowest is not None else None,
+            "lowest_block": lowest,
+        }
+    return result
+
+
+def buffers_summary_line(kind: str, speedups: dict, ranges: str) -> str:
+    """The summary line of one kind of buffers (see :func:`speedups_by_buffers`); `ranges`
+    has two ``{}`` for the small and large geometric means."""
+    lowest = speedups["lowest"]
+    where_ = f" at {format_size(speedups['lowest_block'])}" if lowest is not None else ""
+    return (
+        f"geomean speedup of best {KIND_SEPARATOR}{kind} method over MPI: "
+        + ranges.format(times(speedups["small"]), times(speedups["large"]))
+        + f"; lowest {times(lowest)}{where_}"
+    )
+
+
 def _describe_method(timer: Timer) -> str:
     if timer.flusher is None:  # not cold
         return "warm (OSU: warm-up calls, barrier, timed loop; max over ranks of the mean)"
@@ -856,7 +927,7 @@ def sweep_sizes(
     rng = np.random.default_rng(comm.rank)
     sweep = Sweep([], {}, [], [])
     for block in args.sizes:
-        case = BlockCase(comm, collective, block, args.methods, rng, mpi_persistent, args.buffers)
+        case = BlockCase(comm, collective, block, args.methods, rng, mpi_persistent)
         try:
             if args.check:
                 failed = case.check()
@@ -925,7 +996,8 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
     multi_node = _context.context(comm).multi_node
     if args.between_nodes and multi_node and not args.persistent:
         added = internode_methods() if collective == ALLGATHER else list(AGGREGATION_METHODS)
-        args.methods = [*args.methods, *added]
+        # They force a path of the call rather than time a kind of buffer: on the first kind.
+        args.methods = [*args.methods, *(replace(m, buffers=args.buffers[0]) for m in added)]
     names = [m.name for m in args.methods]
     missing = mpi_persistent_missing(comm, collective) if args.persistent else None
 
@@ -958,6 +1030,10 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         "geomean speedup of best method over MPI: "
         + ranges.format(times(speedups["small"]), times(speedups["large"]))
     )
+    by_buffers = speedups_by_buffers(sweep.by_block, args.methods)
+    if len(args.buffers) > 1:
+        for kind, kind_speedups in by_buffers.items():
+            report(buffers_summary_line(kind, kind_speedups, ranges))
     summary = persistent_summary(sweep.persistent)
     if args.persistent:
         report(
@@ -982,7 +1058,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             **common_metadata(comm, args, layout, now, command),
             "bench_method": args.method,
             "orders": list(args.orders),
-            "buffers": args.buffers,
+            "buffers": list(args.buffers),
             "copy_modes": list(args.copies),
             "flush_bytes": timer.flusher.nbytes if timer.flusher is not None else None,
             "paired_rounds": PAIRED_ROUNDS,
@@ -992,6 +1068,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "mpi_persistent": f"comm.{collective.capitalize()}_init" if mpi_persistent else None,
             "mpi_persistent_missing": missing,
             **{f"geomean_speedup_{key}": value for key, value in summary.items()},
+            "speedup_by_buffers": by_buffers,
         }
         extra = {"bandwidth": sweep.bandwidth, "persistent": sweep.persistent}
         write_outputs(args, sweep.rows, metadata, FIELDS, extra)
@@ -1071,11 +1148,13 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--buffers",
-        choices=BUFFER_KINDS,
-        default=ARENA_BUFFERS,
+        type=parse_buffer_kinds,
+        default=[ARENA_BUFFERS],
+        metavar="KIND[,KIND...]",
         help="zcoll's buffers: arena (zcoll.empty), numpy (plain arrays, as an mpi4py program "
         "has them: pulled by CMA, or staged when small) or heap (plain arrays allocated with "
-        "zcoll.use_shared_heap(): used in place) (default arena)",
+        "zcoll.use_shared_heap(): used in place); several time each method on each kind in "
+        "the same run, named NAME@KIND, with a summary per kind (default arena)",
     )
     parser.add_argument(
         "--persistent",

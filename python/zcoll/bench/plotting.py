@@ -54,6 +54,13 @@ def _size_axis(axis) -> None:
     axis.set_major_formatter(FuncFormatter(_size_label))
 
 
+def _plain_twin(method: str) -> str:
+    """The plain method of a persistent one (``auto_init`` -> ``auto``, ``auto_init@heap`` ->
+    ``auto@heap``); any other method itself."""
+    name, at, kind = method.partition("@")
+    return name.removesuffix(PERSISTENT_SUFFIX) + at + kind
+
+
 def plot_collective(document: dict, ax) -> None:
     """Latency (µs) against block size per method on log-log axes; MPI dashed, memcpy dotted;
     a persistent method (``--persistent``: ``NAME_init``, ``MPI_init``) dash-dotted with
@@ -63,11 +70,11 @@ def plot_collective(document: dict, ax) -> None:
         by_method[row["method"]].append((row["block_bytes"], row["latency_us"]))
     colors = {MPI_METHOD: "black", MEMCPY_METHOD: "grey"}
     for method in by_method:  # plain methods first: a plan takes its twin's colour
-        if not method.endswith(PERSISTENT_SUFFIX):
+        if _plain_twin(method) == method:
             colors.setdefault(method, f"C{(len(colors) - 2) % 10}")
     for method, points in by_method.items():
         points.sort()
-        twin = method.removesuffix(PERSISTENT_SUFFIX)
+        twin = _plain_twin(method)
         persistent = twin != method
         style = "-." if persistent else {MPI_METHOD: "--", MEMCPY_METHOD: ":"}.get(method, "-")
         color = colors.get(twin)

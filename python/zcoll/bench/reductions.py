@@ -2,7 +2,8 @@
 
 For every message size (float64 elements, sum) and every method -- ``comm.Allreduce`` (or
 ``Reduce`` / ``Bcast``) on plain NumPy arrays, then zcoll with each algorithm and "auto", its
-input in the arena and its result in a plain array, as an mpi4py program has them -- the
+input in the arena and its result in a plain array, as an mpi4py program has them
+(``--buffers``: both plain, or both on the shared heap, or several kinds side by side) -- the
 latency of a call, OSU style (warm-up, barrier, timed loop; the largest of the ranks' means).
 
 ``allreduce`` also times, in the same run, the references its targets are stated against:
@@ -25,6 +26,7 @@ import functools
 import math
 import socket
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
@@ -34,7 +36,17 @@ from zcoll import _aggregated, _context, _core
 from zcoll._registry import AUTO, TEMPORAL
 from zcoll._timing import REWRITE, after_rewrite, parse_size
 
-from .collectives import Call, Timer, add_size_options
+from .collectives import (
+    ARENA_BUFFERS,
+    HEAP_BUFFERS,
+    KIND_SEPARATOR,
+    NUMPY_BUFFERS,
+    Call,
+    Timer,
+    add_size_options,
+    kind_name,
+    parse_buffer_kinds,
+)
 from .common import (
     KIB,
     MEMCPY_METHOD,
@@ -65,8 +77,10 @@ SMALL = 16 * KIB  # summary: geometric mean over messages <= this ...
 LARGE = 64 * KIB  # ... and over messages >= this (and the memcpy bound from here)
 ALLTOALL8 = "alltoall8"  # the 8-byte-block zcoll.alltoall reference
 METHODS = ("warm", "fresh")
+#: Columns of ``--csv``; later ones are only ever appended.
 FIELDS = (
-    "collective", "P", "block_bytes", "method", "latency_us", "iterations", "warmup", "rounds"
+    "collective", "P", "block_bytes", "method", "latency_us", "iterations", "warmup", "rounds",
+    "buffers",
 )  # fmt: skip
 
 
@@ -82,7 +96,13 @@ def _zcoll_call(command: str, comm, send, recv, algorithm: str):
 
 class SizeCase:
     """Buffers and calls of every method for one message size (bytes, a multiple of 8);
-    `fresh`: each call rewrites its send buffer first, and the rewrite alone is a method."""
+    `fresh`: each call rewrites its send buffer first, and the rewrite alone is a method.
+
+    zcoll gets a send and a result array of each kind of `buffers` (arena: the input in the
+    arena, the result a plain array, as a user's would be; numpy: both plain; heap: both on
+    the shared heap), and each algorithm runs on each kind (``NAME@KIND`` when there are
+    several); every kind and MPI's plain arrays hold the same data.
+    """
 
     def __init__(
         self,
@@ -92,18 +112,23 @@ class SizeCase:
         algorithms,
         rng,
         fresh: bool = False,
-        buffers: str = "arena",
+        buffers: Sequence[str] = (ARENA_BUFFERS,),
     ) -> None:
         n = nbytes // 8
         self.comm, self.command, self.nbytes = comm, command, nbytes
-        if buffers == "arena":  # the result stays a plain array, as a user's would be
-            self.zsend, self.zrecv = zcoll.empty(comm, n, np.float64), np.zeros(n)
-        else:
-            with zcoll.use_shared_heap(buffers == "heap"):
-                self.zsend, self.zrecv = np.empty(n), np.zeros(n)
-        self.zsend[:] = rng.uniform(-1, 1, n)
-        self.source = self.zsend.copy()
-        self.msend = np.array(self.zsend)
+        kinds = list(buffers)
+        self.source = rng.uniform(-1, 1, n)
+        #: Kind -> (send, result) arrays of zcoll's methods on that kind.
+        self.zbuffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        for kind in kinds:
+            if kind == ARENA_BUFFERS:
+                zsend, zrecv = zcoll.empty(comm, n, np.float64), np.zeros(n)
+            else:
+                with zcoll.use_shared_heap(kind == HEAP_BUFFERS):
+                    zsend, zrecv = np.empty(n), np.zeros(n)
+            zsend[:] = self.source
+            self.zbuffers[kind] = (zsend, zrecv)
+        self.msend = np.array(self.source)
         self.mrecv = np.zeros(n)
         if command == "allreduce":
             mpi = functools.partial(comm.Allreduce, self.msend, self.mrecv, MPI.SUM)
@@ -116,33 +141,50 @@ class SizeCase:
             return after_rewrite(send, self.source, fn) if fresh else fn
 
         self.calls = {MPI_METHOD: Call(prepared(self.msend, mpi), (self.msend, self.mrecv))}
+        #: zcoll's methods and the rewrites: name -> the kind of buffers it runs on.
+        self.kind_of: dict[str, str] = {}
+        #: With `fresh`: kind -> the name of its rewrite (``rewrite``, ``rewrite@KIND``).
+        self.rewrites: dict[str, str] = {}
         names = ["zcoll"] if command == "bcast" else list(algorithms)
         for name in names:
-            fn = _zcoll_call(command, comm, self.zsend, self.zrecv, name)
-            self.calls[name] = Call(prepared(self.zsend, fn), (self.zsend, self.zrecv))
+            for kind in kinds:  # the kinds of one algorithm timed one after the other
+                zsend, zrecv = self.zbuffers[kind]
+                fn = _zcoll_call(command, comm, zsend, zrecv, name)
+                method = kind_name(name, kind, kinds)
+                self.calls[method] = Call(prepared(zsend, fn), (zsend, zrecv))
+                self.kind_of[method] = kind
         if fresh:
-            rewrite = functools.partial(np.copyto, self.zsend, self.source)
-            self.calls[REWRITE] = Call(rewrite, (self.zsend,))
+            for kind in kinds:
+                zsend = self.zbuffers[kind][0]
+                rewrite = kind_name(REWRITE, kind, kinds)
+                self.calls[rewrite] = Call(
+                    functools.partial(np.copyto, zsend, self.source), (zsend,)
+                )
+                self.kind_of[rewrite] = kind
+                self.rewrites[kind] = rewrite
 
     def check(self) -> list[str]:
         """Each method's result against MPI's (floats: within the combination-order bound).
         Collective; the same list on every rank."""
         failed = []
+        methods = [n for n in self.calls if n != MPI_METHOD and n not in self.rewrites.values()]
         if self.command == "bcast":
             want = self.msend.copy()
             self.comm.Bcast(want, 0)
-            self.calls["zcoll"].fn()
-            same = bool(np.array_equal(self.zsend, want))
-            return [] if self.comm.allreduce(same, op=MPI.LAND) else ["zcoll"]
+            for name in methods:
+                self.calls[name].fn()
+                same = bool(np.array_equal(self.zbuffers[self.kind_of[name]][0], want))
+                if not self.comm.allreduce(same, op=MPI.LAND):
+                    failed.append(name)
+            return failed
         self.calls[MPI_METHOD].fn()
         tol = 4 * self.comm.size * np.finfo(np.float64).eps * max(1.0, self.comm.size)
-        for name, call in self.calls.items():
-            if name in (MPI_METHOD, REWRITE):
-                continue
-            self.zrecv[:] = np.nan
-            call.fn()
-            root = self.command == "allreduce" or self.comm.rank == 0
-            ok = not root or bool(np.allclose(self.zrecv, self.mrecv, rtol=0, atol=tol))
+        root = self.command == "allreduce" or self.comm.rank == 0
+        for name in methods:
+            zrecv = self.zbuffers[self.kind_of[name]][1]
+            zrecv[:] = np.nan
+            self.calls[name].fn()
+            ok = not root or bool(np.allclose(zrecv, self.mrecv, rtol=0, atol=tol))
             if not self.comm.allreduce(ok, op=MPI.LAND):
                 failed.append(name)
         return failed
@@ -165,7 +207,8 @@ def _timed(timer: Timer, call: Call, nbytes: int) -> tuple[float, int, int]:
     return timer.seconds(call, iterations, warmup) * 1e6, iterations, warmup
 
 
-def _row(command: str, comm, nbytes: int, method: str, timing) -> dict:
+def _row(command: str, comm, nbytes: int, method: str, timing, buffers=None) -> dict:
+    """One JSON/CSV row (`buffers`: the kind of zcoll's buffers; None for MPI's and memcpy's)."""
     latency, iterations, warmup = timing
     return {
         "collective": command,
@@ -175,6 +218,7 @@ def _row(command: str, comm, nbytes: int, method: str, timing) -> dict:
         "latency_us": latency,
         "iterations": iterations,
         "warmup": warmup,
+        "buffers": buffers,
     }
 
 
@@ -197,12 +241,20 @@ def run_barrier(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[l
     return rows, {"barrier_speedup": ratio(mpi, mine)}
 
 
-def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[list, dict] | None:
+def run_sizes(
+    comm: MPI.Comm, args, report: Reporter, timer: Timer
+) -> tuple[list, dict[str, dict]] | None:
+    """Sweep the message sizes; print a row per size. Returns the rows and, per kind of
+    ``--buffers``, the :func:`summarise` of its methods; None when ``--check`` failed."""
     command = args.command
-    names = ["zcoll"] if command == "bcast" else list(args.algorithms)
+    kinds = list(args.buffers)
+    algorithms = ["zcoll"] if command == "bcast" else list(args.algorithms)
+    names = [kind_name(a, kind, kinds) for a in algorithms for kind in kinds]
     width = max(12, *(len(n) + 2 for n in names))
     extra = ["speedup", "auto/best", "auto ran"] if command != "bcast" else ["speedup"]
-    picks = AUTO in names and command != "bcast"
+    titles = [kind_name(e, kind, kinds) for kind in kinds for e in extra]
+    widths = {e: max(11, *(len(kind_name(e, k, kinds)) + 2 for k in kinds)) for e in extra}
+    picks = AUTO in algorithms and command != "bcast"
     core = _context.context(comm).core if picks else None
     # Across nodes no node algorithm runs: a call within the size rule travels whole in the
     # round (each node's inputs folded in rank order; the column says "round"), a larger one is
@@ -212,18 +264,19 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
     report(
         f"{'bytes':>9}{MPI_METHOD:>{width}}"
         + "".join(f"{n:>{width}}" for n in names)
-        + "".join(f"{e:>11}" for e in extra)
+        + "".join(f"{t:>{widths[t.partition(KIND_SEPARATOR)[0]]}}" for t in titles)
     )
     rng = np.random.default_rng(comm.rank)
     rows: list[dict] = []
-    by_size: dict[int, dict[str, float]] = {}
+    by_size: dict[str, dict[int, dict[str, float]]] = {kind: {} for kind in kinds}
     bound: dict[int, float] = {}
-    chosen: dict[int, str] = {}
-    timed = 1 + len(names) + (args.method == "fresh")  # MPI, zcoll's methods, the rewrite
+    chosen: dict[str, dict[int, str]] = {kind: {} for kind in kinds}
+    fresh = args.method == "fresh"
+    timed = 1 + len(names) + fresh * len(kinds)  # MPI, zcoll's methods, the rewrites
     report.start(len(args.sizes) * timed * args.rounds, command)
     try:
         for nbytes in args.sizes:
-            case = SizeCase(comm, command, nbytes, names, rng, args.method == "fresh", args.buffers)
+            case = SizeCase(comm, command, nbytes, algorithms, rng, fresh, kinds)
             if args.check:
                 failed = case.check()
                 if failed:
@@ -243,13 +296,17 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
                     if name not in best or timing[0] < best[name][0]:
                         best[name] = timing
                     report.step(f"{format_size(nbytes)} {name}")
-            rewrite = best.pop(REWRITE, (0.0, 0, 0))[0]
-            if args.method == "fresh":
-                rows.append(_row(command, comm, nbytes, REWRITE, (rewrite, 0, 0)))
+            rewrites = {kind: best.pop(name)[0] for kind, name in case.rewrites.items()}
+            for kind, name in case.rewrites.items():
+                rows.append(_row(command, comm, nbytes, name, (rewrites[kind], 0, 0), kind))
+            # MPI's send buffer is a plain array: the numpy kind's rewrite where it is timed.
+            mpi_rewrite = rewrites.get(NUMPY_BUFFERS, rewrites.get(kinds[0], 0.0))
             latencies = {}
             for name, timing in best.items():
+                on = case.kind_of.get(name)  # None: MPI
+                rewrite = mpi_rewrite if on is None else rewrites.get(on, 0.0)
                 timing = (max(0.0, timing[0] - rewrite), *timing[1:])
-                row = _row(command, comm, nbytes, name, timing)
+                row = _row(command, comm, nbytes, name, timing, on)
                 row["rounds"] = args.rounds
                 rows.append(row)
                 latencies[name] = timing[0]
@@ -257,36 +314,43 @@ def run_sizes(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[lis
                 timing = _timed(timer, _memcpy(nbytes), nbytes)
                 rows.append(_row(command, comm, nbytes, MEMCPY_METHOD, timing))
                 bound[nbytes] = timing[0]
-            by_size[nbytes] = latencies
             line = f"{format_size(nbytes):>9}" + "".join(
                 f"{latencies[n]:{width}.2f}" for n in (MPI_METHOD, *names)
             )
-            mine = latencies.get(AUTO, latencies.get("zcoll"))
-            if mine is None:
-                mine = min(latencies[n] for n in names)
-            line += f"{times(ratio(latencies[MPI_METHOD], mine)):>11}"
-            fixed = [latencies[n] for n in names if n != AUTO]
-            if command != "bcast" and AUTO in latencies and fixed:
-                line += f"{latencies[AUTO] / min(fixed):>11.2f}"
-            if core is not None:
-                carried = 0 < nbytes <= round_limit
-                chosen[nbytes] = (
-                    "round" if carried
-                    else "spread" if ctx.multi_node
-                    else core.reduction_choice(nbytes, args.buffers == "numpy")
-                )  # fmt: skip
-                line += f"{chosen[nbytes]:>15}"
+            for kind in kinds:
+                own = {MPI_METHOD: latencies[MPI_METHOD]}
+                own |= {a: latencies[kind_name(a, kind, kinds)] for a in algorithms}
+                by_size[kind][nbytes] = own
+                mine = own.get(AUTO, own.get("zcoll"))
+                if mine is None:
+                    mine = min(own[a] for a in algorithms)
+                line += f"{times(ratio(own[MPI_METHOD], mine)):>{widths['speedup']}}"
+                fixed = [own[a] for a in algorithms if a != AUTO]
+                if command != "bcast":
+                    cell = f"{own[AUTO] / min(fixed):.2f}" if AUTO in own and fixed else ""
+                    line += f"{cell:>{widths['auto/best']}}"
+                if core is not None:
+                    carried = 0 < nbytes <= round_limit
+                    chosen[kind][nbytes] = (
+                        "round" if carried
+                        else "spread" if ctx.multi_node
+                        else core.reduction_choice(
+                            nbytes, private_inputs=kind == NUMPY_BUFFERS
+                        )
+                    )  # fmt: skip
+                    line += f"{chosen[kind][nbytes]:>{max(15, widths['auto ran'])}}"
             report(line)
     finally:
         report.close()
-    summary = summarise(by_size, names, bound, chosen)
+    summaries = {kind: summarise(by_size[kind], algorithms, bound, chosen[kind]) for kind in kinds}
     if command == "allreduce":
         eight = _timed(timer, _alltoall8(comm), 8)
-        rows.append(_row(command, comm, 8, ALLTOALL8, eight))
-        summary["alltoall8_us"] = eight[0]
-        if 8 in by_size and AUTO in by_size[8]:
-            summary["allreduce8_over_alltoall8"] = by_size[8][AUTO] / eight[0]
-    return rows, summary
+        rows.append(_row(command, comm, 8, ALLTOALL8, eight, ARENA_BUFFERS))
+        for kind, summary in summaries.items():
+            summary["alltoall8_us"] = eight[0]
+            if 8 in by_size[kind] and AUTO in by_size[kind][8]:
+                summary["allreduce8_over_alltoall8"] = by_size[kind][8][AUTO] / eight[0]
+    return rows, summaries
 
 
 def summarise(
@@ -342,6 +406,7 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
     if args.spread_segment:
         report(f"# reductions spread across nodes in segments of {args.spread_segment} bytes")
     previous = _aggregated.spread_segment(args.spread_segment)
+    by_buffers: dict[str, dict] = {}
     try:
         if args.command == "barrier":
             rows, summary = run_barrier(comm, args, report, timer)
@@ -349,33 +414,14 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
             result = run_sizes(comm, args, report, timer)
             if result is None:
                 return 1
-            rows, summary = result
+            rows, by_buffers = result
+            summary = by_buffers[args.buffers[0]]
     finally:
         _aggregated.spread_segment(previous)
-    if args.command != "barrier":
-        report(
-            f"geomean speedup over MPI ({AUTO if args.command != 'bcast' else 'zcoll'}): "
-            f"<= {format_size(SMALL)}: {times(summary['speedup_small'])}, "
-            f">= {format_size(LARGE)}: {times(summary['speedup_large'])}"
-        )
-        if "auto_over_best_max" in summary:
-            report(f"auto / best fixed algorithm, worst size: {summary['auto_over_best_max']:.2f}")
-        if summary.get("pick_over_best"):
-            worst = max(summary["pick_over_best"].items(), key=lambda item: item[1])
-            off = [format_size(b) for b, r in summary["pick_over_best"].items() if r > 1.1]
-            report(
-                f"the algorithm auto ran, timed as a fixed one / best fixed: worst "
-                f"{worst[1]:.2f} at {format_size(worst[0])}; beyond 1.10 at "
-                f"{', '.join(off) or 'no size'}"
-            )
-        if summary.get("over_memcpy"):
-            text = ", ".join(f"{format_size(b)} {r:.2f}" for b, r in summary["over_memcpy"].items())
-            report(f"best / memcpy of the message on every rank (the bandwidth bound): {text}")
-        if "allreduce8_over_alltoall8" in summary:
-            report(
-                f"8 B allreduce / 8 B-block zcoll.alltoall ({summary['alltoall8_us']:.2f} us): "
-                f"{summary['allreduce8_over_alltoall8']:.2f}"
-            )
+    for kind, kind_summary in by_buffers.items():
+        at = KIND_SEPARATOR + kind if len(by_buffers) > 1 else ""
+        for line in summary_lines(args.command, kind_summary, at):
+            report(line)
     report(where(comm, layout))
     report(f"MPI library: {mpi_library()}")
     if comm.rank == 0:
@@ -385,22 +431,69 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
             "bench_method": args.method,
             "algorithms": list(getattr(args, "algorithms", [])),
             "spread_segment": args.spread_segment or _aggregated.SPREAD_SEGMENT_BYTES,
-            **{k: v for k, v in summary.items() if k not in BY_SIZE},
+            **{k: v for k, v in summary.items() if k not in BY_SIZE},  # the first kind's
         }
-        extra = {k: {str(b): v for b, v in summary.get(k, {}).items()} for k in BY_SIZE}
+        if by_buffers:
+            metadata["buffers"] = list(args.buffers)
+            metadata["by_buffers"] = {
+                kind: {k: _by_size(v) if k in BY_SIZE else v for k, v in entries.items()}
+                for kind, entries in by_buffers.items()
+            }
+        extra = {k: _by_size(summary.get(k, {})) for k in BY_SIZE}
         write_outputs(args, rows, metadata, FIELDS, extra)
     return 0
 
 
+def _by_size(values: dict) -> dict[str, float]:
+    """A summary entry keyed by message size, with JSON's string keys."""
+    return {str(b): v for b, v in values.items()}
+
+
+def summary_lines(command: str, summary: dict, at: str = "") -> list[str]:
+    """The closing lines of a reduction's sweep for one kind of buffers (:func:`summarise`);
+    `at` (``"@numpy"``) names the kind when several were timed."""
+    lines = [
+        f"geomean speedup over MPI ({AUTO if command != 'bcast' else 'zcoll'}{at}): "
+        f"<= {format_size(SMALL)}: {times(summary['speedup_small'])}, "
+        f">= {format_size(LARGE)}: {times(summary['speedup_large'])}"
+    ]
+    if "auto_over_best_max" in summary:
+        lines.append(
+            f"auto{at} / best fixed algorithm{at}, worst size: {summary['auto_over_best_max']:.2f}"
+        )
+    if summary.get("pick_over_best"):
+        worst = max(summary["pick_over_best"].items(), key=lambda item: item[1])
+        off = [format_size(b) for b, r in summary["pick_over_best"].items() if r > 1.1]
+        lines.append(
+            f"the algorithm auto{at} ran, timed as a fixed one / best fixed: worst "
+            f"{worst[1]:.2f} at {format_size(worst[0])}; beyond 1.10 at "
+            f"{', '.join(off) or 'no size'}"
+        )
+    if summary.get("over_memcpy"):
+        text = ", ".join(f"{format_size(b)} {r:.2f}" for b, r in summary["over_memcpy"].items())
+        lines.append(
+            f"best{at} / memcpy of the message on every rank (the bandwidth bound): {text}"
+        )
+    if "allreduce8_over_alltoall8" in summary:
+        lines.append(
+            f"8 B allreduce{at} / 8 B-block zcoll.alltoall ({summary['alltoall8_us']:.2f} us): "
+            f"{summary['allreduce8_over_alltoall8']:.2f}"
+        )
+    return lines
+
+
 def add_reduction_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
     parser.add_argument(
         "--buffers",
-        choices=("arena", "numpy", "heap"),
-        default="arena",
+        type=parse_buffer_kinds,
+        default=[ARENA_BUFFERS],
+        metavar="KIND[,KIND...]",
         help="zcoll's input: arena (zcoll.empty; the result a plain array), numpy (both plain) "
-        "or heap (both allocated with zcoll.use_shared_heap()) (default arena)",
+        "or heap (both allocated with zcoll.use_shared_heap()); several time each algorithm "
+        "on each kind in the same rounds, named NAME@KIND, with the speedups, auto/best and "
+        "the algorithm auto ran per kind (default arena)",
     )
-    """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
     add_size_options(
         parser, "message sizes (default: powers of two, 8 B to 16 MiB)", "message", "16M"
     )
