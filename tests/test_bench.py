@@ -326,6 +326,21 @@ def test_buffer_kinds_usage(command, capsys):
     assert args.buffers == ["heap", "arena"]
 
 
+def test_reduction_summary_leaves_out_zero_latencies():
+    """--method fresh can subtract a noisy latency to 0: the summary leaves those ratios out
+    instead of dividing by zero."""
+    from zcoll.bench import reductions
+
+    by_size = {
+        8: {"MPI": 2.0, "flat": 0.0, "auto": 1.0},
+        16: {"MPI": 4.0, "flat": 1.0, "auto": 0.0},
+    }
+    summary = reductions.summarise(by_size, ["flat", "auto"], {}, {8: "flat", 16: "auto"})
+    assert summary["speedup_small"] == pytest.approx(2.0)  # 8 B alone: 16 B's auto took 0
+    assert summary["auto_over_best_max"] == pytest.approx(0.0)  # 16 B alone
+    assert summary["pick_over_best"] == {16: 0.0}
+
+
 def test_zcoll_methods_on_several_kinds():
     methods = collectives.zcoll_methods(["auto"], ["auto"], True, ["numpy", "heap"])
     assert [(m.name, m.buffers, m.persistent) for m in methods] == [

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import socket
 import sys
 from collections.abc import Sequence
@@ -56,6 +55,7 @@ from .common import (
     command_line,
     common_metadata,
     format_size,
+    geomean,
     mpi_library,
     node_layout,
     now_iso,
@@ -222,10 +222,6 @@ def _row(command: str, comm, nbytes: int, method: str, timing, buffers=None) -> 
     }
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def run_barrier(comm: MPI.Comm, args, report: Reporter, timer: Timer) -> tuple[list, dict]:
     methods = ((MPI_METHOD, comm.Barrier), ("zcoll", functools.partial(zcoll.barrier, comm)))
     best: dict[str, tuple[float, int, int]] = {}
@@ -327,7 +323,10 @@ def run_sizes(
                 line += f"{times(ratio(own[MPI_METHOD], mine)):>{widths['speedup']}}"
                 fixed = [own[a] for a in algorithms if a != AUTO]
                 if command != "bcast":
-                    cell = f"{own[AUTO] / min(fixed):.2f}" if AUTO in own and fixed else ""
+                    cell = ""
+                    if AUTO in own and fixed:
+                        over = ratio(own[AUTO], min(fixed))
+                        cell = "n/a" if over is None else f"{over:.2f}"
                     line += f"{cell:>{widths['auto/best']}}"
                 if core is not None:
                     carried = 0 < nbytes <= round_limit
@@ -359,27 +358,33 @@ def summarise(
     """Geometric-mean speedups of "auto" (or the one zcoll method) and of the best algorithm
     over MPI, small and large messages; the worst auto/best-fixed ratio, and that of the
     algorithm auto ran (`chosen`, by size) timed as a fixed one: apart from auto's own noise,
-    which size the model got wrong; the memcpy bound."""
+    which size the model got wrong; the memcpy bound.
+
+    A latency of 0 (``--method fresh``: the rewrite's subtraction took a noisy measurement to
+    nothing) says nothing: ratios with it in the denominator are left out."""
     out: dict = {}
     method = AUTO if AUTO in names else names[0]
     for label, within in (("small", lambda b: b <= SMALL), ("large", lambda b: b >= LARGE)):
         sizes = [b for b in by_size if within(b)]
-        out[f"speedup_{label}"] = _geomean(
-            [by_size[b][MPI_METHOD] / by_size[b][method] for b in sizes]
+        out[f"speedup_{label}"] = geomean(
+            ratio(by_size[b][MPI_METHOD], by_size[b][method]) for b in sizes
         )
-        out[f"best_speedup_{label}"] = _geomean(
-            [by_size[b][MPI_METHOD] / min(by_size[b][n] for n in names) for b in sizes]
+        out[f"best_speedup_{label}"] = geomean(
+            ratio(by_size[b][MPI_METHOD], min(by_size[b][n] for n in names)) for b in sizes
         )
     fixed = [n for n in names if n != AUTO]
     if AUTO in names and fixed:
-        out["auto_over_best_max"] = max(
-            by_size[b][AUTO] / min(by_size[b][n] for n in fixed) for b in by_size
-        )
+        auto_over_best = [
+            ratio(by_size[b][AUTO], min(by_size[b][n] for n in fixed)) for b in by_size
+        ]
+        if any(r is not None for r in auto_over_best):
+            out["auto_over_best_max"] = max(r for r in auto_over_best if r is not None)
         pick_over_best = {
-            b: by_size[b][chosen[b]] / min(by_size[b][n] for n in fixed)
+            b: ratio(by_size[b][chosen[b]], min(by_size[b][n] for n in fixed))
             for b in by_size
             if chosen.get(b) in by_size[b]
         }
+        pick_over_best = {b: r for b, r in pick_over_best.items() if r is not None}
         if pick_over_best:
             out["pick_over_best"] = pick_over_best
     if bound:
