@@ -7,14 +7,15 @@ collectives on Cartesian and graph communicators, persistent irregular plans -- 
 dtypes (every family), shapes (zero size and odd sizes included; counts up to 20011 elements,
 past the rounds between virtual nodes, so the spread calls run too), counts with zeros and
 displacements with holes, block orders, copy modes and reduction algorithms, in place and not,
-with send and receive buffers in the arena or private, on WORLD and on dups, splits (reversed
+with send and receive buffers in the arena, on the shared heap or private (pulled by CMA or
+staged, the threshold changed during the run), on WORLD and on dups, splits (reversed
 keys, halves), Cartesian grids and distributed graphs that are created and freed during the
 run, while arena arrays are allocated and dropped. Data movement is compared byte for byte with
 mpi4py's collective on the same bytes (receive buffers pre-filled: holes between blocks must
 survive; neighbourhood calls against MPI point-to-point, see neighbour_reference); reductions
 with mpi4py's on the same typed data, where the result does not depend on the order of
-combination (integers and bool with every op, floats with min and max). At the end of a second
-pass of the same sequence, the process's RSS is that after the first pass within 1 MiB and the
+combination (integers and bool with every op, floats with min and max). At the end of a third
+pass of the same sequence, the process's RSS is that after the second pass within 1 MiB and the
 arena's bytes in use are the same. The seed and the counts per collective are printed (pytest
 -s), and every failure names the seed and the call, so a run can be repeated exactly.
 """
@@ -41,6 +42,7 @@ MIB = 2**20
 ORDERS = ["auto", *zcoll.ORDERS]
 COPIES = ["auto", *zcoll.COPY_MODES]
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
+CMA_BYTES = [0, zcoll._core.default_cma_bytes, 2**62]  # the churn's CMA thresholds
 COUNTS = [0, 1, 2, 3, 7, 16, 33, 100, 1000, 4099, 20011]  # 20011: beyond the rounds across nodes
 INTEGERS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
 # (dtype, op) pairs whose result is the same in any order of combination.
@@ -102,8 +104,15 @@ class Soak:
         return real.astype(dt)
 
     def buffer(self, comm, shape, dtype, fill: bool) -> np.ndarray:
-        """A buffer in the arena (collective) or private, as the stream decides."""
-        a = zcoll.empty(comm, shape, dtype) if self.coin() else np.empty(shape, dtype)
+        """A buffer in the arena (collective, as the stream decides), else this rank's own
+        choice of a plain array or one on the shared heap: ranks mix the kinds in one call."""
+        if self.coin():
+            a = zcoll.empty(comm, shape, dtype)
+        elif self.data.random() < 0.5:
+            with zcoll.use_shared_heap():
+                a = np.empty(shape, dtype)
+        else:
+            a = np.empty(shape, dtype)
         if fill:
             a[...] = self.values(shape, dtype)
         return a
@@ -115,7 +124,8 @@ class Soak:
     # -- communicators and arena arrays, changed during the run ----------------------------
 
     def churn(self) -> None:
-        kinds = ["dup", "split_reversed", "split_halves", "free", "alloc", "drop", "cart", "graph"]
+        kinds = ["dup", "split_reversed", "split_halves", "free", "alloc", "drop", "cart", "graph",
+                 "cma"]  # fmt: skip
         kind = self.pick(kinds)
         if kind == "dup":
             self.comms.append(self.world.Dup())
@@ -138,6 +148,9 @@ class Soak:
             self.comms.append(base.Create_cart(dims, periods=periods, reorder=False))
         elif kind == "graph":
             self.comms.append(self.random_graph(self.pick(self.comms)))
+        elif kind == "cma":  # plain buffers of any size pulled, by the measured rule, or staged
+            comm = self.pick(self.comms)
+            _context.context(comm).core.cma_bytes = self.pick(CMA_BYTES)
         self.counts[f"churn:{kind}"] += 1
 
     def random_graph(self, base: MPI.Intracomm) -> MPI.Intracomm:
@@ -431,10 +444,12 @@ def arena_in_use(soak: Soak) -> int:
     "virtual-node runs)"
 )  # fmt: skip
 def test_randomized_soak(world):
-    """The sequence twice: the first pass brings every cache and pool to its high-water mark;
-    the second, the same calls again, must end where it started (a leak grows with calls)."""
+    """The sequence three times: the first two bring every cache and pool to its high-water
+    mark (the second too: the shared heap's kept segments, reused for other sizes, and the
+    peers' heap segments mapped here touch more pages); the third, the same calls again, must
+    end where the second did (a leak grows with calls)."""
     counts, rss, arena = [], [], []
-    for _ in range(2):
+    for _ in range(3):
         soak = Soak(world, SEED)
         for soak.step in range(CALLS):
             soak.one_call()
@@ -446,10 +461,10 @@ def test_randomized_soak(world):
         rss.append(live_rss())
         arena.append(arena_in_use(soak))
     if world.rank == 0:
-        print(f"\nsoak: seed {SEED}, {CALLS} calls twice at P={world.size}: "
+        print(f"\nsoak: seed {SEED}, {CALLS} calls three times at P={world.size}: "
               + ", ".join(f"{k} {v}" for k, v in sorted(counts[1].items())))  # fmt: skip
     calls = sum(v for k, v in counts[1].items() if not k.startswith("churn"))
     all_ranks_agree(world, calls >= 0.9 * CALLS, f"only {calls} collective calls")
-    grew = rss[1] - rss[0]
+    grew = rss[2] - rss[1]
     all_ranks_agree(world, SANITIZED or abs(grew) < MIB, f"RSS changed by {grew / MIB:.2f} MiB")
-    all_ranks_agree(world, arena[1] == arena[0], f"arena in use: {arena[0]} -> {arena[1]}")
+    all_ranks_agree(world, arena[2] == arena[1], f"arena in use: {arena[1]} -> {arena[2]}")
