@@ -516,7 +516,8 @@ KILL_JOB = textwrap.dedent(
     import numpy as np
     from mpi4py import MPI
     import zcoll
-    from zcoll import _aggregated, _context
+    from zcoll import _aggregated
+    from zcoll._transport import Transport
 
     comm = MPI.COMM_WORLD
     rank, p = comm.rank, comm.size
@@ -528,10 +529,10 @@ KILL_JOB = textwrap.dedent(
     calls = 0
 
     def dying(exchange):  # mpi4py's sender: phase 1 done, the messages not yet sent
-        def exchange_or_die(ctx, *args):
+        def exchange_or_die(transport, *args):
             if calls == 50 and rank == victim:
                 os.kill(os.getpid(), signal.SIGKILL)
-            return exchange(ctx, *args)
+            return exchange(transport, *args)
         return exchange_or_die
 
     cpp = os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
@@ -540,9 +541,9 @@ KILL_JOB = textwrap.dedent(
         # or phase 2 of a reduction or bcast spread over the ranks
         _aggregated.force(False)
         zcoll._collectives._fast = zcoll._reductions._fast = lambda *args: None
-        setattr(_context.Context, "exchange_buffers", dying(_context.Context.exchange_buffers))
+        Transport.exchange_buffers = dying(Transport.exchange_buffers)
     elif not cpp:  # the aggregated round with mpi4py's sender: after packing
-        setattr(_context.Context, "_exchange_messages", dying(_context.Context._exchange_messages))
+        Transport._exchange_messages = dying(Transport._exchange_messages)
     # With the extension's sender a call is one crossing from its second call on: die just
     # before it.
     die_before = path == "plan" or (path not in ("direct", "spread", "spread-bcast") and cpp)

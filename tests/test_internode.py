@@ -199,7 +199,7 @@ def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
     comm = node_comm("split_reversed", k)
     if comm is None:
         pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of {k}")
-    if _context.context(comm)._p2p_handle is None:
+    if _context.context(comm).transport.handle is None:
         pytest.skip("mpi4py sends the messages between nodes: no one crossing")
     count = 64 * 1024 // 8 + 1  # beyond the round's largest block (64 KiB)
     send = _data(np.float64, count, comm.rank, seed=17)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from zcoll import RankPlacement, Topology, _context, _core, topology
+from zcoll import RankPlacement, Topology, _core, _node, topology
 
 SYS_CACHE = Path("/sys/devices/system/cpu/cpu0/cache")
 SYNTHETIC = "pack:2 numa:1 core:4 pu:1"
@@ -177,7 +177,7 @@ def test_described_machine_places_node_ranks_on_its_pus(comm, monkeypatch, tmp_p
     t = topology(comm)
     assert (t.packages, t.numa_nodes, t.cores, t.pus) == (2, 4, 8, 8)
     assert t.source == f"ZCOLL_TOPOLOGY: synthetic {described}"
-    node, _ = _context._split_node(comm)  # zcoll's node: a virtual one where configured
+    node, _ = _node.split_node(comm)  # zcoll's node: a virtual one where configured
     ranks_here = node.allgather(comm.rank)
     node.Free()
     for i, rank in enumerate(ranks_here):  # this node's ranks, in node rank order

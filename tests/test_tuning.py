@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import zcoll
 from conftest import COMM_KINDS, all_ranks_agree, random_bytes
-from zcoll import _context, _core, _online, _tuning, tune
+from zcoll import _context, _core, _node, _online, _tuning, tune
 
 WORLD = MPI.COMM_WORLD
 SMALL, LARGE = 8, 256 * 1024  # bytes per block: eager-sized, and past every copy threshold
@@ -304,7 +304,7 @@ def test_rules_for_other_node_sizes_are_ignored(shared_dir, monkeypatch):
 
 def test_block_ranges(shared_dir, monkeypatch):
     """Both ends of a range are included; gaps between ranges keep the built-in rule."""
-    n, _ = _context._split_node(WORLD)
+    n, _ = _node.split_node(WORLD)
     ranks = WORLD.allreduce(n.size, op=MPI.MAX)  # rank 0's node is the largest
     n.Free()
     rules = [
@@ -397,7 +397,7 @@ def test_forced_eager_too_large_is_an_error():
 
 def test_tune_quick_writes_a_table_that_loads(shared_dir, monkeypatch, capsys):
     path = shared_dir / "out" / "tuning.json"
-    node, _ = _context._split_node(WORLD)
+    node, _ = _node.split_node(WORLD)
     sizes = set(WORLD.allgather(node.size))
     node_size = node.size
     node.Free()

@@ -2,7 +2,7 @@
 that alltoall and allgather send rank to rank between nodes.
 
 Every call on several nodes starts with a round of messages between nodes that carries each
-rank's call record to every rank (`Context.node_round`, engine `aggregate.hpp`): one message
+rank's call record to every rank (`Transport.round`, engine `aggregate.hpp`): one message
 per ordered pair of nodes, sent and received by ranks spread over each node. An alltoall puts
 its blocks into the same round: phase 1 (engine) packs, in Morton order and equal shares,
 every block bound for another node into that node's message; phase 2 is the round's MPI
@@ -107,7 +107,7 @@ def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
     record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
     block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
     # Aggregated when the engine's size rule allows (it applies pack_limit).
-    if ctx.node_round(ALLTOALL, record, (send, recvbuf, code, copy_code)):
+    if ctx.transport.round(ALLTOALL, record, (send, recvbuf, code, copy_code)):
         return
     if not ctx.core.nodes_node_blocks_delivered:
         ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
@@ -145,7 +145,7 @@ def exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: in
         return
     if send is IN_PLACE and opname == ALLTOALL:  # saved before it is overwritten
         outgoing = {r: b.copy() for r, b in outgoing.items()}
-    ctx.exchange_buffers(
+    ctx.transport.exchange_buffers(
         f"zcoll.{opname} (blocks between nodes)",
         [(r, _P2P_TAG, b) for r, b in incoming.items()],
         [(r, _P2P_TAG, outgoing[r]) for r in incoming],

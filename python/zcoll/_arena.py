@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._context import _as_dtype, context
+from ._context import context
 
 __all__ = ["empty", "empty_like", "is_shared", "peer_arrays", "zeros"]
 
@@ -25,6 +25,13 @@ def _normalize_shape(shape) -> tuple[int, ...]:
     if any(d < 0 for d in dims):
         raise ValueError(f"negative dimensions are not allowed: {dims}")
     return dims
+
+
+def _as_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    if dt.hasobject:
+        raise TypeError(f"dtype {dt} holds Python objects, which cannot live in shared memory")
+    return dt
 
 
 def empty(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:

@@ -85,7 +85,7 @@ def _allgather_across_nodes(ctx: Context, sendbuf, recvbuf, code: int, copy_code
     send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
     carried = _round_carries(ctx, recvbuf)
     if carried:
-        if ctx.node_round(_ALLGATHER, record, (send, recvbuf, code, copy_code)):
+        if ctx.transport.round(_ALLGATHER, record, (send, recvbuf, code, copy_code)):
             return
     else:
         ctx.agree(_ALLGATHER, record)

@@ -33,7 +33,7 @@ No packing: each message is the receive buffer's byte ranges that hold its nodes
 the contiguous runs of them (one run for consecutive nodes of consecutive ranks, more where a
 node's comm ranks are not contiguous or blocks are split: each run then travels as a message
 of its own, in order), computed once per (context, block size, scheme) and cached. A round's
-messages go through :meth:`Context.exchange_buffers` on the context's private dup: from C++
+messages go through :meth:`Transport.exchange_buffers` on the context's private dup: from C++
 where the extension sends the messages between nodes, else by mpi4py requests; every wait is
 bounded.
 
@@ -356,7 +356,7 @@ def allgather_between_nodes(ctx: Context, send, recv: np.ndarray, block: int, co
     if ctx.leaders is not None:
         what = f"zcoll.allgather (concurrent exchange between nodes, C={concurrency})"
         for receives, sends in _plan(ctx, concurrency, block):
-            ctx.exchange_buffers(
+            ctx.transport.exchange_buffers(
                 what,
                 [(peer, tag, flat[a:b]) for peer, tag, a, b in receives],
                 [(peer, tag, flat[a:b]) for peer, tag, a, b in sends],

@@ -101,7 +101,7 @@ class OnlineTuner:
         mine = np.array(trial.best)
         worst = np.empty_like(mine)
         request = self.ctx.tuning_comm().Iallreduce(mine, worst, op=MPI.MAX)
-        self.ctx.wait_bounded([request], "zcoll online tuning (agreeing on the fastest order)")
+        self.ctx.transport.wait([request], "zcoll online tuning (agreeing on the fastest order)")
         return trial.candidates[int(np.argmin(worst))]
 
     def choice(self, opname: str, block_bytes: int) -> str | None:

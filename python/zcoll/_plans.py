@@ -132,7 +132,7 @@ def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -
     """Complete a plan run's requests between nodes, within the context's wait bound (a dead
     peer on `peers` becomes PeerError)."""
     if requests and not MPI.Request.Testall(requests):
-        ctx.wait_bounded(requests, f"{what} (blocks between nodes)", peers=peers)
+        ctx.transport.wait(requests, f"{what} (blocks between nodes)", peers=peers)
 
 
 Blocks = list[tuple[int, int, np.ndarray]]  # (peer, tag, C-contiguous array)
@@ -154,7 +154,7 @@ class RemoteBlocks:
         ) -> None: ...
 
     def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        handle = self._ctx.p2p_handle
+        handle = self._ctx.transport.handle
         assert handle is not None, "the extension sends this context's messages"
         what = f"zcoll.{self.op} plan (blocks between nodes)"
         self._attach_remote(handle, self._ctx.rank, recvs, sends, saved, what)
@@ -170,14 +170,14 @@ class RemoteRuns(RemoteBlocks):
     _saved: Saved
 
     def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        comm = self._ctx.p2p_comm()
+        comm = self._ctx.transport.p2p_comm()
         self._saved = saved
         self._requests = [comm.Recv_init([b, MPI.BYTE], p, t) for p, t, b in recvs]
         self._requests += [comm.Send_init([b, MPI.BYTE], p, t) for p, t, b in sends]
         self._peers = [peer for peer, _, _ in recvs + sends]
 
     def start(self) -> None:
-        self._ctx.check_unbroken()
+        self._ctx.transport.check()
         # The engine's error (freed, active, closed, a dead peer on the node) before any message.
         core = self._ctx.core
         if self.freed or self.active or core.closed or core.broken:  # type: ignore[attr-defined]
@@ -260,7 +260,7 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
         ctx.fail(label, TypeError(why))
     kind: type[Plan] = Plan
     if ctx.multi_node:
-        kind = _MultiNodePlan if ctx.p2p_handle is not None else _MultiNodePlanMPI4py
+        kind = _MultiNodePlan if ctx.transport.handle is not None else _MultiNodePlanMPI4py
     return kind(ctx, opname, sendbuf, recvbuf, code, copy_code)
 
 

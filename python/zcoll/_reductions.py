@@ -131,7 +131,8 @@ def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_cod
     name = _PUBLIC_NAMES[code]
     record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
     if ctx.core.nodes_carries(code, sendbuf, recvbuf):  # small: whole in the round
-        ctx.reduction_round(name, record, (code, sendbuf, recvbuf, op_code, alg_code, root))
+        args = (code, sendbuf, recvbuf, op_code, alg_code, root)
+        ctx.transport.reduction_round(name, record, args)
         return
     ctx.agree(name, record)
     data = recvbuf if sendbuf is IN_PLACE or code == _BCAST_CODE else np.asarray(sendbuf)
@@ -140,8 +141,8 @@ def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_cod
     what = f"zcoll.{name} (between nodes)"
     core = ctx.core
     begun = core.nodes_spread_begin(code, sendbuf, recvbuf, op_code, alg_code, root)
-    ctx.exchange_buffers(what, *begun)
-    ctx.exchange_buffers(what, *core.nodes_spread_combine())
+    ctx.transport.exchange_buffers(what, *begun)
+    ctx.transport.exchange_buffers(what, *core.nodes_spread_combine())
     core.nodes_spread_finish()
 
 
@@ -326,5 +327,5 @@ def barrier(comm: MPI.Comm) -> None:
     if not ctx.multi_node:
         return
     if ctx.leaders is not None:
-        ctx.wait_bounded([ctx.leaders.Ibarrier()], "zcoll.barrier (between nodes)")
+        ctx.transport.wait([ctx.leaders.Ibarrier()], "zcoll.barrier (between nodes)")
     ctx.core.barrier()

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
-from . import _context, _settings
+from . import _node, _settings
 
 __all__ = [
     "KIB",
@@ -231,7 +231,7 @@ def node_layout(comm: MPI.Comm) -> tuple[int, int, float]:
     node.Free()
     cpus = _settings.machine()["cpus"].value
     nodes = comm.allreduce(int(leader))
-    return nodes, cpus, comm.allreduce(_context.machine_ranks(comm) / cpus, op=MPI.MAX)
+    return nodes, cpus, comm.allreduce(_node.machine_ranks(comm) / cpus, op=MPI.MAX)
 
 
 def _progress_stream():

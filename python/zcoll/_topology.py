@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mpi4py import MPI
 
-from . import _context, _core, _settings
+from . import _core, _node, _settings
 
 __all__ = ["Topology", "RankPlacement", "topology"]
 
@@ -138,7 +138,7 @@ def topology(comm: MPI.Comm) -> Topology:
     if described is None:
         where, machine = _core.locate_this_process(), _core.machine_topology()
     else:
-        node, _ = _context._split_node(comm)  # the node ranks zcoll's contexts use
+        node, _ = _node.split_node(comm)  # the node ranks zcoll's contexts use
         node_rank = node.rank
         node.Free()
         where = _core.locate_described_pu(described, node_rank)

@@ -18,9 +18,10 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._aggregated import pack_limit
 from ._collectives import IN_PLACE, _arena_array, option_codes
-from ._context import Context, VCallArgs, lookup
+from ._context import Context, lookup
 from ._plans import PlanMixin, RemoteBlocks, RemoteRuns, Saved
 from ._registry import AUTO
+from ._transport import VCallArgs
 
 __all__ = [
     "VPlan",
@@ -298,10 +299,10 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
         return call.recv
     # The round between nodes checks every rank's call and counts and carries the blocks up
     # to the size rule; larger ones go rank to rank after the node's part.
-    if ctx.v_call(args):  # all of it in one call of the extension
+    if ctx.transport.v_call(args):  # all of it in one call of the extension
         return call.recv
     limit = pack_limit(ctx)
-    direct = ctx.v_round(opname, args, True)
+    direct = ctx.transport.v_round(opname, args, True)
     outgoing = _outgoing_remote(ctx, pattern, call, limit) if direct else []
     if call.in_place == _SWAP:  # saved: a receive overwrites them
         outgoing = [(peer, tag, block.copy()) for peer, tag, block in outgoing]
@@ -363,7 +364,7 @@ def _exchange_remote(
     point-to-point on the private dup; the k-th block of a (peer, tag) matches the k-th (MPI's
     non-overtaking order)."""
     incoming = _incoming_remote(ctx, pattern, call, over)
-    ctx.exchange_buffers(
+    ctx.transport.exchange_buffers(
         f"zcoll.{opname} (blocks between nodes)",
         [(peer, _P2P_TAG + tag, b) for peer, tag, b in incoming],
         [(peer, _P2P_TAG + tag, b) for peer, tag, b in outgoing],
@@ -563,7 +564,7 @@ class _MultiNodeVPlan(RemoteBlocks, VPlan):
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         # Every rank's call and every pair's counts checked once, in one round between nodes.
         args = _engine_args(opname, pattern, call, code, copy_code)
-        ctx.v_round(f"{opname}_init", args, False)
+        ctx.transport.v_round(f"{opname}_init", args, False)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         outgoing = _outgoing_remote(ctx, pattern, call)
         saved: Saved = []
@@ -591,7 +592,7 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
         ctx.fail(label, TypeError(why))
     kind: type[VPlan] = VPlan
     if ctx.multi_node:
-        kind = _MultiNodeVPlan if ctx.p2p_handle is not None else _MultiNodeVPlanMPI4py
+        kind = _MultiNodeVPlan if ctx.transport.handle is not None else _MultiNodeVPlanMPI4py
     return kind(ctx, opname, pattern, call, code, copy_code)
 
 

@@ -69,7 +69,7 @@ from mpi4py import MPI
 
 import zcoll
 
-from . import _context, _core, _internode, _settings, _tuning
+from . import _context, _core, _internode, _node, _settings, _tuning
 from ._registry import (
     ALLGATHER,
     ALLTOALL,
@@ -718,7 +718,7 @@ def main(argv=None, comm: MPI.Comm | None = None) -> int:
         os.environ["ZCOLL_VIRTUAL_NODE_SIZE"] = str(args.virtual_node_size)
     world = MPI.COMM_WORLD if comm is None else comm
     report = Reporter(world)
-    node, _ = _context._split_node(world)
+    node, _ = _node.split_node(world)
     try:
         sizes_per_node = set(world.allgather(node.size))
         if len(sizes_per_node) > 1:

@@ -594,12 +594,12 @@ def _transfer_remote(ctx, src, dst, shape, a: int, b: int) -> None:
                 starts[starts_axis] = start
                 t = base.Create_subarray(list(array.shape), sub, starts).Commit()
                 types.append(t)
-                comm = ctx.p2p_comm()
+                comm = ctx.transport.p2p_comm()
                 op = comm.Irecv if into else comm.Isend
                 requests.append(op([array, 1, t], r, _TRANSFER_TAG))
                 peers.append(r)
         if requests:
-            ctx.wait_bounded(requests, "zcoll.transfer (blocks between nodes)", peers=peers)
+            ctx.transport.wait(requests, "zcoll.transfer (blocks between nodes)", peers=peers)
     finally:
         for t in types:
             t.Free()
@@ -704,7 +704,7 @@ class _MultiNodeTransferPlan(TransferPlan):
         if not remote:
             return
         self._base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
-        comm = ctx.p2p_comm()
+        comm = ctx.transport.p2p_comm()
         for r in remote:
             # Receive r's part of axis b into dst, send r's part of axis a from src: the blocks
             # of _transfer_remote, empty ones left out alike on both sides.
@@ -716,11 +716,11 @@ class _MultiNodeTransferPlan(TransferPlan):
 
     def start(self, src=None, dst=None) -> None:
         ctx = self._ctx
-        ctx.check_unbroken()
+        ctx.transport.check()
         if self.freed or self.active or ctx.core.closed:
             super().start(src, dst)  # raises the engine's error before any message goes out
         ctx.agree(TRANSFER, self.record(src, dst))  # all ranks of all nodes go on, or none
-        comm = ctx.p2p_comm()
+        comm = ctx.transport.p2p_comm()
         self._running = [
             *self._started(self._recvs, dst, self.dst, comm.Irecv, self._recv_types),
             *self._started(self._sends, src, self.src, comm.Isend, self._send_types),

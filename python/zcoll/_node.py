@@ -1,0 +1,140 @@
+"""Node setup: which ranks of a communicator share this rank's node and machine, and the
+engine's node context over the control segment they share.
+
+Collective over the communicator. The node split and sharing the control segment's name are
+MPI calls made here, through mpi4py; the engine itself never calls MPI.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from mpi4py import MPI
+
+from . import _core, _settings
+from ._registry import BARRIER_CODES
+
+__all__ = ["Node", "join", "machine_id", "machine_ranks", "split_node"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """This rank's node within a communicator, and the engine's context on it."""
+
+    size: int
+    rank: int
+    local_ranks: tuple[int, ...]  # the node's ranks in the communicator, in node order
+    node_of: tuple[int, ...]  # node of each communicator rank, named by its lowest rank
+    multi_node: bool
+    oversubscribed: bool  # more ranks on this machine than CPUs
+    numa_nodes: tuple[int, ...]  # the NUMA node each node rank runs on
+    core: _core.NodeContext
+
+
+def machine_id() -> str:
+    """This machine's identity: the running kernel's boot id, which every process under that
+    kernel shares, containers and hosts of their own name included; the host name where the
+    kernel shows none."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return MPI.Get_processor_name()
+
+
+def machine_ranks(comm: MPI.Comm) -> int:
+    """How many ranks of `comm` run on this one's machine and so share its CPUs -- more than
+    its node's when one machine holds several nodes: virtual ones, or several shared-memory
+    domains as an emulated cluster or containers make (MPI then counts them as nodes).
+    Collective over `comm`."""
+    here = machine_id()
+    return comm.allgather(here).count(here)
+
+
+def split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> tuple[MPI.Comm, int]:
+    """Ranks of `comm` sharing memory with this one (ordered by rank in `comm`); optionally cut
+    into virtual nodes of `virtual_node_size` ranks (default: ZCOLL_VIRTUAL_NODE_SIZE) so the
+    multi-node path runs for real. Also returns how many ranks of `comm` share the machine
+    (the CPUs are shared by all of them, virtual nodes or not: :func:`machine_ranks`).
+
+    A rank's virtual node is its ``COMM_WORLD`` rank // k, the same for every communicator,
+    so arena arrays allocated on one communicator are shared exactly as on a real node."""
+    k = virtual_node_size
+    if k is None:
+        k = _settings.read("virtual_node_size").value
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
+    if k:
+        virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
+        node.Free()
+        node = virtual
+    return node, machine_ranks(comm)
+
+
+def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
+    nbytes = _core.NodeContext.control_bytes(node.size)
+    segment, error = None, None
+    if node.rank == 0:
+        try:
+            segment = _core.SharedSegment.create(nbytes)
+        except OSError as exc:
+            error = str(exc)
+    name, error = node.bcast((segment.name if segment else None, error), root=0)
+    if error is None and node.rank != 0:
+        try:
+            segment = _core.SharedSegment.attach(name, nbytes)
+        except OSError as exc:
+            error = str(exc)
+    errors = node.allgather(error)
+    if node.rank == 0 and segment is not None:
+        segment.unlink()  # everyone has it mapped (or gave up): nothing can leak from here on
+    failed = [(r, e) for r, e in enumerate(errors) if e]
+    if failed:
+        raise OSError(f"zcoll: could not share the node control segment: {failed}")
+    assert segment is not None  # every rank created or attached it, or all raised above
+    return segment
+
+
+def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
+    """Collective over `comm`: split it into nodes and make this rank's engine context on its
+    node, configured by the settings `s` (read on every rank before any communication)."""
+    node, ranks_on_machine = split_node(comm, s.virtual_node_size)
+    try:
+        local_ranks = tuple(node.allgather(comm.rank))
+        pids = node.allgather(os.getpid())
+        # The reductions' tree follows L3s and NUMA nodes, order="numa" the NUMA nodes; under
+        # ZCOLL_TOPOLOGY each rank's place on the described machine.
+        here = s.placement(node.rank)
+        places = node.allgather((here["numa_node"], here["package"], here["l3_cache"]))
+        control = _share_control_segment(node)
+        size, rank = node.size, node.rank
+    finally:
+        node.Free()
+    node_of = tuple(comm.allgather(local_ranks[0]))
+    multi_node = len(set(node_of)) > 1
+    # Nodes of one machine (virtual or emulated) share its CPUs: count every rank on it.
+    oversubscribed = ranks_on_machine > s.cpus
+    numa_nodes = tuple(numa for numa, _, _ in places)
+    core = _core.NodeContext(
+        control,
+        rank=rank,
+        size=size,
+        comm_size=comm.size,
+        comm_ranks=list(local_ranks),
+        pids=pids,
+        barrier=BARRIER_CODES[s.barrier],
+        **s.wait_for(oversubscribed),
+        numa_nodes=list(numa_nodes),
+        packages=[package for _, package, _ in places],
+        l3_caches=[l3 for _, _, l3 in places],
+    )
+    if multi_node:
+        core.setup_nodes(list(node_of))
+    core.setup_eager(s.eager_bytes_for(oversubscribed))
+    core.set_copy_threshold(s.copy_threshold_for(size))
+    core.cma_bytes = s.cma_bytes_for()
+    # Collective on the node: can its ranks read each other's memory (CMA) and map each
+    # other's shared heap? Decided before any call publishes a heap buffer.
+    core.probe_cma()
+    core.set_copy_cache(s.llc_bytes)
+    return Node(size, rank, local_ranks, node_of, multi_node, oversubscribed, numa_nodes, core)
