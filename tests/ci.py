@@ -310,7 +310,7 @@ MPICH_MODULES = (
     "test_collectives.py",
     "test_reductions.py",
     "test_vcoll.py",
-    "test_fft.py",
+    "fft/test_fft.py",
     "test_examples.py",
     "test_mpi_library.py",
 )

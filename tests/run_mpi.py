@@ -73,8 +73,8 @@ RSH_AGENT = HERE.parent / "tools" / "emulated-nodes" / "rsh-agent"
 # node, and no other (every further run would only repeat them).
 RANK_COUNT_FREE_MODULES = [
     "test_heap_process.py",
-    "test_libfft.py",
-    "test_fftw.py",
+    "fft/test_libfft.py",
+    "fft/test_fftw.py",
     "test_schedule.py",
     "test_copy.py",
     "test_imports.py",
@@ -82,15 +82,15 @@ RANK_COUNT_FREE_MODULES = [
 # Modules of the command-line tools (bench): their cases run at P = 2 and on virtual nodes
 # (--between-nodes needs several); the collectives they time are tested at every P by the
 # collectives' own modules.
-TOOL_MODULES = ["test_bench.py"]
+TOOL_MODULES = ["bench/test_bench.py"]
 # zcoll.fft's mpi4py-fft semantics (layouts, object model, the same values as mpi4py-fft): not
 # in the virtual-node run, where their data would move by the Transfers that test_fft.py
 # checks on those nodes.
 FFT_SEMANTICS_MODULES = [
-    "test_mpifft.py",
-    "test_pencil.py",
-    "test_darray.py",
-    "test_mpi4py_fft_parity.py",
+    "fft/test_mpifft.py",
+    "fft/test_pencil.py",
+    "fft/test_darray.py",
+    "fft/test_mpi4py_fft_parity.py",
 ]
 
 
@@ -146,7 +146,7 @@ SANITIZER_OPTIONS = {
     "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
     # Tests whose measure the sanitizer's allocator changes (RSS: ASan's quarantine holds freed
-    # memory) check everything else (test_leaks.SANITIZED).
+    # memory) check everything else (helpers.SANITIZED).
     "ZCOLL_TESTS_SANITIZED": "1",
 }
 

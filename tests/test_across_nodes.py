@@ -17,7 +17,8 @@ import textwrap
 
 import pytest
 from run_mpi import emulated_cluster
-from test_leaks import (
+
+from helpers.jobs import (
     alone,
     is_open_mpi,
     job_env,
@@ -28,7 +29,6 @@ from test_leaks import (
     run_job,
     zcoll_shm_entries,
 )
-
 from zcoll import _aggregated
 
 # The jobs that check results against mpi4py: each rank collects what differs in `bad`; rank 0

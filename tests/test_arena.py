@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import zcoll
-from conftest import DTYPES, all_ranks_agree
+from helpers import DTYPES, all_ranks_agree
 from zcoll._context import lookup
 
 

@@ -15,7 +15,15 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by, random_bytes
+from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by, random_bytes
+from helpers.collectives import (
+    fill,
+    make_buffer,
+    reference_allgather,
+    reference_alltoall,
+    same_bits,
+    seeded,
+)
 from zcoll import _context
 
 # "numa" without a NUMA topology is Morton's schedule (test_schedule.py): it runs here under a
@@ -25,40 +33,6 @@ ORDERS = ["auto", *(o for o in zcoll.ORDERS if o != "numa")]
 NUMA_TOPOLOGY = "package:2 numa:2 core:2 pu:1"
 COUNTS = [0, 1, 3, 17, 1000]  # elements per block
 LARGE_COUNT = 70_001  # ~0.5-1 MiB blocks for 8-16 byte types
-
-
-def seeded(comm: MPI.Comm, tag: int, nbytes: int) -> np.ndarray:
-    return random_bytes(tag * 7919 + comm.rank * 104729 + nbytes, nbytes)
-
-
-def make_buffer(comm, shape, dtype, arena: bool) -> np.ndarray:
-    if arena:
-        return zcoll.empty(comm, shape, dtype)
-    return np.empty(shape, dtype)
-
-
-def reference_alltoall(comm, send: np.ndarray) -> np.ndarray:
-    out = np.empty_like(send)
-    comm.Alltoall(
-        [send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE]
-    )
-    return out
-
-
-def reference_allgather(comm, send: np.ndarray) -> np.ndarray:
-    out = np.empty((comm.size, *send.shape), send.dtype)
-    comm.Allgather(
-        [send.reshape(-1).view(np.uint8), MPI.BYTE], [out.reshape(-1).view(np.uint8), MPI.BYTE]
-    )
-    return out
-
-
-def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and a.tobytes() == b.tobytes()
-
-
-def fill(a: np.ndarray, data: np.ndarray) -> None:
-    a.reshape(-1).view(np.uint8)[:] = data
 
 
 @pytest.mark.parametrize("mode", ["arena", "private", "mixed"])

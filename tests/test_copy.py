@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
 from zcoll import _copy, _core
 
 WORLD = MPI.COMM_WORLD

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
 
 ROOT = Path(__file__).resolve().parent.parent
 WORLD = MPI.COMM_WORLD

@@ -28,10 +28,10 @@ import traceback
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_leaks import check_job_with_killed_rank, killing_job, run_clean_job
 
 import zcoll
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
+from helpers.jobs import check_job_with_killed_rank, killing_job, run_clean_job
 from zcoll import _core
 
 WORLD_SIZE = MPI.COMM_WORLD.size

@@ -11,7 +11,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
 
 SIZES = [0, 1, 100, 3000, 70_001]  # elements per block: eager, staged-size and large calls
 

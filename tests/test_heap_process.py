@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 import zcoll
-from conftest import launcher_free_env
+from helpers import launcher_free_env
 
 KIB, MIB = 1 << 10, 1 << 20
 

@@ -19,7 +19,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
 from zcoll import _aggregated, _context, _core, _internode, _registry, _tuning
 
 DIRECT = _internode.Choice(_internode.DIRECT)

@@ -8,7 +8,10 @@ import gc
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_collectives import (
+
+import zcoll
+from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers.collectives import (
     fill,
     make_buffer,
     reference_allgather,
@@ -16,10 +19,7 @@ from test_collectives import (
     same_bits,
     seeded,
 )
-from test_errors import expect_everywhere, last
-
-import zcoll
-from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers.errors import expect_everywhere, last
 from zcoll._context import lookup
 
 # "numa" without a NUMA topology is Morton's schedule; test_collectives.test_numa_matches_mpi

@@ -15,11 +15,11 @@ import hashlib
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_errors import expect_everywhere, last
-from test_leaks import check_job_with_killed_rank, killing_job
 
 import zcoll
-from conftest import PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers import PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers.errors import expect_everywhere, last
+from helpers.jobs import check_job_with_killed_rank, killing_job
 
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
 OPS = list(zcoll.REDUCE_OPS)

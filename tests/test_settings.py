@@ -21,7 +21,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree, launcher_free_env
+from helpers import all_ranks_agree, launcher_free_env
 from zcoll import _context, _core, _settings, _tuning
 
 WORLD = MPI.COMM_WORLD

@@ -30,10 +30,9 @@ from collections import Counter
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_leaks import SANITIZED, rss_bytes
 
 import zcoll
-from conftest import DTYPES, all_ranks_agree
+from helpers import DTYPES, SANITIZED, all_ranks_agree, rss_bytes
 from zcoll import _context
 
 SEED = int(os.environ.get("ZCOLL_SOAK_SEED", "20261123"))

@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import COMM_KINDS, all_ranks_agree, random_bytes
+from helpers import COMM_KINDS, all_ranks_agree, random_bytes
 from zcoll import _context, _core, _node, _online, _tuning, tune
 
 WORLD = MPI.COMM_WORLD

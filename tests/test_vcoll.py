@@ -26,11 +26,11 @@ import time
 
 import numpy as np
 import pytest
-import vcoll_reference as ref
 from mpi4py import MPI
 
 import zcoll
-from conftest import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers import vcoll_reference as ref
 
 # "numa" runs as Morton in the irregular engine (test_vexchange.cpp checks it): not repeated here.
 ORDERS = ["auto", *(o for o in zcoll.ORDERS if o != "numa")]

@@ -5,7 +5,7 @@
 mpi4py-fft runs as if only its import lines had been changed::
 
     mpiexec -n 2 python tools/mpi4py_fft_shim.py examples/spectral_dns_solver.py
-    mpiexec -n 2 python tools/mpi4py_fft_shim.py -m pytest tests/test_darray.py -q
+    mpiexec -n 2 python tools/mpi4py_fft_shim.py -m pytest tests/fft/test_darray.py -q
 
 Everything after the script (or ``-m module``) is its own command line.
 """

@@ -3,14 +3,15 @@ mpi4py-fft itself, in the same run (the issue-12 target "every configuration at 
 
     OMPI_MCA_mpi_yield_when_idle=1 mpiexec -n 2 python tools/time_mpi4py_fft_configs.py
 
-The configurations are those of ``tests/test_mpi4py_fft_parity.py`` (mpi4py-fft's sweep: dtypes
-f, d, F, D; shapes 12/13 per axis in 2, 3 and 4 dimensions; its grids, axes forms, collapse and
-padding). Both plans get the same arguments with backend "fftw" and run ``forward()`` then
-``backward()`` on their own arrays. Each configuration is timed in ``--rounds`` alternating
-rounds of ``--pairs`` pairs (barrier, loop, the largest per-rank mean); the fastest round of
-each library counts; with ``--retime k`` the configurations slower beyond ``--noise`` are
-timed again with k times the rounds. Prints the ratios mpi4py-fft / zcoll: their geometric
-mean, how many configurations are below 1 and below 1 - ``--noise``, and the slowest ones.
+The configurations are those of ``tests/fft/test_mpi4py_fft_parity.py`` (mpi4py-fft's sweep:
+dtypes f, d, F, D; shapes 12/13 per axis in 2, 3 and 4 dimensions; its grids, axes forms,
+collapse and padding). Both plans get the same arguments with backend "fftw" and run
+``forward()`` then ``backward()`` on their own arrays. Each configuration is timed in
+``--rounds`` alternating rounds of ``--pairs`` pairs (barrier, loop, the largest per-rank mean);
+the fastest round of each library counts; with ``--retime k`` the configurations slower beyond
+``--noise`` are timed again with k times the rounds. Prints the ratios mpi4py-fft / zcoll: their
+geometric mean, how many configurations are below 1 and below 1 - ``--noise``, and the slowest
+ones.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
         "rounds, and report those times (default 0: no second look)",
     )
     args = parser.parse_args(argv)
-    from test_mpi4py_fft_parity import configurations
+    from helpers.fft import configurations
 
     comm = MPI.COMM_WORLD
     configs = [c for c in configurations(comm.size) if c[-1] or not args.padded][:: args.every]

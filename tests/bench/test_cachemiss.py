@@ -21,7 +21,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import launcher_free_env
+from helpers import launcher_free_env
 from zcoll import bench
 from zcoll.bench import cachemiss
 from zcoll.bench.cachemiss import CacheGeometry, Config

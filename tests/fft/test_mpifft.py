@@ -15,7 +15,8 @@ import pytest
 import scipy.fft
 from mpi4py import MPI
 
-from conftest import abs_err, all_ranks_agree, collapsed, global_array, rel_err, tiles
+from helpers import all_ranks_agree
+from helpers.fft import abs_err, collapsed, global_array, rel_err, tiles
 from zcoll.fft import PFFT, Subcomm, fftw, newDistArray
 
 TOL = {"f": 2e-5, "d": 1e-11, "g": 1e-11}

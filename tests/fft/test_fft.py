@@ -14,16 +14,8 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import (
-    abs_err,
-    all_ranks_agree,
-    block,
-    collapsed,
-    global_array,
-    random_bytes,
-    rel_err,
-    tiles,
-)
+from helpers import all_ranks_agree, random_bytes
+from helpers.fft import abs_err, block, collapsed, global_array, rel_err, tiles
 from zcoll.fft import PFFT, DistArray, Transfer, TransferPlan, newDistArray, transfer, transfer_init
 
 REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}

@@ -22,7 +22,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
 from zcoll import _aggregated, _timing, bench
 from zcoll.bench import collectives, common, crossover, plotting, vcollectives
 

@@ -13,10 +13,10 @@ import warnings
 import numpy as np
 import pytest
 from mpi4py import MPI
-from test_pencil import block, count_plan_runs, expect_everywhere, global_array, tiles
 
 import zcoll
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
+from helpers.pencil import block, count_plan_runs, expect_everywhere, global_array, tiles
 from zcoll.fft import PFFT, DistArray
 from zcoll.fft.distarray import Function, newDistArray
 from zcoll.fft.pencil import Subcomm

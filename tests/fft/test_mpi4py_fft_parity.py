@@ -8,13 +8,12 @@ mpi4py-fft``); without it this module is skipped, saying so.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
-from conftest import all_ranks_agree
+from helpers import all_ranks_agree
+from helpers.fft import configurations
 
 mpi4py_fft = pytest.importorskip(
     "mpi4py_fft", reason="mpi4py-fft is not installed (pip install mpi4py-fft; needs libfftw3-dev)"
@@ -22,48 +21,6 @@ mpi4py_fft = pytest.importorskip(
 import zcoll.fft  # noqa: E402
 
 ABSTOL = {"f": 1e-4, "d": 1e-12, "g": 1e-12}
-
-
-def configurations(size: int):
-    """mpi4py-fft's test_mpifft sweep (its dims, sizes, grids, axes forms, collapse, padding)."""
-    grids = {2: (None,), 3: ((-1,), None), 4: ((-1,), None)}
-    out = []
-    for typecode in "fdFD":
-        for dim in (2, 3, 4):
-            for shape in itertools.product(*([(12, 13)] * dim)):
-                if dim < 3:
-                    n = min(shape)
-                    if typecode in "fd":
-                        n = n // 2 + 1
-                    if n < size:
-                        continue
-                for grid in grids[dim]:
-                    if dim < 3:
-                        allaxes = [None, (-1,), (-2,), (-1, -2), (-2, -1), (-1, 0), (0, -1),
-                                   ((0,), (1,))]  # fmt: skip
-                    elif dim < 4:
-                        allaxes = [None, ((0,), (1, 2)), ((0,), (-2, -1))]
-                    else:
-                        allaxes = [None, ((0,), (1,), (2,), (3,)), ((0,), (1, 2, 3)),
-                                   ((0,), (1,), (2, 3))]  # fmt: skip
-                    for axes, collapse in itertools.product(allaxes, (True, False)):
-                        out.append((typecode, shape, axes, _slab(grid, axes, shape), collapse,
-                                    False))  # fmt: skip
-                    for axes in allaxes[:2]:
-                        padding = [1.5] * dim
-                        out.append((typecode, shape, axes, _slab(grid, axes, shape), False,
-                                    padding))  # fmt: skip
-    return out
-
-
-def _slab(grid, axes, shape):
-    if grid is None:
-        return None
-    ax = -1 if axes is None else axes[-1] if isinstance(axes[-1], int) else axes[-1][-1]
-    slab = (ax + 1) % len(shape)
-    g = [1] * (slab + 1)
-    g[slab] = 0
-    return g
 
 
 def sample(size: int, every: int = 9):

@@ -1,0 +1,91 @@
+"""Helpers shared by zcoll's test modules (fixtures live in the conftest.py files).
+
+Every rank runs every test in the same order, so a test is collective: assertions about
+collective results go through `all_ranks_agree`, so that a wrong result on one rank fails the
+test on every rank and the ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from zcoll import _context
+
+#: Environment prefixes of the MPI launchers: a process a test starts must not see them, or it
+#: takes itself for a rank of the job that runs the suite (which may be mpiexec -n 1).
+LAUNCHER_PREFIXES = ("OMPI_", "PMIX_", "ORTE_", "OPAL_", "PMI_", "HYDRA_", "MPI_LOCALRANKID")
+
+
+def launcher_free_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the launcher's variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    env.update(extra)
+    return env
+
+
+def all_ranks_agree(comm: MPI.Comm, ok: bool, what: str = "") -> None:
+    """Assert `ok` on every rank of `comm`, naming the ranks where it failed."""
+    oks = comm.allgather(bool(ok))
+    bad = [r for r, v in enumerate(oks) if not v]
+    assert not bad, f"failed on rank(s) {bad}: {what}"
+
+
+def _split_reversed(comm):
+    return comm.Split(0, key=comm.size - 1 - comm.rank)
+
+
+def _split_halves(comm):
+    return comm.Split(comm.rank % 2, key=comm.rank)
+
+
+COMM_KINDS = {
+    "world": lambda c: c,
+    "dup": lambda c: c.Dup(),
+    "split_reversed": _split_reversed,
+    "split_halves": _split_halves,
+    "self": lambda c: MPI.COMM_SELF,
+}
+
+
+#: How calls move buffers outside shared memory (plain NumPy arrays): pulled by CMA at any
+#: size, or staged through the arena at any size.
+PRIVATE_PATHS = ("cma", "staged")
+
+
+@contextlib.contextmanager
+def private_buffers_by(comm: MPI.Comm, path: str):
+    """Within the block, calls on `comm` (collective: every rank enters) move plain NumPy
+    buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule."""
+    core = _context.context(comm).core
+    before = core.cma_bytes
+    core.cma_bytes = 0 if path == "cma" else 2**62
+    try:
+        yield
+    finally:
+        core.cma_bytes = before
+
+
+def random_bytes(seed: int, nbytes: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+# Every NumPy dtype family: bool, signed/unsigned ints, floats, complex.
+DTYPES = [
+    np.bool_, np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+    np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128,
+    np.clongdouble,
+]  # fmt: skip
+
+
+# Under tests/run_mpi.py --sanitize: ASan's allocator keeps freed memory in quarantine, so RSS
+# says nothing about zcoll's leaks there (the arena's own accounting still does).
+SANITIZED = bool(os.environ.get("ZCOLL_TESTS_SANITIZED"))
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
