@@ -327,3 +327,16 @@ def test_plan_on_comm_self_and_split(world):
             ok = ok and same_bits(plan(), reference_alltoall(comm, send))
     split.Free()
     all_ranks_agree(world, ok, "plans on COMM_SELF and a split")
+
+
+@pytest.mark.parametrize("kind", ["Plan", "VPlan", "TransferPlan"])
+def test_repr_of_a_plan_whose_construction_raised(kind):
+    """An instance whose construction raised is still reachable (pytest prints `self` of the
+    failing __init__): its repr says so instead of reading a plan that was never made."""
+    import zcoll._plans as plans
+    import zcoll._vcollectives as vcollectives
+    import zcoll.fft.pencil as pencil
+
+    cls = {"Plan": plans.Plan, "VPlan": vcollectives.VPlan,
+           "TransferPlan": pencil.TransferPlan}[kind]  # fmt: skip
+    assert repr(cls.__new__(cls)) == f"<{cls._kind} (not made)>"

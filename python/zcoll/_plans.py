@@ -31,6 +31,10 @@ class PlanMixin:
     the plan moves."""
 
     _kind = "zcoll.Plan"
+    #: Set once the engine's plan exists. An instance whose construction raised is still
+    #: reachable (a traceback's repr of `self`), and the engine's accessors must not be used
+    #: on it: they would read a plan that was never made.
+    _made = False
 
     if TYPE_CHECKING:  # provided by the engine class the plan derives from
         copy_mode: str
@@ -60,6 +64,8 @@ class PlanMixin:
         self.free()
 
     def __repr__(self) -> str:
+        if not self._made:
+            return f"<{self._kind} (not made)>"
         if self.freed:
             return f"<{self._kind} #{self.id} (freed)>"
         return (
@@ -122,6 +128,7 @@ class Plan(PlanMixin, _core.Plan):
         self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
     ) -> None:
         super().__init__(ctx.core, opname, sendbuf, recvbuf, order, copy)
+        self._made = True
         self._ctx = ctx
 
     def _summary(self) -> str:

@@ -550,6 +550,7 @@ class VPlan(PlanMixin, _core.VPlan):
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         super().__init__(ctx.core, *_engine_args(opname, pattern, call, code, copy_code))
+        self._made = True
         self._ctx = ctx
 
     def _summary(self) -> str:

@@ -657,6 +657,7 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
 
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         super().__init__(ctx.core, src, dst, shape, axis_a, axis_b, order, copy)
+        self._made = True
         self._ctx = ctx
 
     def run(self, src=None, dst=None) -> None:
