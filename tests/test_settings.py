@@ -151,6 +151,14 @@ def test_context_follows_the_environment(clean_env):
         c.Free()
 
 
+def test_settings_follow_the_cache_directory(clean_env, tmp_path):
+    # settings() is remembered between calls: what the default tuning file depends on counts.
+    for name in ("a", "b"):
+        clean_env.setenv("XDG_CACHE_HOME", str(tmp_path / name))
+        want = tmp_path / name / "zcoll" / "tuning.json"
+        assert zcoll.settings().tuning_file == want == zcoll.tuning_path()
+
+
 BAD_VALUES = [
     ("ZCOLL_BARRIER", "spin",
      "zcoll: ZCOLL_BARRIER must be one of ['central', 'dissemination', 'flat'], got 'spin'"),

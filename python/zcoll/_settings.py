@@ -133,7 +133,18 @@ def _path_or_default(default: Callable[[], Path | None]):
     return parse
 
 
+#: What platformdirs reads from the environment to find the user's cache directory (on Linux and
+#: macOS; the rest comes from the user id and the platform, fixed for the process).
+_CACHE_DIR_ENV = ("XDG_CACHE_HOME", "HOME")
+
+
 def _default_tuning_file() -> Path:
+    return _tuning_file_in(*map(os.environ.get, _CACHE_DIR_ENV))
+
+
+@functools.cache
+def _tuning_file_in(xdg_cache_home: str | None, home: str | None) -> Path:  # noqa: ARG001
+    # Keyed on the variables platformdirs reads (~30 us a call, once per context otherwise).
     import platformdirs  # only when the default is needed
 
     return Path(platformdirs.user_cache_dir("zcoll")) / "tuning.json"
@@ -291,6 +302,7 @@ def zcoll_environment() -> dict[str, str]:
 
 _AT_IMPORT = {name: read(name) for name, var in VARIABLES.items() if var.when == "import"}
 _overrides: dict[str, Reading] = {}  # set_timeout's and set_tuning's choices
+_override_count = 0  # changes with every override: a remembered settings() is then out of date
 
 
 @functools.cache
@@ -311,7 +323,9 @@ def current(name: str) -> Reading:
 
 def override(name: str, value, source: str) -> None:
     """Put `value` in force for setting `name` (`source`: the function that set it)."""
+    global _override_count
     _overrides[name] = Reading(value, source)
+    _override_count += 1
 
 
 def get_timeout() -> float:
@@ -580,6 +594,39 @@ def settings() -> Settings:
     60.0
     >>> print(zcoll.settings())  # doctest: +SKIP
     """
+    global _remembered
+    inputs = _settings_inputs()
+    if _remembered is not None and _remembered[0] == inputs:
+        return _remembered[1]
+    made = _make_settings()
+    _remembered = (inputs, made)  # only once made: a bad value raises again on the next call
+    return made
+
+
+# Every context reads the settings, and parsing every variable costs ~70 us: settings() keeps
+# its last result with what it depends on that can change while the process runs (the
+# variables read at context creation, those the default tuning file and "~" depend on, the
+# overrides, and a ZCOLL_TOPOLOGY file, which is checked by loading it), and returns it again
+# while they are the same. The rest is fixed: read at import or first use, or machine facts.
+_CONTEXT_ENV = tuple(var.env for var in VARIABLES.values() if var.when == "context")
+_remembered: tuple[tuple, Settings] | None = None
+
+
+def _settings_inputs() -> tuple:
+    texts = tuple(map(os.environ.get, _CONTEXT_ENV + _CACHE_DIR_ENV))
+    topology = os.environ.get(VARIABLES["topology"].env)
+    return texts, _override_count, _file_state(topology) if topology else None
+
+
+def _file_state(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path.strip())
+    except (OSError, ValueError):  # not a file (a synthetic description), or a bad name
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+def _make_settings() -> Settings:
     readings = {name: current(name) for name in VARIABLES}
     facts = machine()
     sources = {name: r.source for name, r in readings.items()}
