@@ -8,6 +8,7 @@ MPI calls made here, through mpi4py; the engine itself never calls MPI.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from mpi4py import MPI
@@ -32,6 +33,7 @@ class Node:
     core: _core.NodeContext
 
 
+@functools.cache  # fixed while the process runs; read once, not by every context made
 def machine_id() -> str:
     """This machine's identity: the running kernel's boot id, which every process under that
     kernel shares, containers and hosts of their own name included; the host name where the
@@ -63,12 +65,16 @@ def split_node(comm: MPI.Comm, virtual_node_size: int | None = None) -> tuple[MP
     k = virtual_node_size
     if k is None:
         k = _settings.read("virtual_node_size").value
+    return _node_comm(comm, k), machine_ranks(comm)
+
+
+def _node_comm(comm: MPI.Comm, virtual_node_size: int) -> MPI.Comm:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.rank)
-    if k:
-        virtual = node.Split(color=MPI.COMM_WORLD.rank // k, key=node.rank)
+    if virtual_node_size:
+        virtual = node.Split(color=MPI.COMM_WORLD.rank // virtual_node_size, key=node.rank)
         node.Free()
         node = virtual
-    return node, machine_ranks(comm)
+    return node
 
 
 def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
@@ -98,21 +104,28 @@ def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
 def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
     """Collective over `comm`: split it into nodes and make this rank's engine context on its
     node, configured by the settings `s` (read on every rank before any communication)."""
-    node, ranks_on_machine = split_node(comm, s.virtual_node_size)
+    # What the node's ranks, and the communicator's, learn of each other travels in one
+    # allgather over each: every allgather is a round of MPI messages.
+    node = _node_comm(comm, s.virtual_node_size)
     try:
-        local_ranks = tuple(node.allgather(comm.rank))
-        pids = node.allgather(os.getpid())
         # The reductions' tree follows L3s and NUMA nodes, order="numa" the NUMA nodes; under
         # ZCOLL_TOPOLOGY each rank's place on the described machine.
         here = s.placement(node.rank)
-        places = node.allgather((here["numa_node"], here["package"], here["l3_cache"]))
+        mine = (comm.rank, os.getpid(), here["numa_node"], here["package"], here["l3_cache"])
+        records = node.allgather(mine)
         control = _share_control_segment(node)
         size, rank = node.size, node.rank
     finally:
         node.Free()
-    node_of = tuple(comm.allgather(local_ranks[0]))
+    local_ranks = tuple(r[0] for r in records)
+    pids = [r[1] for r in records]
+    places = [r[2:] for r in records]
+    machine = machine_id()
+    everyone = comm.allgather((local_ranks[0], machine))
+    node_of = tuple(leader for leader, _ in everyone)
     multi_node = len(set(node_of)) > 1
     # Nodes of one machine (virtual or emulated) share its CPUs: count every rank on it.
+    ranks_on_machine = sum(1 for _, m in everyone if m == machine)
     oversubscribed = ranks_on_machine > s.cpus
     numa_nodes = tuple(numa for numa, _, _ in places)
     core = _core.NodeContext(
