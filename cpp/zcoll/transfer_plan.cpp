@@ -12,6 +12,23 @@ namespace {
 constexpr const char* init_prefix = "zcoll.transfer_init: ";
 constexpr const char* run_prefix = "zcoll.transfer: ";
 
+// The bytes of a contiguous run of the transfer's blocks, the same on every rank: the first
+// non-empty block from a rank to itself (blocks differ only in the extents of the cut axes).
+std::size_t run_bytes(const transfer_geometry& g) {
+  for (int j = 0; j < g.comm_size; ++j) {
+    const transfer_block blk = block_of(g, j, j);
+    const box_shape box = make_box(blk.dst_strides.data(), blk.src_strides.data(), blk.count.data(),
+                                   g.ndim, g.itemsize);
+    if (box.empty()) continue;
+    if (box.rank == 0) return g.itemsize;
+    const box_axis& inner = box.axes[static_cast<std::size_t>(box.rank - 1)];
+    const auto item = static_cast<std::int64_t>(g.itemsize);
+    const bool contiguous = inner.dst_stride == item && inner.src_stride == item;
+    return contiguous ? inner.count * g.itemsize : g.itemsize;
+  }
+  return 0;
+}
+
 }  // namespace
 
 transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
@@ -57,7 +74,8 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
   // answer everywhere.
   std::size_t global = g.itemsize;
   for (int k = 0; k < g.ndim; ++k) global *= g.shape[static_cast<std::size_t>(k)];
-  pulls_ = ctx_->pulls_private(global / static_cast<std::size_t>(g.comm_size));
+  pulls_ = ctx_->pulls_private(global / static_cast<std::size_t>(g.comm_size)) &&
+           ctx_->policy().pulls_runs(run_bytes(g));
   if (pulls_) {
     for (int k = 0; k < size_; ++k) {  // from the next rank on, as pull_row
       const int j = (rank_ + k) % size_;
