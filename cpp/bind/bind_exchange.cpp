@@ -15,6 +15,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "context_class.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
 #include "rounds.hpp"
@@ -489,7 +490,32 @@ int copy_code(PyObject* name) {
   return fast_path::code_of<copy_mode>(name, auto_str, auto_copy);
 }
 
-void register_exchange(py::module_& m) {
+namespace {
+
+// NodeContext(control, rank, size, ...): the context of this rank among the node's ranks.
+std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control, int rank, int size,
+                                           int comm_size, std::vector<int> comm_ranks,
+                                           std::vector<std::int32_t> pids, int barrier,
+                                           double timeout, std::uint32_t spin, std::uint32_t yields,
+                                           double slice, std::vector<int> numa_nodes,
+                                           std::vector<int> packages, std::vector<int> l3_caches) {
+  if (!is_code<barrier_kind>(barrier)) throw std::invalid_argument("unknown barrier code");
+  context_config c;
+  c.rank = rank;
+  c.size = size;
+  c.comm_size = comm_size;
+  c.comm_ranks = std::move(comm_ranks);
+  c.pids = std::move(pids);
+  c.barrier = static_cast<barrier_kind>(barrier);
+  c.wait = make_wait(timeout, spin, yields, slice);
+  c.numa_nodes = std::move(numa_nodes);
+  c.packages = std::move(packages);
+  c.l3_caches = std::move(l3_caches);
+  return std::make_shared<node_context>(std::move(control), std::move(c));
+}
+
+// Whether the C++ sender can run, what it was built against, and its messages by themselves.
+void register_mpi_sender(py::module_& m) {
   m.def(
       "mpi_library_matches",
       [](const std::string& version) {
@@ -533,219 +559,220 @@ void register_exchange(py::module_& m) {
       "Local: receives into and sends from [(peer, tag, C-contiguous ndarray)] by MPI from C++ "
       "(mpi_messages.hpp), the GIL released; PeerError after `timeout` seconds.");
 #endif
-  py::class_<node_context, std::shared_ptr<node_context>>(
-      m, "NodeContext", "The node-local engine of one communicator (see exchange.hpp).")
-      .def(py::init([](std::shared_ptr<shm_segment> control, int rank, int size, int comm_size,
-                       std::vector<int> comm_ranks, std::vector<std::int32_t> pids, int barrier,
-                       double timeout, std::uint32_t spin, std::uint32_t yields, double slice,
-                       std::vector<int> numa_nodes, std::vector<int> packages,
-                       std::vector<int> l3_caches) {
-             if (!is_code<barrier_kind>(barrier))
-               throw std::invalid_argument("unknown barrier code");
-             context_config c;
-             c.rank = rank;
-             c.size = size;
-             c.comm_size = comm_size;
-             c.comm_ranks = std::move(comm_ranks);
-             c.pids = std::move(pids);
-             c.barrier = static_cast<barrier_kind>(barrier);
-             c.wait = make_wait(timeout, spin, yields, slice);
-             c.numa_nodes = std::move(numa_nodes);
-             c.packages = std::move(packages);
-             c.l3_caches = std::move(l3_caches);
-             return std::make_shared<node_context>(std::move(control), std::move(c));
-           }),
-           py::arg("control"), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
-           py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
-           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
-           py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{},
-           py::arg("l3_caches") = std::vector<int>{})
-      .def_static("control_bytes", &node_context::control_bytes, py::arg("size"))
-      .def(
-          "allocate",
-          [](node_context& ctx, std::size_t nbytes) {
-            py::gil_scoped_release release;
-            return ctx.allocate(nbytes);
-          },
-          py::arg("nbytes"))
-      .def(
-          "alltoall",
-          [](node_context& ctx, const py::object& send, const py::object& recv, int order,
-             int copy) { run(ctx, op_code::alltoall, send, recv, order, copy); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy)
-      .def(
-          "allgather",
-          [](node_context& ctx, const py::object& send, const py::object& recv, int order,
-             int copy) { run(ctx, op_code::allgather, send, recv, order, copy); },
-          py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy)
-      .def(
-          "setup_nodes",
-          [](node_context& ctx, const std::vector<int>& leader_of) {
-            ctx.between_nodes(node_map::from_leaders(leader_of));
-          },
-          py::arg("leader_of"),
-          "Local: the communicator's nodes (lowest communicator rank of each rank's node), for "
-          "the rounds of messages between nodes.")
-      .def(
-          "set_sender_packs_bytes",
-          [](node_context& ctx, std::size_t nbytes) {
-            return ctx.between_nodes(node_map{}).set_sender_packs_bytes(nbytes);
-          },
-          py::arg("nbytes"),
-          "After setup_nodes; every rank of the node alike: the largest aggregated message "
-          "payload its sender packs alone, with no barrier after (default 64 KiB; 0: always "
-          "in shares). For measuring both sides of the threshold. Returns the previous value.")
-      .def(
-          "nodes_begin",
-          [](node_context& ctx, const py::bytes& record, const py::object& send,
-             const py::object& recv, int order,
-             int copy) { begin_round(ctx, record, send, recv, order, copy); },
-          py::arg("record"), py::arg("sendbuf") = py::none(), py::arg("recvbuf") = py::none(),
-          py::arg("order") = 0, py::arg("copy") = 0,
-          "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
-          "(an alltoall), its blocks are packed when the node's records allow.")
-      .def_property_readonly(
-          "nodes_node_blocks_delivered",
-          [](node_context& ctx) { return ctx.between_nodes(node_map{}).node_blocks_delivered(); },
-          "After a round of an alltoall: whether it delivered the blocks between this node's "
-          "ranks (all blocks when it packed; else the caller runs the node's part).")
-      .def(
-          "nodes_carries",
-          [](node_context& ctx, int code, const py::object& send, const py::object& recv) {
-            if (!is_code<op_code>(code)) throw py::value_error("not an operation's code");
-            return round_carries(ctx, static_cast<op_code>(code), send, recv);
-          },
-          py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
-          "After setup_nodes: whether an allgather, reduction or bcast of op code `code` on "
-          "these buffers travels whole in its round between nodes (the size rule), as the "
-          "one-crossing path decides.")
-      .def(
-          "nodes_remember_direct_allgather",
-          [](node_context& ctx, std::uint64_t block) {
-            ctx.between_nodes(node_map{}).remember_direct_allgather(block);
-          },
-          py::arg("block"),
-          "After setup_nodes, on every rank alike: allgathers of `block`-byte blocks beyond the "
-          "round cross nodes rank to rank (the Python path's choice), so the one crossing may "
-          "run them.")
-      .def(
-          "nodes_pack_limit",
-          [](node_context& ctx, int op) {
-            if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
-            return ctx.between_nodes(node_map{}).pack_limit(static_cast<op_code>(op));
-          },
-          py::arg("op"),
-          "After setup_nodes: the largest block a call across nodes carries in its round "
-          "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).")
-      .def(
-          "nodes_set_round_limit",
-          [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
-            if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
-            ctx.between_nodes(node_map{}).set_round_limit(static_cast<op_code>(op), limit);
-          },
-          py::arg("op"), py::arg("limit"),
-          "After setup_nodes: the largest block an alltoall's or allgather's round carries, as "
-          "measured (negative: none; None: the built-in size rule again).")
-      .def(
-          "nodes_messages",
-          [](node_context& ctx) {
-            const node_messages& round = ctx.between_nodes(node_map{});
-            return py::make_tuple(message_views(round.outgoing()), message_views(round.incoming()),
-                                  round.packed());
-          },
-          "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).")
-#ifdef ZCOLL_HAVE_MPI
-      .def(
-          "nodes_round",
-          [](node_context& ctx, const py::bytes& record, const py::object& send,
-             const py::object& recv, int order, int copy, mpi_handle comm, int rank, int tag,
-             int window, double timeout, const std::string& what) {
-            node_messages& round = begin_round(ctx, record, send, recv, order, copy);
-            py::gil_scoped_release release;
-            finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
-            return round.packed();
-          },
-          py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
-          py::arg("copy"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
-          py::arg("timeout"), py::arg("what"),
-          "Collective (node): a whole round between nodes in one call -- nodes_begin, "
-          "the messages by MPI from C++ (mpi_messages.hpp), the node barrier, nodes_finish -- the "
-          "GIL released after phase 1. "
-          "Returns whether the round packed (and delivered) an alltoall's blocks.")
-#endif
-      .def(
-          "nodes_finish",
-          [](node_context& ctx) {
-            py::gil_scoped_release release;
-            node_messages& round = ctx.between_nodes(node_map{});
-            round.finish();
-            return round.direct_blocks();
-          },
-          "Collective (node): the verdict over every rank's record, then phase 3 if packed. "
-          "Returns, after an irregular round, how many of this rank's blocks between nodes it "
-          "did not carry (to go rank to rank); else 0.")
-      .def(
-          "record",
-          [](const node_context& ctx, const std::string& op, const py::object& send,
-             const py::object& recv, int order, int copy, bool planned) {
-            call_record r = describe(ctx, op, send, recv, order, copy);
-            if (planned && r.call.op != op_code::error) {
-              r.call.target = r.call.op;
-              r.call.op = op_code::plan;
-            }
-            return record_bytes(r);
-          },
-          py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
-          py::arg("copy") = auto_copy, py::arg("planned") = false,
-          "Local: this rank's call record of a collective (of a plan's creation when planned), "
-          "for agree() across nodes.")
-      .def(
-          "fail",
-          [](node_context& ctx, bool type_error, const std::string& message) {
-            py::gil_scoped_release release;
-            ctx.fail(type_error ? arg_error::type : arg_error::value, message);
-          },
-          py::arg("type_error"), py::arg("message"),
-          "Collective: this rank's arguments are invalid; every rank raises.")
-      .def("barrier",
-           [](node_context& ctx) {
-             py::gil_scoped_release release;
-             ctx.barrier();
-           })
-      .def(
-          "setup_eager",
-          [](node_context& ctx, std::size_t nbytes) {
-            py::gil_scoped_release release;
-            ctx.setup_eager(nbytes);
-          },
-          py::arg("nbytes"), "Collective: small-message path for calls moving <= nbytes per rank.")
-      .def(
-          "set_wait",
-          [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
-             double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },
-          py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"))
-      .def(
-          "where",
-          [](node_context& ctx, const py::array& a) {
-            const buffer_ref r = ctx.where(a.data(), static_cast<std::size_t>(a.nbytes()));
-            return py::make_tuple(r.segment, r.offset);
-          },
-          py::arg("a"), "(segment id, offset) of an arena array; (0, address) when not shareable.")
-      .def(
-          "view",
-          [](node_context& ctx, std::uint64_t segment, std::uint64_t offset, std::size_t nbytes) {
-            return ctx.view(buffer_ref{segment, offset}, nbytes);
-          },
-          py::arg("segment"), py::arg("offset"), py::arg("nbytes"))
-      .def("close", &node_context::close)
-      .def_property_readonly("closed", &node_context::closed)
-      .def_property_readonly("broken", &node_context::broken)
-      .def_property_readonly("calls", &node_context::calls)
-      .def_property_readonly("arena_bytes_in_use", &node_context::arena_bytes_in_use)
-      .def_property_readonly("segment_count", &node_context::segment_count)
-      .def_property_readonly("rank", [](const node_context& c) { return c.config().rank; })
-      .def_property_readonly("size", [](const node_context& c) { return c.config().size; });
+}
 
+// The context's construction, its arena and the node's alltoall and allgather.
+void def_node_calls(context_class& cls) {
+  cls.def(py::init(&make_context), py::arg("control"), py::arg("rank"), py::arg("size"),
+          py::arg("comm_size"), py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"),
+          py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
+          py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{},
+          py::arg("l3_caches") = std::vector<int>{});
+  cls.def_static("control_bytes", &node_context::control_bytes, py::arg("size"));
+  cls.def(
+      "allocate",
+      [](node_context& ctx, std::size_t nbytes) {
+        py::gil_scoped_release release;
+        return ctx.allocate(nbytes);
+      },
+      py::arg("nbytes"));
+  cls.def(
+      "alltoall",
+      [](node_context& ctx, const py::object& send, const py::object& recv, int order, int copy) {
+        run(ctx, op_code::alltoall, send, recv, order, copy);
+      },
+      py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy);
+  cls.def(
+      "allgather",
+      [](node_context& ctx, const py::object& send, const py::object& recv, int order, int copy) {
+        run(ctx, op_code::allgather, send, recv, order, copy);
+      },
+      py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy);
+}
+
+// The rounds between nodes: the node map, and what a round carries (the size rule).
+void def_round_rules(context_class& cls) {
+  cls.def(
+      "setup_nodes",
+      [](node_context& ctx, const std::vector<int>& leader_of) {
+        ctx.between_nodes(node_map::from_leaders(leader_of));
+      },
+      py::arg("leader_of"),
+      "Local: the communicator's nodes (lowest communicator rank of each rank's node), for "
+      "the rounds of messages between nodes.");
+  cls.def(
+      "set_sender_packs_bytes",
+      [](node_context& ctx, std::size_t nbytes) {
+        return ctx.between_nodes(node_map{}).set_sender_packs_bytes(nbytes);
+      },
+      py::arg("nbytes"),
+      "After setup_nodes; every rank of the node alike: the largest aggregated message "
+      "payload its sender packs alone, with no barrier after (default 64 KiB; 0: always "
+      "in shares). For measuring both sides of the threshold. Returns the previous value.");
+  cls.def(
+      "nodes_carries",
+      [](node_context& ctx, int code, const py::object& send, const py::object& recv) {
+        if (!is_code<op_code>(code)) throw py::value_error("not an operation's code");
+        return round_carries(ctx, static_cast<op_code>(code), send, recv);
+      },
+      py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+      "After setup_nodes: whether an allgather, reduction or bcast of op code `code` on "
+      "these buffers travels whole in its round between nodes (the size rule), as the "
+      "one-crossing path decides.");
+  cls.def(
+      "nodes_remember_direct_allgather",
+      [](node_context& ctx, std::uint64_t block) {
+        ctx.between_nodes(node_map{}).remember_direct_allgather(block);
+      },
+      py::arg("block"),
+      "After setup_nodes, on every rank alike: allgathers of `block`-byte blocks beyond the "
+      "round cross nodes rank to rank (the Python path's choice), so the one crossing may "
+      "run them.");
+  cls.def(
+      "nodes_pack_limit",
+      [](node_context& ctx, int op) {
+        if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
+        return ctx.between_nodes(node_map{}).pack_limit(static_cast<op_code>(op));
+      },
+      py::arg("op"),
+      "After setup_nodes: the largest block a call across nodes carries in its round "
+      "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).");
+  cls.def(
+      "nodes_set_round_limit",
+      [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
+        if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
+        ctx.between_nodes(node_map{}).set_round_limit(static_cast<op_code>(op), limit);
+      },
+      py::arg("op"), py::arg("limit"),
+      "After setup_nodes: the largest block an alltoall's or allgather's round carries, as "
+      "measured (negative: none; None: the built-in size rule again).");
+}
+
+// A round between nodes phase by phase, or whole with the messages from C++.
+void def_round_phases(context_class& cls) {
+  cls.def(
+      "nodes_begin",
+      [](node_context& ctx, const py::bytes& record, const py::object& send, const py::object& recv,
+         int order, int copy) { begin_round(ctx, record, send, recv, order, copy); },
+      py::arg("record"), py::arg("sendbuf") = py::none(), py::arg("recvbuf") = py::none(),
+      py::arg("order") = 0, py::arg("copy") = 0,
+      "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
+      "(an alltoall), its blocks are packed when the node's records allow.");
+  cls.def_property_readonly(
+      "nodes_node_blocks_delivered",
+      [](node_context& ctx) { return ctx.between_nodes(node_map{}).node_blocks_delivered(); },
+      "After a round of an alltoall: whether it delivered the blocks between this node's "
+      "ranks (all blocks when it packed; else the caller runs the node's part).");
+  cls.def(
+      "nodes_messages",
+      [](node_context& ctx) {
+        const node_messages& round = ctx.between_nodes(node_map{});
+        return py::make_tuple(message_views(round.outgoing()), message_views(round.incoming()),
+                              round.packed());
+      },
+      "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).");
+#ifdef ZCOLL_HAVE_MPI
+  cls.def(
+      "nodes_round",
+      [](node_context& ctx, const py::bytes& record, const py::object& send, const py::object& recv,
+         int order, int copy, mpi_handle comm, int rank, int tag, int window, double timeout,
+         const std::string& what) {
+        node_messages& round = begin_round(ctx, record, send, recv, order, copy);
+        py::gil_scoped_release release;
+        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
+        return round.packed();
+      },
+      py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy"),
+      py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"),
+      py::arg("what"),
+      "Collective (node): a whole round between nodes in one call -- nodes_begin, "
+      "the messages by MPI from C++ (mpi_messages.hpp), the node barrier, nodes_finish -- the "
+      "GIL released after phase 1. "
+      "Returns whether the round packed (and delivered) an alltoall's blocks.");
+#endif
+  cls.def(
+      "nodes_finish",
+      [](node_context& ctx) {
+        py::gil_scoped_release release;
+        node_messages& round = ctx.between_nodes(node_map{});
+        round.finish();
+        return round.direct_blocks();
+      },
+      "Collective (node): the verdict over every rank's record, then phase 3 if packed. "
+      "Returns, after an irregular round, how many of this rank's blocks between nodes it "
+      "did not carry (to go rank to rank); else 0.");
+}
+
+// This rank's call records, and the argument errors every rank raises.
+void def_call_records(context_class& cls) {
+  cls.def(
+      "record",
+      [](const node_context& ctx, const std::string& op, const py::object& send,
+         const py::object& recv, int order, int copy, bool planned) {
+        call_record r = describe(ctx, op, send, recv, order, copy);
+        if (planned && r.call.op != op_code::error) {
+          r.call.target = r.call.op;
+          r.call.op = op_code::plan;
+        }
+        return record_bytes(r);
+      },
+      py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"),
+      py::arg("copy") = auto_copy, py::arg("planned") = false,
+      "Local: this rank's call record of a collective (of a plan's creation when planned), "
+      "for agree() across nodes.");
+  cls.def(
+      "fail",
+      [](node_context& ctx, bool type_error, const std::string& message) {
+        py::gil_scoped_release release;
+        ctx.fail(type_error ? arg_error::type : arg_error::value, message);
+      },
+      py::arg("type_error"), py::arg("message"),
+      "Collective: this rank's arguments are invalid; every rank raises.");
+}
+
+// The node barrier, waits, views of peers' arrays and the context's state.
+void def_context_state(context_class& cls) {
+  cls.def("barrier", [](node_context& ctx) {
+    py::gil_scoped_release release;
+    ctx.barrier();
+  });
+  cls.def(
+      "setup_eager",
+      [](node_context& ctx, std::size_t nbytes) {
+        py::gil_scoped_release release;
+        ctx.setup_eager(nbytes);
+      },
+      py::arg("nbytes"), "Collective: small-message path for calls moving <= nbytes per rank.");
+  cls.def(
+      "set_wait",
+      [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
+         double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },
+      py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"));
+  cls.def(
+      "where",
+      [](node_context& ctx, const py::array& a) {
+        const buffer_ref r = ctx.where(a.data(), static_cast<std::size_t>(a.nbytes()));
+        return py::make_tuple(r.segment, r.offset);
+      },
+      py::arg("a"), "(segment id, offset) of an arena array; (0, address) when not shareable.");
+  cls.def(
+      "view",
+      [](node_context& ctx, std::uint64_t segment, std::uint64_t offset, std::size_t nbytes) {
+        return ctx.view(buffer_ref{segment, offset}, nbytes);
+      },
+      py::arg("segment"), py::arg("offset"), py::arg("nbytes"));
+  cls.def("close", &node_context::close);
+  cls.def_property_readonly("closed", &node_context::closed);
+  cls.def_property_readonly("broken", &node_context::broken);
+  cls.def_property_readonly("calls", &node_context::calls);
+  cls.def_property_readonly("arena_bytes_in_use", &node_context::arena_bytes_in_use);
+  cls.def_property_readonly("segment_count", &node_context::segment_count);
+  cls.def_property_readonly("rank", [](const node_context& c) { return c.config().rank; });
+  cls.def_property_readonly("size", [](const node_context& c) { return c.config().size; });
+}
+
+// Call records of the module's own, for agree() across nodes.
+void register_call_records(py::module_& m) {
   m.attr("CALL_RECORD_BYTES") = sizeof(call_record);
   m.def(
       "error_record",
@@ -762,6 +789,10 @@ void register_exchange(py::module_& m) {
         return record_bytes(r);
       },
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
+}
+
+// What crosses nodes how: the forced modes of tests and benchmarks, the size rule's bounds.
+void register_crossing(py::module_& m) {
   m.def(
       "set_allgather_crossing",
       [](int mode) {
@@ -784,6 +815,10 @@ void register_exchange(py::module_& m) {
       "size rule (0), always (1) or never (-1). Returns the previous mode.");
   m.attr("AGGREGATE_MAX_BLOCK") = aggregate_max_block;
   m.attr("AGGREGATE_UNIT_BLOCK") = aggregate_unit_block;
+}
+
+// The one-crossing call path: the table of contexts and fast_collective.
+void register_fast_collective(py::module_& m) {
   m.def("option_error", &option_error, py::arg("order"), py::arg("copy"),
         "What is wrong with an order= / copy= value (None when both name an order and a mode).");
   m.def("register_fast", &fast_path::register_context, py::arg("handle"),
@@ -797,6 +832,22 @@ void register_exchange(py::module_& m) {
                    &fast_path::fast_collective_def, nullptr, m.attr("__name__").ptr())));
   m.def("_set_in_place", &set_in_place,
         "Registers the object that means 'in place' as sendbuf (mpi4py's MPI.IN_PLACE).");
+}
+
+}  // namespace
+
+void register_exchange(py::module_& m) {
+  register_mpi_sender(m);
+  context_class cls(m, "NodeContext",
+                    "The node-local engine of one communicator (see exchange.hpp).");
+  def_node_calls(cls);
+  def_round_rules(cls);
+  def_round_phases(cls);
+  def_call_records(cls);
+  def_context_state(cls);
+  register_call_records(m);
+  register_crossing(m);
+  register_fast_collective(m);
 }
 
 }  // namespace zcoll::bind

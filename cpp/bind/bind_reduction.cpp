@@ -16,6 +16,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "context_class.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
 #include "rounds.hpp"
@@ -309,11 +310,8 @@ PyMethodDef fast_reduction_def = {
 // A cost model as Python passes it: (max_bytes, a seconds, b seconds per byte) per piece.
 using cost_tuple = std::tuple<std::uint64_t, double, double>;
 
-}  // namespace
-
-void register_reduction(py::module_& m) {
-  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
-      m.attr("NodeContext"));
+// The reductions among a node's ranks and their call records.
+void def_node_reductions(context_class& cls) {
   cls.def(
       "reduction",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
@@ -333,6 +331,10 @@ void register_reduction(py::module_& m) {
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
       py::arg("algorithm"), py::arg("root"),
       "Local: this rank's call record of such a call, for agree() across nodes.");
+}
+
+// A reduction's round between nodes: phase 1, or whole with the messages from C++.
+void def_reduction_rounds(context_class& cls) {
   cls.def(
       "nodes_reduction_begin",
       [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
@@ -344,6 +346,29 @@ void register_reduction(py::module_& m) {
       py::arg("op"), py::arg("algorithm"), py::arg("root"),
       "Collective (node): phase 1 of a reduction's round between nodes (aggregate.hpp's "
       "begin_reduction); the messages then go by mpi4py, and nodes_finish folds the result.");
+#ifdef ZCOLL_HAVE_MPI
+  cls.def(
+      "nodes_reduction_round",
+      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
+         const py::object& recv, int reduce, int algorithm, int root, mpi_handle comm, int rank,
+         int tag, int window, double timeout, const std::string& what) {
+        node_messages& round = begin_reduction_round(ctx, record_of(record), reduction_op(code),
+                                                     send, recv, reduce, algorithm, root);
+        py::gil_scoped_release release;
+        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
+        return round.packed();
+      },
+      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
+      py::arg("op"), py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"),
+      py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
+      "Collective (node): a reduction's whole round between nodes in one call, the messages by "
+      "MPI from C++; returns whether it carried the result (it did unless the call is in "
+      "error, which raises).");
+#endif
+}
+
+// A reduction spread over the ranks (spread_reduction.hpp), phase by phase.
+void def_spread_phases(context_class& cls) {
   cls.def(
       "nodes_spread_begin",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
@@ -376,25 +401,10 @@ void register_reduction(py::module_& m) {
         spread.finish();
       },
       "Collective (node), after phase 3's messages: the node barrier and this rank's result.");
-#ifdef ZCOLL_HAVE_MPI
-  cls.def(
-      "nodes_reduction_round",
-      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
-         const py::object& recv, int reduce, int algorithm, int root, mpi_handle comm, int rank,
-         int tag, int window, double timeout, const std::string& what) {
-        node_messages& round = begin_reduction_round(ctx, record_of(record), reduction_op(code),
-                                                     send, recv, reduce, algorithm, root);
-        py::gil_scoped_release release;
-        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
-        return round.packed();
-      },
-      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
-      py::arg("op"), py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"),
-      py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
-      "Collective (node): a reduction's whole round between nodes in one call, the messages by "
-      "MPI from C++; returns whether it carried the result (it did unless the call is in "
-      "error, which raises).");
-#endif
+}
+
+// What algorithm="auto" runs: the cost models and their answer.
+void def_reduction_policy(context_class& cls) {
   cls.def(
       "set_reduction_model",
       [](node_context& ctx, int algorithm, const std::vector<cost_tuple>& pieces) {
@@ -425,6 +435,10 @@ void register_reduction(py::module_& m) {
       },
       py::arg("algorithm"), py::arg("nbytes"),
       "Predicted seconds of an algorithm for nbytes per rank (the model algorithm='auto' uses).");
+}
+
+// Which dtypes and ops reduce, and the spread's segment.
+void register_reduction_support(py::module_& m) {
   m.def(
       "reduction_supported",
       [](const py::dtype& dtype, int reduce) {
@@ -445,10 +459,26 @@ void register_reduction(py::module_& m) {
       "Local, the same on every rank: the segment (bytes, a multiple of 64) of the messages of "
       "reductions spread across nodes; 0: the default. Returns the previous setting.");
   m.attr("SPREAD_SEGMENT_BYTES") = spread_segment_bytes;
+}
+
+// The one-crossing call path of reductions and the barrier.
+void register_fast_reductions(py::module_& m) {
   m.add_object("fast_barrier", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                                    &fast_barrier_def, nullptr, m.attr("__name__").ptr())));
   m.add_object("fast_reduction", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                                      &fast_reduction_def, nullptr, m.attr("__name__").ptr())));
+}
+
+}  // namespace
+
+void register_reduction(py::module_& m) {
+  context_class cls = bound_context(m);
+  def_node_reductions(cls);
+  def_reduction_rounds(cls);
+  def_spread_phases(cls);
+  def_reduction_policy(cls);
+  register_reduction_support(m);
+  register_fast_reductions(m);
 }
 
 }  // namespace zcoll::bind

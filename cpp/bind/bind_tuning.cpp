@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "context_class.hpp"
 #include "zcoll/cma.hpp"
 #include "zcoll/exchange.hpp"
 
@@ -43,11 +44,8 @@ void set_tuning_rules(node_context& ctx, const std::string& op,
   ctx.set_tuning_rules(tuned_op(op), std::move(orders), std::move(copies));
 }
 
-}  // namespace
-
-void register_tuning(py::module_& m) {
-  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
-      m.attr("NodeContext"));
+// The tuning table's rules and what order='auto' makes of them.
+void def_tuning_rules(context_class& cls) {
   cls.def("set_tuning_rules", &set_tuning_rules, py::arg("op"), py::arg("rules"),
           "Tuning-table rules of op: (min_block, max_block or None, order code, copy code, "
           "fixed threshold or None) each; replaces earlier ones. Local: same on every node rank.");
@@ -70,6 +68,13 @@ void register_tuning(py::module_& m) {
       py::arg("block_bytes"), py::arg("received_bytes"), py::arg("op") = "alltoall",
       "(mode, threshold) copy='auto' uses now for op's blocks of this size, each rank "
       "receiving received_bytes.");
+  cls.def_property_readonly(
+      "numa_domains", [](node_context& ctx) { return ctx.policy().numa_domains(); },
+      "How many NUMA nodes this node's ranks span (1: unknown or one).");
+}
+
+// What copy='auto' uses: the hybrid threshold, the cache bound, the eager path.
+void def_copy_policy(context_class& cls) {
   cls.def(
       "set_copy_threshold",
       [](node_context& ctx, std::size_t bytes) { ctx.policy().copy().set_threshold(bytes); },
@@ -87,6 +92,10 @@ void register_tuning(py::module_& m) {
       "The hybrid threshold copy='auto' uses (or is trying) for blocks of this size.");
   cls.def_property_readonly("eager_bytes", &node_context::eager_bytes,
                             "Largest per-rank receive size of the eager path (0: none).");
+}
+
+// Whether and from what size private buffers are pulled by CMA.
+void def_cma_policy(context_class& cls) {
   cls.def_property(
       "cma_bytes", [](const node_context& ctx) { return ctx.policy().cma_bytes(); },
       [](node_context& ctx, std::size_t bytes) { ctx.policy().set_cma_bytes(bytes); },
@@ -114,6 +123,10 @@ void register_tuning(py::module_& m) {
       "Collective: whether the node's ranks read each other's memory (and map each other's "
       "shared heap), probed now. publish_unmapped (tests): this rank's peers fail to read it, "
       "as under a refusing kernel.");
+}
+
+// The built-in defaults, and what the kernel allows.
+void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
   m.def("cma_kernel_status", &cma_kernel_status,
         "What the kernel allows this process: 'available', or why CMA is not.");
@@ -124,9 +137,16 @@ void register_tuning(py::module_& m) {
       },
       py::arg("p"), py::arg("block_bytes"), py::arg("numa_domains") = 1,
       "Order code used for order='auto' on p ranks spanning numa_domains NUMA nodes.");
-  cls.def_property_readonly(
-      "numa_domains", [](node_context& ctx) { return ctx.policy().numa_domains(); },
-      "How many NUMA nodes this node's ranks span (1: unknown or one).");
+}
+
+}  // namespace
+
+void register_tuning(py::module_& m) {
+  context_class cls = bound_context(m);
+  def_tuning_rules(cls);
+  def_copy_policy(cls);
+  def_cma_policy(cls);
+  register_policy_defaults(m);
 }
 
 }  // namespace zcoll::bind

@@ -10,6 +10,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "context_class.hpp"
 #include "fast_path.hpp"
 #include "gil.hpp"
 #include "plans.hpp"
@@ -431,11 +432,8 @@ void begin_irregular_round(node_context& ctx, int code, int pattern, const py::o
       });
 }
 
-}  // namespace
-
-void register_vexchange(py::module_& m) {
-  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
-      m.attr("NodeContext"));
+// An irregular call's pattern, and the node's part of a call on it.
+void def_irregular_calls(context_class& cls) {
   cls.def(
       "v_pattern",
       [](node_context& ctx, const std::vector<edges_array>& sends,
@@ -484,6 +482,10 @@ void register_vexchange(py::module_& m) {
       "Collective: the node's part of an irregular collective (counts and displacements in "
       "elements, one per list entry); raises on every rank when any rank's arguments are invalid "
       "or the ranks' counts disagree.");
+}
+
+// An irregular call's round between nodes: phase 1, or whole with the messages from C++.
+void def_irregular_rounds(context_class& cls) {
   cls.def(
       "nodes_v_begin",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
@@ -522,6 +524,12 @@ void register_vexchange(py::module_& m) {
       "Collective (node): a whole irregular round between nodes in one call (nodes_v_begin, the "
       "messages by MPI from C++, the node barrier, nodes_finish). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");
+#endif
+}
+
+// An irregular call on several nodes, whole, from C++; and the rounds' failure.
+void def_irregular_across_nodes(context_class& cls) {
+#ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_v_call",
       [](const std::shared_ptr<node_context>& ctx, int code, int pattern, const py::object& send,
@@ -563,6 +571,10 @@ void register_vexchange(py::module_& m) {
       py::arg("why"),
       "Marks the rounds between nodes failed (the first reason is kept): every later round "
       "raises PeerError at once (nodes_check); no-op on one node.");
+}
+
+// The copies an irregular call makes on one node, and a rank's share of a stream.
+void register_irregular_schedule(py::module_& m) {
   m.def(
       "v_schedule",
       [](const std::vector<edges_array>& sends, const std::vector<edges_array>& recvs, int order,
@@ -579,6 +591,13 @@ void register_vexchange(py::module_& m) {
       py::arg("sends"), py::arg("recvs"), py::arg("order"), py::arg("in_place") = 0,
       "The tuples an irregular call on one node of len(sends) ranks copies, in the order the "
       "engine copies them.");
+  m.def(
+      "v_piece", &v_piece, py::arg("total"), py::arg("parts"), py::arg("rank"),
+      "[first, last): the bytes of a stream of `total` bytes that rank `rank` of `parts` copies.");
+}
+
+// VPlan: a persistent irregular call with the arrays it runs on.
+void register_vplan(py::module_& m) {
   py::class_<bound_vplan> plan(m, "VPlan", "A persistent irregular collective (see vplan.hpp).");
   plan.def(py::init(&make_vplan), py::arg("context"), py::arg("code"), py::arg("pattern"),
            py::arg("sendbuf"), py::arg("recvbuf"), py::arg("in_place"), py::arg("send_counts"),
@@ -600,12 +619,25 @@ void register_vexchange(py::module_& m) {
       .def_property_readonly("order", [](const bound_vplan& b) { return name_of(b.plan->order()); })
       .def_property_readonly("copied_bytes",
                              [](const bound_vplan& b) { return b.plan->copied_bytes(); });
+}
+
+// The one-crossing call path of irregular calls.
+void register_fast_irregular(py::module_& m) {
   m.add_object("fast_irregular",
                py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                    &fast::fast_irregular_def, nullptr, m.attr("__name__").ptr())));
-  m.def(
-      "v_piece", &v_piece, py::arg("total"), py::arg("parts"), py::arg("rank"),
-      "[first, last): the bytes of a stream of `total` bytes that rank `rank` of `parts` copies.");
+}
+
+}  // namespace
+
+void register_vexchange(py::module_& m) {
+  context_class cls = bound_context(m);
+  def_irregular_calls(cls);
+  def_irregular_rounds(cls);
+  def_irregular_across_nodes(cls);
+  register_irregular_schedule(m);
+  register_vplan(m);
+  register_fast_irregular(m);
 }
 
 }  // namespace zcoll::bind

@@ -1,4 +1,5 @@
-// Registration functions, one per concept; module.cpp only calls them.
+// Registration functions, one per concept; module.cpp only calls them. Each is a list of short
+// register_* (module) or def_* (class) helpers, one per bound concept, each a list of .defs.
 #pragma once
 
 #include <pybind11/pybind11.h>
