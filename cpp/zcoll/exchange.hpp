@@ -225,6 +225,18 @@ class node_context {
   reduction_args checked_reduction(const reduction_call& call);
   void execute_reduction(const reduction_args& a);
   void execute_bcast(const reduction_args& a);
+  // This rank's line of a reduction: the call, and where peers read its input (copied into its
+  // eager slot or staging partition when they could not read it where it is).
+  void publish_reduction_input(const reduction_args& a, detail::rank_line& line, std::size_t parity,
+                               bool eager, bool may_pull, std::size_t third);
+  // The algorithms of reduction.hpp, each once every rank's input is known (resolved_reduction):
+  // the small flat call from the eager slots, then flat, tiled, tree and dissemination.
+  struct resolved_reduction;
+  void reduce_eager_flat(const resolved_reduction& r, std::size_t parity);
+  void reduce_flat(const resolved_reduction& r);
+  void reduce_tiled(const resolved_reduction& r);
+  void reduce_tree(const resolved_reduction& r);
+  void reduce_dissemination(const resolved_reduction& r);
   // Where each node rank's input is, from the published lines (staging what must be; with
   // `pull`, private peers' inputs are left null for fold_pulled_tile).
   void resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,

@@ -240,16 +240,64 @@ void node_context::raise_failed_pulls() {
       raise_pull_failure({slot.cma_error, slot.cma_failed_from}, protocol_);
 }
 
-void node_context::execute_reduction(const reduction_args& a) {
+// A reduction whose inputs every rank published: what its algorithm needs to fold them.
+struct node_context::resolved_reduction {
+  explicit resolved_reduction(const reduction_args& args) : a(args) {}
+
+  const reduction_args& a;
+  std::size_t esize = 0;       // bytes of an element
+  std::size_t want_from = 0;   // the part of the full result this rank wants:
+  std::size_t want_bytes = 0;  // [want_from, want_from + want_bytes)
+  std::size_t third = 0;       // bytes of each third of a staging partition (work buffers)
+  bool stream = false;         // results written with streaming stores (the barriers fence)
+  bool pull = false;           // private peers' inputs are pulled by CMA (tiled only)
+  copy_plan out_plan;          // how the wanted part is copied out
+
+  // Node rank j's work buffer w (0 or 1), in its staging partition.
+  std::byte* work(const node_segments& segments, int j, int w) const {
+    return segments.staging(j) + static_cast<std::size_t>(1 + w) * third;
+  }
+  // Folds `k` sources of `elems` elements into `dst`; `out`: dst is this rank's result.
+  void fold(std::byte* dst, const void** from, std::size_t k, std::size_t elems,
+            bool out = false) const {
+    reduce_fold(a.rop, a.type, dst, from, static_cast<int>(k), elems, out && stream);
+  }
+  // Copies the wanted part of the full result at `result` into this rank's result.
+  void finish(const std::byte* result) const {
+    if (want_bytes) copy_bytes(a.out, result + want_from, want_bytes, out_plan);
+    if (stream) store_fence();
+  }
+};
+
+void node_context::publish_reduction_input(const reduction_args& a, detail::rank_line& line,
+                                           std::size_t parity, bool eager, bool may_pull,
+                                           std::size_t third) {
   const int p = config_.size, me = config_.rank;
-  const auto np = static_cast<std::size_t>(p);
-  auto& line = protocol_.next(a.op);
-  const std::size_t parity = protocol_.parity();
   line.call.order = static_cast<std::int8_t>(a.asked);
   line.call.reduce = static_cast<std::uint8_t>(a.rop);
   line.call.root = static_cast<std::uint16_t>(a.op == op_code::reduce ? a.root : 0);
   line.call.dtype = a.dtype;
   line.call.block_bytes = a.bytes;
+  if (!a.bytes || p == 1) return;
+  if (a.alg == reduce_algorithm::flat && eager) {  // the one-barrier path: inputs in the slots
+    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+    return;
+  }
+  line.send = segments_.locate(a.input, a.bytes);  // where peers read this rank's input
+  if (!line.send.segment && eager) {
+    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+    line.send = segments_.locate(eager_slot(me, parity), a.bytes);
+  } else if (!line.send.segment && !may_pull && third >= round_up(a.bytes, 64)) {
+    copy_bytes(segments_.staging(me), a.input, a.bytes);
+    line.send = segments_.locate(segments_.staging(me), a.bytes);
+  }
+}
+
+void node_context::execute_reduction(const reduction_args& a) {
+  const int p = config_.size, me = config_.rank;
+  const auto np = static_cast<std::size_t>(p);
+  auto& line = protocol_.next(a.op);
+  const std::size_t parity = protocol_.parity();
   const std::size_t span = round_up(a.bytes, 64);  // one input, result or work buffer
   const bool eager = policy_.eager_fits(a.bytes);
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
@@ -257,48 +305,30 @@ void node_context::execute_reduction(const reduction_args& a) {
   // CMA: the same answer on every rank (the size is agreed, the probe's verdict is the node's).
   const bool may_pull = pulls_reduction_inputs(a.bytes);
   std::size_t third = segments_.staging_third();
-  if (eager_flat && a.bytes && p > 1) {  // the one-barrier path: inputs in the eager slots
-    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
-  } else if (a.bytes && p > 1) {  // where peers read this rank's input
-    line.send = segments_.locate(a.input, a.bytes);
-    if (!line.send.segment && eager) {
-      copy_bytes(eager_slot(me, parity), a.input, a.bytes);
-      line.send = segments_.locate(eager_slot(me, parity), a.bytes);
-    } else if (!line.send.segment && !may_pull && third >= span) {
-      copy_bytes(segments_.staging(me), a.input, a.bytes);
-      line.send = segments_.locate(segments_.staging(me), a.bytes);
-    }
-  }
+  publish_reduction_input(a, line, parity, eager, may_pull, third);
   const auto all = protocol_.publish();
   check_calls(all, a.op);
   check_arguments(all);
   if (a.bytes == 0) return;
 
-  // The part of the full result this rank wants: [want_from, want_from + want_bytes).
-  const std::size_t esize = a.bytes / a.count;
-  std::size_t want_from = 0, want_bytes = a.out ? a.bytes : 0;
+  resolved_reduction r(a);
+  r.esize = a.bytes / a.count;
+  r.want_bytes = a.out ? a.bytes : 0;
   if (a.op == op_code::reduce_scatter) {
-    want_bytes = a.bytes / static_cast<std::size_t>(config_.comm_size);
-    want_from =
-        static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(me)]) * want_bytes;
+    r.want_bytes = a.bytes / static_cast<std::size_t>(config_.comm_size);
+    r.want_from =
+        static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(me)]) * r.want_bytes;
   }
   if (p == 1) {
-    if (want_bytes && a.out != a.input + want_from)
-      std::memmove(a.out, a.input + want_from, want_bytes);
+    if (r.want_bytes && a.out != a.input + r.want_from)
+      std::memmove(a.out, a.input + r.want_from, r.want_bytes);
     return;
   }
+  r.stream = static_cast<std::size_t>(p) * a.bytes > policy_.copy().cache_bytes() / 2 &&
+             policy_.copy().cache_bytes() > 0;
+  r.out_plan = copy_plan{r.stream ? copy_mode::streaming : copy_mode::temporal};
+  if (eager_flat) return reduce_eager_flat(r, parity);
 
-  // Results far larger than the cache are written with streaming stores (the barriers fence).
-  const bool stream = static_cast<std::size_t>(p) * a.bytes > policy_.copy().cache_bytes() / 2 &&
-                      policy_.copy().cache_bytes() > 0;
-  const copy_plan out_plan{stream ? copy_mode::streaming : copy_mode::temporal};
-  if (eager_flat) {  // every rank knows where the slots are: nothing to resolve
-    srcs_.resize(np);
-    const void** from = srcs_.data();
-    for (int j = 0; j < p; ++j) from[j] = eager_slot(j, parity) + want_from;
-    if (want_bytes) reduce_fold(a.rop, a.type, a.out, from, p, want_bytes / esize);
-    return;
-  }
   refs_.resize(np);
   bool any_private = false;
   for (int j = 0; j < p; ++j) {
@@ -310,131 +340,144 @@ void node_context::execute_reduction(const reduction_args& a) {
   const bool pulled = may_pull && any_private;
   const reduce_algorithm alg =
       a.asked == auto_algorithm ? policy_.choose_reduction(a.bytes, pulled) : a.alg;
-  const bool pull = pulled && alg == reduce_algorithm::tiled;
+  r.pull = pulled && alg == reduce_algorithm::tiled;
   if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
     third = segments_.staging_third();
   }
-  resolve_inputs(a, refs_, third, pull);
-  auto work = [&](int j, int w) {
-    return segments_.staging(j) + static_cast<std::size_t>(1 + w) * third;
-  };
-  auto sources = [&](std::size_t k) -> const void** {
-    srcs_.resize(k);
-    return srcs_.data();
-  };
-  // Folds `k` sources of `elems` elements into `dst`; `out`: dst is this rank's result.
-  auto fold = [&](std::byte* dst, const void** from, std::size_t k, std::size_t elems,
-                  bool out = false) {
-    reduce_fold(a.rop, a.type, dst, from, static_cast<int>(k), elems, out && stream);
-  };
-  auto finish = [&](const std::byte* result) {  // copies the wanted part of the full result
-    if (want_bytes) copy_bytes(a.out, result + want_from, want_bytes, out_plan);
-    if (stream) store_fence();
-  };
-
+  r.third = third;
+  resolve_inputs(a, refs_, third, r.pull);
   switch (alg) {
-    case reduce_algorithm::flat: {
-      const void** from = sources(np);
-      for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + want_from;
-      // The result may not go into this rank's buffer while peers read it (in place).
-      const bool direct = a.out && (a.out + want_bytes <= a.input || a.input + a.bytes <= a.out);
-      std::byte* into = direct ? a.out : work(me, 0);
-      if (want_bytes) fold(into, from, np, want_bytes / esize, direct);
-      protocol_.sync();  // every input read
-      if (want_bytes && !direct) finish(into - want_from);
-      return;
-    }
-    case reduce_algorithm::tiled: {
-      // Tile j: elements [j * tile, (j + 1) * tile), whole cache lines; for reduce_scatter the
-      // tiles are the ranks' blocks.
-      const std::size_t line_elems = std::max<std::size_t>(1, 64 / esize);
-      std::size_t tile = round_up((a.count + np - 1) / np, line_elems);
-      auto tile_of = [&](int j, std::size_t* from, std::size_t* bytes) {
-        std::size_t first = static_cast<std::size_t>(j) * tile, last = first + tile;
-        if (a.op == op_code::reduce_scatter) {
-          const std::size_t block = a.count / static_cast<std::size_t>(config_.comm_size);
-          first = static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(j)]) * block;
-          last = first + block;
-        }
-        first = std::min(first, a.count);
-        last = std::min(last, a.count);
-        *from = first * esize;
-        *bytes = (last - first) * esize;
-      };
-      std::size_t off = 0, len = 0;
-      tile_of(me, &off, &len);
-      if (pull) {
-        fold_pulled_tile(a, off, len, work(me, 0));
-      } else if (len) {
-        const void** from = sources(np);
-        for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + off;
-        fold(work(me, 0) + off, from, np, len / esize);
-      }
-      protocol_.sync();  // every tile folded; no input is read after this
-      if (pull) raise_failed_pulls();
-      if (a.op == op_code::reduce_scatter) {
-        if (want_bytes) copy_bytes(a.out, work(me, 0) + off, want_bytes);
-        return;
-      }
-      if (!want_bytes) return;
-      for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
-        const int j = (me + step) % p;
-        tile_of(j, &off, &len);
-        if (len) copy_bytes(a.out + off, work(j, 0) + off, len, out_plan);
-      }
-      if (stream) store_fence();
-      return;
-    }
-    case reduce_algorithm::tree: {
-      if (tree_.empty())
-        tree_ = make_reduction_tree(p, config_.numa_nodes, config_.packages, config_.l3_caches);
-      std::vector<bool> partial(np, false);  // whether a rank's value is its work buffer
-      for (const auto& level : tree_) {
-        for (const tree_group& g : level) {
-          if (g.front() != me) continue;
-          const void** from = sources(g.size());
-          for (std::size_t k = 0; k < g.size(); ++k) {
-            const auto r = static_cast<std::size_t>(g[k]);
-            from[k] = partial[r] ? static_cast<const std::byte*>(work(g[k], 0)) : inputs_[r];
-          }
-          fold(work(me, 0), from, g.size(), a.count);
-        }
-        for (const tree_group& g : level) partial[static_cast<std::size_t>(g.front())] = true;
-        protocol_.sync();
-      }
-      finish(work(0, 0));
-      return;
-    }
-    case reduce_algorithm::dissemination: {
-      const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
-      const int rounds = std::countr_zero(static_cast<unsigned>(q));
-      std::vector<const std::byte*> value(inputs_.begin(), inputs_.end());
-      if (q < p) {  // ranks q.. fold into ranks 0..p-q-1 first
-        if (me < p - q) {
-          const void* from[2] = {inputs_[static_cast<std::size_t>(me)],
-                                 inputs_[static_cast<std::size_t>(me + q)]};
-          fold(work(me, 0), from, 2, a.count);
-        }
-        for (int j = 0; j < p - q; ++j) value[static_cast<std::size_t>(j)] = work(j, 0);
-        protocol_.sync();
-      }
-      int w = q < p ? 1 : 0;  // the work buffer the next round writes
-      for (int k = 0; k < rounds; ++k) {
-        if (me < q) {
-          const int partner = me ^ (1 << k);
-          const void* from[2] = {value[static_cast<std::size_t>(std::min(me, partner))],
-                                 value[static_cast<std::size_t>(std::max(me, partner))]};
-          fold(work(me, w), from, 2, a.count);
-        }
-        for (int j = 0; j < q; ++j) value[static_cast<std::size_t>(j)] = work(j, w);
-        w ^= 1;
-        protocol_.sync();
-      }
-      finish(value[static_cast<std::size_t>(me < q ? me : me - q)]);
-      return;
-    }
+    case reduce_algorithm::flat:
+      return reduce_flat(r);
+    case reduce_algorithm::tiled:
+      return reduce_tiled(r);
+    case reduce_algorithm::tree:
+      return reduce_tree(r);
+    case reduce_algorithm::dissemination:
+      return reduce_dissemination(r);
   }
+}
+
+void node_context::reduce_eager_flat(const resolved_reduction& r, std::size_t parity) {
+  // Every rank knows where the slots are: nothing to resolve.
+  const int p = config_.size;
+  srcs_.resize(static_cast<std::size_t>(p));
+  const void** from = srcs_.data();
+  for (int j = 0; j < p; ++j) from[j] = eager_slot(j, parity) + r.want_from;
+  if (r.want_bytes) reduce_fold(r.a.rop, r.a.type, r.a.out, from, p, r.want_bytes / r.esize);
+}
+
+void node_context::reduce_flat(const resolved_reduction& r) {
+  const reduction_args& a = r.a;
+  const auto np = static_cast<std::size_t>(config_.size);
+  srcs_.resize(np);
+  const void** from = srcs_.data();
+  for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + r.want_from;
+  // The result may not go into this rank's buffer while peers read it (in place).
+  const bool direct = a.out && (a.out + r.want_bytes <= a.input || a.input + a.bytes <= a.out);
+  std::byte* into = direct ? a.out : r.work(segments_, config_.rank, 0);
+  if (r.want_bytes) r.fold(into, from, np, r.want_bytes / r.esize, direct);
+  protocol_.sync();  // every input read
+  if (r.want_bytes && !direct) r.finish(into - r.want_from);
+}
+
+void node_context::reduce_tiled(const resolved_reduction& r) {
+  const reduction_args& a = r.a;
+  const int p = config_.size, me = config_.rank;
+  const auto np = static_cast<std::size_t>(p);
+  // Tile j: elements [j * tile, (j + 1) * tile), whole cache lines; for reduce_scatter the
+  // tiles are the ranks' blocks.
+  const std::size_t line_elems = std::max<std::size_t>(1, 64 / r.esize);
+  std::size_t tile = round_up((a.count + np - 1) / np, line_elems);
+  auto tile_of = [&](int j, std::size_t* from, std::size_t* bytes) {
+    std::size_t first = static_cast<std::size_t>(j) * tile, last = first + tile;
+    if (a.op == op_code::reduce_scatter) {
+      const std::size_t block = a.count / static_cast<std::size_t>(config_.comm_size);
+      first = static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(j)]) * block;
+      last = first + block;
+    }
+    first = std::min(first, a.count);
+    last = std::min(last, a.count);
+    *from = first * r.esize;
+    *bytes = (last - first) * r.esize;
+  };
+  std::byte* mine = r.work(segments_, me, 0);
+  std::size_t off = 0, len = 0;
+  tile_of(me, &off, &len);
+  if (r.pull) {
+    fold_pulled_tile(a, off, len, mine);
+  } else if (len) {
+    srcs_.resize(np);
+    const void** from = srcs_.data();
+    for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + off;
+    r.fold(mine + off, from, np, len / r.esize);
+  }
+  protocol_.sync();  // every tile folded; no input is read after this
+  if (r.pull) raise_failed_pulls();
+  if (a.op == op_code::reduce_scatter) {
+    if (r.want_bytes) copy_bytes(a.out, mine + off, r.want_bytes);
+    return;
+  }
+  if (!r.want_bytes) return;
+  for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
+    const int j = (me + step) % p;
+    tile_of(j, &off, &len);
+    if (len) copy_bytes(a.out + off, r.work(segments_, j, 0) + off, len, r.out_plan);
+  }
+  if (r.stream) store_fence();
+}
+
+void node_context::reduce_tree(const resolved_reduction& r) {
+  const int p = config_.size, me = config_.rank;
+  if (tree_.empty())
+    tree_ = make_reduction_tree(p, config_.numa_nodes, config_.packages, config_.l3_caches);
+  std::vector<bool> partial(static_cast<std::size_t>(p), false);  // a rank's value is its work
+  for (const auto& level : tree_) {
+    for (const tree_group& g : level) {
+      if (g.front() != me) continue;
+      srcs_.resize(g.size());
+      const void** from = srcs_.data();
+      for (std::size_t k = 0; k < g.size(); ++k) {
+        const auto j = static_cast<std::size_t>(g[k]);
+        from[k] =
+            partial[j] ? static_cast<const std::byte*>(r.work(segments_, g[k], 0)) : inputs_[j];
+      }
+      r.fold(r.work(segments_, me, 0), from, g.size(), r.a.count);
+    }
+    for (const tree_group& g : level) partial[static_cast<std::size_t>(g.front())] = true;
+    protocol_.sync();
+  }
+  r.finish(r.work(segments_, 0, 0));
+}
+
+void node_context::reduce_dissemination(const resolved_reduction& r) {
+  const int p = config_.size, me = config_.rank;
+  const int q = static_cast<int>(std::bit_floor(static_cast<unsigned>(p)));
+  const int rounds = std::countr_zero(static_cast<unsigned>(q));
+  std::vector<const std::byte*> value(inputs_.begin(), inputs_.end());
+  if (q < p) {  // ranks q.. fold into ranks 0..p-q-1 first
+    if (me < p - q) {
+      const void* from[2] = {inputs_[static_cast<std::size_t>(me)],
+                             inputs_[static_cast<std::size_t>(me + q)]};
+      r.fold(r.work(segments_, me, 0), from, 2, r.a.count);
+    }
+    for (int j = 0; j < p - q; ++j) value[static_cast<std::size_t>(j)] = r.work(segments_, j, 0);
+    protocol_.sync();
+  }
+  int w = q < p ? 1 : 0;  // the work buffer the next round writes
+  for (int k = 0; k < rounds; ++k) {
+    if (me < q) {
+      const int partner = me ^ (1 << k);
+      const void* from[2] = {value[static_cast<std::size_t>(std::min(me, partner))],
+                             value[static_cast<std::size_t>(std::max(me, partner))]};
+      r.fold(r.work(segments_, me, w), from, 2, r.a.count);
+    }
+    for (int j = 0; j < q; ++j) value[static_cast<std::size_t>(j)] = r.work(segments_, j, w);
+    w ^= 1;
+    protocol_.sync();
+  }
+  r.finish(value[static_cast<std::size_t>(me < q ? me : me - q)]);
 }
 
 }  // namespace zcoll
