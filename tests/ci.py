@@ -20,9 +20,9 @@ Stages run in order and every selected stage runs even when an earlier one faile
         builds every C++ unit test with 2 jobs and runs them under ctest --output-on-failure:
         any AddressSanitizer, LeakSanitizer or UndefinedBehaviorSanitizer report fails its test
   tsan  the same in build/cpp-tsan with -DZCOLL_SANITIZE=thread, for the unit tests that run
-        threads or forked processes as ranks (barrier, arena, reduction, irregular exchange:
-        the flags and sequence numbers): any report fails its test. The others run one thread,
-        where ThreadSanitizer has nothing to see that asan does not
+        threads or forked processes as ranks (barrier, arena, call protocol, reduction,
+        irregular exchange: the flags and sequence numbers): any report fails its test. The
+        others run one thread, where ThreadSanitizer has nothing to see that asan does not
   mpi   python tests/run_mpi.py [arguments after --]: Open MPI, the system's default
   mpich the user's install on MPICH (stage_mpich): mpi4py built against it in a venv of its
         own, zcoll from the checkout there, the collectives, reductions, irregular,
@@ -73,7 +73,14 @@ SANITIZERS = {
     "tsan": (
         "thread",
         {"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"},
-        ("test_arena", "test_barrier", "test_heap", "test_reduction", "test_vexchange"),
+        (
+            "test_arena",
+            "test_barrier",
+            "test_heap",
+            "test_protocol",
+            "test_reduction",
+            "test_vexchange",
+        ),
     ),
 }
 # Sanitized builds at -O1, as AddressSanitizer's and ThreadSanitizer's documentation advise:

@@ -166,7 +166,7 @@ TEST_CASE("agree: different operations, then differing arguments") {
         "zcoll.alltoall: order differs between ranks: rank 0 uses 'auto', rank 1 uses 'row'");
 }
 
-TEST_CASE("agree: matching calls pass; allocations may ask for different sizes") {
+TEST_CASE("agree: matching calls pass, allocations may ask for different sizes") {
   std::vector<call_record> same{collective(op_code::alltoall, 8), collective(op_code::alltoall, 8)};
   CHECK_NOTHROW(agree(same, op_code::alltoall));
   std::vector<call_record> allocs{collective(op_code::allocate, 100),

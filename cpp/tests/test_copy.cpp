@@ -341,7 +341,7 @@ TEST_CASE("copy_box matches a reference strided copy") {
   });
 }
 
-TEST_CASE("make_box simplifies once; copy_box of the shape copies the same bytes") {
+TEST_CASE("make_box simplifies once, copy_box of the shape copies the same bytes") {
   const std::vector<box_case> cases = {
       {{5, 7}, 8, {9, 11}, {6, 13}, {1, 1}, {1, 1}},
       {{6, 10}, 4, {6, 10}, {6, 10}, {1, 1}, {1, 1}},

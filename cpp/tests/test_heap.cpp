@@ -80,7 +80,7 @@ TEST_CASE("locate names a heap buffer that resolve maps back, until it is freed"
   heap::set_limits(heap::limits{});
 }
 
-TEST_CASE("a fork child's heap is its own; it maps its parent's through /proc") {
+TEST_CASE("a fork child's heap is its own, it maps its parent's through /proc") {
   auto* p = static_cast<unsigned char*>(heap::allocate(2 * mib, false));
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < 2 * mib; ++i) p[i] = static_cast<unsigned char>(i % 251);
