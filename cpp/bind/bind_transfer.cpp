@@ -10,6 +10,7 @@
 
 #include "arrays.hpp"
 #include "bindings.hpp"
+#include "context_class.hpp"
 #include "gil.hpp"
 #include "plans.hpp"
 #include "zcoll/exchange.hpp"
@@ -153,11 +154,34 @@ void start_transfer(bound_transfer& b, const py::object& send, const py::object&
   b.run_recv = recv;
 }
 
-}  // namespace
+// TransferPlan(): one run, on the plan's arrays or (`src` / `dst`) others for this run.
+py::object run_plan(bound_transfer& b, const py::object& send, const py::object& recv) {
+  if (send.is_none() && recv.is_none()) {
+    blocking(b, [](transfer_plan& p) { p.run(); });
+    return b.recv;
+  }
+  with_run_views(
+      b, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        blocking(b, [&](transfer_plan& p) {
+          p.start(s, r);
+          p.wait();
+        });
+      },
+      fail_run(b));
+  return recv.is_none() ? b.recv : recv;
+}
 
-void register_transfer(py::module_& m) {
-  auto cls = py::reinterpret_borrow<py::class_<node_context, std::shared_ptr<node_context>>>(
-      m.attr("NodeContext"));
+// TransferPlan.record(): this rank's call record of a run on these arrays.
+py::bytes run_record(bound_transfer& b, const py::object& send, const py::object& recv) {
+  return record_bytes(with_run_views(
+      b, send, recv,
+      [&](const array_view* s, const array_view* r) { return b.plan->describe_start(s, r); },
+      [](const std::string& why) { return error_record(arg_error::type, why); }));
+}
+
+// The node's part of a transfer, and its call record.
+void def_node_transfers(context_class& cls) {
   cls.def("transfer", &transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
           py::arg("axis_a"), py::arg("axis_b"), py::arg("order"), py::arg("copy") = auto_copy,
           "Collective: the node's blocks of a global transpose (see transfer.hpp).");
@@ -166,46 +190,23 @@ void register_transfer(py::module_& m) {
           py::arg("planned") = false,
           "Local: this rank's call record of a transfer (of a transfer plan's creation when "
           "planned), for agree() across nodes.");
+}
 
-  py::class_<bound_transfer> plan(m, "TransferPlan",
-                                  "A persistent transfer (see transfer_plan.hpp).");
+// TransferPlan's construction and runs.
+void def_transfer_runs(py::class_<bound_transfer>& plan) {
   plan.def(py::init(&make_transfer_plan), py::arg("context"), py::arg("src"), py::arg("dst"),
            py::arg("shape"), py::arg("axis_a"), py::arg("axis_b"), py::arg("order"),
-           py::arg("copy") = auto_copy)
-      .def(
-          "__call__",
-          [](bound_transfer& b, const py::object& send, const py::object& recv) {
-            if (send.is_none() && recv.is_none()) {
-              blocking(b, [](transfer_plan& p) { p.run(); });
-              return b.recv;
-            }
-            with_run_views(
-                b, send, recv,
-                [&](const array_view* s, const array_view* r) {
-                  blocking(b, [&](transfer_plan& p) {
-                    p.start(s, r);
-                    p.wait();
-                  });
-                },
-                fail_run(b));
-            return recv.is_none() ? b.recv : recv;
-          },
-          py::arg("src") = py::none(), py::arg("dst") = py::none(),
-          "Collective: one run; `src` / `dst` replace this rank's arrays for this run.")
-      .def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none())
-      .def(
-          "record",
-          [](bound_transfer& b, const py::object& send, const py::object& recv) {
-            return record_bytes(with_run_views(
-                b, send, recv,
-                [&](const array_view* s, const array_view* r) {
-                  return b.plan->describe_start(s, r);
-                },
-                [](const std::string& why) { return error_record(arg_error::type, why); }));
-          },
-          py::arg("src") = py::none(), py::arg("dst") = py::none(),
-          "Local: this rank's call record of a run on these arrays, for agree() across nodes.");
+           py::arg("copy") = auto_copy);
+  plan.def("__call__", &run_plan, py::arg("src") = py::none(), py::arg("dst") = py::none(),
+           "Collective: one run; `src` / `dst` replace this rank's arrays for this run.");
+  plan.def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none());
+  plan.def("record", &run_record, py::arg("src") = py::none(), py::arg("dst") = py::none(),
+           "Local: this rank's call record of a run on these arrays, for agree() across nodes.");
   def_plan_runs(plan);
+}
+
+// What a TransferPlan runs on: its arrays, geometry and order, and the arrays it may bind.
+void def_transfer_state(py::class_<bound_transfer>& plan) {
   plan.def_property_readonly("src", [](const bound_transfer& b) { return b.send; })
       .def_property_readonly("dst", [](const bound_transfer& b) { return b.recv; })
       .def_property_readonly("order",
@@ -233,6 +234,10 @@ void register_transfer(py::module_& m) {
           py::arg("a"),
           "Local: whether a run may bind `a` (C-contiguous, of this rank's shape and dtype) "
           "without staging: shared memory, or any array when the plan pulls.");
+}
+
+// The block rule of mpi4py-fft's decompositions.
+void register_block_share(py::module_& m) {
   m.def(
       "block_share",
       [](std::uint64_t n, int p, int rank) {
@@ -242,6 +247,18 @@ void register_transfer(py::module_& m) {
       },
       py::arg("n"), py::arg("p"), py::arg("rank"),
       "(count, start) of rank's block of n elements split over p ranks (mpi4py-fft's rule).");
+}
+
+}  // namespace
+
+void register_transfer(py::module_& m) {
+  context_class cls = bound_context(m);
+  def_node_transfers(cls);
+  py::class_<bound_transfer> plan(m, "TransferPlan",
+                                  "A persistent transfer (see transfer_plan.hpp).");
+  def_transfer_runs(plan);
+  def_transfer_state(plan);
+  register_block_share(m);
 }
 
 }  // namespace zcoll::bind
