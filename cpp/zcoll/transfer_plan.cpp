@@ -1,5 +1,6 @@
 #include "zcoll/transfer_plan.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -87,8 +88,12 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
     remote_.assign(static_cast<std::size_t>(size_), 0);
   }
   // Blocks differ in size: "auto" judges by the mean block, as for a plain transfer.
+  // A pulled run copies this rank's destination blocks, not its schedule segment: a rank whose
+  // segment is empty must still take its part (plan_base skips ranks that copy nothing).
+  std::size_t pulled = 0;
+  for (const block& b : into_me_) pulled += b.box.bytes();
   choose_copy(op_code::transfer, copy, recv.nbytes / static_cast<std::size_t>(g.comm_size),
-              recv.nbytes, copied_);
+              recv.nbytes, std::max(copied_, pulled));
   numbered();
 }
 
