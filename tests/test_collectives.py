@@ -1,8 +1,9 @@
 """alltoall and allgather, bit for bit against mpi4py's own collectives.
 
-Seeded random bytes (so every bit pattern, NaNs included) of every dtype family, block sizes 0,
-1, odd and large, every order, every communicator kind, arena and private buffers, in place or
-not. The reference is `comm.Alltoall` / `comm.Allgather` on byte views of the same data.
+Seeded random bytes (so every bit pattern, NaNs included) of every dtype family (from 4 ranks
+up, every item size: helpers.dtypes_for), block sizes 0, 1, odd and large, every order, every
+communicator kind, arena and private buffers, in place or not. The reference is
+`comm.Alltoall` / `comm.Allgather` on byte views of the same data.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by, random_bytes
+from helpers import (
+    PRIVATE_PATHS,
+    all_ranks_agree,
+    dtypes_for,
+    private_buffers_by,
+    random_bytes,
+)
 from helpers.collectives import (
     fill,
     make_buffer,
@@ -40,7 +47,7 @@ LARGE_COUNT = 70_001  # ~0.5-1 MiB blocks for 8-16 byte types
 def test_alltoall_matches_mpi(comm, order, mode):
     p = comm.size
     failures = []
-    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+    for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
         shape = (p, count)
         send = make_buffer(comm, shape, dtype, arena=mode == "arena")
         recv = make_buffer(comm, shape, dtype, arena=mode != "private")
@@ -57,7 +64,7 @@ def test_alltoall_matches_mpi(comm, order, mode):
 def test_alltoall_in_place_matches_mpi(comm, order, mode):
     p = comm.size
     failures = []
-    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+    for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
         buf = make_buffer(comm, (p, count), dtype, arena=mode == "arena")
         fill(buf, seeded(comm, tag, buf.nbytes))
         expected = reference_alltoall(comm, buf)
@@ -71,7 +78,7 @@ def test_alltoall_in_place_matches_mpi(comm, order, mode):
 @pytest.mark.parametrize("order", ORDERS)
 def test_allgather_matches_mpi(comm, order, mode):
     failures = []
-    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+    for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
         send = make_buffer(comm, (count,), dtype, arena=mode == "arena")
         recv = make_buffer(comm, (comm.size, count), dtype, arena=mode != "private")
         fill(send, seeded(comm, tag, send.nbytes))
@@ -91,12 +98,12 @@ PRIVATE_SIDES = {"both": (True, True), "send": (True, False), "recv": (False, Tr
 @pytest.mark.parametrize("op", ["alltoall", "allgather"])
 def test_private_buffers_match_mpi(comm, op, path, sides):
     """Plain NumPy buffers pulled by CMA or staged, whatever their size (order "auto"), on one
-    side or both: every dtype and count, bit for bit."""
+    side or both: every dtype (dtypes_for) and count, bit for bit."""
     private_send, private_recv = PRIVATE_SIDES[sides]
     p = comm.size
     failures = []
     with private_buffers_by(comm, path):
-        for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
             send_shape = (p, count) if op == "alltoall" else (count,)
             send = make_buffer(comm, send_shape, dtype, arena=not private_send)
             recv = make_buffer(comm, (p, count), dtype, arena=not private_recv)
@@ -152,7 +159,7 @@ def test_refused_cma_stages_on_every_rank(world):
 @pytest.mark.parametrize("order", ORDERS)
 def test_allgather_in_place_matches_mpi(comm, order, mode):
     failures = []
-    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+    for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
         mine = seeded(comm, tag, count * np.dtype(dtype).itemsize).view(dtype)
         buf = make_buffer(comm, (comm.size, count), dtype, arena=mode == "arena")
         fill(buf, random_bytes(tag, buf.nbytes))  # garbage everywhere but our own block

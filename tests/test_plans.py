@@ -10,7 +10,7 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, dtypes_for, private_buffers_by
 from helpers.collectives import (
     fill,
     make_buffer,
@@ -51,7 +51,7 @@ def _init(op: str):
 @pytest.mark.parametrize("order", ORDERS)
 def test_plan_matches_mpi_and_the_plain_call(comm, order, mode, op):
     failures = []
-    for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+    for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
         send, recv = _buffers(comm, op, dtype, count, mode)
         plain = np.empty_like(recv)
         with _init(op)(comm, send, recv, order=order) as plan:
@@ -70,10 +70,10 @@ def test_plan_matches_mpi_and_the_plain_call(comm, order, mode, op):
 @pytest.mark.parametrize("path", PRIVATE_PATHS)
 def test_plans_on_private_buffers(comm, path, mode, op):
     """Plans on plain NumPy buffers, pulled by CMA each run or shadowed in the arena, whatever
-    their size: every dtype and count, against MPI and the plain call, over runs."""
+    their size: every dtype (dtypes_for) and count, against MPI and the plain call, over runs."""
     failures = []
     with private_buffers_by(comm, path):
-        for tag, (dtype, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+        for tag, (dtype, count) in enumerate((d, c) for d in dtypes_for(comm) for c in COUNTS):
             send, recv = _buffers(comm, op, dtype, count, mode)
             with _init(op)(comm, send, recv) as plan:
                 for run in range(RUNS):

@@ -80,6 +80,25 @@ DTYPES = [
     np.clongdouble,
 ]  # fmt: skip
 
+#: From this many ranks up, byte-moving collectives' tests run one dtype per item size
+#: (dtypes_for).
+FEWER_DTYPES_FROM = 4
+
+
+def dtypes_for(comm) -> list:
+    """The dtypes a test of a collective that moves bytes (alltoall, allgather, their plans)
+    runs over on `comm`: every family of DTYPES below FEWER_DTYPES_FROM ranks, and above, the
+    first dtype of each item size. Such a collective sees a dtype only as its item size, so
+    dtypes of one size take one path at every P; the runs at P = 1-3 check every family, and
+    every block order, count and buffer kind still runs at every P. This halves the suite's
+    time at P = 8, where each call of an oversubscribed job costs a scheduler slice."""
+    if comm.size < FEWER_DTYPES_FROM:
+        return list(DTYPES)
+    first: dict[int, type] = {}
+    for dtype in DTYPES:
+        first.setdefault(np.dtype(dtype).itemsize, dtype)
+    return list(first.values())
+
 
 # Under tests/run_mpi.py --sanitize: ASan's allocator keeps freed memory in quarantine, so RSS
 # says nothing about zcoll's leaks there (the arena's own accounting still does).
