@@ -636,6 +636,16 @@ def test_reductions_of_private_inputs(comm, path, algorithm):
                 got = zcoll.reduce(comm, x, root=root, algorithm=algorithm)
                 if comm.rank == root and not np.array_equal(got, want):
                     failures.append((n, "reduce", root))
+                # The root's result given: plain (peers write their tiles by CMA), in the
+                # arena (peers write them in place) and in place at the root.
+                in_arena = zcoll.empty(comm, x.shape, x.dtype)  # collective
+                for out in ("plain", "arena", "in_place"):
+                    into = {"plain": np.zeros_like(x), "arena": in_arena, "in_place": x.copy()}
+                    mine = into[out]
+                    send = zcoll.IN_PLACE if out == "in_place" and comm.rank == root else x
+                    zcoll.reduce(comm, send, mine, root=root, algorithm=algorithm)
+                    if comm.rank == root and not np.array_equal(mine, want):
+                        failures.append((n, "reduce into", out, root))
             block = n // p
             want = np.empty(block, np.int64)
             comm.Reduce_scatter_block(x[: p * block], want, op=MPI.SUM)

@@ -204,14 +204,16 @@ void node_context::execute_bcast(const reduction_args& a) {
   if (!eager) protocol_.sync();  // the root's buffer (or staging) is read until here
 }
 
-void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len,
-                                    std::byte* work) {
+void node_context::fold_tile_by_pieces(const reduction_args& a, std::size_t off, std::size_t len,
+                                       std::byte* dst, std::uint64_t push_to) {
   const auto np = static_cast<std::size_t>(config_.size);
   const std::size_t esize = a.bytes / a.count;
   // Pieces small enough that a piece of every peer stays in cache between its read and the
-  // fold; whole elements, so each piece folds on its own.
+  // fold (and the folded piece between the fold and its write to the root); whole elements,
+  // so each piece folds on its own.
   const std::size_t piece = std::max<std::size_t>(esize, pull_piece_bytes / esize * esize);
-  pull_scratch_.resize(np * piece);
+  pull_scratch_.resize((np + 1) * piece);
+  std::byte* folded = pull_scratch_.data() + np * piece;
   srcs_.resize(np);
   pull_failure failed;
   for (std::size_t at = off; at < off + len; at += piece) {
@@ -226,9 +228,13 @@ void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, st
       const int err = cma_.read(static_cast<int>(j), into, refs_[j].offset + at, bytes);
       if (err && !failed.error) failed = {err, static_cast<int>(j)};
     }
-    reduce_fold(a.rop, a.type, work + at, srcs_.data(), config_.size, bytes / esize);
+    reduce_fold(a.rop, a.type, dst ? dst + at : folded, srcs_.data(), config_.size, bytes / esize);
+    if (dst) continue;
+    const int err = cma_.write(a.root_node, push_to + at, folded, bytes);
+    if (err && !failed.error) failed = {err, a.root_node};
   }
-  // A failed read spoils this rank's tile, which every rank copies: every rank raises it.
+  // A failed read spoils this rank's tile, which every rank copies, and a failed write the
+  // root's result: every rank raises it.
   auto& mine = protocol_.slot(config_.rank);
   mine.cma_error = failed.error;
   mine.cma_failed_from = failed.from;
@@ -251,7 +257,13 @@ struct node_context::resolved_reduction {
   std::size_t third = 0;       // bytes of each third of a staging partition (work buffers)
   bool stream = false;         // results written with streaming stores (the barriers fence)
   bool pull = false;           // private peers' inputs are pulled by CMA (tiled only)
-  copy_plan out_plan;          // how the wanted part is copied out
+  // A tiled reduce whose root published a result apart from its input: every rank writes its
+  // tile there, so the root copies nothing after the fold. In shared memory (`root_out`), or
+  // private and written by CMA (`push_to`: its address in the root's process).
+  std::byte* root_out = nullptr;
+  std::uint64_t push_to = 0;
+  bool peers_write_root() const { return root_out || push_to; }
+  copy_plan out_plan;  // how the wanted part is copied out
 
   // Node rank j's work buffer w (0 or 1), in its staging partition.
   std::byte* work(const node_segments& segments, int j, int w) const {
@@ -269,6 +281,17 @@ struct node_context::resolved_reduction {
   }
 };
 
+void node_context::find_root_result(resolved_reduction& r, const call_protocol::published& all,
+                                    bool may_pull) {
+  const reduction_args& a = r.a;
+  if (a.op != op_code::reduce || a.root_node < 0) return;
+  const buffer_ref out = all.line(a.root_node).recv;
+  if (out.segment)
+    r.root_out = segments_.resolve(out);
+  else if (out.offset && may_pull)  // the same verdict on every rank, as for pulling
+    r.push_to = out.offset;
+}
+
 void node_context::publish_reduction_input(const reduction_args& a, detail::rank_line& line,
                                            std::size_t parity, bool eager, bool may_pull,
                                            std::size_t third) {
@@ -278,7 +301,10 @@ void node_context::publish_reduction_input(const reduction_args& a, detail::rank
   line.call.root = static_cast<std::uint16_t>(a.op == op_code::reduce ? a.root : 0);
   line.call.dtype = a.dtype;
   line.call.block_bytes = a.bytes;
+  line.recv = {};
   if (!a.bytes || p == 1) return;
+  const bool apart = a.out + a.bytes <= a.input || a.input + a.bytes <= a.out;
+  if (a.op == op_code::reduce && a.out && apart) line.recv = segments_.locate(a.out, a.bytes);
   if (a.alg == reduce_algorithm::flat && eager) {  // the one-barrier path: inputs in the slots
     copy_bytes(eager_slot(me, parity), a.input, a.bytes);
     return;
@@ -347,6 +373,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   }
   r.third = third;
   resolve_inputs(a, refs_, third, r.pull);
+  if (alg == reduce_algorithm::tiled) find_root_result(r, all, may_pull);
   switch (alg) {
     case reduce_algorithm::flat:
       return reduce_flat(r);
@@ -402,26 +429,32 @@ void node_context::reduce_tiled(const resolved_reduction& r) {
     *from = first * r.esize;
     *bytes = (last - first) * r.esize;
   };
-  std::byte* mine = r.work(segments_, me, 0);
+  // The root of a reduce folds its own tile straight into its result, which no peer reads:
+  // one pass over the tile fewer than folding into the work buffer and copying out.
+  const bool direct = a.op == op_code::reduce && r.want_bytes &&
+                      (a.out + a.bytes <= a.input || a.input + a.bytes <= a.out);
+  std::byte* mine = direct ? a.out : r.root_out ? r.root_out : r.work(segments_, me, 0);
   std::size_t off = 0, len = 0;
   tile_of(me, &off, &len);
-  if (r.pull) {
-    fold_pulled_tile(a, off, len, mine);
+  if (r.pull || r.push_to) protocol_.slot(me).cma_error = 0;  // raise_failed_pulls reads it
+  if (r.pull || (r.push_to && !direct)) {
+    fold_tile_by_pieces(a, off, len, r.push_to && !direct ? nullptr : mine, r.push_to);
   } else if (len) {
     srcs_.resize(np);
     const void** from = srcs_.data();
     for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + off;
-    r.fold(mine + off, from, np, len / r.esize);
+    r.fold(mine + off, from, np, len / r.esize, direct || r.root_out);
   }
   protocol_.sync();  // every tile folded; no input is read after this
-  if (r.pull) raise_failed_pulls();
+  if (r.pull || r.push_to) raise_failed_pulls();
   if (a.op == op_code::reduce_scatter) {
     if (r.want_bytes) copy_bytes(a.out, mine + off, r.want_bytes);
     return;
   }
-  if (!r.want_bytes) return;
+  if (!r.want_bytes || r.peers_write_root()) return;
   for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
     const int j = (me + step) % p;
+    if (direct && j == me) continue;
     tile_of(j, &off, &len);
     if (len) copy_bytes(a.out + off, r.work(segments_, j, 0) + off, len, r.out_plan);
   }
