@@ -294,6 +294,61 @@ def test_results_default_to_arena_arrays(world):
     all_ranks_agree(world, ok, "recvbuf=None allocates in the arena")
 
 
+def _counting(monkeypatch, module, name: str) -> list[int]:
+    """Counts the calls of `module.name` (a Python path) in the returned one-element list."""
+    count = [0]
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        count[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return count
+
+
+@pytest.mark.parametrize("nbytes", [24, 96 * 1024])
+def test_an_omitted_recvbuf_takes_the_path_of_a_given_one(comm, monkeypatch, nbytes):
+    """A call without `recvbuf` allocates its result and then runs as the call given one: the
+    same number of runs of the Python paths (none on one node, once the communicator is
+    known), and MPI's bits. alltoall, allgather, allreduce, reduce, reduce_scatter_block;
+    small blocks and blocks beyond the round between nodes."""
+    from zcoll import _collectives, _reductions
+
+    p, count = comm.size, nbytes // 8
+    send = np.random.default_rng(comm.rank).integers(-99, 99, (p, count))
+    gather = reference_allgather(comm, send[0])
+    total = np.empty_like(send)
+    comm.Allreduce(send, total, op=MPI.SUM)
+    calls = {
+        "alltoall": (lambda r: zcoll.alltoall(comm, send, r), reference_alltoall(comm, send)),
+        "allgather": (lambda r: zcoll.allgather(comm, send[0], r), gather),
+        "allreduce": (lambda r: zcoll.allreduce(comm, send, r), total),
+        "reduce": (lambda r: zcoll.reduce(comm, send, r, root=p - 1), total),
+        "reduce_scatter_block": (
+            lambda r: zcoll.reduce_scatter_block(comm, send, r),
+            total[comm.rank],
+        ),
+    }
+    python_paths = (
+        _counting(monkeypatch, _collectives, "_exchange"),
+        _counting(monkeypatch, _reductions, "_reduction"),
+    )
+    failures = []
+    for name, (call, want) in calls.items():
+        call(np.empty_like(want))  # a first call may take the Python path, once
+        runs = []
+        for given in (True, False):
+            before = sum(c[0] for c in python_paths)
+            got = call(np.empty_like(want) if given else None)
+            runs.append(sum(c[0] for c in python_paths) - before)
+            if (got is not None or comm.rank == p - 1) and not same_bits(got, want):
+                failures.append((name, "given" if given else "omitted", "wrong result"))
+        if runs[0] != runs[1]:
+            failures.append((name, "Python path runs given / omitted", runs))
+    all_ranks_agree(comm, not failures, f"{failures}")
+
+
 def test_non_contiguous_sendbuf_is_copied(world):
     p = world.size
     base = np.arange(p * 4 * 2, dtype=np.int32).reshape(p, 8) + 1000 * world.rank

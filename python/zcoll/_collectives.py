@@ -108,11 +108,9 @@ def _round_carries(ctx: Context, recvbuf) -> bool:
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
-    """The Python path of every collective, for what `_fast` leaves to it: a first call, no
-    `recvbuf`, several nodes, online tuning, or an invalid option (raised on every rank)."""
+    """The Python path of every collective, for what `_fast` leaves to it: a first call,
+    several nodes, online tuning, or an invalid option (raised on every rank)."""
     ctx = lookup(comm)
-    if recvbuf is None:
-        recvbuf = _new_recvbuf(ctx, opname, sendbuf)
     if ctx.multi_node and opname == _ALLTOALL:
         alltoall_between_nodes(ctx, sendbuf, recvbuf, order, copy)
         return recvbuf
@@ -186,10 +184,9 @@ def alltoall(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout (see :func:`zcoll.set_timeout`).
     """
-    if (
-        recvbuf is not None
-        and _fast(_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy) is not None
-    ):
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(lookup(comm), _ALLTOALL, sendbuf)
+    if _fast(_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy) is not None:
         return recvbuf
     return _exchange(_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
@@ -229,9 +226,8 @@ def allgather(
     its node sends); larger ones rank to rank, or between the nodes' leaders (SC'05 concurrent
     exchange) where the tuning table's ``internode`` rules say so.
     """
-    if (
-        recvbuf is not None
-        and _fast(_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy) is not None
-    ):
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(lookup(comm), _ALLGATHER, sendbuf)
+    if _fast(_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy) is not None:
         return recvbuf
     return _exchange(_ALLGATHER, comm, sendbuf, recvbuf, order, copy)

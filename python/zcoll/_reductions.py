@@ -211,7 +211,9 @@ def allreduce(
     >>> total = zcoll.allreduce(comm, np.array([comm.rank]))           # doctest: +SKIP
     >>> zcoll.allreduce(comm, zcoll.IN_PLACE, x, op="max")             # doctest: +SKIP
     """
-    if recvbuf is not None and _fast(_ALLREDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, 0):
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_result(lookup(comm), "allreduce", _ALLREDUCE_CODE, sendbuf)
+    if _fast(_ALLREDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, 0):
         return recvbuf
     return _reduction(_ALLREDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, 0)
 
@@ -239,6 +241,8 @@ def reduce(
         here = comm.rank == root
     except Exception:  # noqa: BLE001 - not a usable communicator: _reduction says so everywhere
         here = None
+    if recvbuf is None and here:  # then the same path as with it
+        recvbuf = _new_result(lookup(comm), "reduce", _REDUCE_CODE, sendbuf)
     if (recvbuf is not None or here is False) and _fast(
         _REDUCE_CODE, comm, sendbuf, recvbuf, op, algorithm, root
     ):
@@ -264,9 +268,9 @@ def reduce_scatter_block(
     numpy.ndarray
         `recvbuf`.
     """
-    if recvbuf is not None and _fast(
-        _REDUCE_SCATTER_CODE, comm, sendbuf, recvbuf, op, algorithm, 0
-    ):
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_result(lookup(comm), "reduce_scatter_block", _REDUCE_SCATTER_CODE, sendbuf)
+    if _fast(_REDUCE_SCATTER_CODE, comm, sendbuf, recvbuf, op, algorithm, 0):
         return recvbuf
     return _reduction(_REDUCE_SCATTER_CODE, comm, sendbuf, recvbuf, op, algorithm, 0)
 
