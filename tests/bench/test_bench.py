@@ -214,18 +214,24 @@ def table_cell(header: str, line: str, title: str) -> str:
     return line[:end].split()[-1]
 
 
-def test_buffer_kinds_side_by_side_alltoall(outdir, capsys):
+@pytest.mark.parametrize("collective", ["alltoall", "alltoallv", "neighbor_alltoall"])
+def test_buffer_kinds_side_by_side(collective, outdir, capsys):
     """--buffers numpy,heap,arena: each zcoll method on each kind in one run (NAME@KIND, each
-    checked against MPI), MPI once; a summary line per kind; rows and metadata name the kind."""
+    checked against MPI), MPI once; a summary line per kind; rows and metadata name the kind.
+    The same for the irregular and neighbourhood benches (vcollectives), whose MPI/auto
+    column and auto summary follow the first kind's auto."""
     files = {k: outdir / f"kinds.{k}" for k in ("json", "csv")}
-    argv = ["alltoall", "--sizes", "8,100", "--orders", "row,auto", "--buffers", ",".join(KINDS)]
+    argv = [collective, "--sizes", "8,100", "--orders", "row,auto", "--buffers", ",".join(KINDS)]
     argv += ["--check", *FAST, *(f"--{k}={v}" for k, v in files.items())]
     assert run_main(argv) == 0
     out = capsys.readouterr().out
     names = [f"{order}@{kind}" for order in ("row", "auto") for kind in KINDS]
+    irregular = collective != "alltoall"
+    fields = vcollectives.FIELDS if irregular else collectives.FIELDS
 
     def check():
-        header = next(line for line in out.splitlines() if line.split()[:2] == ["block", "MPI"])
+        lines = out.splitlines()
+        header = next(line for line in lines if line.split()[:2] == ["block", "MPI"])
         assert header.split()[3 : 3 + len(names)] == names, header  # after "block MPI (us)"
         document = read_json(files["json"])
         rows = document["results"]
@@ -254,8 +260,16 @@ def test_buffer_kinds_side_by_side_alltoall(outdir, capsys):
                 f"geomean speedup of best @{kind} method over MPI: blocks <= 16 KiB: "
                 f"{got['small']:.2f}x, blocks >= 64 KiB: n/a; lowest {ratios[lowest]:.2f}x at "
             ) in out, out
+        if irregular:  # MPI/auto: the first kind's auto
+            assert header.split()[-1] == "MPI/auto@numpy", header
+            auto = [latency[b, "MPI"] / latency[b, "auto@numpy"] for b in (8, 100)]
+            for b, size in ((8, "8 B"), (100, "100 B")):
+                line = next(line for line in lines if line.startswith(f"{size:>9}"))
+                assert line.split()[-1] == f"{latency[b, 'MPI'] / latency[b, 'auto@numpy']:.2f}x"
+            assert meta["geomean_auto_speedup_small"] == pytest.approx(geometric_mean(auto))
+            assert "geomean speedup over MPI of auto@numpy: blocks <= 16 KiB: " in out, out
         table = read_csv(files["csv"])
-        assert list(table[0]) == list(collectives.FIELDS) and list(table[0])[-1] == "buffers"
+        assert list(table[0]) == list(fields) and "buffers" in fields
         assert {(r["method"], r["buffers"]) for r in table} == {("MPI", "")} | {
             (n, n.partition("@")[2]) for n in names
         }
@@ -317,7 +331,7 @@ def test_buffer_kinds_side_by_side_allreduce(outdir, capsys):
     on_root(check)
 
 
-@pytest.mark.parametrize("command", ["alltoall", "allreduce"])
+@pytest.mark.parametrize("command", ["alltoall", "allreduce", "alltoallv", "neighbor_allgather"])
 def test_buffer_kinds_usage(command, capsys):
     """An unknown kind is a usage error; a repeated one counts once."""
     assert run_main([command, "--buffers", "numpy,gpu"]) == 2

@@ -15,6 +15,7 @@ MPI needed)::
     mpiexec -n 2 python -m zcoll.bench alltoall --persistent --max 16K   # plans vs plain vs MPI
     mpiexec -n 4 python -m zcoll.bench alltoallv --max 64K --check       # uneven blocks
     mpiexec -n 4 python -m zcoll.bench neighbor_alltoallv --topology 3d  # periodic 3D grid
+    mpiexec -n 2 python -m zcoll.bench alltoallv --buffers numpy,heap,arena --check
     mpiexec -n 4 python -m zcoll.bench fft --sizes 64,128,256 --backend pyfftw --check
     mpiexec -n 2 python -m zcoll.bench copy --sizes 64K,16M --json copy.json
     mpiexec -n 2 python -m zcoll.bench setup --parts comm,pencil         # set-up costs
@@ -22,17 +23,19 @@ MPI needed)::
 
 For every block size (bytes per block, i.e. per pair of ranks) and every method -- the MPI
 library's ``comm.Alltoall`` / ``comm.Allgather`` on plain NumPy arrays, then zcoll with each
-(block order, copy mode) on arena arrays -- the latency reported is the largest over the ranks
-of each rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
+(block order, copy mode) on arena arrays (``--buffers``: plain or shared-heap NumPy arrays, or
+several kinds side by side) -- the latency reported is the largest over the ranks of each
+rank's mean per call. Iteration counts shrink as blocks grow and are capped by a time
 budget per measurement, so a whole sweep stays short. Only rank 0 prints and writes files.
 ``--persistent`` adds the persistent collectives beside the plain calls: a zcoll plan per method
 (``zcoll.alltoall_init``, run as ``plan()``), the MPI library's ``comm.Alltoall_init`` where it
 has one, and ``comm.Barrier`` for reference.
 
 Modules: :mod:`.common` (sizes and the warm timing loop from :mod:`zcoll._timing`, the cold
-loop, metadata), :mod:`.output` (``--json``, ``--csv``, ``--plot``), :mod:`.collectives`,
-:mod:`.vcollectives` (``alltoallv``, ``allgatherv``, ``neighbor_alltoall``,
-``neighbor_allgather``, ``neighbor_alltoallv``, ``neighbor_allgatherv``), :mod:`.fft`,
+loop, metadata, the kinds of ``--buffers``), :mod:`.output` (``--json``, ``--csv``,
+``--plot``), :mod:`.collectives`, :mod:`.vcollectives` (``alltoallv``, ``allgatherv``,
+``neighbor_alltoall``, ``neighbor_allgather``, ``neighbor_alltoallv``,
+``neighbor_allgatherv``), :mod:`.fft`,
 :mod:`.copy`, :mod:`.setup` (making and freeing communicators and plans), :mod:`.cachemiss`
 (simulated cache misses of the block orders, no MPI), :mod:`.plotting` (:func:`plot_results`
 for notebooks), :mod:`.cli`.

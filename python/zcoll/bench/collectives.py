@@ -35,9 +35,11 @@ from zcoll import _aggregated, _context, _core, _internode
 from zcoll._registry import ALLGATHER, ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
 
 from .common import (
+    ARENA_BUFFERS,
     BENCH_METHODS,
     COLD_ITERATIONS,
     KIB,
+    KIND_SEPARATOR,
     MEMCPY_METHOD,
     MIB,
     MIN_ITERATIONS,
@@ -46,6 +48,7 @@ from .common import (
     PERSISTENT_SUFFIX,
     CacheFlusher,
     Reporter,
+    add_buffers_option,
     budget_cold_iterations,
     budget_iterations,
     cold_iteration_seconds,
@@ -54,12 +57,15 @@ from .common import (
     default_iterations,
     format_size,
     geomean,
+    kind_name,
+    make_buffers,
     measure,
     measure_cold,
     median,
     mpi_library,
     node_layout,
     now_iso,
+    parse_buffer_kinds,
     parse_choices,
     parse_size,
     parse_sizes,
@@ -71,11 +77,13 @@ from .output import write_outputs
 
 __all__ = [
     "ALL_ORDERS",
+    "BLOCK_RANGES",
     "FIELDS",
     "CheckError",
     "ZcollMethod",
     "internode_methods",
     "is_persistent",
+    "buffers_summary_line",
     "mpi_persistent_missing",
     "parse_buffer_kinds",
     "parse_copy_modes",
@@ -95,11 +103,10 @@ LARGE_BLOCKS = 64 * KIB  # ... and over blocks >= this
 PAIRED_ROUNDS = 7  # rounds of the paired bandwidth measurement: best zcoll method, then memcpy
 PAIRED_MIN_ITERATIONS = 5  # per timed loop of a round
 PAIRED_WARMUP = 2  # untimed calls before each timed loop of a round
-ARENA_BUFFERS = "arena"  # --buffers: zcoll on arena arrays (zcoll.empty) ...
-NUMPY_BUFFERS = "numpy"  # ... or on plain NumPy arrays
-HEAP_BUFFERS = "heap"  # ... or on NumPy arrays allocated with zcoll.use_shared_heap()
-BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS, HEAP_BUFFERS)
-KIND_SEPARATOR = "@"  # several --buffers: method NAME@KIND (auto@numpy)
+#: The summary's two ranges of block sizes, a ``{}`` for each geometric mean.
+BLOCK_RANGES = (
+    f"blocks <= {format_size(SMALL_BLOCKS)}: {{}}, blocks >= {format_size(LARGE_BLOCKS)}: {{}}"
+)
 #: Columns of ``--csv`` (and keys of each JSON row); the first seven are the original schema,
 #: later ones are only ever appended.
 FIELDS = (
@@ -133,17 +140,6 @@ def parse_orders(text: str) -> list[str]:
 def parse_copy_modes(text: str) -> list[str]:
     """Parse a comma-separated list of copy modes (``"auto,streaming"``), in order."""
     return parse_choices(text, ALL_COPY_MODES, "copy mode(s)")
-
-
-def parse_buffer_kinds(text: str) -> list[str]:
-    """Parse a comma-separated list of buffer kinds (``"numpy,heap,arena"``), in order."""
-    return parse_choices(text, BUFFER_KINDS, "buffer kind(s)")
-
-
-def kind_name(name: str, kind: str, kinds: Sequence[str]) -> str:
-    """Method `name` on buffers of `kind`: ``NAME@KIND`` when several `kinds` are timed, else
-    `name` unchanged."""
-    return f"{name}{KIND_SEPARATOR}{kind}" if len(kinds) > 1 else name
 
 
 @dataclass(frozen=True)
@@ -529,15 +525,6 @@ class BlockCase:
             if not self.comm.allreduce(same, op=MPI.LAND):
                 failed.append(name)
         return failed
-
-
-def make_buffers(comm, kind: str, send_shape, recv_shape) -> tuple[np.ndarray, np.ndarray]:
-    """A send and a (zeroed) receive byte array of buffer `kind` (see :class:`BlockCase`)."""
-    if kind == ARENA_BUFFERS:
-        return zcoll.empty(comm, send_shape, np.uint8), zcoll.zeros(comm, recv_shape, np.uint8)
-    # "numpy" turns the heap off too: plain arrays even under ZCOLL_SHARED_HEAP=1.
-    with zcoll.use_shared_heap(kind == HEAP_BUFFERS):
-        return np.empty(send_shape, np.uint8), np.zeros(recv_shape, np.uint8)
 
 
 def _plain_call(fn, comm, send, recv, order: str, copy: str):
@@ -1023,9 +1010,7 @@ def run_collective(comm: MPI.Comm, args: argparse.Namespace) -> int:
         for record in sweep.bandwidth:
             report(bandwidth_row(record, args))
     speedups = geomean_speedups(sweep.by_block)
-    ranges = (
-        f"blocks <= {format_size(SMALL_BLOCKS)}: {{}}, blocks >= {format_size(LARGE_BLOCKS)}: {{}}"
-    )
+    ranges = BLOCK_RANGES
     report(
         "geomean speedup of best method over MPI: "
         + ranges.format(times(speedups["small"]), times(speedups["large"]))
@@ -1146,16 +1131,7 @@ def add_collective_options(parser: argparse.ArgumentParser) -> None:
         "pair, TPDS'18 MN-CO) and xn:direct (rank to rank); allgather xn:direct and the "
         "leaders' concurrent exchange xn:C=1,2,4 (SC'05), and phase:* (that part alone)",
     )
-    parser.add_argument(
-        "--buffers",
-        type=parse_buffer_kinds,
-        default=[ARENA_BUFFERS],
-        metavar="KIND[,KIND...]",
-        help="zcoll's buffers: arena (zcoll.empty), numpy (plain arrays, as an mpi4py program "
-        "has them: pulled by CMA, or staged when small) or heap (plain arrays allocated with "
-        "zcoll.use_shared_heap(): used in place); several time each method on each kind in "
-        "the same run, named NAME@KIND, with a summary per kind (default arena)",
-    )
+    add_buffers_option(parser)
     parser.add_argument(
         "--persistent",
         action="store_true",

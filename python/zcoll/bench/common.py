@@ -7,6 +7,7 @@ iteration counts, the warm (OSU) timing loop and the rank-0 reporter. The ``--js
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import math
 import shlex
@@ -39,25 +40,34 @@ from zcoll._timing import (
 )
 
 __all__ = [
+    "ARENA_BUFFERS",
+    "BUFFER_KINDS",
+    "HEAP_BUFFERS",
     "KIB",
+    "KIND_SEPARATOR",
     "MEMCPY_METHOD",
     "MIB",
     "MIN_ITERATIONS",
     "MPI_METHOD",
     "MPI_PERSISTENT_METHOD",
+    "NUMPY_BUFFERS",
     "PERSISTENT_SUFFIX",
     "CacheFlusher",
     "Reporter",
+    "add_buffers_option",
     "budget_cold_iterations",
     "budget_iterations",
     "common_metadata",
     "default_iterations",
     "format_size",
+    "kind_name",
+    "make_buffers",
     "measure",
     "measure_cold",
     "median",
     "mpi_library",
     "node_layout",
+    "parse_buffer_kinds",
     "parse_choices",
     "parse_size",
     "parse_sizes",
@@ -76,6 +86,61 @@ COLD_ITERATIONS = 20  # cold-cache default: each iteration flushes tens of MiB
 COLD_MIN_ITERATIONS = 5  # the time budget never cuts a cold measurement below this
 FLUSH_FACTOR = 2  # a node's ranks together sweep this many times its last-level cache
 BENCH_METHODS = ("warm", "cold")
+ARENA_BUFFERS = "arena"  # --buffers: zcoll on arena arrays (zcoll.empty) ...
+NUMPY_BUFFERS = "numpy"  # ... or on plain NumPy arrays
+HEAP_BUFFERS = "heap"  # ... or on NumPy arrays allocated with zcoll.use_shared_heap()
+BUFFER_KINDS = (ARENA_BUFFERS, NUMPY_BUFFERS, HEAP_BUFFERS)
+KIND_SEPARATOR = "@"  # several --buffers: method NAME@KIND (auto@numpy)
+#: ``--buffers``' help for the byte-moving collectives (alltoall, allgather, the v and
+#: neighbourhood ones); the reductions say what they do with the result instead.
+BUFFERS_HELP = (
+    "zcoll's buffers: arena (zcoll.empty), numpy (plain arrays, as an mpi4py program has them: "
+    "pulled by CMA, or staged when small) or heap (plain arrays allocated with "
+    "zcoll.use_shared_heap(): used in place); several time each method on each kind in the "
+    "same run, named NAME@KIND, with a summary per kind (default arena)"
+)
+
+
+# --- kinds of buffers (--buffers) ----------------------------------------------------------------
+
+
+def parse_buffer_kinds(text: str) -> list[str]:
+    """Parse a comma-separated list of buffer kinds (``"numpy,heap,arena"``), in order."""
+    return parse_choices(text, BUFFER_KINDS, "buffer kind(s)")
+
+
+def kind_name(name: str, kind: str, kinds: Sequence[str]) -> str:
+    """Method `name` on buffers of `kind`: ``NAME@KIND`` when several `kinds` are timed, else
+    `name` unchanged."""
+    return f"{name}{KIND_SEPARATOR}{kind}" if len(kinds) > 1 else name
+
+
+def make_buffers(
+    comm: MPI.Comm, kind: str, send_shape, recv_shape, dtype=np.uint8, arena_recv: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
+    """A send and a (zeroed) receive array of buffer `kind`: in the node's arena ("arena":
+    ``zcoll.empty``/``zcoll.zeros``; the receive array a plain one unless `arena_recv`),
+    ordinary NumPy arrays as an mpi4py program has them ("numpy"), or NumPy arrays on the
+    shared heap ("heap": allocated under ``zcoll.use_shared_heap()``). Collective for
+    "arena" (the arena allocates collectively), local otherwise."""
+    if kind == ARENA_BUFFERS:
+        send = zcoll.empty(comm, send_shape, dtype)
+        recv = zcoll.zeros(comm, recv_shape, dtype) if arena_recv else np.zeros(recv_shape, dtype)
+        return send, recv
+    # "numpy" turns the heap off too: plain arrays even under ZCOLL_SHARED_HEAP=1.
+    with zcoll.use_shared_heap(kind == HEAP_BUFFERS):
+        return np.empty(send_shape, dtype), np.zeros(recv_shape, dtype)
+
+
+def add_buffers_option(parser: argparse.ArgumentParser, help_text: str = BUFFERS_HELP) -> None:
+    """``--buffers KIND[,KIND...]`` (default arena; :func:`parse_buffer_kinds`)."""
+    parser.add_argument(
+        "--buffers",
+        type=parse_buffer_kinds,
+        default=[ARENA_BUFFERS],
+        metavar="KIND[,KIND...]",
+        help=help_text,
+    )
 
 
 # --- cold-cache timing (TPDS'18 Fig. 9) --------------------------------------------------------

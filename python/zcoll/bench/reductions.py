@@ -35,27 +35,23 @@ from zcoll import _aggregated, _context, _core
 from zcoll._registry import AUTO, TEMPORAL
 from zcoll._timing import REWRITE, after_rewrite, parse_size
 
-from .collectives import (
-    ARENA_BUFFERS,
-    HEAP_BUFFERS,
-    KIND_SEPARATOR,
-    NUMPY_BUFFERS,
-    Call,
-    Timer,
-    add_size_options,
-    kind_name,
-    parse_buffer_kinds,
-)
+from .collectives import Call, Timer, add_size_options
 from .common import (
+    ARENA_BUFFERS,
     KIB,
+    KIND_SEPARATOR,
     MEMCPY_METHOD,
     MIB,
     MPI_METHOD,
+    NUMPY_BUFFERS,
     Reporter,
+    add_buffers_option,
     command_line,
     common_metadata,
     format_size,
     geomean,
+    kind_name,
+    make_buffers,
     mpi_library,
     node_layout,
     now_iso,
@@ -121,11 +117,7 @@ class SizeCase:
         #: Kind -> (send, result) arrays of zcoll's methods on that kind.
         self.zbuffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for kind in kinds:
-            if kind == ARENA_BUFFERS:
-                zsend, zrecv = zcoll.empty(comm, n, np.float64), np.zeros(n)
-            else:
-                with zcoll.use_shared_heap(kind == HEAP_BUFFERS):
-                    zsend, zrecv = np.empty(n), np.zeros(n)
+            zsend, zrecv = make_buffers(comm, kind, n, n, np.float64, arena_recv=False)
             zsend[:] = self.source
             self.zbuffers[kind] = (zsend, zrecv)
         self.msend = np.array(self.source)
@@ -489,12 +481,9 @@ def summary_lines(command: str, summary: dict, at: str = "") -> list[str]:
 
 def add_reduction_options(parser: argparse.ArgumentParser) -> None:
     """The options of ``allreduce``, ``reduce``, ``bcast`` and ``barrier``."""
-    parser.add_argument(
-        "--buffers",
-        type=parse_buffer_kinds,
-        default=[ARENA_BUFFERS],
-        metavar="KIND[,KIND...]",
-        help="zcoll's input: arena (zcoll.empty; the result a plain array), numpy (both plain) "
+    add_buffers_option(
+        parser,
+        "zcoll's input: arena (zcoll.empty; the result a plain array), numpy (both plain) "
         "or heap (both allocated with zcoll.use_shared_heap()); several time each algorithm "
         "on each kind in the same rounds, named NAME@KIND, with the speedups, auto/best and "
         "the algorithm auto ran per kind (default arena)",

@@ -2,8 +2,10 @@
 
 For every nominal block size and every method -- mpi4py's ``comm.Alltoallv`` /
 ``comm.Allgatherv`` / ``comm.Neighbor_alltoall`` ... on plain NumPy arrays, then zcoll with
-each (block order, copy mode) on arena arrays -- the latency of a call, warm (OSU) or cold
-(TPDS'18 Fig. 9), timed as ``alltoall`` is (:class:`~zcoll.bench.collectives.Timer`).
+each (block order, copy mode) on arena arrays (``--buffers``: on plain or shared-heap NumPy
+arrays, or on several kinds side by side, as ``alltoall`` does) -- the latency of a call, warm
+(OSU) or cold (TPDS'18 Fig. 9), timed as ``alltoall`` is
+(:class:`~zcoll.bench.collectives.Timer`).
 
 The blocks are uneven, as the ``v`` collectives are for: every count (bytes; the buffers are
 ``uint8``) is drawn uniformly from ``--spread`` (0.5 to 1.5 times the nominal block by
@@ -23,7 +25,9 @@ The neighbourhood collectives run on a periodic Cartesian communicator, ``--topo
 
 The table shows per block size each method's latency, the fastest zcoll method, MPI's
 latency over the fastest method's and over ``auto``'s; the summary, their geometric means over
-blocks of at most 16 KiB and over larger ones.
+blocks of at most 16 KiB and over larger ones. With several kinds of ``--buffers`` every method
+runs on each (``NAME@KIND``), the ``auto`` column is the first kind's, and the summary adds a
+line per kind as ``alltoall``'s does (:func:`~zcoll.bench.collectives.speedups_by_buffers`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import math
 import socket
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 from mpi4py import MPI
@@ -53,6 +58,7 @@ from zcoll._registry import (
 from . import collectives
 from .collectives import (
     ALL_ORDERS,
+    BLOCK_RANGES,
     IRREGULAR_AGGREGATION_METHODS,
     BlockCase,
     Call,
@@ -61,9 +67,11 @@ from .collectives import (
     add_timing_options,
     aggregated_call,
     best_order,
+    buffers_summary_line,
     measure_block,
     parse_copy_modes,
     parse_orders,
+    speedups_by_buffers,
     zcoll_methods,
 )
 from .common import (
@@ -71,10 +79,13 @@ from .common import (
     MIB,
     MPI_METHOD,
     Reporter,
+    add_buffers_option,
     command_line,
     common_metadata,
     format_size,
     geomean,
+    kind_name,
+    make_buffers,
     mpi_library,
     node_layout,
     now_iso,
@@ -179,12 +190,14 @@ def _zcoll_call(fn, comm, send, recv, order: str, copy: str):
 class VCase(BlockCase):
     """The buffers and calls of every method for one collective and nominal block size.
 
-    zcoll's buffers live in the node's arena, each rank filling its own; MPI gets plain NumPy
-    arrays with the same data. Buffer specifications are mpi4py's (``[array, (counts,
-    displs)]``), in bytes. An ``alltoall`` :class:`~zcoll.bench.collectives.BlockCase` in all
-    but its buffers and calls, timed and checked as one (``check``: every method's receive
-    buffer, first set to the complement of MPI's result, must equal MPI's bit for bit; the
-    blocks tile the receive buffers, so every byte must be written).
+    zcoll's buffers are of the kinds its `methods` name (arena, numpy, heap: see
+    :func:`~zcoll.bench.common.make_buffers`), a send and a receive array of each; MPI gets
+    plain NumPy arrays; all hold the same data. Buffer specifications are mpi4py's
+    (``[array, (counts, displs)]``), in bytes. An ``alltoall``
+    :class:`~zcoll.bench.collectives.BlockCase` in all but its buffers and calls, timed and
+    checked as one (``check``: every method's receive buffer, first set to the complement of
+    MPI's result, must equal MPI's bit for bit; the blocks tile the receive buffers, so every
+    byte must be written).
     """
 
     def __init__(self, comm, collective: str, block: int, methods, args, rng) -> None:
@@ -223,32 +236,42 @@ class VCase(BlockCase):
             recv_shape: tuple[int, ...] = (len(neighbours), block)
         else:
             send_shape, recv_shape = (nsend,), (nrecv,)
-        self.zsend = zcoll.empty(comm, send_shape, np.uint8)
-        self.zsend[...] = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
-        self.zrecv = zcoll.zeros(comm, recv_shape, np.uint8)
-        self.msend = np.array(self.zsend)
+        data = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
+        self.msend = np.array(data)
         self.mrecv = np.zeros(recv_shape, np.uint8)
         self.received_bytes = comm.allreduce(nrecv)
-        zsend: object = self.zsend  # the arrays, or buffer specifications [array, (c, d)]
-        zrecv: object = self.zrecv
-        msend: object = self.msend
-        mrecv: object = self.mrecv
-        if collective in (ALLGATHERV, NEIGHBOR_ALLGATHERV):  # one send block, counts in recv
-            recv_spec = (recv_counts, displacements(recv_counts))
-            zrecv, mrecv = [self.zrecv, recv_spec], [self.mrecv, recv_spec]
-        elif not regular:
-            send_spec = (send_counts, displacements(send_counts))
-            recv_spec = (recv_counts, displacements(recv_counts))
-            zsend, zrecv = [self.zsend, send_spec], [self.zrecv, recv_spec]
-            msend, mrecv = [self.msend, send_spec], [self.mrecv, recv_spec]
+        send_spec = (send_counts, displacements(send_counts))
+        recv_spec = (recv_counts, displacements(recv_counts))
+        specify = functools.partial(_specs, collective, send_spec, recv_spec)
+        msend, mrecv = specify(self.msend, self.mrecv)
         mpi = functools.partial(getattr(comm, MPI_NAMES[collective]), msend, mrecv)
         self.calls = {MPI_METHOD: Call(mpi, (self.msend, self.mrecv), self.mrecv)}
+        #: Kind -> (send, receive) arrays of zcoll's methods on that kind.
+        self.zbuffers: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        specs = {}
+        for kind in dict.fromkeys(m.buffers for m in methods):
+            zsend, zrecv = make_buffers(comm, kind, send_shape, recv_shape)
+            zsend[...] = data
+            self.zbuffers[kind] = (zsend, zrecv)
+            specs[kind] = specify(zsend, zrecv)
         fn = getattr(zcoll, collective)
         for m in methods:
-            call = _zcoll_call(fn, comm, zsend, zrecv, m.order, m.copy)
+            zsend, zrecv = self.zbuffers[m.buffers]
+            call = _zcoll_call(fn, comm, *specs[m.buffers], m.order, m.copy)
             if m.aggregate is not None:  # --between-nodes: forced one way
                 call = aggregated_call(call, m.aggregate, comm, None)
-            self.calls[m.name] = Call(call, (self.zsend, self.zrecv), self.zrecv)
+            self.calls[m.name] = Call(call, (zsend, zrecv), zrecv)
+
+
+def _specs(collective: str, send_spec, recv_spec, send, recv) -> tuple[object, object]:
+    """The send and receive arguments of `collective` on `send` and `recv`: the arrays
+    (neighbor_alltoall, neighbor_allgather), or mpi4py's buffer specifications ``[array,
+    (counts, displs)]`` with the packed counts and displacements of `send_spec`/`recv_spec`."""
+    if collective in (ALLGATHERV, NEIGHBOR_ALLGATHERV):  # one send block, counts in recv
+        return send, [recv, recv_spec]
+    if collective in (NEIGHBOR_ALLTOALL, NEIGHBOR_ALLGATHER):  # arrays of blocks
+        return send, recv
+    return [send, send_spec], [recv, recv_spec]
 
 
 def _neighbours(comm) -> list[int]:
@@ -268,27 +291,37 @@ def _width(names: Sequence[str]) -> int:
     return max([10, *(len(n) + 2 for n in names)])
 
 
-def table_header(names: Sequence[str]) -> str:
-    """Column titles: latencies in µs, then the fastest zcoll method and the speedups."""
+def _auto_width(auto: str) -> int:
+    return max(10, len(auto) + 6)  # "MPI/" + auto + 2
+
+
+def table_header(names: Sequence[str], auto: str = AUTO) -> str:
+    """Column titles: latencies in µs, then the fastest zcoll method and the speedups (`auto`:
+    the method of the last column, ``auto`` or with several kinds ``auto@KIND``)."""
     width = _width(names)
     titles = "".join(f"{name:>{width}}" for name in names)
-    return f"{'block':>9}{'MPI (us)':>11}{titles}{'best':>{width}}{'MPI/best':>10}{'MPI/auto':>10}"
+    return (
+        f"{'block':>9}{'MPI (us)':>11}{titles}{'best':>{width}}{'MPI/best':>10}"
+        f"{'MPI/' + auto:>{_auto_width(auto)}}"
+    )
 
 
-def table_row(block: int, latencies: dict[str, float], names: Sequence[str]) -> str:
+def table_row(
+    block: int, latencies: dict[str, float], names: Sequence[str], auto: str = AUTO
+) -> str:
     width = _width(names)
     best = best_order(latencies)
     cells = "".join(f"{latencies[name]:{width}.2f}" for name in names)
     mpi = latencies[MPI_METHOD]
-    auto = times(mpi / latencies[AUTO]) if AUTO in latencies else "n/a"
+    over_auto = times(mpi / latencies[auto]) if auto in latencies else "n/a"
     return (
         f"{format_size(block):>9}{mpi:11.2f}{cells}{best:>{width}}"
-        f"{times(mpi / latencies[best]):>10}{auto:>10}"
+        f"{times(mpi / latencies[best]):>10}{over_auto:>{_auto_width(auto)}}"
     )
 
 
-def summarise(by_block: dict[int, dict[str, float]]) -> dict[str, float | None]:
-    """Geometric means of MPI / fastest zcoll method (``speedup_*``) and of MPI / auto
+def summarise(by_block: dict[int, dict[str, float]], auto: str = AUTO) -> dict[str, float | None]:
+    """Geometric means of MPI / fastest zcoll method (``speedup_*``) and of MPI / `auto`
     (``auto_speedup_*``) over blocks <= 16 KiB (``*_small``) and larger ones (``*_large``);
     None where no block (or no auto) falls in a range."""
     ranges = {"small": lambda b: b <= SMALL_BLOCKS, "large": lambda b: b > SMALL_BLOCKS}
@@ -299,7 +332,7 @@ def summarise(by_block: dict[int, dict[str, float]]) -> dict[str, float | None]:
             by_block[b][MPI_METHOD] / by_block[b][best_order(by_block[b])] for b in blocks
         )
         out[f"auto_speedup_{label}"] = geomean(
-            by_block[b][MPI_METHOD] / by_block[b][AUTO] for b in blocks if AUTO in by_block[b]
+            by_block[b][MPI_METHOD] / by_block[b][auto] for b in blocks if auto in by_block[b]
         )
     return out
 
@@ -338,8 +371,11 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
     now, command = now_iso(), command_line(args)
     timer = Timer(bench_comm, args, layout[2])
     if args.between_nodes and _context.context(comm).multi_node:
-        args.methods = [*args.methods, *IRREGULAR_AGGREGATION_METHODS]
+        # They force a path of the call rather than time a kind of buffer: on the first kind.
+        added = (replace(m, buffers=args.buffers[0]) for m in IRREGULAR_AGGREGATION_METHODS)
+        args.methods = [*args.methods, *added]
     names = [m.name for m in args.methods]
+    auto = kind_name(AUTO, args.buffers[0], args.buffers)  # the table's MPI/auto: first kind
     uneven = collective not in (NEIGHBOR_ALLTOALL, NEIGHBOR_ALLGATHER)
     mpi_call = f"comm.{MPI_NAMES[collective]}"
     report(f"# zcoll.bench {collective} | {now} | host {socket.gethostname()} | {command}")
@@ -355,7 +391,7 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
             f"# uneven blocks: counts uniform in [{low:g}, {high:g}] x block, {args.zeros:.0%} "
             f"of them 0 (seed {args.seed}); 'block' is the nominal size"
         )
-    report(table_header(names))
+    report(table_header(names, auto))
     rng = np.random.default_rng([args.seed, comm.rank])
     rows: list[dict] = []
     by_block: dict[int, dict[str, float]] = {}
@@ -380,21 +416,25 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
                 row["topology"] = topology
             rows += block_rows
             by_block[block] = {row["method"]: row["latency_us"] for row in block_rows}
-            report(table_row(block, by_block[block], names))
+            report(table_row(block, by_block[block], names, auto))
     finally:
         report.close()
-    summary = summarise(by_block)
+    summary = summarise(by_block, auto)
     small, large = f"blocks <= {format_size(SMALL_BLOCKS)}", f"> {format_size(SMALL_BLOCKS)}"
     report(
         f"geomean speedup over MPI of the best method: {small}: "
         f"{times(summary['speedup_small'])}, {large}: {times(summary['speedup_large'])}"
     )
-    if AUTO in names:
+    if auto in names:
         report(
-            f"geomean speedup over MPI of auto: {small}: "
+            f"geomean speedup over MPI of {auto}: {small}: "
             f"{times(summary['auto_speedup_small'])}, {large}: "
             f"{times(summary['auto_speedup_large'])}"
         )
+    by_buffers = speedups_by_buffers(by_block, args.methods)
+    if len(args.buffers) > 1:
+        for kind, kind_speedups in by_buffers.items():
+            report(buffers_summary_line(kind, kind_speedups, BLOCK_RANGES))
     report(where(comm, layout))
     report(f"MPI library: {mpi_library()}")
     if comm.rank == 0:
@@ -404,6 +444,7 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
             "bench_method": args.method,
             "mpi_call": mpi_call,
             "orders": list(args.orders),
+            "buffers": list(args.buffers),
             "copy_modes": list(args.copies),
             "topology": topology,
             "periodic": topology is not None,
@@ -412,6 +453,7 @@ def _run(comm, bench_comm, args, report: Reporter, topology: str | None) -> int:
             "seed": args.seed,
             "small_blocks": SMALL_BLOCKS,
             **{f"geomean_{key}": value for key, value in summary.items()},
+            "speedup_by_buffers": by_buffers,
         }
         write_outputs(args, rows, metadata, FIELDS)
     return 0
@@ -466,6 +508,7 @@ def add_vcollective_options(parser: argparse.ArgumentParser) -> None:
         "also time every block between nodes carried in the round's messages (xn:aggregated) "
         "and every one rank to rank (xn:direct); auto follows the size rule per block",
     )
+    add_buffers_option(parser)
     parser.set_defaults(persistent=False)
 
 
@@ -483,4 +526,4 @@ def finish_vcollective_args(parser: argparse.ArgumentParser, args: argparse.Name
         cartesian_dims(MPI.COMM_WORLD.size, args.topology)
     except ValueError as exc:
         parser.error(str(exc))
-    args.methods = zcoll_methods(args.orders, args.copies)
+    args.methods = zcoll_methods(args.orders, args.copies, buffers=args.buffers)
