@@ -65,12 +65,13 @@ def cases(seed, dtypes, few):
     # The size rule, every block in the round, none in it; each communicator, every dtype on
     # WORLD and `few` on the others.
     for forced in (None, True, False):
-        _aggregated.force(forced)
         for name, comm in comms.items():
+            _aggregated.force(comm, forced)
             rng = np.random.default_rng(seed + comm.rank)
             for dt in dtypes if name == "world" else few:
                 yield forced, name, comm, rng, dt
-    _aggregated.force(None)
+    for comm in comms.values():
+        _aggregated.force(comm, None)
 """
 _JOB_TAIL = """
 everyone = world.gather(bad, root=0)
@@ -93,10 +94,10 @@ CHECK_JOB = _checking_job(
     paths = [(True, "aggregated", None), (False, "direct", None)]
     paths += [(True, "in shares", 0), (True, "alone", 2**64 - 1)]
     for aggregate, path, packs in paths:
-        _aggregated.force(aggregate)
         if packs is not None:
             core.set_sender_packs_bytes(packs)
         for name, comm in comms.items():
+            _aggregated.force(comm, aggregate)
             if packs is not None and name != "world":
                 continue
             p = comm.size
@@ -196,8 +197,8 @@ RED_CHECK_JOB = _checking_job(
                 check((forced, name, dt, count, "bcast", root), b, expect)
     # Past the limit with the messages cut into short segments (17 lines: a ring that wraps,
     # a short last one), on each communicator, in place and not, roots on every node.
-    previous = _aggregated.spread_segment(17 * 64)
     for name, comm in comms.items():
+        _aggregated.spread_segment(comm, 17 * 64)
         p, r = comm.size, comm.rank
         rng = np.random.default_rng(29 + r)
         for dt in ("i1", "f8"):
@@ -250,7 +251,8 @@ RED_CHECK_JOB = _checking_job(
             y = x.copy()
             zcoll.reduce_scatter_block(comm, zcoll.IN_PLACE, y)
             check(what + ("reduce_scatter_block in place",), y[:block], mine)
-    _aggregated.spread_segment(previous)
+    for comm in comms.values():
+        _aggregated.spread_segment(comm, None)
     # A size that differs on the last rank (small, and straddling the limit): every rank
     # raises ValueError, no result written, the communicator works afterwards.
     p, r = world.size, world.rank
@@ -339,8 +341,8 @@ V_CHECK_JOB = _checking_job(
         return choices[rng.choice(6, (p, p), p=[0.2, 0.25, 0.2, 0.2, 0.075, 0.075])]
 
     for forced in (None, True, False):  # the size rule, all in the round, all rank to rank
-        _aggregated.force(forced)
         for name, comm in comms.items():
+            _aggregated.force(comm, forced)
             p, r = comm.size, comm.rank
             for dt in ("i1", "f8", "c16", "?") if name == "world" else ("f8",):
                 itemsize = np.dtype(dt).itemsize
@@ -375,6 +377,7 @@ V_CHECK_JOB = _checking_job(
                 check((forced, name, dt, "allgatherv in place"), gathered, expect_g)
             # a neighbourhood call on a periodic ring (blocks to both sides, across nodes)
             ring = comm.Create_cart([p], periods=[True])
+            _aggregated.force(ring, forced)
             k = 5 + ring.rank
             send = np.arange(2 * 40, dtype=np.int32).reshape(2, 40) + 1000 * ring.rank
             sc = [k % 40, (k + 3) % 40]
@@ -386,7 +389,8 @@ V_CHECK_JOB = _checking_job(
             zcoll.neighbor_alltoallv(ring, [send, (sc, [0, 40])], [got, (rc, [0, 40])])
             check((forced, name, "neighbor_alltoallv"), got, expect)
             ring.Free()
-    _aggregated.force(None)
+    for comm in comms.values():
+        _aggregated.force(comm, None)
     # Counts that differ across nodes (last rank expects one more from rank 0, on both sides of
     # the pack limit): every rank raises, no receive buffer is touched, the comm still works.
     p, r = world.size, world.rank
@@ -539,7 +543,7 @@ KILL_JOB = textwrap.dedent(
     if path in ("direct", "spread", "spread-bcast"):  # after the round of records, from the
         # Python path (the one crossing runs it in C++, out of a hook's reach): rank to rank,
         # or phase 2 of a reduction or bcast spread over the ranks
-        _aggregated.force(False)
+        _aggregated.force(comm, False)
         zcoll._collectives._fast = zcoll._reductions._fast = lambda *args: None
         Transport.exchange_buffers = dying(Transport.exchange_buffers)
     elif not cpp:  # the aggregated round with mpi4py's sender: after packing

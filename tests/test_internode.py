@@ -77,10 +77,17 @@ def node_comm(monkeypatch):
 
 @pytest.fixture
 def forced():
-    """force(choice): the inter-node method of this test's allgathers; undone after it."""
-    previous = _internode.force(None)
-    yield _internode.force
-    _internode.force(previous)
+    """force(comm, choice): the inter-node method of the allgathers on `comm` in this test;
+    undone after it (before node_comm frees the communicators)."""
+    touched = []
+
+    def force(comm, choice):
+        touched.append(comm)
+        return _internode.force(comm, choice)
+
+    yield force
+    for comm in touched:
+        _internode.force(comm, None)
 
 
 def _data(dtype, n: int, rank: int, seed: int) -> np.ndarray:
@@ -107,12 +114,12 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
 def test_allgather_bits(node_comm, forced, choice, k):
     """Every dtype, odd and zero-size blocks, in place and not, arena and private buffers, on
     WORLD (a dup), a reversed split and an interleaved split."""
-    forced(CHOICES[choice])
     checked = 0
     for kind in COMM_KINDS:
         comm = node_comm(kind, k)
         if comm is None:
             continue
+        forced(comm, CHOICES[choice])
         for i, dtype in enumerate(DTYPES):
             n = (0, 1, 3, 7, 33)[i % 5]
             send = _data(dtype, n, comm.rank, seed=i)
@@ -136,10 +143,10 @@ def test_allgather_bits(node_comm, forced, choice, k):
 def test_split_blocks(node_comm, forced, choice):
     """Blocks of SPLIT_BYTES and more (halves by pair and co-pair), of an odd size, private
     and in place, on nodes of 2 with non-contiguous comm ranks."""
-    forced(CHOICES[choice])
     comm = node_comm("interleaved", 2)
     if comm is None:
         pytest.skip("one node")
+    forced(comm, CHOICES[choice])
     n = _internode.SPLIT_BYTES + 5
     send = _data(np.uint8, n, comm.rank, seed=99)
     ref = _expected(comm, send)
@@ -153,10 +160,10 @@ def test_split_blocks(node_comm, forced, choice):
 
 def test_repeated_calls_reuse_schedule(node_comm, forced):
     """Many calls of alternating sizes (cached datatypes reused and evicted) stay exact."""
-    forced(CHOICES["C2"])
     comm = node_comm("interleaved", 2)
     if comm is None:
         pytest.skip("one node")
+    forced(comm, CHOICES["C2"])
     ok = True
     for step in range(24):
         n = 1 + step % 11  # more sizes than the cache holds
@@ -218,15 +225,15 @@ def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
     ran &= one_crossing(zcoll.IN_PLACE, inplace) is inplace
     ok = ran and _same_bits(private, ref) and _same_bits(inplace, ref)
     all_ranks_agree(comm, ok, "one crossing")
-    forced(_internode.Choice(_internode.CONCURRENT, 2))
+    forced(comm, _internode.Choice(_internode.CONCURRENT, 2))
     all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "concurrent")
     all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "forced concurrent")
-    forced(DIRECT)
+    forced(comm, DIRECT)
     other = send[: count - 3].copy()  # a size never called before
     private = np.full_like(_expected(comm, other), 1)
     ran = one_crossing(other, private) is private
     all_ranks_agree(comm, ran and _same_bits(private, _expected(comm, other)), "forced direct")
-    forced(None)
+    forced(comm, None)
     private = np.full_like(ref, 1)
     ran = one_crossing(send, private) is private
     all_ranks_agree(comm, ran and _same_bits(private, ref), "remembered still")
@@ -449,13 +456,36 @@ def test_bench_virtual_node_option(monkeypatch):
         cli.apply_virtual_nodes(2)
 
 
-def test_bad_forced_choice_changes_nothing():
+def test_bad_forced_choice_changes_nothing(node_comm):
     """A forced choice that is not one raises ValueError and leaves every setting as it was:
     no choice forced, the extension's crossing mode the policy's, the round's carry."""
-    assert _internode.force(None) is None
+    comm = node_comm("world", 2)
+    if comm is None:
+        pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of 2")
+    assert _internode.force(comm, None) is None
     for bad in (_internode.Choice("sideways"), _internode.Choice(_internode.CONCURRENT, 0)):
         with pytest.raises(ValueError):
-            _internode.force(bad)
-    assert _core.set_allgather_crossing(0) == 0
-    assert _aggregated.force(None) is None
-    assert _internode.force(None) is None
+            _internode.force(comm, bad)
+    assert _context.context(comm).core.nodes_force_allgather_crossing(0) == 0
+    assert _aggregated.force(comm, None) is None
+    assert _internode.force(comm, None) is None
+
+
+def test_a_forced_way_is_one_communicators(node_comm):
+    """Forcing how calls cross nodes is an option of one communicator's context: another
+    communicator on the same nodes keeps the size rule, the policy's allgather crossing and
+    the default spread segment; undone, the forced one has them back."""
+    forced, other = node_comm("world", 2), node_comm("split_reversed", 2)
+    if forced is None or other is None:
+        pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of 2")
+    rule = _aggregated.pack_limit(_context.context(other))
+    assert rule >= 0
+    _internode.force(forced, DIRECT)
+    _aggregated.spread_segment(forced, 17 * 64)
+    assert _aggregated.pack_limit(_context.context(forced)) == -1
+    assert _aggregated.pack_limit(_context.context(other)) == rule
+    assert _internode.force(other, None) is None
+    assert _aggregated.spread_segment(other, None) is None
+    assert _aggregated.spread_segment(forced, None) == 17 * 64
+    assert _internode.force(forced, None) == DIRECT
+    assert _aggregated.pack_limit(_context.context(forced)) == rule

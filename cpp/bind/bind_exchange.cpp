@@ -23,6 +23,7 @@
 #include "zcoll/exchange.hpp"
 #ifdef ZCOLL_HAVE_MPI
 #include "zcoll/mpi_messages.hpp"
+#include "zcoll/spread_reduction.hpp"
 #endif
 
 namespace py = pybind11;
@@ -591,6 +592,44 @@ void def_node_calls(context_class& cls) {
 }
 
 // The rounds between nodes: the node map, and what a round carries (the size rule).
+// What a test, benchmark or the tuner forces for this communicator's calls across nodes
+// (crossing_overrides): each setter returns the previous setting.
+void def_crossing_overrides(context_class& cls) {
+  cls.def(
+      "nodes_force_aggregation",
+      [](node_context& ctx, int mode) {
+        if (mode < -1 || mode > 1) throw std::invalid_argument("aggregation mode is -1, 0 or 1");
+        auto& forced = ctx.between_nodes(node_map{}).overrides().carry;
+        return static_cast<int>(std::exchange(forced, static_cast<aggregation>(mode)));
+      },
+      py::arg("mode"),
+      "After setup_nodes, every rank alike, between collectives: calls across nodes carry "
+      "their blocks in the round by the size rule (0), always (1) or never (-1).");
+  cls.def(
+      "nodes_force_allgather_crossing",
+      [](node_context& ctx, int mode) {
+        if (mode < 0 || mode > 2) throw std::invalid_argument("allgather crossing is 0, 1 or 2");
+        auto& forced = ctx.between_nodes(node_map{}).overrides().allgather;
+        return static_cast<int>(std::exchange(forced, static_cast<allgather_crossing>(mode)));
+      },
+      py::arg("mode"),
+      "After setup_nodes, every rank alike, between collectives: allgathers beyond the round "
+      "cross nodes as the policy chose (0: the sizes remembered as direct run in one "
+      "crossing), all rank to rank (1), or by the leaders' concurrent exchange (2: the Python "
+      "path runs them).");
+  cls.def(
+      "nodes_force_spread_segment",
+      [](node_context& ctx, std::int64_t bytes) {
+        if (bytes < 0) throw std::invalid_argument("a segment's bytes cannot be negative");
+        check_spread_segment(static_cast<std::size_t>(bytes));
+        auto& forced = ctx.between_nodes(node_map{}).overrides().spread_segment;
+        return std::exchange(forced, static_cast<std::size_t>(bytes));
+      },
+      py::arg("nbytes"),
+      "After setup_nodes, every rank alike, between collectives: the segment (bytes, a "
+      "multiple of 64) of the messages of reductions spread across nodes; 0: the default.");
+}
+
 void def_round_rules(context_class& cls) {
   cls.def(
       "setup_nodes",
@@ -636,7 +675,8 @@ void def_round_rules(context_class& cls) {
       },
       py::arg("op"),
       "After setup_nodes: the largest block a call across nodes carries in its round "
-      "(aggregate.hpp's size rule, or what set_aggregation forces; -1: none).");
+      "(aggregate.hpp's size rule, or what nodes_force_aggregation forces; -1: none).");
+  def_crossing_overrides(cls);
   cls.def(
       "nodes_set_round_limit",
       [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
@@ -791,28 +831,8 @@ void register_call_records(py::module_& m) {
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
 }
 
-// What crosses nodes how: the forced modes of tests and benchmarks, the size rule's bounds.
+// The size rule's bounds.
 void register_crossing(py::module_& m) {
-  m.def(
-      "set_allgather_crossing",
-      [](int mode) {
-        if (mode < 0 || mode > 2) throw std::invalid_argument("allgather crossing is 0, 1 or 2");
-        return static_cast<int>(set_allgather_crossing(static_cast<allgather_crossing>(mode)));
-      },
-      py::arg("mode"),
-      "Local, the same on every rank: allgathers beyond the round cross nodes as the policy "
-      "chose (0: the sizes remembered as direct run in one crossing), all rank to rank (1), or "
-      "by the leaders' concurrent exchange (2: the Python path runs them). Returns the previous "
-      "mode.");
-  m.def(
-      "set_aggregation",
-      [](int mode) {
-        if (mode < -1 || mode > 1) throw std::invalid_argument("aggregation mode is -1, 0 or 1");
-        return static_cast<int>(set_aggregation(static_cast<aggregation>(mode)));
-      },
-      py::arg("mode"),
-      "Local, the same on every rank: calls across nodes carry their blocks in the round by the "
-      "size rule (0), always (1) or never (-1). Returns the previous mode.");
   m.attr("AGGREGATE_MAX_BLOCK") = aggregate_max_block;
   m.attr("AGGREGATE_UNIT_BLOCK") = aggregate_unit_block;
 }

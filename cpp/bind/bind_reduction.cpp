@@ -449,15 +449,6 @@ void register_reduction_support(py::module_& m) {
                op_defined(static_cast<reduce_op>(reduce), *type);
       },
       py::arg("dtype"), py::arg("op"), "Whether the reductions define op code `op` for dtype.");
-  m.def(
-      "set_spread_segment",
-      [](std::int64_t bytes) {
-        if (bytes < 0) throw std::invalid_argument("a segment's bytes cannot be negative");
-        return set_spread_segment(static_cast<std::size_t>(bytes));
-      },
-      py::arg("nbytes"),
-      "Local, the same on every rank: the segment (bytes, a multiple of 64) of the messages of "
-      "reductions spread across nodes; 0: the default. Returns the previous setting.");
   m.attr("SPREAD_SEGMENT_BYTES") = spread_segment_bytes;
 }
 

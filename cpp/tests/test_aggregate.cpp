@@ -308,14 +308,3 @@ TEST_CASE("a spread reduction deals the other nodes' pieces round robin to a nod
     CHECK(*high - *low <= 1);
   }
 }
-
-TEST_CASE("a spread reduction's segment is a multiple of 64 bytes, the default unless set") {
-  CHECK(zcoll::spread_segment() == zcoll::spread_segment_bytes);
-  CHECK(zcoll::spread_segment_bytes % 64 == 0);
-  CHECK_THROWS_AS(zcoll::set_spread_segment(100), std::invalid_argument);
-  CHECK(zcoll::spread_segment() == zcoll::spread_segment_bytes);
-  CHECK(zcoll::set_spread_segment(17 * 64) == 0);
-  CHECK(zcoll::spread_segment() == 17 * 64);
-  CHECK(zcoll::set_spread_segment(0) == 17 * 64);
-  CHECK(zcoll::spread_segment() == zcoll::spread_segment_bytes);
-}

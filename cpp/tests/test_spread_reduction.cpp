@@ -267,6 +267,7 @@ class spread_checks {
   spread_checks(node_context& ctx, const node_map& nodes, transport& t, shared_state* state,
                 int self)
       : ctx_(ctx),
+        nodes_(nodes),
         spread_(ctx, nodes),
         t_(t),
         state_(state),
@@ -277,7 +278,7 @@ class spread_checks {
     for (const std::size_t segment : {std::size_t{128}, std::size_t{0}})
       for (const bool flow : {false, true})
         for (int placement = 0; placement < 3; ++placement) {
-          set_spread_segment(segment);
+          ctx_.between_nodes(nodes_).overrides().spread_segment = segment;
           flow_ = flow;
           std::vector<std::size_t> counts{1, 37, 1000};
           if (segment == 0) counts.push_back(20000);
@@ -313,7 +314,7 @@ class spread_checks {
     if (ok) return;
     ++failures_;
     std::fprintf(stderr, "rank %d: %s wrong (n=%zu, flow=%d, segment=%zu)\n", self_, what, n,
-                 static_cast<int>(flow_), spread_segment());
+                 static_cast<int>(flow_), ctx_.between_nodes(nodes_).overrides().spread_segment);
   }
   void digest(const void* p, std::size_t bytes) {
     if (check_ < max_checks) state_->digest[self_][check_] = hash_bytes(p, bytes);
@@ -403,6 +404,7 @@ class spread_checks {
   }
 
   node_context& ctx_;
+  const node_map& nodes_;
   spread_reduction spread_;
   transport& t_;
   shared_state* state_;
@@ -523,14 +525,11 @@ TEST_CASE("spread: each node deals the other nodes' pieces round robin to its ra
   for (const int owner : {0, 1, 2, 3, 5}) CHECK(spread_server(m, 2, owner) == 0);
 }
 
-TEST_CASE("spread: the segment is a multiple of 64, or the default") {
-  const std::size_t before = set_spread_segment(0);
-  CHECK(spread_segment() == spread_segment_bytes);
-  CHECK(set_spread_segment(128) == 0);
-  CHECK(spread_segment() == 128);
-  CHECK_THROWS_AS(set_spread_segment(100), std::invalid_argument);
-  CHECK(spread_segment() == 128);
-  set_spread_segment(before);
+TEST_CASE("spread: a forced segment is a multiple of 64, or 0 for the default") {
+  CHECK(spread_segment_bytes % 64 == 0);
+  CHECK_NOTHROW(check_spread_segment(0));
+  CHECK_NOTHROW(check_spread_segment(128));
+  CHECK_THROWS_AS(check_spread_segment(100), std::invalid_argument);
 }
 
 TEST_CASE("spread: every call's result on forked ranks of several nodes, by phases and flows") {

@@ -1,7 +1,6 @@
 #include "zcoll/aggregate.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -128,36 +127,20 @@ std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
   return std::min(aggregate_max_block, unit * q);
 }
 
-namespace {
-std::atomic<aggregation> aggregation_mode{aggregation::by_size};
-}  // namespace
-
-aggregation set_aggregation(aggregation mode) noexcept {
-  return aggregation_mode.exchange(mode);
-}
-
-namespace {
-std::atomic<allgather_crossing> crossing_mode{allgather_crossing::by_policy};
-}  // namespace
-
-allgather_crossing set_allgather_crossing(allgather_crossing crossing) noexcept {
-  return crossing_mode.exchange(crossing);
-}
-
 bool node_messages::remembers_direct(std::uint64_t block) const noexcept {
   return std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
          direct_allgather_.end();
 }
 
 void node_messages::remember_direct_allgather(std::uint64_t block) {
-  if (crossing_mode.load() != allgather_crossing::by_policy || remembers_direct(block)) return;
+  if (overrides_.allgather != allgather_crossing::by_policy || remembers_direct(block)) return;
   if (direct_allgather_.size() == remembered_direct_blocks)
     direct_allgather_.erase(direct_allgather_.begin());
   direct_allgather_.push_back(block);
 }
 
 bool node_messages::direct_allgather(std::uint64_t block) const noexcept {
-  switch (crossing_mode.load()) {
+  switch (overrides_.allgather) {
     case allgather_crossing::direct:
       return true;
     case allgather_crossing::concurrent:
@@ -169,7 +152,7 @@ bool node_messages::direct_allgather(std::uint64_t block) const noexcept {
 }
 
 std::int64_t node_messages::pack_limit(op_code op) const noexcept {
-  switch (aggregation_mode.load()) {
+  switch (overrides_.carry) {
     case aggregation::never:
       return -1;
     case aggregation::always:

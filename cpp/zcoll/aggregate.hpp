@@ -180,28 +180,33 @@ inline constexpr std::uint64_t reduction_round_bytes = 256 * 1024;
 // slower at 64 KiB in zcoll.bench bcast (62 against 50).
 std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;
 
-// How calls across nodes choose between carrying their blocks in the round and sending them rank
-// to rank, for every context of the process (tests and benchmarks force one way; every rank
-// must set the same, between collectives).
+// How calls across nodes choose between carrying their blocks in the round and sending them
+// rank to rank.
 enum class aggregation : std::int8_t {
   never = -1,   // every block rank to rank
   by_size = 0,  // the size rule (default)
   always = 1,   // every block in the round
 };
-// Sets the mode; returns the previous one.
-aggregation set_aggregation(aggregation mode) noexcept;
 
-// How allgathers beyond the round cross nodes, for every context of the process: as the
-// caller's policy chose (the sizes it remembered: node_messages::direct_allgather), or forced
-// by a test or benchmark (zcoll._internode.force) to rank to rank or to the leaders'
-// concurrent exchange. Every rank must set the same, between collectives.
+// How allgathers beyond the round cross nodes: as the caller's policy chose (the sizes it
+// remembered: node_messages::direct_allgather), or forced to rank to rank or to the leaders'
+// concurrent exchange.
 enum class allgather_crossing : std::int8_t {
   by_policy = 0,   // the block sizes remembered as direct
   direct = 1,      // every one rank to rank
   concurrent = 2,  // none rank to rank (the caller runs the exchange)
 };
-// Sets it; returns the previous setting.
-allgather_crossing set_allgather_crossing(allgather_crossing crossing) noexcept;
+
+// What tests, benchmarks and the tuner force for one communicator's calls across nodes, in
+// place of the policy's choices (zcoll._aggregated.force, zcoll._internode.force,
+// zcoll._aggregated.spread_segment). Part of that communicator's context, never of the
+// process, so forcing one communicator leaves every other to the policy. Every rank of the
+// communicator sets the same, between collectives.
+struct crossing_overrides {
+  aggregation carry = aggregation::by_size;
+  allgather_crossing allgather = allgather_crossing::by_policy;
+  std::size_t spread_segment = 0;  // bytes of a spread message's segment; 0: the default
+};
 
 // Allgather block sizes a node_messages remembers as crossing rank to rank.
 inline constexpr std::size_t remembered_direct_blocks = 16;
@@ -243,9 +248,12 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
+  // What is forced for this communicator's calls across nodes (crossing_overrides).
+  crossing_overrides& overrides() noexcept { return overrides_; }
+  const crossing_overrides& overrides() const noexcept { return overrides_; }
   // The largest block a call of `op` across these nodes carries in its round: the size rule
   // (max_aggregated_block, or the measured limit set_round_limit gave for an alltoall or an
-  // allgather) or what set_aggregation forces; negative: none. Irregular calls take an
+  // allgather) or what overrides() forces; negative: none. Irregular calls take an
   // alltoall's.
   std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept;
   // The limit of an alltoall's or an allgather's round on these nodes as measured (the tuning
@@ -260,7 +268,7 @@ class node_messages {
   // Allgather block sizes beyond the round whose blocks the caller's policy sends rank to rank
   // (zcoll._internode.choose: the direct path), remembered so the one crossing can run such
   // calls (the last remembered_direct_blocks; the same on every rank: the same calls record
-  // them), or as set_allgather_crossing forces.
+  // them), or as overrides() force.
   void remember_direct_allgather(std::uint64_t block);
   bool direct_allgather(std::uint64_t block) const noexcept;
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
@@ -332,6 +340,7 @@ class node_messages {
   void check_unbroken() const;
 
  private:
+  crossing_overrides overrides_;
   // Where measured_limits_ keeps `op`'s limit: an alltoall's, an allgather's; -1 for others.
   static int measured_limit_index(op_code op) noexcept;
   // The measured round limits (set_round_limit); nullopt: the built-in size rule.

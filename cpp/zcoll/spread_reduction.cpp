@@ -1,7 +1,6 @@
 #include "zcoll/spread_reduction.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 
 #include "zcoll/aggregate.hpp"
@@ -37,20 +36,21 @@ std::vector<result_piece> spread_pieces(op_code op, std::size_t count, std::size
   return pieces;
 }
 
-namespace {
-std::atomic<std::size_t> segment_setting{0};
-}  // namespace
-
-std::size_t set_spread_segment(std::size_t bytes) {
+void check_spread_segment(std::size_t bytes) {
   if (bytes % 64)
     throw std::invalid_argument("zcoll: the spread's segment must be a multiple of 64 bytes");
-  return segment_setting.exchange(bytes);
 }
 
-std::size_t spread_segment() noexcept {
-  const std::size_t bytes = segment_setting.load();
-  return bytes ? bytes : spread_segment_bytes;
+namespace {
+
+// The segment of this communicator's spread messages: the forced one, else the default.
+std::size_t segment_of(node_context& ctx) {
+  const node_messages* rounds = ctx.rounds();
+  const std::size_t forced = rounds ? rounds->overrides().spread_segment : 0;
+  return forced ? forced : spread_segment_bytes;
 }
+
+}  // namespace
 
 int spread_server(const node_map& nodes, int node, int owner) {
   // The owner among the ranks of the other nodes, in communicator order: the ranks below it
@@ -162,7 +162,7 @@ void spread_reduction::begin(const reduction_call& call, bool as_flow) {
   }
 
   const result_piece& mine = pieces_[static_cast<std::size_t>(self_)];
-  segment_ = spread_segment();
+  segment_ = segment_of(ctx_);
   result_ = result_place();
   // A result far larger than the cache that is not sent on (a reduce's root, reduce_scatter)
   // is written with streaming stores, as the node's reductions write theirs.
@@ -496,7 +496,7 @@ void spread_reduction::begin_bcast(const reduction_call& call, bool as_flow) {
   const auto all = publish(bytes);
   alone_ = q == 1;
   find_holders(all);
-  segment_ = spread_segment();
+  segment_ = segment_of(ctx_);
   // Pieces of bytes (any dtype), one per rank.
   pieces_ =
       spread_pieces(op_code::allreduce, bytes, 1, cfg.comm_size, spread_owners(nodes_, op_, root_));

@@ -85,19 +85,17 @@ struct result_piece {
 };
 
 // Bytes of a segment of the messages of phases 2 and 3 (a multiple of 64, so of every element
-// size) unless set_spread_segment() changed it. Measured on 2 and 3 one-rank virtual nodes
-// (docs/performance.md, session 15; zcoll.bench allreduce|reduce --spread-segment): 64 KiB
-// costs more in messages than it gains, 256-512 KiB are best at 16 MiB and within 10 % of one
-// message per piece at 1-4 MiB.
+// size) unless the communicator's crossing_overrides (aggregate.hpp) set another. Measured on 2 and
+// 3 one-rank virtual nodes (docs/performance.md, session 15; zcoll.bench allreduce|reduce
+// --spread-segment): 64 KiB costs more in messages than it gains, 256-512 KiB are best at 16 MiB
+// and within 10 % of one message per piece at 1-4 MiB.
 inline constexpr std::size_t spread_segment_bytes = 512 * 1024;
 // Segments of each other node's partial that a flow's owner receives ahead of its fold.
 inline constexpr std::size_t spread_ring_segments = 4;
 
-// The segment of later calls of this process: `bytes` (a positive multiple of 64), or 0 for
-// spread_segment_bytes. Local, but every rank must set the same, between collectives (tests and
-// benchmarks). Returns the previous setting.
-std::size_t set_spread_segment(std::size_t bytes);
-std::size_t spread_segment() noexcept;
+// Checks a forced segment (crossing_overrides::spread_segment): a multiple of 64 bytes, or 0
+// for spread_segment_bytes. Throws std::invalid_argument otherwise.
+void check_spread_segment(std::size_t bytes);
 
 // A reduce on at most this many nodes gives the pieces to the root's node's ranks only: each
 // other node sends its partials there (m bytes per node, in one phase: the bound when N = 2),

@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
-from ._context import Context
+from ._context import Context, context
 
 __all__ = [
     "AGGREGATE_MAX_BLOCK",
@@ -51,13 +51,17 @@ AGGREGATE_UNIT_BLOCK: int = _core.AGGREGATE_UNIT_BLOCK
 AGGREGATE_MAX_BLOCK: int = _core.AGGREGATE_MAX_BLOCK
 
 
-def force(aggregate: bool | None) -> bool | None:
-    """Make every later call across nodes of this process carry its blocks in the round
-    between nodes (True: an alltoall aggregates, an allgather or irregular call packs them) or
-    send them after it (False) whatever their size; None: the size rule again. Returns the previous
-    setting. Local, but it must be the same on every rank (benches and tests call it on every
-    rank, between collectives)."""
-    previous = _core.set_aggregation(0 if aggregate is None else 1 if aggregate else -1)
+def force(comm: MPI.Comm, aggregate: bool | None) -> bool | None:
+    """Make every later call across nodes on `comm` carry its blocks in the round between
+    nodes (True: an alltoall aggregates, an allgather or irregular call packs them) or send
+    them after it (False) whatever their size; None: the size rule again. Returns the previous
+    setting. Every rank of `comm` calls it alike, between collectives (benchmarks and tests);
+    other communicators keep the size rule. On one node, where nothing crosses, it does
+    nothing and returns None."""
+    ctx = context(comm)
+    if not ctx.multi_node:
+        return None
+    previous = ctx.core.nodes_force_aggregation(0 if aggregate is None else 1 if aggregate else -1)
     return {0: None, 1: True, -1: False}[previous]
 
 
@@ -66,13 +70,16 @@ def force(aggregate: bool | None) -> bool | None:
 SPREAD_SEGMENT_BYTES: int = _core.SPREAD_SEGMENT_BYTES
 
 
-def spread_segment(nbytes: int | None) -> int | None:
-    """Cut the messages of later reductions and bcasts spread across nodes (beyond their
-    round's rule) into segments of `nbytes` (a positive multiple of 64); None:
-    ``SPREAD_SEGMENT_BYTES`` again. Returns the previous setting. Local, but it must be the
-    same on every rank, between collectives (benches and tests)."""
-    previous = _core.set_spread_segment(nbytes or 0)
-    return previous or None
+def spread_segment(comm: MPI.Comm, nbytes: int | None) -> int | None:
+    """Cut the messages of later reductions and bcasts on `comm` spread across nodes (beyond
+    their round's rule) into segments of `nbytes` (a positive multiple of 64); None:
+    ``SPREAD_SEGMENT_BYTES`` again. Returns the previous setting. Every rank of `comm` calls
+    it alike, between collectives (benchmarks and tests); on one node it does nothing and
+    returns None."""
+    ctx = context(comm)
+    if not ctx.multi_node:
+        return None
+    return ctx.core.nodes_force_spread_segment(nbytes or 0) or None
 
 
 def pack_limit(ctx: Context, opname: str = ALLTOALL) -> int:

@@ -51,9 +51,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+from mpi4py import MPI
 
-from . import _aggregated, _core, _registry, _tuning
-from ._context import Context
+from . import _aggregated, _registry, _tuning
+from ._context import Context, context
 from ._registry import ALLGATHER
 
 __all__ = [
@@ -100,33 +101,34 @@ class Choice:
 
 # --- which method ------------------------------------------------------------------------------
 
-_forced: Choice | None = None
-_aggregation_before: bool | None = None  # the round's carry, as it was before forcing
 
-
-def force(choice: Choice | None) -> Choice | None:
-    """Make every later multi-node allgather of this process use `choice` (None: the table or
-    the built-in rule again); returns the previous forced choice. Local, but it must be the same
-    on every rank (benchmarks and tests call it on every rank, between collectives).
+def force(comm: MPI.Comm, choice: Choice | None) -> Choice | None:
+    """Make every later allgather across nodes on `comm` use `choice` (None: the table or the
+    built-in rule again); returns the previous forced choice. Every rank of `comm` calls it
+    alike, between collectives (benchmarks and tests); other communicators keep the policy's
+    choices. On one node, where nothing crosses, it only checks `choice` and returns None.
 
     A forced choice applies to every block size: while one is set, the round between nodes
     carries every block ("round") or none (``_aggregated.force``; set back on
-    ``force(None)``) -- for every collective, so "round" and "direct" force an alltoall's way
-    too (``zcoll.tune --internode`` times both collectives so)."""
-    global _forced, _aggregation_before
+    ``force(comm, None)``) -- for every collective on `comm`, so "round" and "direct" force an
+    alltoall's way too (``zcoll.tune --internode`` times both collectives so)."""
     if choice is not None:
         _check_choice(choice)  # before anything is set: a bad choice changes nothing
+    ctx = context(comm)
+    if not ctx.multi_node:
+        return None
+    state = _state(ctx)
     # The extension's one crossing runs what is rank to rank: every call when forced so, none
     # when the concurrent exchange is forced, else the sizes the policy chose it for.
     crossing = {None: 0, ROUND: 0, DIRECT: 1, CONCURRENT: 2}
-    _core.set_allgather_crossing(crossing[choice.method if choice else None])
+    ctx.core.nodes_force_allgather_crossing(crossing[choice.method if choice else None])
     if choice is not None:
-        aggregation = _aggregated.force(choice.method == ROUND)
-        if _forced is None:
-            _aggregation_before = aggregation
-    elif _forced is not None:
-        _aggregated.force(_aggregation_before)
-    previous, _forced = _forced, choice
+        aggregation = _aggregated.force(comm, choice.method == ROUND)
+        if state.forced is None:
+            state.aggregation_before = aggregation
+    elif state.forced is not None:
+        _aggregated.force(comm, state.aggregation_before)
+    previous, state.forced = state.forced, choice
     return previous
 
 
@@ -158,10 +160,13 @@ def builtin_choice(nodes: int, block: int) -> Choice:
 
 
 class _State:
-    """What this module keeps per context: the cached plans of the leaders' rounds."""
+    """What this module keeps per context: the cached plans of the leaders' rounds, and the
+    forced choice (:func:`force`) with the round's carry as it was before it."""
 
     def __init__(self) -> None:
         self.plans: OrderedDict[tuple, list] = OrderedDict()
+        self.forced: Choice | None = None
+        self.aggregation_before: bool | None = None
 
 
 _states: weakref.WeakKeyDictionary[Context, _State] = weakref.WeakKeyDictionary()
@@ -190,8 +195,9 @@ def choose(ctx: Context, block: int) -> Choice:
     rule for (nodes, largest node, block) when the tuning mode is not "off" (its "round" rules
     set the round's limit: :func:`zcoll._tuning.round_limit`), else :func:`builtin_choice`.
     The same on every rank (the table's rules are rank 0's, shared with the context)."""
-    if _forced is not None:
-        return _forced
+    forced = _state(ctx).forced
+    if forced is not None:
+        return forced
     nodes, per_node = ctx.layout()
     if ctx.settings.tuning != "off":
         for rule in _tuning.internode_rules_for(ctx.internode_rules, ALLGATHER, nodes, per_node):

@@ -595,11 +595,11 @@ def merged_table(
 
 def _forced_call(collective: str, comm: MPI.Comm, send, recv, choice: _internode.Choice):
     """One `collective` whose blocks cross nodes as `choice` says, whatever their size."""
-    previous = _internode.force(choice)
+    previous = _internode.force(comm, choice)
     try:
         getattr(zcoll, collective)(comm, send, recv)
     finally:
-        _internode.force(previous)
+        _internode.force(comm, previous)
 
 
 def sweep_internode(

@@ -86,7 +86,7 @@ def test_reduction_json_csv_plot(command, outdir):
     if command == "allreduce":  # across nodes, the spread's messages in segments of 4 KiB
         argv += ["--spread-segment", "4K"]
     assert run_main(argv) == 0
-    assert _aggregated.spread_segment(None) is None  # the bench put the default back
+    assert _aggregated.spread_segment(MPI.COMM_WORLD, None) is None  # the default put back
     methods = {"MPI", "zcoll"} if command == "bcast" else {"MPI", "flat", "tiled", "auto"}
     expected = {(b, m) for b in (8, 65536) for m in methods}
     if command == "allreduce":

@@ -208,13 +208,13 @@ def aggregated_call(
     core = _context.context(comm).core
 
     def run() -> None:
-        previous = _aggregated.force(aggregate)
+        previous = _aggregated.force(comm, aggregate)
         if sender_packs is not None:
             threshold = core.set_sender_packs_bytes(sender_packs)
         try:
             fn()
         finally:
-            _aggregated.force(previous)
+            _aggregated.force(comm, previous)
             if sender_packs is not None:
                 core.set_sender_packs_bytes(threshold)
 
@@ -242,16 +242,18 @@ def messages_between_nodes(comm: MPI.Comm, collective: str) -> str:
     )
 
 
-def _forced_call(fn: Callable[[], object], choice: _internode.Choice) -> Callable[[], None]:
-    """`fn` run with the inter-node method forced to `choice` (restored after)."""
+def _forced_call(
+    fn: Callable[[], object], comm: MPI.Comm, choice: _internode.Choice
+) -> Callable[[], None]:
+    """`fn` run with the inter-node method on `comm` forced to `choice` (restored after)."""
     force = _internode.force
 
     def run() -> None:
-        previous = force(choice)
+        previous = force(comm, choice)
         try:
             fn()
         finally:
-            force(previous)
+            force(comm, previous)
 
     return run
 
@@ -482,7 +484,7 @@ class BlockCase:
                     self.calls[m.name] = Call(fn, (zsend, zrecv))
                     continue
                 plain = functools.partial(zcoll_fn, comm, zsend, zrecv)
-                fn = _forced_call(plain, m.internode)
+                fn = _forced_call(plain, comm, m.internode)
                 self.calls[m.name] = Call(fn, (zsend, zrecv), zrecv)
                 continue
             if m.persistent:

@@ -402,7 +402,7 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
     )
     if args.spread_segment:
         report(f"# reductions spread across nodes in segments of {args.spread_segment} bytes")
-    previous = _aggregated.spread_segment(args.spread_segment)
+    previous = _aggregated.spread_segment(comm, args.spread_segment)
     by_buffers: dict[str, dict] = {}
     try:
         if args.command == "barrier":
@@ -414,7 +414,7 @@ def run_reduction(comm: MPI.Comm, args: argparse.Namespace) -> int:
             rows, by_buffers = result
             summary = by_buffers[args.buffers[0]]
     finally:
-        _aggregated.spread_segment(previous)
+        _aggregated.spread_segment(comm, previous)
     for kind, kind_summary in by_buffers.items():
         at = KIND_SEPARATOR + kind if len(by_buffers) > 1 else ""
         for line in summary_lines(args.command, kind_summary, at):
