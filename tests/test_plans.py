@@ -20,6 +20,7 @@ from helpers.collectives import (
     seeded,
 )
 from helpers.errors import expect_everywhere, last
+from zcoll import _context
 from zcoll._context import lookup
 
 # "numa" without a NUMA topology is Morton's schedule; test_collectives.test_numa_matches_mpi
@@ -340,3 +341,37 @@ def test_repr_of_a_plan_whose_construction_raised(kind):
     cls = {"Plan": plans.Plan, "VPlan": vcollectives.VPlan,
            "TransferPlan": pencil.TransferPlan}[kind]  # fmt: skip
     assert repr(cls.__new__(cls)) == f"<{cls._kind} (not made)>"
+
+
+def test_explain_says_what_the_plan_decided(world):
+    """plan.explain() on the four paths: eager (small), ordered on arena buffers, pulled by
+    CMA and shadowed in the arena (plain buffers forced each way), in place; and whether blocks
+    cross nodes."""
+    ctx = _context.context(world)
+    p, multi = world.size, ctx.multi_node
+    small = np.zeros((p, 1), np.int8)
+    big = zcoll.zeros(world, (p, 1 << 16), np.uint8)
+    cases = []
+    with zcoll.alltoall_init(world, small, np.empty_like(small)) as plan:
+        cases.append(("eager", plan.explain(), "eager", "private", "private"))
+    with zcoll.alltoall_init(world, big, zcoll.zeros(world, big.shape, np.uint8)) as plan:
+        cases.append(("arena", plan.explain(), "ordered", "shared", "shared"))
+    shadowed = ("ordered", "shadowed", "shadowed")
+    # A rank alone on its node has no peer to pull from: its plain buffers are shadowed.
+    pulled = ("pulled", "pulled", "private") if ctx.node_size > 1 else shadowed
+    for path, want in (("cma", pulled), ("staged", shadowed)):
+        with private_buffers_by(world, path):
+            plain = np.ones((p, 1 << 16), np.uint8)
+            with zcoll.alltoall_init(world, plain, np.empty_like(plain)) as plan:
+                cases.append((path, plan.explain(), *want))
+    with zcoll.allgather_init(world, zcoll.IN_PLACE, big) as plan:
+        cases.append(("in place", plan.explain(), "ordered", "in place", "shared"))
+    failures = []
+    for name, told, path, send, recv in cases:
+        if (told["path"], told["sendbuf"], told["recvbuf"]) != (path, send, recv):
+            failures.append((name, told))
+        if not told["why"] or told["op"] not in ("alltoall", "allgather"):
+            failures.append((name, "no reason or op", told))
+        if (told["between_nodes"] is not None) != multi:
+            failures.append((name, "between nodes", told))
+    all_ranks_agree(world, not failures, f"{failures}")

@@ -86,7 +86,21 @@ void register_plan(py::module_& m) {
       .def_property_readonly("op",
                              [](const bound_collective& b) { return name_of(b.plan->args().op); })
       .def_property_readonly("order",
-                             [](const bound_collective& b) { return order_name(b.plan->args()); });
+                             [](const bound_collective& b) { return order_name(b.plan->args()); })
+      .def_property_readonly(
+          "path",
+          [](const bound_collective& b) {
+            static constexpr const char* names[] = {"empty", "eager", "ordered", "pulled"};
+            return names[static_cast<int>(b.plan->path())];
+          },
+          "How a run moves the blocks: 'empty', 'eager' (the slots, one barrier), 'ordered' "
+          "(block copies between two barriers) or 'pulled' (plain buffers read by CMA).")
+      .def_property_readonly(
+          "shadowed",
+          [](const bound_collective& b) {
+            return std::make_pair(b.plan->send_shadowed(), b.plan->recv_shadowed());
+          },
+          "(send, receive): whether each plain buffer has an arena copy (one more per run).");
   m.def(
       "plan_buffers_error",
       [](const py::object& send, const py::object& recv) -> std::optional<std::string> {

@@ -145,6 +145,17 @@ class persistent_plan final : public plan_base {
   persistent_plan& operator=(const persistent_plan&) = delete;
 
   const collective_args& args() const noexcept { return args_; }
+  // How a run moves the blocks, as decided at creation (explain()): nothing (empty blocks),
+  // through the eager slots, by ordered copies between two barriers, or pulled by CMA.
+  enum class run_path : std::uint8_t { empty, eager, ordered, pulled };
+  run_path path() const noexcept {
+    if (args_.block_bytes == 0) return run_path::empty;
+    if (args_.eager) return run_path::eager;
+    return pulls_ ? run_path::pulled : run_path::ordered;
+  }
+  // Whether a private buffer has an arena shadow (one more copy per run).
+  bool send_shadowed() const noexcept { return send_shadow_ != nullptr; }
+  bool recv_shadowed() const noexcept { return recv_shadow_ != nullptr; }
 
  private:
   void run_part(detail::rank_line& line) override;

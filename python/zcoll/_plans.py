@@ -134,6 +134,55 @@ class Plan(PlanMixin, _core.Plan):
     def _summary(self) -> str:
         return self.op
 
+    def explain(self) -> dict[str, object]:
+        """What the plan decided when it was made, and why: every run does the same.
+
+        Returns
+        -------
+        dict
+            ``op``; ``path``, how a run moves this node's blocks: "eager" (through per-rank
+            slots, one barrier: small blocks), "ordered" (block copies in the schedule's
+            order between two barriers), "pulled" (plain buffers read by CMA from the
+            senders' memory, each rank filling its own receive buffer) or "empty" (no bytes);
+            ``order`` and ``copy``, as "auto" resolved them (the copy mode may still change
+            on the first runs, see :func:`zcoll.alltoall`); ``sendbuf`` and ``recvbuf``, how
+            each buffer takes part: "shared" (the arena or the shared heap: read or written
+            in place), "shadowed" (a plain array with an arena copy: one more copy per run),
+            "pulled" (a plain array read where it is), "private" (a plain array this rank
+            writes itself) or "in place"; ``between_nodes``: None on one node, else how
+            blocks cross nodes; ``why``: the reasons, in words.
+        """
+        path = self.path
+        send_shadow, recv_shadow = self.shadowed
+        in_place = self.sendbuf is IN_PLACE
+
+        def kind(buf: np.ndarray, shadowed: bool, role: str) -> str:
+            if _core.array_in_arena(buf) or _core.in_heap(buf):
+                return "shared"
+            if shadowed:
+                return "shadowed"
+            return "pulled" if path == "pulled" and role == "send" else "private"
+
+        why = {
+            "empty": "blocks of 0 bytes: a run only agrees",
+            "eager": "blocks within the eager size: one barrier beats the ordered copies",
+            "ordered": "blocks beyond the eager size: each block copied once, in order",
+            "pulled": "plain buffers and enough bytes received: one copy by CMA beats staging",
+        }[path]
+        return {
+            "op": self.op,
+            "path": path,
+            "order": self.order,
+            "copy": self.copy,
+            "sendbuf": "in place" if in_place else kind(self.sendbuf, send_shadow, "send"),
+            "recvbuf": kind(self.recvbuf, recv_shadow, "recv"),
+            "between_nodes": self._between_nodes(),
+            "why": why,
+        }
+
+    def _between_nodes(self) -> str | None:
+        return None
+
 
 def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -> None:
     """Complete a plan run's requests between nodes, within the context's wait bound (a dead
@@ -236,6 +285,9 @@ class _MultiNodePlan(RemoteBlocks, Plan):
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
         self._connect(*self._remote_lists(ctx, opname, sendbuf, recvbuf))
+
+    def _between_nodes(self) -> str | None:
+        return "rank to rank, by persistent MPI requests made once"
 
     def _remote_lists(
         self, ctx: Context, opname: str, sendbuf, recv: np.ndarray
