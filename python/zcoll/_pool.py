@@ -93,9 +93,17 @@ def _compatible(pool: Pool, s: _settings.Settings) -> bool:
     )
 
 
+def _oversubscribed(pool: Pool, ranks: list[int], s: _settings.Settings) -> bool:
+    """Whether the communicator of pool ranks `ranks` has more ranks on this machine than
+    CPUs."""
+    machine = pool.machine_of[pool.rank]
+    return sum(1 for r in ranks if pool.machine_of[r] == machine) > s.cpus
+
+
 def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, list[int]] | None:
-    """The earliest live pool whose group holds every rank of `comm`, with the pool rank of
-    each rank of `comm`; None when there is none."""
+    """The earliest live pool that serves `comm` under `s` -- its group holds every rank of
+    `comm`, its node structure and tuning are those of `s`, its blocks hold the eager slots --
+    with the pool rank of each rank of `comm`; None when there is none."""
     group = comm.Get_group()
     try:
         for ref in _pools:
@@ -103,7 +111,10 @@ def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, list[int]]
             if pool is None or not _compatible(pool, s):
                 continue
             ranks = MPI.Group.Translate_ranks(group, None, pool.group)
-            if MPI.UNDEFINED not in ranks:
+            if MPI.UNDEFINED in ranks:
+                continue
+            eager = s.eager_bytes_for(_oversubscribed(pool, ranks, s))
+            if eager <= pool.core.eager_bytes:
                 return pool, list(ranks)
     finally:
         group.Free()
@@ -120,18 +131,14 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
         pool, ranks = found
         here = pool.node_of[pool.rank]
         members = tuple(d for d in range(comm.size) if pool.node_of[ranks[d]] == here)
-        machine = pool.machine_of[pool.rank]
-        on_machine = sum(1 for r in ranks if pool.machine_of[r] == machine)
-        oversubscribed = on_machine > s.cpus
-        if s.eager_bytes_for(oversubscribed) <= pool.core.eager_bytes:
-            token = pool.token
-            if members[0] == comm.rank:
-                block = _claim(pool.core, len(members))
+        token = pool.token
+        if members[0] == comm.rank:
+            block = _claim(pool.core, len(members))
     # The one agreement: every rank's pool and, from each node's lowest rank, its block.
     mine = np.array([token, block], dtype=np.int64)
     every = np.empty((comm.size, 2), dtype=np.int64)
     comm.Allgather(mine, every)
-    if found is None or token == _NO_POOL or not np.all(every[:, 0] == token):
+    if found is None or not np.all(every[:, 0] == token):
         _fall_back(found, block)
         return None
     # The same pool on every rank: the same nodes, named by their lowest communicator rank.
@@ -143,6 +150,7 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
         return None
     node_of = tuple(leaders[pool.node_of[r]] for r in ranks)
     block = int(every[members[0], 1])
+    oversubscribed = _oversubscribed(pool, ranks, s)
     return Derived(pool, tuple(ranks), members, node_of, oversubscribed, block)
 
 
