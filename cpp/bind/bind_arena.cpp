@@ -3,6 +3,7 @@
 
 #include "bindings.hpp"
 #include "zcoll/arena.hpp"
+#include "zcoll/pool.hpp"
 
 namespace py = pybind11;
 
@@ -28,6 +29,35 @@ void register_arena(py::module_& m) {
       .def("unlink", &shm_segment::unlink)
       .def_property_readonly("name", &shm_segment::name)
       .def_property_readonly("nbytes", &shm_segment::size);
+
+  py::class_<node_pool, std::shared_ptr<node_pool>>(
+      m, "NodePool", "A node's shared segment of context blocks (pool.hpp).")
+      .def_static(
+          "create",
+          [](int size, std::size_t eager_bytes) { return node_pool::create({size, eager_bytes}); },
+          py::arg("size"), py::arg("eager_bytes"),
+          "Leader: a new pool for `size` node ranks, its block 0 claimed for them.")
+      .def_static(
+          "attach",
+          [](const std::string& name, int size, std::size_t eager_bytes) {
+            return node_pool::attach(name, {size, eager_bytes});
+          },
+          py::arg("name"), py::arg("size"), py::arg("eager_bytes"))
+      .def_property_readonly("name", [](const node_pool& p) { return p.segment()->name(); })
+      .def("unlink", [](node_pool& p) { p.segment()->unlink(); })
+      .def("claim", &node_pool::claim, py::arg("users"),
+           "Local: a free block claimed for `users` node ranks, or -1 when none is free.")
+      .def("abandon", &node_pool::abandon, py::arg("index"))
+      .def("open", &node_pool::open, py::arg("index"),
+           "Local: (control, eager) parts of block `index`; released when both are gone.")
+      .def("users", &node_pool::users, py::arg("index"))
+      .def_property_readonly("blocks_in_use", &node_pool::blocks_in_use)
+      .def_property_readonly("blocks", [](const node_pool& p) { return p.layout().blocks(); })
+      .def_property_readonly("size", [](const node_pool& p) { return p.layout().size; })
+      .def_property_readonly("eager_bytes",
+                             [](const node_pool& p) { return p.layout().eager_bytes; })
+      .def_property_readonly("eager_partition",
+                             [](const node_pool& p) { return p.layout().eager_partition(); });
 
   m.def(
       "array_in_arena",

@@ -784,6 +784,13 @@ void def_context_state(context_class& cls) {
       },
       py::arg("nbytes"), "Collective: small-message path for calls moving <= nbytes per rank.");
   cls.def(
+      "use_eager",
+      [](node_context& ctx, std::shared_ptr<shm_segment> area, std::size_t partition,
+         std::size_t nbytes) { ctx.use_eager(std::move(area), partition, nbytes); },
+      py::arg("area"), py::arg("partition"), py::arg("nbytes"),
+      "Local: the small-message path in `area` (a pool block's eager part, every node rank's "
+      "mapping), one `partition` bytes per rank.");
+  cls.def(
       "set_wait",
       [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
          double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },

@@ -77,9 +77,18 @@ std::shared_ptr<shm_segment> shm_segment::attach(const std::string& name, std::s
   return std::shared_ptr<shm_segment>(new shm_segment(name, fd, bytes, false));
 }
 
+std::shared_ptr<shm_segment> shm_segment::part(std::shared_ptr<void> keep, std::byte* data,
+                                               std::size_t bytes) {
+  std::shared_ptr<shm_segment> seg(new shm_segment(std::string(), -1, 0, false));
+  seg->data_ = data;
+  seg->size_ = bytes;
+  seg->keep_ = std::move(keep);
+  return seg;
+}
+
 shm_segment::~shm_segment() {
   unlink();
-  if (data_) ::munmap(data_, size_);
+  if (data_ && !keep_) ::munmap(data_, size_);
   if (fd_ >= 0) ::close(fd_);
 }
 

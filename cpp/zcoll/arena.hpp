@@ -34,6 +34,10 @@ class shm_segment {
   static std::shared_ptr<shm_segment> create(std::size_t bytes);
   // Maps an existing object created by `create` on another rank.
   static std::shared_ptr<shm_segment> attach(const std::string& name, std::size_t bytes);
+  // A part [data, data + bytes) of a mapping that `keep` holds alive (a node pool's block,
+  // pool.hpp): it unmaps and unlinks nothing itself, and cannot reserve.
+  static std::shared_ptr<shm_segment> part(std::shared_ptr<void> keep, std::byte* data,
+                                           std::size_t bytes);
 
   ~shm_segment();
   shm_segment(const shm_segment&) = delete;
@@ -56,6 +60,7 @@ class shm_segment {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   bool linked_ = false;
+  std::shared_ptr<void> keep_;  // a part's owner (null for a whole mapping)
 };
 
 // Prefix of every segment name zcoll creates (so leak checks can grep /dev/shm for it).

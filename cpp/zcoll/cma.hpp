@@ -81,6 +81,12 @@ class cross_memory {
     return cma_read_box(pids_[static_cast<std::size_t>(node_rank)], local, remote, box);
   }
   state current() const noexcept { return state_; }
+  // Local: takes the verdict of a probe among ranks that include these (a node pool's,
+  // pool.hpp): what all of them could read, a subset can.
+  void adopt(state verdict, std::string refusal) {
+    state_ = verdict;
+    refusal_ = std::move(refusal);
+  }
   // Why the probe failed ("" unless refused).
   const std::string& refusal() const noexcept { return refusal_; }
 

@@ -76,6 +76,21 @@ void node_context::setup_eager(std::size_t bytes) {
   policy_.set_eager_bytes(slot);
 }
 
+void node_context::use_eager(std::shared_ptr<shm_segment> area, std::size_t partition,
+                             std::size_t bytes) {
+  protocol_.check_usable();
+  const std::size_t slot = round_up(bytes, detail::partition_allocator::alignment);
+  if (2 * slot > partition || static_cast<std::size_t>(config_.size) * partition > area->size())
+    throw std::invalid_argument("zcoll: the eager slots do not fit the pool block");
+  if (slot) {
+    auto seg = std::make_shared<data_segment>();
+    seg->shm = std::move(area);
+    seg->partition_bytes = partition;
+    eager_ = std::move(seg);
+  }
+  policy_.set_eager_bytes(slot);
+}
+
 void node_context::prepare(op_code op, const array_view* send, const array_view& recv, int order,
                            int copy, local_check& check, collective_args& args) const {
   if (order == auto_order) {

@@ -124,6 +124,10 @@ class node_context {
   void barrier();
   // Collective: enables the eager path for calls receiving at most `bytes` per rank (0: never).
   void setup_eager(std::size_t bytes);
+  // Local: the same in `area`, memory every node rank has mapped (a node pool's block,
+  // pool.hpp), one partition of node_pool::shape::eager_partition() bytes per rank; throws
+  // when `bytes` does not fit it.
+  void use_eager(std::shared_ptr<shm_segment> area, std::size_t partition, std::size_t bytes);
   // Largest per-rank receive size the eager path takes (0: no eager path).
   std::size_t eager_bytes() const noexcept { return policy_.eager_bytes(); }
   // Local (same on every node rank): the tuning rules of a tuned collective.
@@ -183,6 +187,11 @@ class node_context {
     return usable;
   }
   const cross_memory& cma() const noexcept { return cma_; }
+  // Local: the CMA verdict of a probe among ranks that include this node's (its node pool's).
+  void adopt_cma(cross_memory::state verdict, std::string refusal) {
+    cma_.adopt(verdict, std::move(refusal));
+    segments_.publish_heap(verdict == cross_memory::state::works);
+  }
   // Collective when it probes: whether a call (not in place) whose ranks receive `recv_bytes`
   // each, published with a buffer outside shared memory, pulls it by CMA rather than staging
   // it. Callers pass what every rank agreed on, so every rank gets the same answer.

@@ -2,7 +2,9 @@
 
 A context is created collectively the first time zcoll sees a communicator and is cached on it
 as an MPI attribute, so it is found again in O(1), is not inherited by ``Dup`` and is released
-by ``Free``. Making one splits the communicator into nodes (:mod:`zcoll._node`), opens its
+by ``Free``. Making one splits the communicator into nodes (:mod:`zcoll._node`) -- or, for a
+communicator derived from one that has a context, takes a block of that context's node pool
+(:mod:`zcoll._pool`) -- opens its
 messages between nodes (:mod:`zcoll._transport`) and, for the first context of the process,
 installs the exit hooks (:mod:`zcoll._exit`). :func:`set_timeout` and :func:`set_tuning` apply
 to every live context.
@@ -15,7 +17,7 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
-from . import _core, _exit, _node, _online, _settings, _tuning
+from . import _core, _exit, _node, _online, _pool, _settings, _tuning
 from ._registry import ALLGATHER, ALLOCATE, ALLTOALL, BARRIER, COLLECTIVES, OPS
 from ._settings import TUNING_MODES
 from ._transport import Transport
@@ -87,7 +89,10 @@ class Context:
         self.size = comm.size
         self.rank = comm.rank
         self.handle = comm.handle
-        node = _node.join(comm, s)
+        derived = _pool.derive(comm, s)
+        node = _node.join(comm, s) if derived is None else _node.from_pool(comm, s, derived)
+        # The node pool this context's control block is in: held while the context lives.
+        self.pool: _pool.Pool | None = node.pool
         self.node_size = node.size
         self.node_rank = node.rank
         self.local_ranks = node.local_ranks
@@ -104,8 +109,12 @@ class Context:
         if self.multi_node:
             leaders_comm = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, key=self.rank)
             self.leaders = None if leaders_comm == MPI.COMM_NULL else leaders_comm
-        # The tuning table's rules for every node size, the same on every rank (rank 0 read it).
-        shared = _tuning.shared_tuning(comm, s.tuning)
+        # The tuning table's rules for every node size, the same on every rank (rank 0 read it
+        # for the full creation of the pool).
+        if derived is None:
+            node.pool.tuning = _tuning.shared_tuning(comm, s.tuning)
+            _pool.register(node.pool)
+        shared = node.pool.tuning
         self.tuning_rules, self.reduction_models, self.internode_rules = shared
         self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
@@ -217,6 +226,7 @@ class Context:
             self.leaders.Free()
         self.leaders = None
         self._comm = None
+        self.pool = None
 
 
 _by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when the comm is freed

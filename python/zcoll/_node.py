@@ -1,8 +1,10 @@
 """Node setup: which ranks of a communicator share this rank's node and machine, and the
-engine's node context over the control segment they share.
+engine's node context over the control block they share.
 
-Collective over the communicator. The node split and sharing the control segment's name are
-MPI calls made here, through mpi4py; the engine itself never calls MPI.
+Collective over the communicator. A full creation (:func:`join`) splits the node, shares a new
+node pool segment (its name through MPI, here) and probes CMA, and keeps what it learned as a
+:class:`zcoll._pool.Pool`; a communicator derived from it takes a block of that pool instead
+(:func:`from_pool`). The engine itself never calls MPI.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import os
 
 from mpi4py import MPI
 
-from . import _core, _settings
+from . import _core, _pool, _settings
 from ._registry import BARRIER_CODES
 
-__all__ = ["Node", "join", "machine_id", "machine_ranks", "split_node"]
+__all__ = ["Node", "from_pool", "join", "machine_id", "machine_ranks", "split_node"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Node:
     oversubscribed: bool  # more ranks on this machine than CPUs
     numa_nodes: tuple[int, ...]  # the NUMA node each node rank runs on
     core: _core.NodeContext
+    pool: _pool.Pool  # the node pool its control block is in
 
 
 @functools.cache  # fixed while the process runs; read once, not by every context made
@@ -77,18 +80,19 @@ def _node_comm(comm: MPI.Comm, virtual_node_size: int) -> MPI.Comm:
     return node
 
 
-def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
-    nbytes = _core.NodeContext.control_bytes(node.size)
+def _share_pool(node: MPI.Comm, eager_bytes: int) -> _core.NodePool:
+    """Collective over `node`: a new node pool segment, created by the node's rank 0, mapped by
+    every rank, then unlinked; its block 0 is the full creation's."""
     segment, error = None, None
     if node.rank == 0:
         try:
-            segment = _core.SharedSegment.create(nbytes)
+            segment = _core.NodePool.create(node.size, eager_bytes)
         except OSError as exc:
             error = str(exc)
     name, error = node.bcast((segment.name if segment else None, error), root=0)
     if error is None and node.rank != 0:
         try:
-            segment = _core.SharedSegment.attach(name, nbytes)
+            segment = _core.NodePool.attach(name, node.size, eager_bytes)
         except OSError as exc:
             error = str(exc)
     errors = node.allgather(error)
@@ -96,14 +100,50 @@ def _share_control_segment(node: MPI.Comm) -> _core.SharedSegment:
         segment.unlink()  # everyone has it mapped (or gave up): nothing can leak from here on
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
-        raise OSError(f"zcoll: could not share the node control segment: {failed}")
+        raise OSError(f"zcoll: could not share the node pool segment: {failed}")
     assert segment is not None  # every rank created or attached it, or all raised above
     return segment
 
 
+def _engine(
+    comm: MPI.Comm,
+    s: _settings.Settings,
+    block: tuple[_core.SharedSegment, _core.SharedSegment],
+    pool: _core.NodePool,
+    rank: int,
+    local_ranks: tuple[int, ...],
+    places: list[tuple[int, int, int, int]],
+    oversubscribed: bool,
+) -> _core.NodeContext:
+    """This rank's engine context on `block` (control and eager parts of a pool block):
+    node rank `rank` of the ranks `local_ranks` of `comm`, each at pid, NUMA node, package, L3
+    `places`."""
+    control, eager = block
+    size = len(local_ranks)
+    core = _core.NodeContext(
+        control,
+        rank=rank,
+        size=size,
+        comm_size=comm.size,
+        comm_ranks=list(local_ranks),
+        pids=[p[0] for p in places],
+        barrier=BARRIER_CODES[s.barrier],
+        **s.wait_for(oversubscribed),
+        numa_nodes=[p[1] for p in places],
+        packages=[p[2] for p in places],
+        l3_caches=[p[3] for p in places],
+    )
+    core.use_eager(eager, pool.eager_partition, s.eager_bytes_for(oversubscribed))
+    core.set_copy_threshold(s.copy_threshold_for(size))
+    core.cma_bytes = s.cma_bytes_for()
+    core.set_copy_cache(s.llc_bytes)
+    return core
+
+
 def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
     """Collective over `comm`: split it into nodes and make this rank's engine context on its
-    node, configured by the settings `s` (read on every rank before any communication)."""
+    node, configured by the settings `s` (read on every rank before any communication), in a
+    new node pool that communicators derived from `comm` may share."""
     # What the node's ranks, and the communicator's, learn of each other travels in one
     # allgather over each: every allgather is a round of MPI messages.
     node = _node_comm(comm, s.virtual_node_size)
@@ -113,41 +153,58 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
         here = s.placement(node.rank)
         mine = (comm.rank, os.getpid(), here["numa_node"], here["package"], here["l3_cache"])
         records = node.allgather(mine)
-        control = _share_control_segment(node)
-        size, rank = node.size, node.rank
+        pool = _share_pool(node, _pool.eager_capacity(s))
+        rank = node.rank
     finally:
         node.Free()
     local_ranks = tuple(r[0] for r in records)
-    pids = [r[1] for r in records]
-    places = [r[2:] for r in records]
+    places = [r[1:] for r in records]
     machine = machine_id()
-    everyone = comm.allgather((local_ranks[0], machine))
-    node_of = tuple(leader for leader, _ in everyone)
+    token = int.from_bytes(os.urandom(7), "little")  # rank 0's names the pool
+    everyone = comm.allgather((local_ranks[0], machine, token))
+    node_of = tuple(leader for leader, _, _ in everyone)
     multi_node = len(set(node_of)) > 1
     # Nodes of one machine (virtual or emulated) share its CPUs: count every rank on it.
-    ranks_on_machine = sum(1 for _, m in everyone if m == machine)
+    ranks_on_machine = sum(1 for _, m, _ in everyone if m == machine)
     oversubscribed = ranks_on_machine > s.cpus
-    numa_nodes = tuple(numa for numa, _, _ in places)
-    core = _core.NodeContext(
-        control,
-        rank=rank,
-        size=size,
-        comm_size=comm.size,
-        comm_ranks=list(local_ranks),
-        pids=pids,
-        barrier=BARRIER_CODES[s.barrier],
-        **s.wait_for(oversubscribed),
-        numa_nodes=list(numa_nodes),
-        packages=[package for _, package, _ in places],
-        l3_caches=[l3 for _, _, l3 in places],
-    )
+    core = _engine(comm, s, pool.open(0), pool, rank, local_ranks, places, oversubscribed)
     if multi_node:
         core.setup_nodes(list(node_of))
-    core.setup_eager(s.eager_bytes_for(oversubscribed))
-    core.set_copy_threshold(s.copy_threshold_for(size))
-    core.cma_bytes = s.cma_bytes_for()
     # Collective on the node: can its ranks read each other's memory (CMA) and map each
     # other's shared heap? Decided before any call publishes a heap buffer.
     core.probe_cma()
-    core.set_copy_cache(s.llc_bytes)
-    return Node(size, rank, local_ranks, node_of, multi_node, oversubscribed, numa_nodes, core)
+    kept = _pool.Pool(
+        token=everyone[0][2],
+        group=comm.Get_group(),
+        rank=comm.rank,
+        node_of=node_of,
+        machine_of=tuple(m for _, m, _ in everyone),
+        places=dict(zip(local_ranks, places)),
+        core=pool,
+        cma=core.cma,
+        settings=s,
+    )
+    numa_nodes = tuple(p[1] for p in places)
+    return Node(
+        len(local_ranks), rank, local_ranks, node_of, multi_node, oversubscribed, numa_nodes, core,
+        kept,
+    )  # fmt: skip
+
+
+def from_pool(comm: MPI.Comm, s: _settings.Settings, d: _pool.Derived) -> Node:
+    """Local: this rank's node of `comm`, derived from a pool (:func:`zcoll._pool.derive`,
+    collective, made `d`), and its engine context on the node's block of the pool segment."""
+    pool = d.pool
+    places = [pool.places[d.ranks[m]] for m in d.members]
+    rank = d.members.index(comm.rank)
+    block = pool.core.open(d.block)
+    core = _engine(comm, s, block, pool.core, rank, d.members, places, d.oversubscribed)
+    multi_node = len(set(d.node_of)) > 1
+    if multi_node:
+        core.setup_nodes(list(d.node_of))
+    core.adopt_cma(*pool.cma)
+    numa_nodes = tuple(p[1] for p in places)
+    return Node(
+        len(d.members), rank, d.members, d.node_of, multi_node, d.oversubscribed, numa_nodes,
+        core, pool,
+    )  # fmt: skip

@@ -226,6 +226,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             "context",
             "who sends the messages between nodes: cpp (C++ over MPI), mpi4py, or auto",
         ),
+        "node_pools": _Variable(
+            "ZCOLL_NODE_POOLS",
+            _one_of(("0", "1")),
+            "1",
+            "context",
+            "1: a derived communicator's context takes a block of its parent's node pool",
+        ),
         "tuning": _Variable(
             "ZCOLL_TUNING",
             _one_of(TUNING_MODES),
@@ -413,6 +420,11 @@ class Settings:
         ``ZCOLL_NODE_MESSAGES``: who sends the messages of a round between nodes: "cpp" (the
         extension, calling MPI itself: needs a build against the MPI mpi4py runs), "mpi4py" (a
         Python loop of mpi4py requests), "auto" (cpp when it can run, else mpi4py).
+    node_pools : str
+        ``ZCOLL_NODE_POOLS``: "1" (the default): the context of a communicator whose ranks all
+        belong to an earlier context's (a Dup, Split, Create_cart, Sub) takes a block of that
+        context's node pool, one small agreement instead of a full creation; "0": every context
+        is made in full (its own node split and segments).
     tuning : str
         ``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: table, online or off.
     tuning_file : pathlib.Path
@@ -459,6 +471,7 @@ class Settings:
     yields: int | None
     virtual_node_size: int
     node_messages: str
+    node_pools: str
     tuning: str
     tuning_file: Path
     shared_heap: str

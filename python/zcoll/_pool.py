@@ -1,0 +1,168 @@
+"""Node pools: what a full context creation learned, kept for the communicators derived from it.
+
+A full creation (:func:`zcoll._node.join`) splits the communicator into nodes, gathers the
+ranks' processes and places, creates a node pool segment (``_core.NodePool``: control blocks,
+each a context's call protocol, barrier and eager slots) and probes CMA. A :class:`Pool` keeps
+all of it, with the communicator's group. The first zcoll call on a communicator whose ranks all
+belong to a live pool's group -- a Dup, Split, Create_cart or Sub of it -- then makes its
+context from the pool (:func:`derive`): its node ranks are found by translating its group into
+the pool's (no Split_type), the node's lowest rank claims a block of the node's pool segment
+(no new shared memory), and one allgather of two integers per rank checks that every rank chose
+the same pool and tells each node's ranks their block. Pids, placement, the CMA verdict and the
+tuning table come from the pool.
+
+Each rank takes the earliest pool of its own that contains the communicator. Ranks whose pools
+differ (a pool's contexts freed on some ranks only), a settings change that alters the node
+structure (virtual nodes, topology, tuning), a full pool or ``ZCOLL_NODE_POOLS=0`` make the
+allgather say so on every rank, and the context is then created in full, with a pool of its
+own. Unrelated communicators (not contained in one pool's group) get their own pool too: a
+shared one would need an agreement on its segment among ranks that share no communicator.
+Contexts hold their pool, so a pool outlives the communicator that made it while any context
+uses it; freeing them in any order is safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+
+import numpy as np
+from mpi4py import MPI
+
+from . import _core, _settings
+
+__all__ = ["Derived", "Pool", "derive", "eager_capacity", "register"]
+
+_NO_POOL = -1
+_pools: list[weakref.ref[Pool]] = []  # live pools of this process, in creation order
+
+
+@dataclasses.dataclass(eq=False)
+class Pool:
+    """A full creation's node structure and node pool segment, for derived communicators."""
+
+    token: int  # the same on every rank of the communicator that made it (its rank 0's)
+    group: MPI.Group  # that communicator's group
+    rank: int  # this rank in it
+    node_of: tuple[int, ...]  # node of each of its ranks, named by the node's lowest rank
+    machine_of: tuple[str, ...]  # machine of each of its ranks
+    places: dict[int, tuple[int, int, int, int]]  # rank on this node -> pid, NUMA, package, L3
+    core: _core.NodePool  # this node's pool segment
+    cma: tuple[str, str]  # the node's CMA verdict (state, why refused)
+    settings: _settings.Settings  # what the full creation read
+    tuning: tuple = ()  # the tuning table's rules, as shared_tuning gave them
+
+
+def eager_capacity(s: _settings.Settings) -> int:
+    """Eager bytes per rank a pool's blocks hold: the largest the settings give any context."""
+    return max(s.eager_bytes_for(True), s.eager_bytes_for(False))
+
+
+def register(pool: Pool) -> None:
+    """Local: `pool` serves later derived communicators while some context holds it."""
+    _pools[:] = [ref for ref in _pools if ref() is not None]
+    _pools.append(weakref.ref(pool))
+    weakref.finalize(pool, _free_group, pool.group)
+
+
+def _free_group(group: MPI.Group) -> None:
+    if not MPI.Is_finalized():
+        group.Free()
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A derived communicator's node, as the pool gives it, and its context's block."""
+
+    pool: Pool
+    ranks: tuple[int, ...]  # the pool rank of each communicator rank
+    members: tuple[int, ...]  # the communicator's ranks on this node, in rank order
+    node_of: tuple[int, ...]  # node of each communicator rank, named by its lowest rank
+    oversubscribed: bool
+    block: int  # this node's block of the pool segment
+
+
+def _compatible(pool: Pool, s: _settings.Settings) -> bool:
+    """Whether a context made now under `s` has the pool's node structure and tuning."""
+    p = pool.settings
+    return (
+        s.virtual_node_size == p.virtual_node_size
+        and s.topology == p.topology
+        and s.tuning == p.tuning
+        and s.tuning_file == p.tuning_file
+    )
+
+
+def _oversubscribed(pool: Pool, ranks: list[int], s: _settings.Settings) -> bool:
+    """Whether the communicator of pool ranks `ranks` has more ranks on this machine than
+    CPUs."""
+    machine = pool.machine_of[pool.rank]
+    return sum(1 for r in ranks if pool.machine_of[r] == machine) > s.cpus
+
+
+def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, list[int]] | None:
+    """The earliest live pool that serves `comm` under `s` -- its group holds every rank of
+    `comm`, its node structure and tuning are those of `s`, its blocks hold the eager slots --
+    with the pool rank of each rank of `comm`; None when there is none."""
+    group = comm.Get_group()
+    try:
+        for ref in _pools:
+            pool = ref()
+            if pool is None or not _compatible(pool, s):
+                continue
+            ranks = MPI.Group.Translate_ranks(group, None, pool.group)
+            if MPI.UNDEFINED in ranks:
+                continue
+            eager = s.eager_bytes_for(_oversubscribed(pool, ranks, s))
+            if eager <= pool.core.eager_bytes:
+                return pool, list(ranks)
+    finally:
+        group.Free()
+    return None
+
+
+def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
+    """Collective over `comm`: its node from a pool and this node's block of the pool segment;
+    None on every rank when the context must be created in full (no pool every rank shares, a
+    full pool segment, pools off)."""
+    found = _containing(comm, s) if s.node_pools == "1" else None
+    token, block = _NO_POOL, -1
+    if found is not None:
+        pool, ranks = found
+        here = pool.node_of[pool.rank]
+        members = tuple(d for d in range(comm.size) if pool.node_of[ranks[d]] == here)
+        token = pool.token
+        if members[0] == comm.rank:
+            block = _claim(pool.core, len(members))
+    # The one agreement: every rank's pool and, from each node's lowest rank, its block.
+    mine = np.array([token, block], dtype=np.int64)
+    every = np.empty((comm.size, 2), dtype=np.int64)
+    comm.Allgather(mine, every)
+    if found is None or not np.all(every[:, 0] == token):
+        _fall_back(found, block)
+        return None
+    # The same pool on every rank: the same nodes, named by their lowest communicator rank.
+    leaders: dict[int, int] = {}
+    for d, r in enumerate(ranks):
+        leaders.setdefault(pool.node_of[r], d)
+    if not all(every[d, 1] >= 0 for d in leaders.values()):
+        _fall_back(found, block)
+        return None
+    node_of = tuple(leaders[pool.node_of[r]] for r in ranks)
+    block = int(every[members[0], 1])
+    oversubscribed = _oversubscribed(pool, ranks, s)
+    return Derived(pool, tuple(ranks), members, node_of, oversubscribed, block)
+
+
+def _fall_back(found: tuple[Pool, list[int]] | None, block: int) -> None:
+    """Frees the block this rank claimed for a derivation the ranks did not agree on."""
+    if found is not None and block >= 0:
+        found[0].core.abandon(block)
+
+
+def _claim(core: _core.NodePool, users: int) -> int:
+    """A block for `users` node ranks, or -1 (none free, or /dev/shm full)."""
+    try:
+        return core.claim(users)
+    except OSError:
+        return -1
