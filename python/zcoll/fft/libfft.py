@@ -81,6 +81,23 @@ def _default_allocator(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return fftw.aligned(shape, dtype=dtype)
 
 
+@functools.cache
+def _engine(
+    backend: str, threads: int, effort: str | None, on_mpi4py_fft: bool
+) -> NumpyBackend | PyfftwBackend:
+    """The engine of `backend` with these options, one per process (`on_mpi4py_fft`: 'fftw'
+    runs on mpi4py-fft's FFTW module): engines hold no state of their own but remembered array
+    pairs (their plans are in the process-wide cache)."""
+    if backend == "numpy":
+        return NumpyBackend()
+    if backend == "scipy":
+        return ScipyBackend(threads)
+    assert effort is not None
+    if backend == "fftw" and on_mpi4py_fft:
+        return FftwLibBackend(threads=threads, planner_effort=effort)
+    return PyfftwBackend(threads=threads, planner_effort=effort)
+
+
 def _check_support(backend: str, dtype: np.dtype) -> None:
     """Raise ImportError for a missing backend package, TypeError for a precision it lacks."""
     if backend == "mkl_fft":
@@ -488,10 +505,8 @@ class FFT(FFTBase):
         when mpi4py-fft is installed (the FFTW it was built against), else pyFFTW's."""
         opts = self._options
         threads = int(opts.get("threads", 1))
-        if self.backend == "numpy":
-            return NumpyBackend()
-        if self.backend == "scipy":
-            return ScipyBackend(threads)
+        if self.backend in ("numpy", "scipy"):
+            return _engine(self.backend, threads, None, False)
         if self.backend == "fftw":
             effort = opts.get("planner_effort", "FFTW_MEASURE")
         else:
@@ -500,9 +515,7 @@ class FFT(FFTBase):
             effort = opts.get("planner_effort", pyfftw.config.PLANNER_EFFORT)
         if effort not in fftw.flag_dict:
             raise ValueError(f"unknown planner_effort {effort!r}")
-        if self.backend == "fftw" and mpi4py_fftw() is not None:
-            return FftwLibBackend(threads=threads, planner_effort=effort)
-        return PyfftwBackend(threads=threads, planner_effort=effort)
+        return _engine(self.backend, threads, effort, mpi4py_fftw() is not None)
 
     def _spectrum_spec(self, shape: Sequence[int]) -> tuple[list[int], np.dtype]:
         """Shape and type of the (padded) forward output of the default transform."""
