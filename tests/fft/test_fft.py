@@ -813,15 +813,18 @@ def test_pfft_transposes_are_plans(world, monkeypatch):
         fft = plan_or_error(PFFT, world, shape, dtype, grid=grid)
         if fft is None:
             continue
-        # stages whose redistribution crosses ranks: each holds its (forward, backward) plans
+        # stages whose redistribution crosses ranks: each holds its (forward, backward) plans,
+        # made by the first call
         steps = [s for s in fft._stages if s.transfer is not None and s.transfer.comm.size > 1]
         if world.size > 1 and not steps:
             bad.append(f"{np.dtype(dtype)} {grid}: no transfer step at P={world.size}")
+        if any(s.plans is not None for s in steps):
+            bad.append(f"{np.dtype(dtype)} {grid}: plans made before the first call")
+        bad += check_plan(world, fft, shape, dtype, None, grid, seed=81, input_kind="arena")
         if any(len(s.plans or ()) != 2 for s in steps) or any(
             not isinstance(p, TransferPlan) for s in steps for p in s.plans or ()
         ):
             bad.append(f"{np.dtype(dtype)} {grid}: a transfer step without its plans")
-        bad += check_plan(world, fft, shape, dtype, None, grid, seed=81, input_kind="arena")
         bad += check_plan(world, fft, shape, dtype, None, grid, seed=82)
         fft.destroy()
         if any(not p.freed for s in steps for p in s.plans or ()):

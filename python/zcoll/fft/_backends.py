@@ -11,12 +11,20 @@ from __future__ import annotations
 import functools
 import inspect
 import weakref
+from collections import OrderedDict
 from math import prod
 from typing import Any
 
 import numpy as np
 
-__all__ = ["FftwLibBackend", "NumpyBackend", "PyfftwBackend", "ScipyBackend"]
+__all__ = [
+    "FftwLibBackend",
+    "NumpyBackend",
+    "PlanCache",
+    "PyfftwBackend",
+    "ScipyBackend",
+    "plan_cache",
+]
 
 
 def _norm(inverse: bool, factor: float, n: int) -> str | None:
@@ -30,6 +38,75 @@ def _norm(inverse: bool, factor: float, n: int) -> str | None:
 
 #: Pairs of arrays a pyFFTW/FFTW engine remembers as checked (see PyfftwBackend._run_checked).
 BOUND_ARRAYS = 16
+#: Bounds of the process-wide cache of FFTW plans (see PlanCache): plans, and bytes of the
+#: arrays they were made on, which a kept plan keeps alive.
+PLAN_CACHE_PLANS = 64
+PLAN_CACHE_BYTES = 64 << 20
+
+
+class _Planned:
+    """An FFTW plan, and the aligned scratch arrays that inputs it cannot take as they are
+    go through (made at the first such input: most plans never need them)."""
+
+    def __init__(self, plan, nbytes: int) -> None:
+        self.plan = plan
+        self.nbytes = nbytes
+        self.scratch: tuple[np.ndarray, np.ndarray] | None = None
+
+
+class PlanCache:
+    """Process-wide FFTW plans, least recently used evicted first.
+
+    A plan is keyed on everything FFTW's planner sees -- the library, shapes, dtypes, axes,
+    direction, whether in place, planner flags and threads -- and is only made on, and run on,
+    C-ordered SIMD-aligned arrays (others are copied through its scratch arrays), so a plan of
+    one key fits every array pair of that key. A plan keeps the arrays it was planned on alive,
+    hence the bound on their bytes besides the one on the number of plans.
+
+    Attributes
+    ----------
+    hits, misses : int
+        Look-ups that found a plan, and plans made.
+    """
+
+    def __init__(self, max_plans: int = PLAN_CACHE_PLANS, max_bytes: int = PLAN_CACHE_BYTES):
+        self.max_plans = max_plans
+        self.max_bytes = max_bytes
+        self._plans: OrderedDict[tuple, _Planned] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def get(self, key: tuple) -> _Planned | None:
+        entry = self._plans.get(key)
+        if entry is not None:
+            self._plans.move_to_end(key)
+            self.hits += 1
+        return entry
+
+    def put(self, key: tuple, entry: _Planned) -> None:
+        self.misses += 1
+        old = self._plans.pop(key, None)
+        if old is not None:
+            self._bytes -= old.nbytes
+        self._plans[key] = entry
+        self._bytes += entry.nbytes
+        while len(self._plans) > 1 and (
+            len(self._plans) > self.max_plans or self._bytes > self.max_bytes
+        ):
+            _, evicted = self._plans.popitem(last=False)
+            self._bytes -= evicted.nbytes
+
+    def clear(self) -> None:
+        self._plans.clear()
+        self._bytes = 0
+
+
+#: The FFTW plans of every 'fftw' and 'pyfftw' engine in this process.
+plan_cache = PlanCache()
 
 
 class NumpyBackend:
@@ -104,10 +181,12 @@ class _ScipyWithWorkers:
 
 
 class PyfftwBackend:
-    """pyFFTW: FFTW plans made once per (shapes, strides, alignment, axes, kind) and reused.
+    """pyFFTW: FFTW plans made once per (shapes, axes, kind, flags) in the process-wide
+    :data:`plan_cache` and reused.
 
-    Plans are measured (``FFTW_MEASURE`` by default) on scratch arrays, so planning never
-    touches the caller's data. Scaling is applied as one multiplication on the output.
+    Plans are measured (``FFTW_MEASURE`` by default) on the arrays :meth:`prepare` is given
+    (new ones) or on scratch arrays, so planning never touches the caller's data. Scaling is
+    applied as one multiplication on the output.
     """
 
     name = "pyfftw"
@@ -119,20 +198,36 @@ class PyfftwBackend:
         self._fftw = pyfftw
         self._threads = threads
         self._effort = planner_effort
-        self._plans: dict = {}
         self._bound: dict = {}
 
-    def _plan(self, a, out, axes, direction):
-        """The plan for arrays like `a` and `out`, made on aligned scratch arrays of its own:
-        (plan, scratch_in, scratch_out)."""
-        key = (a.shape, a.dtype, out.shape, out.dtype, axes, direction, a is out)
-        entry = self._plans.get(key)
+    def _plan(self, a, out, axes, direction, *, on_arrays: bool = False) -> _Planned:
+        """The plan for arrays like `a` and `out`, from the process-wide cache or made now:
+        on `a` and `out` themselves with `on_arrays` (arrays whose contents may be lost: FFTW's
+        planner overwrites them) where they fit a plan as they are, else on scratch arrays."""
+        key = (type(self).__name__, a.shape, a.dtype.str, out.shape, out.dtype.str, axes,
+               direction, a is out, self._effort, self._threads)  # fmt: skip
+        entry = plan_cache.get(key)
         if entry is None:
+            fits = on_arrays and all(_c_strided(x) and self._aligned(x) for x in (a, out))
+            if fits:
+                src, dst = a, out
+            else:
+                src = self._empty(a.shape, a.dtype)
+                dst = src if a is out else self._empty(out.shape, out.dtype)
+            nbytes = src.nbytes + (0 if dst is src else dst.nbytes)
+            entry = _Planned(self._make_plan(src, dst, axes, direction), nbytes)
+            if not fits:
+                entry.scratch = (src, dst)
+            plan_cache.put(key, entry)
+        return entry
+
+    def _scratch(self, entry: _Planned, a, out) -> tuple[np.ndarray, np.ndarray]:
+        """The aligned scratch arrays of `entry` for arrays like `a` and `out`."""
+        if entry.scratch is None:
             scratch_in = self._empty(a.shape, a.dtype)
             scratch_out = scratch_in if a is out else self._empty(out.shape, out.dtype)
-            plan = self._make_plan(scratch_in, scratch_out, axes, direction)
-            entry = self._plans[key] = (plan, scratch_in, scratch_out)
-        return entry
+            entry.scratch = (scratch_in, scratch_out)
+        return entry.scratch
 
     def _empty(self, shape, dtype) -> np.ndarray:
         return self._fftw.empty_aligned(shape, dtype)
@@ -147,8 +242,10 @@ class PyfftwBackend:
         plan.execute()
 
     def prepare(self, a, out, axes, inverse) -> None:
-        """Plan now (not at the first call) for transforms of arrays like `a` into `out`."""
-        self._plan(a, out, tuple(axes), "FFTW_BACKWARD" if inverse else "FFTW_FORWARD")
+        """Plan now (not at the first call) for transforms of arrays like `a` into `out`, on
+        `a` and `out` themselves (new arrays, whose contents the planner may overwrite)."""
+        direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
+        self._plan(a, out, tuple(axes), direction, on_arrays=True)
 
     def _aligned(self, x) -> bool:
         return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))
@@ -158,7 +255,7 @@ class PyfftwBackend:
         fit it as they are (C-ordered and SIMD-aligned); None where they do not."""
         if not (_c_strided(a) and _c_strided(out) and self._aligned(a) and self._aligned(out)):
             return None
-        plan = self._plan(a, out, tuple(axes), direction)[0]
+        plan = self._plan(a, out, tuple(axes), direction).plan
         run = self._bound_plan(plan, a, out)
         if factor == 1.0:
             return run
@@ -199,15 +296,16 @@ class PyfftwBackend:
             return
         if not _c_strided(a):
             a = np.array(a, order="C")
-        plan, scratch_in, scratch_out = self._plan(a, out, tuple(axes), direction)
+        entry = self._plan(a, out, tuple(axes), direction)
+        plan = entry.plan
         # Arrays that are not SIMD-aligned (NumPy's own are 16-byte aligned) go through the
         # plan's aligned scratch arrays, as mpi4py-fft copies through its own: a copy, never a
         # plan made inside the caller's time step.
         if a is out:
-            src = dst = a if self._aligned(a) else scratch_in
+            src = dst = a if self._aligned(a) else self._scratch(entry, a, out)[0]
         else:
-            src = a if self._aligned(a) else scratch_in
-            dst = out if self._aligned(out) else scratch_out
+            src = a if self._aligned(a) else self._scratch(entry, a, out)[0]
+            dst = out if self._aligned(out) else self._scratch(entry, a, out)[1]
         if src is not a:
             np.copyto(src, a)
         self._execute(plan, src, dst)
@@ -243,8 +341,8 @@ class FftwLibBackend(PyfftwBackend):
             raise ImportError("mpi4py-fft's FFTW module is not installed")
         self._lib = lib
         self._threads = threads
+        self._effort = planner_effort
         self._flags = (lib.flag_dict[planner_effort],)
-        self._plans: dict = {}
         self._bound: dict = {}
 
     def _empty(self, shape, dtype) -> np.ndarray:

@@ -81,6 +81,23 @@ def _default_allocator(shape: tuple, dtype: np.dtype) -> np.ndarray:
     return fftw.aligned(shape, dtype=dtype)
 
 
+@functools.cache
+def _engine(
+    backend: str, threads: int, effort: str | None, on_mpi4py_fft: bool
+) -> NumpyBackend | PyfftwBackend:
+    """The engine of `backend` with these options, one per process (`on_mpi4py_fft`: 'fftw'
+    runs on mpi4py-fft's FFTW module): engines hold no state of their own but remembered array
+    pairs (their plans are in the process-wide cache)."""
+    if backend == "numpy":
+        return NumpyBackend()
+    if backend == "scipy":
+        return ScipyBackend(threads)
+    assert effort is not None
+    if backend == "fftw" and on_mpi4py_fft:
+        return FftwLibBackend(threads=threads, planner_effort=effort)
+    return PyfftwBackend(threads=threads, planner_effort=effort)
+
+
 def _check_support(backend: str, dtype: np.dtype) -> None:
     """Raise ImportError for a missing backend package, TypeError for a precision it lacks."""
     if backend == "mkl_fft":
@@ -106,6 +123,53 @@ def _check_support(backend: str, dtype: np.dtype) -> None:
             raise TypeError(f"backend {backend!r}: this pyFFTW build does not support {dtype}")
     elif backend == "numpy" and dtype.char in "gG" and int(np.__version__.split(".")[0]) < 2:
         raise TypeError(f"backend 'numpy' supports dtype {dtype} from NumPy 2.0 on")
+
+
+def _padding_factor(padding, axes: Sequence[int]) -> float:
+    if padding is False:
+        return 1.0
+    return padding[axes[-1]] if np.ndim(padding) else padding
+
+
+def _spectrum_spec(shape, axes, dtype: np.dtype, real: bool) -> tuple[list[int], np.dtype]:
+    """Shape and type of the (padded) forward output of a default transform."""
+    out = list(shape)
+    if real:
+        out[axes[-1]] = out[axes[-1]] // 2 + 1
+    return out, np.dtype(dtype.char.upper())
+
+
+def _truncated_shape(shape, axis: int, factor: float, real: bool) -> tuple[int, ...]:
+    """Shape of the forward output truncated from the padded spectrum."""
+    tshape = list(shape)
+    tshape[axis] = int(np.round(shape[axis] / factor))
+    if real:
+        tshape[axis] = tshape[axis] // 2 + 1
+    return tuple(tshape)
+
+
+def planned_arrays(
+    shape, axes, dtype, padding, backend: str, transforms: dict | None
+) -> list[tuple[tuple[int, ...], np.dtype]] | None:
+    """The (shape, dtype) of each array ``FFT(shape, axes, dtype, padding, backend,
+    transforms)`` asks its allocator for, in order -- input, spectrum, truncated spectrum when
+    padded -- so that a caller can allocate them all at once; None where the transforms are
+    not the default ones (the planners decide their arrays) or the arguments are invalid."""
+    try:
+        base = FFTBase(shape, axes, dtype, padding)
+    except (TypeError, ValueError):
+        return None
+    if backend not in CALL_OPTIONS or backend == "mkl_fft":
+        return None
+    if transforms is not None and tuple(base.axes) in transforms:
+        return None
+    real = base.real_transform and backend != "scipy"
+    vshape, vdtype = _spectrum_spec(base.shape, base.axes, base.dtype, real)
+    specs = [(tuple(base.shape), base.dtype), (tuple(vshape), vdtype)]
+    factor = _padding_factor(padding, base.axes)
+    if abs(factor - 1.0) > 1e-8:
+        specs.append((_truncated_shape(base.shape, base.axes[-1], factor, real), vdtype))
+    return specs
 
 
 class _Transform:
@@ -446,9 +510,7 @@ class FFT(FFTBase):
         if backend == "scipy":
             self.real_transform = False
 
-        self.padding_factor = 1.0
-        if padding is not False:
-            self.padding_factor = padding[self.axes[-1]] if np.ndim(padding) else padding
+        self.padding_factor = _padding_factor(padding, self.axes)
         padded = abs(self.padding_factor - 1.0) > 1e-8
         if padded and len(self.axes) != 1:
             raise ValueError(f"padding needs exactly one transformed axis, got axes {self.axes}")
@@ -488,10 +550,8 @@ class FFT(FFTBase):
         when mpi4py-fft is installed (the FFTW it was built against), else pyFFTW's."""
         opts = self._options
         threads = int(opts.get("threads", 1))
-        if self.backend == "numpy":
-            return NumpyBackend()
-        if self.backend == "scipy":
-            return ScipyBackend(threads)
+        if self.backend in ("numpy", "scipy"):
+            return _engine(self.backend, threads, None, False)
         if self.backend == "fftw":
             effort = opts.get("planner_effort", "FFTW_MEASURE")
         else:
@@ -500,16 +560,11 @@ class FFT(FFTBase):
             effort = opts.get("planner_effort", pyfftw.config.PLANNER_EFFORT)
         if effort not in fftw.flag_dict:
             raise ValueError(f"unknown planner_effort {effort!r}")
-        if self.backend == "fftw" and mpi4py_fftw() is not None:
-            return FftwLibBackend(threads=threads, planner_effort=effort)
-        return PyfftwBackend(threads=threads, planner_effort=effort)
+        return _engine(self.backend, threads, effort, mpi4py_fftw() is not None)
 
     def _spectrum_spec(self, shape: Sequence[int]) -> tuple[list[int], np.dtype]:
         """Shape and type of the (padded) forward output of the default transform."""
-        out = list(shape)
-        if self.real_transform:
-            out[self.axes[-1]] = out[self.axes[-1]] // 2 + 1
-        return out, np.dtype(self.dtype.char.upper())
+        return _spectrum_spec(shape, self.axes, self.dtype, self.real_transform)
 
     def _plan_default(self) -> tuple[_Step, _Step]:
         U = self._allocator(tuple(self.shape), self.dtype)
@@ -584,12 +639,8 @@ class FFT(FFTBase):
         )
 
     def _get_truncarray(self, shape: Sequence[int], dtype: Any) -> np.ndarray:
-        axis = self.axes[-1]
-        tshape = list(shape)
-        tshape[axis] = int(np.round(shape[axis] / self.padding_factor))
-        if self.real_transform:
-            tshape[axis] = tshape[axis] // 2 + 1
-        return self._allocator(tuple(tshape), np.dtype(dtype))
+        tshape = _truncated_shape(shape, self.axes[-1], self.padding_factor, self.real_transform)
+        return self._allocator(tshape, np.dtype(dtype))
 
     def _check_call_options(self, kw: dict) -> None:
         unknown = sorted(set(kw) - self._call_options)

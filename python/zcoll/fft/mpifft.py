@@ -18,6 +18,7 @@ all components through one transpose per stage.
 from __future__ import annotations
 
 import functools
+import hashlib
 import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -34,8 +35,8 @@ from .._collectives import _option_error
 from .._context import lookup
 from .._registry import AUTO
 from .._settings import settings
-from .libfft import FFT
-from .pencil import Pencil, Subcomm, TransferPlan, transfer_init
+from .libfft import FFT, planned_arrays
+from .pencil import Pencil, Subcomm, TransferPlan, arena_arrays, transfer_init
 
 #: components="auto" fuses the components of a field while one stage's fused arrays on a rank
 #: fit in this many times a core's L2: measured on a 2-core EPYC (L2 1 MiB), fused was 0.5-0.95x
@@ -140,7 +141,8 @@ class _Stage:
     pencil_in: Pencil
     pencil_out: Pencil
     transfer: Any = None  # Transfer to the next stage (None for the last)
-    plans: tuple[TransferPlan, TransferPlan] | None = None  # (forward, backward), comm size > 1
+    moves: bool = False  # the transfer is over more than one rank (else the layout stays)
+    plans: tuple[TransferPlan, TransferPlan] | None = None  # (forward, backward), made lazily
 
 
 @dataclass
@@ -268,7 +270,9 @@ class PFFT:
         self.timings = {"fft": 0.0, "transpose": 0.0}
         self._batches: dict[tuple[int, ...], _Batch] = {}
         self._context = lookup(self._alloc_comm)
-        self._error_context, self._agree_each_call = self._agreement()
+        self._planned = False  # the transposes' plans are made by the first call
+        self._error_context: Any = None
+        self._agree_each_call = False
         self._own_steps: dict[bool, tuple] = {}
 
     # -- construction -------------------------------------------------------------------------
@@ -286,6 +290,7 @@ class PFFT:
         stages: list[_Stage] = []
         pencil = Pencil(self.subcomm, shape, self.axes[-1][-1], comm=self._alloc_comm)
         self._check_fits(pencil)
+        arrays = self._stage_arrays(pencil, dtype, padding, backend, transforms)
         for i, group in enumerate(reversed(self.axes)):
             if i > 0:
                 target = pencil.pencil(group[-1])
@@ -294,9 +299,10 @@ class PFFT:
                     target, dtype, order=self._order, copy=self._copy, staging=False
                 )
                 pencil = target
+            allocator = self._allocate if arrays is None else _reusing(self._allocate, *arrays[i])
             xfftn = FFT(
                 pencil.subshape, group, dtype, padding, backend=backend,
-                transforms=transforms, allocator=self._allocate, **kw,
+                transforms=transforms, allocator=allocator, **kw,
             )  # fmt: skip
             out = xfftn.forward.output_array
             after = pencil
@@ -310,11 +316,9 @@ class PFFT:
             assert xfftn.backward.input_array is xfftn.forward.output_array
             stages.append(_Stage(xfftn, pencil, after))
             pencil = after
-        for here, there in zip(stages, stages[1:]):
+        for here in stages[:-1]:
             assert here.transfer is not None
-            if here.transfer.comm.size > 1:
-                a, b = here.fft.forward.output_array, there.fft.forward.input_array
-                here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
+            here.moves = here.transfer.comm.size > 1
         self._stages = stages
         self._ends = {  # per direction: the stages in order, and its input/output arrays' specs
             inverse: (order, *(x.shape for x in ends), *(x.dtype for x in ends))
@@ -344,6 +348,33 @@ class PFFT:
             inverse=True,
         )
 
+    def _stage_arrays(
+        self, pencil: Pencil, dtype, padding, backend: str, transforms
+    ) -> list[list[np.ndarray]] | None:
+        """Every stage's arrays, allocated together (one node barrier instead of one per
+        array): per stage, those its serial transform will ask for, found by following the
+        pencils as :meth:`_build` does. None where some stage's are not known in advance
+        (custom transforms, 'mkl_fft', a rank without data): then each is allocated when
+        asked for."""
+        shape = list(pencil.shape)
+        specs: list[list] = []
+        for i, group in enumerate(reversed(self.axes)):
+            if i > 0:
+                pencil = pencil.pencil(group[-1])
+            if pencil.too_small():  # the same on every rank: _build raises there
+                return None
+            planned = planned_arrays(pencil.subshape, group, dtype, padding, backend, transforms)
+            if planned is None:
+                return None
+            specs.append(planned)
+            out_shape, out_dtype = planned[-1]
+            if out_shape[group[-1]] != shape[group[-1]] or out_dtype != dtype:
+                shape[group[-1]] = out_shape[group[-1]]
+                dtype = out_dtype
+                pencil = Pencil(pencil.subcomm, shape, group[-1], comm=self._alloc_comm)
+        flat = iter(arena_arrays(self._alloc_comm, [spec for stage in specs for spec in stage]))
+        return [[next(flat) for _ in stage] for stage in specs]
+
     def _local_runs(self, spec: _Spec, transforms, backend: str, kw) -> dict:
         """Serial transforms over runs of consecutive stages with no transpose between them
         (their redistribution is over one rank, as for the first two stages of a slab plan):
@@ -359,7 +390,7 @@ class PFFT:
         a = 0
         while a < n:
             k = a
-            while k + 1 < n and stages[k].plans is None:
+            while k + 1 < n and not stages[k].moves:
                 k += 1
             if k > a:
                 U = stages[a].fft.forward.input_array
@@ -409,6 +440,7 @@ class PFFT:
         (serial transforms bound to their arrays, transposes) are made on the first call."""
         own = self._own_steps.get(inverse)
         if own is None:
+            self._plan_transposes()
             own = self._own_steps[inverse] = self._bind_own(inverse)
         steps, out = own
         timings, clock = self.timings, time.perf_counter
@@ -437,6 +469,19 @@ class PFFT:
             steps.append(("fft", fft.bind(src, dst, inverse, normalize, scratch, factor)))
         return steps, out
 
+    def _plan_transposes(self) -> None:
+        """Collective, at the first forward or backward call (every rank makes it): the
+        persistent plans of the transposes, and where errors are agreed. A plan made and
+        destroyed without a call has agreed on nothing beyond its arguments."""
+        if self._planned:
+            return
+        for here, there in zip(self._stages, self._stages[1:]):
+            if here.moves:
+                a, b = here.fft.forward.output_array, there.fft.forward.input_array
+                here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
+        self._error_context, self._agree_each_call = self._agreement()
+        self._planned = True
+
     def _agreement(self) -> tuple[Any, bool]:
         """Where the ranks learn of one rank's bad arguments to forward/backward, and whether
         that costs a synchronisation of its own: (context, agree_each_call).
@@ -457,6 +502,7 @@ class PFFT:
         return self._context, True
 
     def _run(self, inverse: bool, input_array, output_array, kw) -> np.ndarray:
+        self._plan_transposes()
         normalize = bool(kw.pop("normalize", not inverse))
         error: Exception | None = None
         if kw:
@@ -542,11 +588,12 @@ class PFFT:
             if j == last:
                 return
             link = stages[j + 1] if inverse else stages[j]  # the stage owning the transfer
-            if link.plans is None:
+            if not link.moves:
                 # Over a communicator of one rank the layout does not change (mpi4py-fft
                 # copies): the next stage reads this stage's output where it is.
                 src = dst
             else:
+                assert link.plans is not None  # made by _plan_transposes
                 yield link.plans[1 if inverse else 0]
                 src = _side(stages[j + 1].fft, inverse, "input")
             i = j + 1
@@ -592,7 +639,7 @@ class PFFT:
             batch.outputs.append(self._allocate(lead + stage.fft.forward.output_array.shape,
                                                 stage.fft.forward.output_array.dtype))  # fmt: skip
         for i, stage in enumerate(self._stages[:-1]):
-            if stage.plans is None:
+            if not stage.moves:
                 batch.plans.append(None)
                 continue
             t = stage.transfer
@@ -756,7 +803,7 @@ class _Spec:
         if dims is not None:
             fixed = [d for d in dims if d > 0]
             size = comm.Get_size()
-            if size % int(np.prod(fixed)) or (0 not in dims and int(np.prod(fixed)) != size):
+            if size % prod(fixed) or (0 not in dims and prod(fixed) != size):
                 raise ValueError(f"a process grid {tuple(dims)} does not fit {size} ranks")
         if dims is not None and (spread := [ax for ax in groups[-1] if dims[ax] > 1]):
             raise ValueError(
@@ -897,7 +944,11 @@ def _allocation_comm(comm, subcomm) -> MPI.Comm:
 
 
 def _agree_everywhere(comm, spec, problem, options) -> None:
-    """Raise the first rank's argument error on every rank, or an error if ranks disagree."""
+    """Raise the first rank's argument error on every rank, or an error if ranks disagree.
+
+    One Allreduce(MAX) of [error flag, digest, -digest] settles the common case (no rank has
+    an error and every rank's arguments hash alike: the maximum digest equals the minimum);
+    only then does every rank see every rank's arguments, to name the first culprit."""
     world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", comm[0])
     transforms, backend, collapse, exchange, keywords = options
     keys = None if transforms is None else sorted(map(repr, transforms))
@@ -905,6 +956,11 @@ def _agree_everywhere(comm, spec, problem, options) -> None:
     mine = None if spec is None else (spec.summary(), keys, backend, bool(collapse), exchange,
                                       keywords)  # fmt: skip
     err = None if problem is None else (type(problem).__name__, str(problem))
+    digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=7).digest(), "little")
+    summary = np.array([err is not None, digest, -digest], dtype=np.int64)
+    world.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
+    if summary[0] == 0 and summary[1] == -summary[2]:
+        return
     everyone = world.allgather((mine, err))
     for rank, (_, e) in enumerate(everyone):
         if e:

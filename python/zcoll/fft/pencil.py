@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import NamedTuple, cast
+from math import prod
+from typing import cast
 
 import numpy as np
 from mpi4py import MPI
@@ -42,7 +43,7 @@ def fitting_dims(size: int, dims: Sequence[int]) -> list[int]:
     """`dims` with wildcards (values <= 0) as 0; ValueError if no grid of `size` ranks has
     them (``MPI.Compute_dims`` would fail less clearly)."""
     dims = [max(0, int(d)) for d in dims]
-    fixed = int(np.prod([d for d in dims if d > 0]))
+    fixed = prod(d for d in dims if d > 0)
     if size % fixed or (0 not in dims and fixed != size):
         raise ValueError(f"zcoll.fft: a process grid {tuple(dims)} does not fit {size} ranks")
     return dims
@@ -230,11 +231,14 @@ class Pencil:
     def transfer(
         self, pencil: Pencil, dtype, *, order: str = AUTO, copy: str = AUTO, staging=True
     ) -> Transfer:
-        """Collective (over ``self.subcomm[pencil.axis]``): the :class:`Transfer` from this
-        pencil to `pencil`, aligned in another axis.
+        """The :class:`Transfer` from this pencil to `pencil`, aligned in another axis.
 
         Made once per (axis, dtype, order, copy, staging) and kept for later calls (a new one
         is made after the kept one's :meth:`Transfer.free` or :meth:`Transfer.destroy`).
+        Local, unlike ``Transfer(...)``: the pencils' subshapes are the block distribution's,
+        so there is nothing for the ranks to agree on; what is collective (the communicator's
+        context, work arrays and plans) is made by the Transfer's first run, over
+        ``self.subcomm[pencil.axis]``.
 
         Raises
         ------
@@ -249,7 +253,7 @@ class Pencil:
             comm = self.subcomm[pencil.axis]
             shape = list(self.subshape)
             shape[pencil.axis] = self.shape[pencil.axis]
-            kept = self._transfers[key] = Transfer(
+            kept = self._transfers[key] = Transfer._of_blocks(
                 comm, shape, dtype, self.subshape, self.axis, pencil.subshape, pencil.axis,
                 order=order, copy=copy, staging=staging,
             )  # fmt: skip
@@ -293,14 +297,34 @@ def _axis(axis: int, ndim: int) -> int:
     return axis % ndim
 
 
-class _Staging(NamedTuple):
-    """A Transfer's arena work arrays for one leading shape, with the plans of both
-    directions between them."""
+class _Staging:
+    """A Transfer's arena work arrays for one leading shape (made together, one node barrier)
+    and the plans between them, each direction's made at its first run."""
 
-    work_a: np.ndarray
-    work_b: np.ndarray
-    forward: TransferPlan
-    backward: TransferPlan
+    def __init__(self, work_a: np.ndarray, work_b: np.ndarray) -> None:
+        self.work = (work_a, work_b)
+        self.plans: list[TransferPlan | None] = [None, None]  # forward, backward
+
+
+#: What Transfers have made so far in this process: work array pairs and plans on them. Tests
+#: read it to see that a transpose never used allocates and plans nothing.
+made = {"work_arrays": 0, "plans": 0}
+
+
+def arena_arrays(comm: MPI.Comm, specs: Sequence[tuple[Sequence[int], np.dtype]]) -> list:
+    """Collective: arena arrays of the given (shape, dtype) specs, carved from one allocation
+    (one node barrier, not one per array); each 64-byte aligned (the arena's alignment) and
+    returned to the arena when the last of them is collected."""
+    sizes = [prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs]
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += -(-size // 64) * 64
+    raw = empty(comm, total, np.uint8)
+    return [
+        raw[offset : offset + size].view(dtype).reshape(tuple(shape))
+        for offset, size, (shape, dtype) in zip(offsets, sizes, specs)
+    ]
 
 
 class Transfer:
@@ -334,9 +358,10 @@ class Transfer:
     copy : str
         Stores of the block copies, as for :func:`zcoll.alltoall`.
     staging : bool
-        Allocate two arena work arrays through which arrays that are not C-contiguous arena
-        arrays are staged, and the persistent plans of both directions on them. Without them
-        every array passed must be an arena array, and each call is a plain :func:`transfer`.
+        Stage arrays that are not C-contiguous arena arrays through two arena work arrays, with
+        a persistent plan per direction on them (made collectively by the first call of each
+        direction, so a Transfer never run holds no arena memory). Without them every array
+        passed must be an arena array, and each call is a plain :func:`transfer`.
 
     Attributes
     ----------
@@ -404,11 +429,29 @@ class Transfer:
         ctx = lookup(comm)  # the context is made now, collectively, not inside a first call
         # Arguments the same on every rank raise above; the subshapes are each rank's own.
         ctx.raise_together("fft.Transfer", self._subshape_error(subshapeA, subshapeB))
+        self._start(staging)
+
+    @classmethod
+    def _of_blocks(
+        cls, comm, shape, dtype, subshapeA, axisA, subshapeB, axisB, *, order, copy, staging
+    ) -> Transfer:
+        """A Transfer whose subshapes are the block distribution's by construction (those of
+        two pencils): nothing to agree on, so nothing collective happens here -- the context,
+        work arrays and plans come with the first run that needs them."""
+        self = cls.__new__(cls)
+        self.comm = comm
+        self._setup(shape, dtype, axisA, axisB, order, copy)
+        self.subshapeA = tuple(subshapeA)
+        self.subshapeB = tuple(subshapeB)
+        self._start(staging)
+        return self
+
+    def _start(self, staging) -> None:
+        # Work arrays and plans are made by the first run of each leading shape and direction:
+        # a Transfer never run holds no arena memory and has agreed on nothing.
         self._staging = bool(staging)
         self._staged: dict[tuple[int, ...], _Staging] = {}
         self._freed = False
-        if staging:
-            self._staged_for(())
 
     def _setup(self, shape, dtype, axisA, axisB, order, copy) -> None:
         self.shape = tuple(operator.index(n) for n in shape)
@@ -474,8 +517,9 @@ class Transfer:
         """Local: free the plans on the work arrays (later calls raise); idempotent."""
         self._freed = True
         for staged in self._staged.values():
-            staged.forward.free()
-            staged.backward.free()
+            for plan in staged.plans:
+                if plan is not None:
+                    plan.free()
 
     def destroy(self) -> None:
         """Local: :meth:`free`, and drop the work arrays (mpi4py-fft's ``destroy``)."""
@@ -491,29 +535,37 @@ class Transfer:
 
     def _init(self, src, dst, side: int) -> TransferPlan:
         _, shape, a, b = self._geometry(src, side)
+        made["plans"] += 1
         return transfer_init(self.comm, src, dst, shape, a, b, order=self.order, copy=self.copy)
 
-    def _staged_for(self, lead: tuple[int, ...]) -> _Staging:
+    def _staged_plan(self, lead: tuple[int, ...], side: int) -> tuple[_Staging, TransferPlan]:
+        """The work arrays for leading shape `lead` and the plan of direction `side` (0
+        forward) between them, made collectively on their first use. Work arrays are kept only
+        with a plan made on them: when the ranks' leading shapes differ, the plan raises on
+        every rank and every rank is left as it was."""
         staged = self._staged.get(lead)
+        if (staged is None or staged.plans[side] is None) and self._freed:
+            raise ValueError("zcoll.fft.Transfer: used after free() or destroy()")
         if staged is None:
-            if self._freed:
-                raise ValueError("zcoll.fft.Transfer: used after free() or destroy()")
-            work_a = empty(self.comm, (*lead, *self.subshapeA), self.dtype)
-            work_b = empty(self.comm, (*lead, *self.subshapeB), self.dtype)
-            staged = _Staging(
-                work_a, work_b, self._init(work_a, work_b, 0), self._init(work_b, work_a, 1)
+            work_a, work_b = arena_arrays(
+                self.comm,
+                [((*lead, *self.subshapeA), self.dtype), ((*lead, *self.subshapeB), self.dtype)],
             )
-            self._staged[lead] = staged
-        return staged
+            made["work_arrays"] += 1
+            staged = _Staging(work_a, work_b)
+        plan = staged.plans[side]
+        if plan is None:
+            plan = staged.plans[side] = self._init(staged.work[side], staged.work[1 - side], side)
+        self._staged[lead] = staged
+        return staged, plan
 
     def _run(self, src, dst, side: int) -> np.ndarray:
         lead, shape, a, b = self._geometry(src, side)
         if not self._staging:
             transfer(self.comm, src, dst, shape, a, b, order=self.order, copy=self.copy)
             return dst
-        staged = self._staged_for(lead)
-        work_src, work_dst = (staged.work_a, staged.work_b)[:: 1 - 2 * side]
-        plan = staged.backward if side else staged.forward
+        staged, plan = self._staged_plan(lead, side)
+        work_src, work_dst = staged.work[side], staged.work[1 - side]
         # Each rank decides alone what goes through the work arrays; the plan runs either way
         # (None: the plan's own array; an array it accepts: this run's, see the class notes).
         src_in = src if _direct(plan, src, work_src) or not _filled(work_src, src) else None

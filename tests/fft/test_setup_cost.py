@@ -1,0 +1,173 @@
+"""What making a plan costs, checked by what it makes rather than by timing: the process-wide
+FFTW plan cache (hits, its bounds, keys that must not share a plan, a cached plan on arrays of
+another alignment), transposes that make nothing until their first run, and a soak of PFFTs
+made and destroyed that must leave resident memory and /dev/shm as they were."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import numpy as np
+import pytest
+
+from helpers import all_ranks_agree, rss_bytes
+from zcoll.fft import PFFT
+from zcoll.fft import _backends as backends
+from zcoll.fft import pencil as pencil_module
+from zcoll.fft.libfft import FFT
+from zcoll.fft.pencil import Pencil, Subcomm
+
+OPTS = {"planner_effort": "FFTW_ESTIMATE"}
+
+
+def fftw_or_skip() -> None:
+    pytest.importorskip("pyfftw")
+
+
+def data(shape, dtype, seed: int = 3) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        a = a + 1j * rng.standard_normal(shape)
+    return a.astype(dtype)
+
+
+# -- the plan cache -----------------------------------------------------------------------------
+
+
+def test_second_fft_of_a_kind_plans_nothing():
+    fftw_or_skip()
+    shape = (6, 10, 12)
+    FFT(shape, (1, 2), np.complex128, backend="fftw", **OPTS)
+    misses = backends.plan_cache.misses
+    hits = backends.plan_cache.hits
+    again = FFT(shape, (1, 2), np.complex128, backend="fftw", **OPTS)
+    assert backends.plan_cache.misses == misses
+    assert backends.plan_cache.hits == hits + 2  # forward and backward
+    a = data(shape, np.complex128)
+    np.testing.assert_allclose(again.forward(a), np.fft.fftn(a, axes=(1, 2)) / 120, atol=1e-12)
+
+
+def test_cache_keeps_its_bounds():
+    cache = backends.PlanCache(max_plans=3, max_bytes=1000)
+    for k in range(5):
+        cache.put(("plan", k), backends._Planned(object(), 100))
+    assert len(cache) == 3
+    assert cache.get(("plan", 0)) is None and cache.get(("plan", 1)) is None
+    assert cache.get(("plan", 2)) is not None  # now the most recently used
+    cache.put(("plan", 5), backends._Planned(object(), 100))
+    assert cache.get(("plan", 3)) is None and cache.get(("plan", 2)) is not None
+    cache.put(("big", 0), backends._Planned(object(), 950))  # over the bytes: others leave
+    assert len(cache) == 1 and cache.get(("big", 0)) is not None
+
+
+@pytest.mark.parametrize("dtype", ["d", "D"])
+def test_distinct_keys_get_distinct_plans(dtype):
+    """Same shape, other axes, direction or type: each transform its own plan, each right."""
+    fftw_or_skip()
+    shape = (8, 6, 10)
+    a = data(shape, dtype)
+    for axes in [(2,), (1, 2), (0,), (0, 1, 2)]:
+        fft = FFT(shape, axes, dtype, backend="fftw", **OPTS)
+        ref = (np.fft.rfftn if np.dtype(dtype).kind == "f" else np.fft.fftn)(a, axes=axes)
+        n = np.prod([shape[k] for k in axes])
+        np.testing.assert_allclose(fft.forward(a), ref / n, atol=1e-12)
+        np.testing.assert_allclose(fft.backward(), a, atol=1e-12)
+
+
+def test_cached_plan_on_arrays_of_another_alignment():
+    """A plan made on aligned arrays, run through execute() on arrays 8 bytes off alignment
+    (copied through the plan's scratch arrays) and on aligned ones: the same values."""
+    fftw_or_skip()
+    shape, axes = (6, 8, 10), (0, 1, 2)
+    fft = FFT(shape, axes, np.complex128, backend="fftw", **OPTS)
+    a = data(shape, np.complex128)
+    ref = np.fft.fftn(a) / a.size
+    n = a.size
+    raw = np.zeros(2 * n + 8, np.complex128)
+    for offset_bytes in (8, 16, 0):
+        base = raw.view(np.uint8)[offset_bytes : offset_bytes + 16 * n].view(np.complex128)
+        src = base.reshape(shape)
+        src[...] = a
+        dst = np.empty(shape, np.complex128)
+        fft.execute(src, dst, inverse=False, normalize=True)
+        np.testing.assert_allclose(dst, ref, atol=1e-12)
+        np.testing.assert_array_equal(src, a)  # the input survives
+
+
+# -- laziness -----------------------------------------------------------------------------------
+
+
+def test_unused_transfer_makes_nothing(world):
+    sub = Subcomm(world, (0, 1))
+    pa = Pencil(sub, (8, 6), 1)
+    pb = pa.pencil(0)
+    before = dict(pencil_module.made)
+    t = pa.transfer(pb, float)
+    ok = pencil_module.made == before and not t._staged
+    a = np.ones(pa.subshape)
+    b = np.zeros(pb.subshape)
+    t.forward(a, b)
+    after_forward = dict(pencil_module.made)
+    ok &= after_forward["work_arrays"] == before["work_arrays"] + 1
+    ok &= after_forward["plans"] == before["plans"] + 1  # the backward one is not made yet
+    t.backward(b, a)
+    ok &= pencil_module.made["plans"] == before["plans"] + 2
+    ok &= pencil_module.made["work_arrays"] == before["work_arrays"] + 1
+    ok &= bool((a == 1).all() and (b == 1).all())
+    t.destroy()
+    sub.destroy()
+    all_ranks_agree(world, ok, f"lazy transfer: {before} -> {pencil_module.made}")
+
+
+def test_pfft_plans_its_transposes_at_the_first_call(world):
+    """Construction plans no transpose; the first call plans those over more than one rank (a
+    slab plan's transfer over one rank never)."""
+    before = dict(pencil_module.made)
+    plan = PFFT(world, (8, 6, 4), axes=(0, 1, 2), dtype=np.complex128, grid=(-1,),
+                backend="numpy")  # fmt: skip
+    ok = pencil_module.made == before
+    plan.forward()
+    plan.backward()
+    made = {k: pencil_module.made[k] - before[k] for k in before}
+    expected_plans = 2 * sum(t.comm.Get_size() > 1 for t in plan.transfer)
+    ok &= made == {"work_arrays": 0, "plans": expected_plans}
+    plan.destroy()
+    all_ranks_agree(world, ok, f"PFFT made {made}, expected {expected_plans} plans")
+
+
+# -- soak ---------------------------------------------------------------------------------------
+
+
+def zcoll_shm_entries() -> set[str]:
+    try:
+        return {name for name in os.listdir("/dev/shm") if name.startswith("zcoll")}
+    except OSError:
+        return set()
+
+
+def test_thousand_pfft_keep_memory_flat(world):
+    """One backend only: 'fftw' (its plans are the ones kept in the process-wide cache) where
+    pyFFTW is installed; two would double a test that takes minutes on emulated nodes."""
+    try:
+        import pyfftw  # noqa: F401
+
+        backend = "fftw"
+    except ImportError:
+        backend = "numpy"
+
+    def cycle(n: int) -> None:
+        for _ in range(n):
+            PFFT(world, (8, 9, 10), dtype=np.float64, backend=backend).destroy()
+
+    cycle(50)  # caches and the arena reach their size
+    gc.collect()
+    shm, rss = zcoll_shm_entries(), rss_bytes()
+    cycle(1000)
+    gc.collect()
+    grown = rss_bytes() - rss
+    new_shm = zcoll_shm_entries() - shm
+    all_ranks_agree(
+        world, grown < 1 << 20 and not new_shm, f"RSS grew {grown} B, new /dev/shm {new_shm}"
+    )
