@@ -49,6 +49,42 @@ def test_second_fft_of_a_kind_plans_nothing():
     np.testing.assert_allclose(again.forward(a), np.fft.fftn(a, axes=(1, 2)) / 120, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["PyfftwBackend", "FftwLibBackend"])
+def test_threads_share_a_cached_plan(engine):
+    """Transforms of one shape from four threads at once, through the same cached plan
+    (bound to each thread's arrays, and through its scratch arrays for unaligned input):
+    every result is numpy.fft's."""
+    import threading
+
+    fftw_or_skip()
+    if engine == "FftwLibBackend" and backends.mpi4py_fftw() is None:
+        pytest.skip("mpi4py-fft's FFTW module is not installed")
+    backend = getattr(backends, engine)(planner_effort="FFTW_ESTIMATE")
+    shape, axes = (8, 30), (0, 1)
+    wrong = []
+
+    def work(seed: int) -> None:
+        a = data(shape, np.complex128, seed)
+        want = np.fft.fftn(a, axes=axes)
+        out = np.empty_like(a)
+        raw = np.empty(a.nbytes + 8, np.uint8)[8:].view(np.complex128).reshape(shape)
+        for _ in range(300):
+            backend.c2c(a, out, axes, False)  # aligned: the plan rebound to these arrays
+            ok = np.allclose(out, want, atol=1e-9)
+            raw[...] = a  # 8 bytes off: through the plan's scratch arrays
+            backend.c2c(raw, out, axes, False)
+            if not (ok and np.allclose(out, want, atol=1e-9)):
+                wrong.append(seed)
+                return
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"threads with wrong results: {wrong}"
+
+
 def test_cache_keeps_its_bounds():
     cache = backends.PlanCache(max_plans=3, max_bytes=1000)
     for k in range(5):

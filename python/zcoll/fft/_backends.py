@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 import weakref
 from collections import OrderedDict
 from math import prod
@@ -46,12 +47,15 @@ PLAN_CACHE_BYTES = 64 << 20
 
 class _Planned:
     """An FFTW plan, and the aligned scratch arrays that inputs it cannot take as they are
-    go through (made at the first such input: most plans never need them)."""
+    go through (made at the first such input: most plans never need them). `lock` is held by
+    a run that rebinds the plan's arrays or uses the scratch arrays: a cached plan serves every
+    transform of its shapes in the process, and two threads must not interleave there."""
 
     def __init__(self, plan, nbytes: int) -> None:
         self.plan = plan
         self.nbytes = nbytes
         self.scratch: tuple[np.ndarray, np.ndarray] | None = None
+        self.lock = threading.Lock()
 
 
 class PlanCache:
@@ -107,6 +111,9 @@ class PlanCache:
 
 #: The FFTW plans of every 'fftw' and 'pyfftw' engine in this process.
 plan_cache = PlanCache()
+#: Held while a plan is looked up or made: FFTW's planner is not thread-safe, and a plan is
+#: now made at a transform's first call, which may run in any thread.
+_planning = threading.Lock()
 
 
 class NumpyBackend:
@@ -206,6 +213,10 @@ class PyfftwBackend:
         planner overwrites them) where they fit a plan as they are, else on scratch arrays."""
         key = (type(self).__name__, a.shape, a.dtype.str, out.shape, out.dtype.str, axes,
                direction, a is out, self._effort, self._threads)  # fmt: skip
+        with _planning:  # FFTW's planner and the cache serve one thread at a time
+            return self._cached_plan(key, a, out, axes, direction, on_arrays)
+
+    def _cached_plan(self, key, a, out, axes, direction, on_arrays: bool) -> _Planned:
         entry = plan_cache.get(key)
         if entry is None:
             fits = on_arrays and all(_c_strided(x) and self._aligned(x) for x in (a, out))
@@ -255,8 +266,7 @@ class PyfftwBackend:
         fit it as they are (C-ordered and SIMD-aligned); None where they do not."""
         if not (_c_strided(a) and _c_strided(out) and self._aligned(a) and self._aligned(out)):
             return None
-        plan = self._plan(a, out, tuple(axes), direction).plan
-        run = self._bound_plan(plan, a, out)
+        run = self._bound_plan(self._plan(a, out, tuple(axes), direction), a, out)
         if factor == 1.0:
             return run
         scale = out.real.dtype.type(factor)
@@ -267,10 +277,13 @@ class PyfftwBackend:
 
         return run_scaled
 
-    def _bound_plan(self, plan, a, out):
+    def _bound_plan(self, entry: _Planned, a, out):
+        plan, lock = entry.plan, entry.lock
+
         def run() -> None:
-            plan.update_arrays(a, out)
-            plan.execute()
+            with lock:  # pyFFTW's plan holds the arrays it runs on
+                plan.update_arrays(a, out)
+                plan.execute()
 
         return run
 
@@ -278,7 +291,9 @@ class PyfftwBackend:
         key = (id(a), id(out), tuple(axes), direction)
         bound = self._bound.get(key)
         if bound is not None and bound[0]() is a and bound[1]() is out:
-            self._execute(bound[2], a, out)  # the same arrays as before: checked then
+            entry = bound[2]  # the same arrays as before: checked then
+            with entry.lock:
+                self._execute(entry.plan, a, out)
         else:
             self._run_checked(a, out, axes, direction, key)
         if factor != 1.0:
@@ -297,24 +312,24 @@ class PyfftwBackend:
         if not _c_strided(a):
             a = np.array(a, order="C")
         entry = self._plan(a, out, tuple(axes), direction)
-        plan = entry.plan
         # Arrays that are not SIMD-aligned (NumPy's own are 16-byte aligned) go through the
         # plan's aligned scratch arrays, as mpi4py-fft copies through its own: a copy, never a
         # plan made inside the caller's time step.
-        if a is out:
-            src = dst = a if self._aligned(a) else self._scratch(entry, a, out)[0]
-        else:
-            src = a if self._aligned(a) else self._scratch(entry, a, out)[0]
-            dst = out if self._aligned(out) else self._scratch(entry, a, out)[1]
-        if src is not a:
-            np.copyto(src, a)
-        self._execute(plan, src, dst)
-        if dst is not out:
-            np.copyto(out, dst)
-        elif src is a and id(a) == key[0]:
+        with entry.lock:
+            if a is out:
+                src = dst = a if self._aligned(a) else self._scratch(entry, a, out)[0]
+            else:
+                src = a if self._aligned(a) else self._scratch(entry, a, out)[0]
+                dst = out if self._aligned(out) else self._scratch(entry, a, out)[1]
+            if src is not a:
+                np.copyto(src, a)
+            self._execute(entry.plan, src, dst)
+            if dst is not out:
+                np.copyto(out, dst)
+        if dst is out and src is a and id(a) == key[0]:
             if len(self._bound) >= BOUND_ARRAYS:
                 self._bound.clear()
-            self._bound[key] = (weakref.ref(a), weakref.ref(out), plan)
+            self._bound[key] = (weakref.ref(a), weakref.ref(out), entry)
 
     def c2c(self, a, out, axes, inverse, factor=1.0):
         return self._run(a, out, axes, "FFTW_BACKWARD" if inverse else "FFTW_FORWARD", factor)
@@ -366,8 +381,14 @@ class FftwLibBackend(PyfftwBackend):
     def _execute(self, plan, a, out) -> None:
         plan(a, out, implicit=True, normalize=False)
 
-    def _bound_plan(self, plan, a, out):
-        return functools.partial(plan, a, out, True, False)  # implicit, not normalized
+    def _bound_plan(self, entry: _Planned, a, out):
+        run, lock = functools.partial(entry.plan, a, out, True, False), entry.lock
+
+        def locked() -> None:  # implicit, not normalized; one thread per plan at a time
+            with lock:
+                run()
+
+        return locked
 
 
 _MPI4PY_FFTW: list = []  # [module or None], filled by the first look
