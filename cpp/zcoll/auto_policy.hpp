@@ -76,6 +76,13 @@ block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) 
 
 // Fewest bytes per rank an exchange receives to pull by CMA under the built-in rule (above).
 inline constexpr std::size_t default_cma_bytes = std::size_t{16} << 10;
+// Reductions pull private inputs from this many times the exchanges' CMA threshold (4 MiB by
+// default). Measured, P = 2 and 4, plain float64 inputs (docs/performance.md, "Reductions on
+// plain arrays"): staged flat beat pulled tiled for allreduce up to 1 MiB (by 16-60 %), tied at
+// 4 MiB and lost by 1.5x at 16 MiB; for reduce it won up to 4 MiB. A pull reads a peer's piece
+// with a system call and a page pin, which staging's in-cache copies undercut until the inputs
+// outgrow the cache.
+inline constexpr std::size_t reduction_pull_factor = 256;
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
@@ -110,6 +117,15 @@ class auto_policy {
   // Whether an exchange receiving `recv_bytes` per rank, with a private buffer, pulls rather
   // than stages.
   bool pulls(std::size_t recv_bytes) const noexcept { return recv_bytes >= cma_bytes_; }
+  // Whether a reduction of `bytes` per rank pulls private inputs rather than staging them: from
+  // reduction_pull_factor times the exchanges' threshold (so a threshold of 0 still pulls
+  // every size, as tests force it, and "never" never does).
+  // A reduce (`to_root`) from 4 times that: staged flat, where only the root folds, beat
+  // pulled tiled at 4 MiB and lost at 16 MiB (P = 2 and 4).
+  bool pulls_reduction(std::size_t bytes, bool to_root = false) const noexcept {
+    const std::size_t factor = reduction_pull_factor * (to_root ? 4 : 1);
+    return cma_bytes_ <= SIZE_MAX / factor && bytes >= cma_bytes_ * factor;
+  }
   // Whether a strided pull whose contiguous runs hold `run_bytes` is worth it (always with a
   // threshold of 0: every private buffer pulled, as tests force it).
   bool pulls_runs(std::size_t run_bytes) const noexcept {
@@ -137,8 +153,16 @@ class auto_policy {
   // `pulled`: some input is private and the call pulls it by CMA, which only the tiled
   // algorithm does (every other one stages each private input whole first); measured faster
   // than any staged algorithm at every size that pulls (docs/performance.md).
-  reduce_algorithm choose_reduction(std::size_t bytes, bool pulled = false) const noexcept {
+  // A reduce (`to_root`) runs flat, where only the root folds, unless its peers can write their
+  // tiles into the root's result (`shared_result`: in shared memory) or it pulls: measured, P =
+  // 2 and 4, flat beat tiled at every size from 16 KiB to 16 MiB (by up to 3.5x) when the root
+  // copied every tile out, and tiled beat flat from 16 KiB (P = 2) and 256 KiB (P = 4) up when
+  // the peers wrote into a shared result.
+  reduce_algorithm choose_reduction(std::size_t bytes, bool pulled = false, bool to_root = false,
+                                    bool shared_result = false) const noexcept {
     if (pulled) return reduce_algorithm::tiled;
+    if (to_root)
+      return shared_result && !eager_fits(bytes) ? reduce_algorithm::tiled : reduce_algorithm::flat;
     if (bytes != chosen_bytes_) {
       chosen_ = least_predicted(bytes);
       chosen_bytes_ = bytes;

@@ -38,40 +38,22 @@ std::string refusal_text(int err, int peer_comm_rank) {
 
 }  // namespace
 
-namespace {
-
-// process_vm_readv or process_vm_writev of `bytes` between `local` and `remote`, continued
-// after a partial transfer; 0 or the errno (a call that moves nothing is EFAULT).
-template <auto transfer>
-int cma_transfer(std::int32_t pid, std::byte* local, std::uint64_t remote,
-                 std::size_t bytes) noexcept {
+int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept {
+  auto* into = static_cast<std::byte*>(local);
   while (bytes) {
-    iovec here{local, bytes};
-    iovec there{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
-    const ssize_t moved = transfer(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
-    if (moved < 0) {
+    iovec to{into, bytes};
+    iovec from{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &to, 1, &from, 1, 0);
+    if (got < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
-    if (moved == 0) return EFAULT;
-    local += moved;
-    remote += static_cast<std::uint64_t>(moved);
-    bytes -= static_cast<std::size_t>(moved);
+    if (got == 0) return EFAULT;
+    into += got;
+    remote += static_cast<std::uint64_t>(got);
+    bytes -= static_cast<std::size_t>(got);
   }
   return 0;
-}
-
-}  // namespace
-
-int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept {
-  return cma_transfer<process_vm_readv>(pid, static_cast<std::byte*>(local), remote, bytes);
-}
-
-int cma_write(std::int32_t pid, std::uint64_t remote, const void* local,
-              std::size_t bytes) noexcept {
-  // process_vm_writev reads its local iovecs only: the cast drops no promise.
-  return cma_transfer<process_vm_writev>(pid, static_cast<std::byte*>(const_cast<void*>(local)),
-                                         remote, bytes);
 }
 
 namespace {

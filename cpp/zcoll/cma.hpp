@@ -13,10 +13,7 @@
  * the page walk), and the copy runs with ordinary stores in the kernel (no streaming kernel,
  * no block order across ranks: each rank fills only its own receive buffer). So small blocks
  * stay staged; auto_policy holds the measured threshold. A rank can only pull into its own
- * memory, so in-place calls (where a rank's buffer is also its peers' input) stay staged. The
- * one write: a tiled reduce's ranks write their folded tiles into the root's private result
- * (process_vm_writev, which the kernel allows exactly where it allows reading), so the root
- * copies nothing after the fold.
+ * memory, so in-place calls (where a rank's buffer is also its peers' input) stay staged.
  *
  * The kernel may refuse: Yama's ptrace_scope >= 1 lets a process read only its descendants,
  * and processes of different users never read each other. A context probes once, collectively,
@@ -39,11 +36,6 @@ struct box_shape;
 // Reads `bytes` at address `remote` of process `pid` into `local`. Returns 0 or the errno of
 // the failure (a partial read is continued; a read that stops making progress is EFAULT).
 int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept;
-
-// Writes `bytes` from `local` to address `remote` of process `pid` (process_vm_writev, which
-// the kernel allows exactly where it allows reading). Returns 0 or the errno of the failure.
-int cma_write(std::int32_t pid, std::uint64_t remote, const void* local,
-              std::size_t bytes) noexcept;
 
 // Reads the box `box` (copy.hpp: its src side at address `remote` of process `pid`, its dst
 // side at `local`) run by run, up to a thousand runs per system call. Returns 0 or the errno of
@@ -69,11 +61,6 @@ class cross_memory {
   // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
   int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {
     return cma_read(pids_[static_cast<std::size_t>(node_rank)], local, remote, bytes);
-  }
-  // Writes `bytes` from `local` to `remote` of node rank `node_rank`; 0 or the errno.
-  int write(int node_rank, std::uint64_t remote, const void* local,
-            std::size_t bytes) const noexcept {
-    return cma_write(pids_[static_cast<std::size_t>(node_rank)], remote, local, bytes);
   }
   // cma_read_box from node rank `node_rank`.
   int read_box(int node_rank, std::byte* local, std::uint64_t remote,

@@ -201,9 +201,9 @@ class node_context {
   // Whether a reduction of `bytes` per rank leaves private inputs where they are, for the tiled
   // algorithm to pull (the same answer on every rank: the size is agreed, the CMA verdict is
   // the node's; eager calls copy their inputs into the eager slots instead).
-  bool pulls_reduction_inputs(std::size_t bytes) const noexcept {
-    return config_.size > 1 && !policy_.eager_fits(bytes) && policy_.pulls(bytes) &&
-           cma_.current() == cross_memory::state::works;
+  bool pulls_reduction_inputs(std::size_t bytes, bool to_root = false) const noexcept {
+    return config_.size > 1 && !policy_.eager_fits(bytes) &&
+           policy_.pulls_reduction(bytes, to_root) && cma_.current() == cross_memory::state::works;
   }
   // What algorithm="auto" runs for a reduction of `bytes` per rank (`private_inputs`: some
   // rank's input is outside shared memory).
@@ -247,18 +247,17 @@ class node_context {
   void reduce_tree(const resolved_reduction& r);
   void reduce_dissemination(const resolved_reduction& r);
   // Where each node rank's input is, from the published lines (staging what must be; with
-  // `pull`, private peers' inputs are left null for fold_tile_by_pieces).
+  // `pull`, private peers' inputs are left null for fold_pulled_tile).
   void resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
                       std::size_t third, bool pull);
-  // Folds bytes [off, off + len) of every input into `dst`, a piece at a time, pulling private
-  // peers' parts by CMA; with `dst` null, writes each folded piece by CMA to `push_to` + offset
-  // in the reduce's root. Publishes this rank's first failed read or write in its slot.
-  void fold_tile_by_pieces(const reduction_args& a, std::size_t off, std::size_t len,
-                           std::byte* dst, std::uint64_t push_to);
-  // A tiled reduce: where the root's result is, when its peers may write their tiles there.
-  void find_root_result(resolved_reduction& r, const call_protocol::published& all, bool may_pull);
-  // After the barrier that follows fold_tile_by_pieces: raises any rank's failed read or write,
-  // on every rank.
+  // Folds bytes [off, off + len) of every input into `work`, pulling private peers' parts by
+  // CMA a piece at a time; publishes this rank's first failed read in its slot.
+  void fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len, std::byte* work);
+  // A tiled reduce: where the root's result is, when it is in shared memory (its peers then
+  // fold their tiles straight into it).
+  void find_root_result(resolved_reduction& r, const call_protocol::published& all);
+  // After the barrier that follows fold_pulled_tile: raises any rank's failed read, on every
+  // rank.
   void raise_failed_pulls();
 
   context_config config_;

@@ -97,8 +97,9 @@ node_context::reduction_args node_context::checked_reduction(const reduction_cal
   const bool wants = c.op != op_code::reduce || a.root_node == config_.rank;
   if (wants) a.out = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
   a.asked = c.algorithm;
-  a.alg = c.algorithm == auto_algorithm ? policy_.choose_reduction(a.bytes)
-                                        : static_cast<reduce_algorithm>(c.algorithm);
+  a.alg = c.algorithm == auto_algorithm
+              ? policy_.choose_reduction(a.bytes, false, c.op == op_code::reduce)
+              : static_cast<reduce_algorithm>(c.algorithm);
   return a;
 }
 
@@ -204,16 +205,14 @@ void node_context::execute_bcast(const reduction_args& a) {
   if (!eager) protocol_.sync();  // the root's buffer (or staging) is read until here
 }
 
-void node_context::fold_tile_by_pieces(const reduction_args& a, std::size_t off, std::size_t len,
-                                       std::byte* dst, std::uint64_t push_to) {
+void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len,
+                                    std::byte* work) {
   const auto np = static_cast<std::size_t>(config_.size);
   const std::size_t esize = a.bytes / a.count;
   // Pieces small enough that a piece of every peer stays in cache between its read and the
-  // fold (and the folded piece between the fold and its write to the root); whole elements,
-  // so each piece folds on its own.
+  // fold; whole elements, so each piece folds on its own.
   const std::size_t piece = std::max<std::size_t>(esize, pull_piece_bytes / esize * esize);
-  pull_scratch_.resize((np + 1) * piece);
-  std::byte* folded = pull_scratch_.data() + np * piece;
+  pull_scratch_.resize(np * piece);
   srcs_.resize(np);
   pull_failure failed;
   for (std::size_t at = off; at < off + len; at += piece) {
@@ -228,13 +227,9 @@ void node_context::fold_tile_by_pieces(const reduction_args& a, std::size_t off,
       const int err = cma_.read(static_cast<int>(j), into, refs_[j].offset + at, bytes);
       if (err && !failed.error) failed = {err, static_cast<int>(j)};
     }
-    reduce_fold(a.rop, a.type, dst ? dst + at : folded, srcs_.data(), config_.size, bytes / esize);
-    if (dst) continue;
-    const int err = cma_.write(a.root_node, push_to + at, folded, bytes);
-    if (err && !failed.error) failed = {err, a.root_node};
+    reduce_fold(a.rop, a.type, work + at, srcs_.data(), config_.size, bytes / esize);
   }
-  // A failed read spoils this rank's tile, which every rank copies, and a failed write the
-  // root's result: every rank raises it.
+  // A failed read spoils this rank's tile, which every rank copies: every rank raises it.
   auto& mine = protocol_.slot(config_.rank);
   mine.cma_error = failed.error;
   mine.cma_failed_from = failed.from;
@@ -257,12 +252,9 @@ struct node_context::resolved_reduction {
   std::size_t third = 0;       // bytes of each third of a staging partition (work buffers)
   bool stream = false;         // results written with streaming stores (the barriers fence)
   bool pull = false;           // private peers' inputs are pulled by CMA (tiled only)
-  // A tiled reduce whose root published a result apart from its input: every rank writes its
-  // tile there, so the root copies nothing after the fold. In shared memory (`root_out`), or
-  // private and written by CMA (`push_to`: its address in the root's process).
+  // A tiled reduce whose root published a result in shared memory, apart from its input:
+  // every rank folds its tile straight into it, so the root copies nothing after the fold.
   std::byte* root_out = nullptr;
-  std::uint64_t push_to = 0;
-  bool peers_write_root() const { return root_out || push_to; }
   copy_plan out_plan;  // how the wanted part is copied out
 
   // Node rank j's work buffer w (0 or 1), in its staging partition.
@@ -281,15 +273,11 @@ struct node_context::resolved_reduction {
   }
 };
 
-void node_context::find_root_result(resolved_reduction& r, const call_protocol::published& all,
-                                    bool may_pull) {
+void node_context::find_root_result(resolved_reduction& r, const call_protocol::published& all) {
   const reduction_args& a = r.a;
   if (a.op != op_code::reduce || a.root_node < 0) return;
   const buffer_ref out = all.line(a.root_node).recv;
-  if (out.segment)
-    r.root_out = segments_.resolve(out);
-  else if (out.offset && may_pull)  // the same verdict on every rank, as for pulling
-    r.push_to = out.offset;
+  if (out.segment) r.root_out = segments_.resolve(out);
 }
 
 void node_context::publish_reduction_input(const reduction_args& a, detail::rank_line& line,
@@ -329,7 +317,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
   // A private input may stay where it is, for the tiled algorithm to pull its peers' parts by
   // CMA: the same answer on every rank (the size is agreed, the probe's verdict is the node's).
-  const bool may_pull = pulls_reduction_inputs(a.bytes);
+  const bool may_pull = pulls_reduction_inputs(a.bytes, a.op == op_code::reduce);
   std::size_t third = segments_.staging_third();
   publish_reduction_input(a, line, parity, eager, may_pull, third);
   const auto all = protocol_.publish();
@@ -364,8 +352,12 @@ void node_context::execute_reduction(const reduction_args& a) {
   // Known only now, from every rank's line: whether private inputs are pulled, which changes
   // what "auto" runs.
   const bool pulled = may_pull && any_private;
+  const bool shared_result =
+      a.op == op_code::reduce && a.root_node >= 0 && all.line(a.root_node).recv.segment != 0;
   const reduce_algorithm alg =
-      a.asked == auto_algorithm ? policy_.choose_reduction(a.bytes, pulled) : a.alg;
+      a.asked == auto_algorithm
+          ? policy_.choose_reduction(a.bytes, pulled, a.op == op_code::reduce, shared_result)
+          : a.alg;
   r.pull = pulled && alg == reduce_algorithm::tiled;
   if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
@@ -373,7 +365,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   }
   r.third = third;
   resolve_inputs(a, refs_, third, r.pull);
-  if (alg == reduce_algorithm::tiled) find_root_result(r, all, may_pull);
+  if (alg == reduce_algorithm::tiled) find_root_result(r, all);
   switch (alg) {
     case reduce_algorithm::flat:
       return reduce_flat(r);
@@ -436,9 +428,8 @@ void node_context::reduce_tiled(const resolved_reduction& r) {
   std::byte* mine = direct ? a.out : r.root_out ? r.root_out : r.work(segments_, me, 0);
   std::size_t off = 0, len = 0;
   tile_of(me, &off, &len);
-  if (r.pull || r.push_to) protocol_.slot(me).cma_error = 0;  // raise_failed_pulls reads it
-  if (r.pull || (r.push_to && !direct)) {
-    fold_tile_by_pieces(a, off, len, r.push_to && !direct ? nullptr : mine, r.push_to);
+  if (r.pull) {
+    fold_pulled_tile(a, off, len, mine);
   } else if (len) {
     srcs_.resize(np);
     const void** from = srcs_.data();
@@ -446,12 +437,12 @@ void node_context::reduce_tiled(const resolved_reduction& r) {
     r.fold(mine + off, from, np, len / r.esize, direct || r.root_out);
   }
   protocol_.sync();  // every tile folded; no input is read after this
-  if (r.pull || r.push_to) raise_failed_pulls();
+  if (r.pull) raise_failed_pulls();
   if (a.op == op_code::reduce_scatter) {
     if (r.want_bytes) copy_bytes(a.out, mine + off, r.want_bytes);
     return;
   }
-  if (!r.want_bytes || r.peers_write_root()) return;
+  if (!r.want_bytes || r.root_out) return;
   for (int step = 0; step < p; ++step) {  // own tile first, then the next ranks'
     const int j = (me + step) % p;
     if (direct && j == me) continue;
