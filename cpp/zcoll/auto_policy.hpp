@@ -83,6 +83,12 @@ inline constexpr std::size_t default_cma_bytes = std::size_t{16} << 10;
 // with a system call and a page pin, which staging's in-cache copies undercut until the inputs
 // outgrow the cache.
 inline constexpr std::size_t reduction_pull_factor = 256;
+// A bcast pulls a private root buffer from this many times the CMA threshold (1 MiB by
+// default). Measured, plain float64 buffers, staged against pulled (ZCOLL_CMA_BYTES never and
+// 0), two rounds each: staging (the root's one copy into shared memory, then each rank's
+// copy out, in cache) was 3-6x faster from 8 to 256 KiB and 1.8x at 1 MiB at P = 2, 2-3x from
+// 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4), where the buffers leave the cache.
+inline constexpr std::size_t bcast_pull_factor = 64;
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
@@ -125,6 +131,11 @@ class auto_policy {
   bool pulls_reduction(std::size_t bytes, bool to_root = false) const noexcept {
     const std::size_t factor = reduction_pull_factor * (to_root ? 4 : 1);
     return cma_bytes_ <= SIZE_MAX / factor && bytes >= cma_bytes_ * factor;
+  }
+  // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it:
+  // from bcast_pull_factor times the exchanges' threshold (0 still pulls every size).
+  bool pulls_bcast(std::size_t bytes) const noexcept {
+    return cma_bytes_ <= SIZE_MAX / bcast_pull_factor && bytes >= cma_bytes_ * bcast_pull_factor;
   }
   // Whether a strided pull whose contiguous runs hold `run_bytes` is worth it (always with a
   // threshold of 0: every private buffer pulled, as tests force it).

@@ -163,10 +163,11 @@ void node_context::execute_bcast(const reduction_args& a) {
   line.call.block_bytes = a.bytes;
   line.call.root = static_cast<std::uint16_t>(a.root);
   const bool eager = policy_.eager_fits(a.bytes);
-  // A private root buffer is pulled by CMA (one copy) rather than staged (two): the same
-  // decision on every rank (the size is agreed, the probe's verdict is the node's).
+  // A large private root buffer is pulled by CMA (one copy) rather than staged (two, in cache
+  // below auto_policy's bcast threshold): the same decision on every rank (the size is agreed,
+  // the probe's verdict is the node's).
   const bool pull =
-      !eager && policy_.pulls(a.bytes) && cma_.current() == cross_memory::state::works;
+      !eager && policy_.pulls_bcast(a.bytes) && cma_.current() == cross_memory::state::works;
   const std::size_t third = segments_.staging_third();
   if (me == a.root_node && a.bytes && p > 1) {
     if (eager) {
