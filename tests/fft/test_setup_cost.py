@@ -161,7 +161,8 @@ def test_pfft_plans_its_transposes_at_the_first_call(world):
     """Construction plans no transpose; the first call plans those over more than one rank (a
     slab plan's transfer over one rank never)."""
     before = dict(pencil_module.made)
-    plan = PFFT(world, (8, 6, 4), axes=(0, 1, 2), dtype=np.complex128, grid=(-1,),
+    n = max(8, world.size + 2)  # the slab's second axis is distributed too, over every rank
+    plan = PFFT(world, (n, n - 2, 4), axes=(0, 1, 2), dtype=np.complex128, grid=(-1,),
                 backend="numpy")  # fmt: skip
     ok = pencil_module.made == before
     plan.forward()
