@@ -282,8 +282,11 @@ std::uint64_t node_barrier::arrivals(int r) const noexcept {
 bool node_barrier::any_laggard_gone(std::uint64_t target) const {
   for (int r = 0; r < size_; ++r) {
     if (arrivals(r) >= target) continue;
-    if (words_[r].departed.load(std::memory_order_acquire) != 0) return true;
-    if (detail::process_is_dead(pids_[static_cast<std::size_t>(r)])) return true;
+    const bool gone = words_[r].departed.load(std::memory_order_acquire) != 0 ||
+                      detail::process_is_dead(pids_[static_cast<std::size_t>(r)]);
+    // A peer that arrived, left the barrier and exited between the two looks is no laggard:
+    // its arrival counts, and the next barrier finds it gone.
+    if (gone && arrivals(r) < target) return true;
   }
   return false;
 }
