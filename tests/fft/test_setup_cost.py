@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from helpers import all_ranks_agree, rss_bytes
+from helpers.fft import global_array
 from zcoll.fft import PFFT
 from zcoll.fft import _backends as backends
 from zcoll.fft import pencil as pencil_module
@@ -26,11 +27,7 @@ def fftw_or_skip() -> None:
 
 
 def data(shape, dtype, seed: int = 3) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal(shape)
-    if np.dtype(dtype).kind == "c":
-        a = a + 1j * rng.standard_normal(shape)
-    return a.astype(dtype)
+    return global_array(shape, dtype, seed)
 
 
 # -- the plan cache -----------------------------------------------------------------------------
