@@ -129,13 +129,12 @@ class auto_policy {
   // A reduce (`to_root`) from 4 times that: staged flat, where only the root folds, beat
   // pulled tiled at 4 MiB and lost at 16 MiB (P = 2 and 4).
   bool pulls_reduction(std::size_t bytes, bool to_root = false) const noexcept {
-    const std::size_t factor = reduction_pull_factor * (to_root ? 4 : 1);
-    return cma_bytes_ <= SIZE_MAX / factor && bytes >= cma_bytes_ * factor;
+    return pulls_from(bytes, reduction_pull_factor * (to_root ? 4 : 1));
   }
   // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it:
   // from bcast_pull_factor times the exchanges' threshold (0 still pulls every size).
   bool pulls_bcast(std::size_t bytes) const noexcept {
-    return cma_bytes_ <= SIZE_MAX / bcast_pull_factor && bytes >= cma_bytes_ * bcast_pull_factor;
+    return pulls_from(bytes, bcast_pull_factor);
   }
   // Whether a strided pull whose contiguous runs hold `run_bytes` is worth it (always with a
   // threshold of 0: every private buffer pulled, as tests force it).
@@ -210,6 +209,11 @@ class auto_policy {
   }
 
  private:
+  // Whether `bytes` reach `factor` times the CMA threshold ("never" stays never).
+  bool pulls_from(std::size_t bytes, std::size_t factor) const noexcept {
+    return cma_bytes_ <= SIZE_MAX / factor && bytes >= cma_bytes_ * factor;
+  }
+
   int node_size_;
   int numa_domains_;
   std::size_t eager_bytes_ = 0;

@@ -253,9 +253,6 @@ class node_context {
   // Folds bytes [off, off + len) of every input into `work`, pulling private peers' parts by
   // CMA a piece at a time; publishes this rank's first failed read in its slot.
   void fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len, std::byte* work);
-  // A tiled reduce: where the root's result is, when it is in shared memory (its peers then
-  // fold their tiles straight into it).
-  void find_root_result(resolved_reduction& r, const call_protocol::published& all);
   // After the barrier that follows fold_pulled_tile: raises any rank's failed read, on every
   // rank.
   void raise_failed_pulls();

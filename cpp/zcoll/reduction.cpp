@@ -68,6 +68,11 @@ struct node_context::reduction_args {
   std::size_t bytes = 0;             // input bytes, the same on every rank
   std::size_t count = 0;             // input elements
   dtype_id dtype;
+
+  // Whether `want` bytes of the result at `out` overlap no byte of the input (not in place).
+  bool out_apart(std::size_t want) const noexcept {
+    return out && (out + want <= input || input + bytes <= out);
+  }
 };
 
 node_context::reduction_args node_context::checked_reduction(const reduction_call& c) {
@@ -274,13 +279,6 @@ struct node_context::resolved_reduction {
   }
 };
 
-void node_context::find_root_result(resolved_reduction& r, const call_protocol::published& all) {
-  const reduction_args& a = r.a;
-  if (a.op != op_code::reduce || a.root_node < 0) return;
-  const buffer_ref out = all.line(a.root_node).recv;
-  if (out.segment) r.root_out = segments_.resolve(out);
-}
-
 void node_context::publish_reduction_input(const reduction_args& a, detail::rank_line& line,
                                            std::size_t parity, bool eager, bool may_pull,
                                            std::size_t third) {
@@ -292,8 +290,7 @@ void node_context::publish_reduction_input(const reduction_args& a, detail::rank
   line.call.block_bytes = a.bytes;
   line.recv = {};
   if (!a.bytes || p == 1) return;
-  const bool apart = a.out + a.bytes <= a.input || a.input + a.bytes <= a.out;
-  if (a.op == op_code::reduce && a.out && apart) line.recv = segments_.locate(a.out, a.bytes);
+  if (a.op == op_code::reduce && a.out_apart(a.bytes)) line.recv = segments_.locate(a.out, a.bytes);
   if (a.alg == reduce_algorithm::flat && eager) {  // the one-barrier path: inputs in the slots
     copy_bytes(eager_slot(me, parity), a.input, a.bytes);
     return;
@@ -353,8 +350,10 @@ void node_context::execute_reduction(const reduction_args& a) {
   // Known only now, from every rank's line: whether private inputs are pulled, which changes
   // what "auto" runs.
   const bool pulled = may_pull && any_private;
-  const bool shared_result =
-      a.op == op_code::reduce && a.root_node >= 0 && all.line(a.root_node).recv.segment != 0;
+  // A reduce's root result in shared memory, where its peers may fold their tiles.
+  const buffer_ref root_result =
+      a.op == op_code::reduce && a.root_node >= 0 ? all.line(a.root_node).recv : buffer_ref{};
+  const bool shared_result = root_result.segment != 0;
   const reduce_algorithm alg =
       a.asked == auto_algorithm
           ? policy_.choose_reduction(a.bytes, pulled, a.op == op_code::reduce, shared_result)
@@ -366,7 +365,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   }
   r.third = third;
   resolve_inputs(a, refs_, third, r.pull);
-  if (alg == reduce_algorithm::tiled) find_root_result(r, all);
+  if (alg == reduce_algorithm::tiled && shared_result) r.root_out = segments_.resolve(root_result);
   switch (alg) {
     case reduce_algorithm::flat:
       return reduce_flat(r);
@@ -395,7 +394,7 @@ void node_context::reduce_flat(const resolved_reduction& r) {
   const void** from = srcs_.data();
   for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + r.want_from;
   // The result may not go into this rank's buffer while peers read it (in place).
-  const bool direct = a.out && (a.out + r.want_bytes <= a.input || a.input + a.bytes <= a.out);
+  const bool direct = a.out_apart(r.want_bytes);
   std::byte* into = direct ? a.out : r.work(segments_, config_.rank, 0);
   if (r.want_bytes) r.fold(into, from, np, r.want_bytes / r.esize, direct);
   protocol_.sync();  // every input read
@@ -424,8 +423,7 @@ void node_context::reduce_tiled(const resolved_reduction& r) {
   };
   // The root of a reduce folds its own tile straight into its result, which no peer reads:
   // one pass over the tile fewer than folding into the work buffer and copying out.
-  const bool direct = a.op == op_code::reduce && r.want_bytes &&
-                      (a.out + a.bytes <= a.input || a.input + a.bytes <= a.out);
+  const bool direct = a.op == op_code::reduce && r.want_bytes && a.out_apart(a.bytes);
   std::byte* mine = direct ? a.out : r.root_out ? r.root_out : r.work(segments_, me, 0);
   std::size_t off = 0, len = 0;
   tile_of(me, &off, &len);
