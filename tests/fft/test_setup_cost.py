@@ -95,6 +95,26 @@ def test_cache_keeps_its_bounds():
     assert len(cache) == 1 and cache.get(("big", 0)) is not None
 
 
+@pytest.mark.parametrize("backend", ["fftw", "pyfftw"])
+def test_plans_over_the_bytes_bound_are_made_once(backend, monkeypatch):
+    """A transform whose forward and backward plans together exceed the cache's bound in
+    bytes: the FFT holds its plans, so its later calls (on its own arrays, and on other
+    arrays of its shapes) find them instead of making them again each time."""
+    fftw_or_skip()
+    monkeypatch.setattr(backends.plan_cache, "max_bytes", 1)
+    shape, axes = (6, 8, 10), (0, 1, 2)
+    fft = FFT(shape, axes, np.complex128, backend=backend, **OPTS)
+    a = data(shape, np.complex128)
+    misses = backends.plan_cache.misses
+    for _ in range(3):
+        np.testing.assert_allclose(fft.forward(a), np.fft.fftn(a) / a.size, atol=1e-12)
+        np.testing.assert_allclose(fft.backward(), a, atol=1e-12)
+        out = np.empty(shape, np.complex128)
+        fft.execute(a.copy(), out, inverse=False, normalize=True)
+        np.testing.assert_allclose(out, np.fft.fftn(a) / a.size, atol=1e-12)
+    assert backends.plan_cache.misses == misses
+
+
 @pytest.mark.parametrize("dtype", ["d", "D"])
 def test_distinct_keys_get_distinct_plans(dtype):
     """Same shape, other axes, direction or type: each transform its own plan, each right."""

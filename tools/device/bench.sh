@@ -73,8 +73,10 @@ step_alltoall() {
         bench alltoall_p$p $p alltoall --sizes 8,64,1K,16K,256K,1M --orders row,morton,hilbert,numa,auto --time-budget 0.2 --check
     done
 }
-step_fft() {
-    for p in 8 16; do bench fft_p$p $p fft --sizes 128,256 --backend pyfftw --check; done
+step_fft() {  # pyFFTW on both sides, each with its default planner effort (FFTW_ESTIMATE)
+    for p in 8 16; do
+        bench fft_p$p $p fft --sizes 128,256 --backend pyfftw --mpi4py-fft-backend pyfftw --check
+    done
 }
 
 step_tuned() {  # the reductions' cost models measured here (zcoll.tune), then auto against them

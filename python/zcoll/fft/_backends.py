@@ -67,6 +67,11 @@ class PlanCache:
     one key fits every array pair of that key. A plan keeps the arrays it was planned on alive,
     hence the bound on their bytes besides the one on the number of plans.
 
+    The bounds govern only what the cache alone keeps alive: a plan that an FFT object still
+    holds (:meth:`PyfftwBackend.prepare` hands it back to be kept) is found by its key even
+    after it has been evicted, so a transform whose plans together exceed the bound in bytes
+    never makes its plans again at every call.
+
     Attributes
     ----------
     hits, misses : int
@@ -77,6 +82,7 @@ class PlanCache:
         self.max_plans = max_plans
         self.max_bytes = max_bytes
         self._plans: OrderedDict[tuple, _Planned] = OrderedDict()
+        self._held: weakref.WeakValueDictionary[tuple, _Planned] = weakref.WeakValueDictionary()
         self._bytes = 0
         self.hits = 0
         self.misses = 0
@@ -88,6 +94,9 @@ class PlanCache:
         entry = self._plans.get(key)
         if entry is not None:
             self._plans.move_to_end(key)
+        else:
+            entry = self._held.get(key)  # evicted, but still held by an FFT
+        if entry is not None:
             self.hits += 1
         return entry
 
@@ -97,6 +106,7 @@ class PlanCache:
         if old is not None:
             self._bytes -= old.nbytes
         self._plans[key] = entry
+        self._held[key] = entry
         self._bytes += entry.nbytes
         while len(self._plans) > 1 and (
             len(self._plans) > self.max_plans or self._bytes > self.max_bytes
@@ -106,6 +116,7 @@ class PlanCache:
 
     def clear(self) -> None:
         self._plans.clear()
+        self._held.clear()
         self._bytes = 0
 
 
@@ -142,8 +153,10 @@ class NumpyBackend:
             out *= out.real.dtype.type(undo)
         return out
 
-    def prepare(self, a, out, axes, inverse) -> None:
-        """Make ready for transforms of arrays like `a` into `out` (nothing to plan here)."""
+    def prepare(self, a, out, axes, inverse) -> Any:
+        """Make ready for transforms of arrays like `a` into `out` (nothing to plan here);
+        returns what the caller keeps for as long as it transforms such arrays."""
+        return None
 
     def bind(self, a, out, axes, direction: str, factor: float):
         """A call with no arguments that transforms `a` into `out` times `factor`, as
@@ -252,11 +265,12 @@ class PyfftwBackend:
         plan.update_arrays(a, out)
         plan.execute()
 
-    def prepare(self, a, out, axes, inverse) -> None:
+    def prepare(self, a, out, axes, inverse) -> _Planned:
         """Plan now (not at the first call) for transforms of arrays like `a` into `out`, on
-        `a` and `out` themselves (new arrays, whose contents the planner may overwrite)."""
+        `a` and `out` themselves (new arrays, whose contents the planner may overwrite). The
+        plan is returned to be kept: while it is held, every transform of its key finds it."""
         direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
-        self._plan(a, out, tuple(axes), direction, on_arrays=True)
+        return self._plan(a, out, tuple(axes), direction, on_arrays=True)
 
     def _aligned(self, x) -> bool:
         return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))

@@ -572,9 +572,10 @@ class FFT(FFTBase):
         V = self._allocator(tuple(vshape), vdtype)
         engine = self._engine
         assert engine is not None
-        engine.prepare(U, V, self.axes, False)
+        # The FFT holds its plans, so that they outlive their eviction from the plan cache.
+        self._held_plans = [engine.prepare(U, V, self.axes, False)]
         if not (self.dtype.kind == "f" and not self.real_transform):
-            engine.prepare(V, U, self.axes, True)
+            self._held_plans.append(engine.prepare(V, U, self.axes, True))
         M = 1.0 / prod(self.shape[a] for a in self.axes)
         fwd = _Step(lambda src, dst, **kw: self._default(src, dst, False, 1.0), U, V, M)
         bck = _Step(lambda src, dst, **kw: self._default(src, dst, True, 1.0), V, U, M)
