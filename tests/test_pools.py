@@ -151,6 +151,69 @@ def test_arrays_and_plans_outlive_their_communicators(world, monkeypatch):
     all_ranks_agree(world, bool((send[:, 0] == np.arange(n) * 10 + me).all()), "send array")
 
 
+def test_derived_arrays_come_from_the_pool_arena(world):
+    """A derived communicator's arena arrays come from its pool's arena: no segment of its own,
+    yet every peer reaches them (peer_arrays, and an alltoall reading them in place gives
+    MPI's result); arrays of several derived communicators coexist and keep their values."""
+    _context.context(world)
+    comms = [_derive(world, kind) for kind in KINDS]
+    arrays = []
+    try:
+        for i, comm in enumerate(comms):
+            ctx = _context.context(comm)
+            zcoll.barrier(comm)  # across nodes the first round makes its message buffers
+            segments = ctx.core.segment_count
+            a = zcoll.empty(comm, (comm.size, 3), np.int64)
+            a[:] = np.arange(comm.size)[:, None] * 100 + comm.rank + 1000 * i
+            all_ranks_agree(world, ctx.core.segment_count == segments, "a segment was made")
+            views = zcoll.peer_arrays(comm, a)
+            seen = [int(v[0, 0]) for v in views if v is not None]
+            want = [r + 1000 * i for r, v in enumerate(views) if v is not None]
+            all_ranks_agree(world, seen == want, f"peer views on communicator {i}")
+            got = zcoll.alltoall(comm, a)
+            ref = np.empty_like(a)
+            comm.Alltoall(np.ascontiguousarray(a), ref)
+            all_ranks_agree(world, bool((got == ref).all()), f"alltoall on communicator {i}")
+            arrays.append((a, a.copy()))
+    finally:
+        for comm in comms:
+            comm.Free()
+    all_ranks_agree(world, all((a == b).all() for a, b in arrays), "arrays after their comms")
+
+
+def test_pool_arena_arrays_on_a_context_of_another_pool(world, monkeypatch):
+    """An array of one pool's arena passed to a communicator of another pool (pools off: a
+    full creation) is not shared there, since that pool's ranks may have dropped the mapping;
+    the call stages or pulls it and gives MPI's result."""
+    send = zcoll.empty(world, (world.size, 5), np.float64)
+    send[:] = np.arange(world.size)[:, None] + 0.5 * world.rank
+    monkeypatch.setenv("ZCOLL_NODE_POOLS", "0")
+    comm = world.Dup()
+    try:
+        all_ranks_agree(world, _context.context(comm).pool is not _context.context(world).pool)
+        got = zcoll.alltoall(comm, send)
+        ref = np.empty_like(send)
+        comm.Alltoall(np.ascontiguousarray(send), ref)
+        all_ranks_agree(world, bool((got == ref).all()), "alltoall across pools")
+    finally:
+        comm.Free()
+
+
+def test_a_pool_outlives_its_last_communicator(world):
+    """A Subcomm-style loop, each communicator made from a communicator zcoll never saw, used
+    and freed before the next: from the second on, each is derived from the kept pool of the
+    first (no full creation), and nothing is left in /dev/shm."""
+    shm = zcoll_shm_entries()
+    pools = []
+    for i in range(4):
+        comm = world.Create_cart([world.size], periods=[False])
+        all_ranks_agree(world, _alltoall_right(comm, i), f"communicator {i}")
+        pools.append(_context.context(comm).pool)
+        comm.Free()
+    all_ranks_agree(world, all(p is pools[0] for p in pools[1:]), "a pool per communicator")
+    all_ranks_agree(world, zcoll_shm_entries() <= shm, "a /dev/shm entry was added")
+
+
 SOAK = int(os.environ.get("ZCOLL_POOL_SOAK", "10000"))  # communicators the soak makes
 
 

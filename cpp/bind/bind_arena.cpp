@@ -1,5 +1,6 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "bindings.hpp"
 #include "zcoll/arena.hpp"
@@ -30,6 +31,9 @@ void register_arena(py::module_& m) {
       .def_property_readonly("name", &shm_segment::name)
       .def_property_readonly("nbytes", &shm_segment::size);
 
+  py::class_<pool_arena, std::shared_ptr<pool_arena>>(
+      m, "PoolArena", "One rank's view of a node pool's arena (pool.hpp).");
+
   py::class_<node_pool, std::shared_ptr<node_pool>>(
       m, "NodePool", "A node's shared segment of context blocks (pool.hpp).")
       .def_static(
@@ -51,6 +55,8 @@ void register_arena(py::module_& m) {
       .def("open", &node_pool::open, py::arg("index"),
            "Local: (control, eager) parts of block `index`; released when both are gone.")
       .def("users", &node_pool::users, py::arg("index"))
+      .def("arena", &node_pool::arena, py::arg("rank"), py::arg("sorted_pids"),
+           "Local: the pool's arena as pool node rank `rank` uses it (None once dropped).")
       .def_property_readonly("blocks_in_use", &node_pool::blocks_in_use)
       .def_property_readonly("blocks", [](const node_pool& p) { return p.layout().blocks(); })
       .def_property_readonly("size", [](const node_pool& p) { return p.layout().size; })

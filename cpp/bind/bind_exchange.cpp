@@ -21,6 +21,7 @@
 #include "rounds.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
+#include "zcoll/pool.hpp"
 #ifdef ZCOLL_HAVE_MPI
 #include "zcoll/mpi_messages.hpp"
 #include "zcoll/spread_reduction.hpp"
@@ -790,6 +791,8 @@ void def_context_state(context_class& cls) {
       py::arg("area"), py::arg("partition"), py::arg("nbytes"),
       "Local: the small-message path in `area` (a pool block's eager part, every node rank's "
       "mapping), one `partition` bytes per rank.");
+  cls.def("use_pool_arena", &node_context::use_pool_arena, py::arg("arena"),
+          "Local, before any call: arrays come from the node pool's arena first.");
   cls.def(
       "set_wait",
       [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,

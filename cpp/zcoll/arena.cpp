@@ -151,13 +151,19 @@ std::shared_ptr<data_segment> segment_registry::find(std::uint64_t id) const {
 }
 
 void partition_allocator::add_partition(std::shared_ptr<data_segment> seg, int rank) {
+  const std::size_t begin = static_cast<std::size_t>(rank) * seg->partition_bytes;
+  const std::size_t end = begin + seg->partition_bytes;
+  add_range(std::move(seg), begin, end, rank);
+}
+
+void partition_allocator::add_range(std::shared_ptr<data_segment> seg, std::size_t begin,
+                                    std::size_t end, int rank) {
   std::lock_guard lock(mutex_);
   partition part;
-  part.begin = static_cast<std::size_t>(rank) * seg->partition_bytes;
-  part.end = part.begin + seg->partition_bytes;
-  const std::size_t colour = std::min(colour_of(rank), seg->partition_bytes);
-  if (colour < seg->partition_bytes)
-    part.free.emplace(part.begin + colour, seg->partition_bytes - colour);
+  part.begin = begin;
+  part.end = end;
+  const std::size_t colour = std::min(colour_of(rank), end - begin);
+  if (colour < end - begin) part.free.emplace(begin + colour, end - begin - colour);
   part.seg = std::move(seg);
   partitions_.push_back(std::move(part));
 }
@@ -200,7 +206,7 @@ void partition_allocator::release(std::uint64_t segment, std::size_t offset,
   const std::size_t length = allocation_size(bytes);
   std::lock_guard lock(mutex_);
   for (auto& part : partitions_) {
-    if (part.seg->id != segment) continue;
+    if (part.seg->id != segment || offset < part.begin || offset >= part.end) continue;
     // A range that overlaps free space is a double free (perhaps of a block that has since
     // been merged with its neighbours): ignore it rather than corrupt the free list.
     const auto after = part.free.lower_bound(offset);

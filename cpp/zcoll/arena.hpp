@@ -63,6 +63,9 @@ class shm_segment {
   std::shared_ptr<void> keep_;  // a part's owner (null for a whole mapping)
 };
 
+// A node-unique segment id: this process's pid << 32 | a counter.
+std::uint64_t next_segment_id() noexcept;
+
 // Prefix of every segment name zcoll creates (so leak checks can grep /dev/shm for it).
 inline constexpr const char* segment_prefix = "zcoll";
 std::size_t page_size() noexcept;
@@ -77,6 +80,9 @@ struct data_segment {
   std::size_t partition_bytes = 0;        // page-aligned
   std::vector<std::int32_t> member_pids;  // sorted pids of every rank that mapped it
   std::atomic<bool> owner_alive{true};    // false once the allocating context is closed
+  // A node pool's arena (pool.hpp): mapped while the pool lives, which only the pool's own
+  // contexts can count on, so no other context shares buffers in it.
+  bool pool_only = false;
 
   std::byte* partition(int rank) const noexcept {
     return shm->data() + static_cast<std::size_t>(rank) * partition_bytes;
@@ -125,6 +131,8 @@ class partition_allocator {
   }
 
   void add_partition(std::shared_ptr<data_segment> seg, int rank);
+  // Adds [begin, end) of `seg`, part of node rank `rank`'s partition, as free space.
+  void add_range(std::shared_ptr<data_segment> seg, std::size_t begin, std::size_t end, int rank);
   // Returns the segment and offset of a free range of `bytes` (rounded to `alignment`).
   std::optional<std::pair<std::shared_ptr<data_segment>, std::size_t>> allocate(std::size_t bytes);
   void release(std::uint64_t segment, std::size_t offset, std::size_t bytes) noexcept;

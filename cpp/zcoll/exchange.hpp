@@ -128,6 +128,11 @@ class node_context {
   // pool.hpp), one partition of node_pool::shape::eager_partition() bytes per rank; throws
   // when `bytes` does not fit it.
   void use_eager(std::shared_ptr<shm_segment> area, std::size_t partition, std::size_t bytes);
+  // Local, before any call: arrays come from `arena` (this context's node pool's) first.
+  void use_pool_arena(std::shared_ptr<pool_arena> arena) {
+    protocol_.check_usable();
+    segments_.use_pool_arena(std::move(arena));
+  }
   // Largest per-rank receive size the eager path takes (0: no eager path).
   std::size_t eager_bytes() const noexcept { return policy_.eager_bytes(); }
   // Local (same on every node rank): the tuning rules of a tuned collective.

@@ -13,9 +13,12 @@ namespace {
 constexpr int max_blocks = 1024;  // the departure registry's bound on live contexts too
 constexpr int min_blocks = 4;
 constexpr std::size_t address_budget = std::size_t{1} << 30;  // one pool's mapping, sparse
+constexpr std::size_t first_chunk_bytes = std::size_t{1} << 20;
+// The arena's segment id follows the block table (the leader writes it at creation).
+constexpr std::size_t arena_id_offset = max_blocks * sizeof(std::atomic<std::uint32_t>);
 
 std::size_t table_bytes() noexcept {
-  return round_up(max_blocks * sizeof(std::atomic<std::uint32_t>), page_size());
+  return round_up(arena_id_offset + sizeof(std::uint64_t), page_size());
 }
 
 }  // namespace
@@ -44,8 +47,46 @@ int node_pool::shape::blocks() const noexcept {
   return static_cast<int>(std::clamp<std::size_t>(fit, min_blocks, max_blocks));
 }
 
-std::size_t node_pool::shape::segment_bytes() const noexcept {
+std::size_t node_pool::shape::arena_offset() const noexcept {
   return table_bytes() + static_cast<std::size_t>(blocks()) * block_bytes();
+}
+
+std::size_t node_pool::shape::segment_bytes() const noexcept {
+  return arena_offset() + static_cast<std::size_t>(size) * arena_region_bytes;
+}
+
+pool_arena::pool_arena(std::shared_ptr<data_segment> segment, std::shared_ptr<shm_segment> whole,
+                       std::size_t offset_in_whole, int rank)
+    : segment_(std::move(segment)),
+      whole_(std::move(whole)),
+      offset_in_whole_(offset_in_whole),
+      rank_(rank),
+      allocator_(std::make_shared<detail::partition_allocator>()) {}
+
+std::shared_ptr<arena_block> pool_arena::allocate(std::size_t bytes) {
+  std::lock_guard lock(mutex_);
+  if (!make_room(bytes)) return nullptr;
+  auto got = allocator_->allocate(bytes);
+  if (!got) return nullptr;
+  return std::make_shared<arena_block>(std::move(got->first), allocator_, got->second, bytes);
+}
+
+bool pool_arena::make_room(std::size_t bytes) {
+  while (!allocator_->fits(bytes)) {
+    const std::size_t region = segment_->partition_bytes;
+    const std::size_t need = round_up(bytes + detail::partition_allocator::colour_span, page_size());
+    const std::size_t chunk = std::max({need, reserved_, first_chunk_bytes});
+    if (chunk > region - reserved_) return false;
+    const std::size_t begin = static_cast<std::size_t>(rank_) * region + reserved_;
+    try {
+      whole_->reserve(offset_in_whole_ + begin, chunk);
+    } catch (const std::exception&) {
+      return false;  // memory is short: the context's own segments raise the error
+    }
+    allocator_->add_range(segment_, begin, begin + chunk, rank_);
+    reserved_ += chunk;
+  }
+  return true;
 }
 
 node_pool::node_pool(std::shared_ptr<shm_segment> shm, const shape& s)
@@ -54,6 +95,8 @@ node_pool::node_pool(std::shared_ptr<shm_segment> shm, const shape& s)
 std::shared_ptr<node_pool> node_pool::create(const shape& s) {
   auto shm = shm_segment::create(s.segment_bytes());
   shm->reserve(0, table_bytes() + s.block_bytes());  // the table and block 0, now
+  const std::uint64_t arena_id = next_segment_id();
+  std::memcpy(shm->data() + arena_id_offset, &arena_id, sizeof arena_id);
   std::shared_ptr<node_pool> pool(new node_pool(std::move(shm), s));
   pool->users_of(0).store(static_cast<std::uint32_t>(s.size), std::memory_order_release);
   return pool;
@@ -109,6 +152,26 @@ void node_pool::abandon(int index) noexcept {
 
 void node_pool::release(int index) noexcept {
   users_of(index).fetch_sub(1, std::memory_order_acq_rel);
+}
+
+std::shared_ptr<pool_arena> node_pool::arena(int rank, std::vector<std::int32_t> sorted_pids) {
+  if (rank < 0 || rank >= shape_.size)
+    throw std::invalid_argument("zcoll: no such rank of the pool: " + std::to_string(rank));
+  std::lock_guard lock(arena_mutex_);
+  if (arena_made_) return arena_.lock();
+  const std::size_t offset = shape_.arena_offset();
+  auto seg = std::make_shared<data_segment>();
+  seg->shm = shm_segment::part(shared_from_this(), shm_->data() + offset,
+                               static_cast<std::size_t>(shape_.size) * arena_region_bytes);
+  std::memcpy(&seg->id, shm_->data() + arena_id_offset, sizeof seg->id);
+  seg->partition_bytes = arena_region_bytes;
+  seg->member_pids = std::move(sorted_pids);
+  seg->pool_only = true;
+  detail::segment_registry::instance().add(seg);
+  auto made = std::make_shared<pool_arena>(std::move(seg), shm_, offset, rank);
+  arena_ = made;
+  arena_made_ = true;
+  return made;
 }
 
 std::pair<std::shared_ptr<shm_segment>, std::shared_ptr<shm_segment>> node_pool::open(int index) {

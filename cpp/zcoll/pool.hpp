@@ -21,6 +21,16 @@
  * pool lives, and the pool's memory goes away with its last mapping like every segment's.
  * Contexts hold the pool through their blocks, so parents and children may be freed in any
  * order.
+ *
+ * The segment also holds the pool's arena: one region per node rank, after the blocks, from
+ * which every context of the pool allocates zcoll.empty arrays and work arrays up to the region's
+ * size. A rank reserves its own region chunk by chunk (1 MiB, then doubling) as its arrays need
+ * it, with no communication: every rank of the pool has the segment mapped already, so a new
+ * context's first arrays cost no segment created, mapped, reserved and unmapped collectively
+ * (some hundred microseconds each way). Larger arrays, or more of them than the region holds, go
+ * to the context's own segments (segments.hpp). Reserved chunks stay with the pool until its
+ * last mapping goes; buffers in the region are shared only by the pool's own contexts, the only
+ * ones sure that every peer still maps it.
  */
 #pragma once
 
@@ -28,11 +38,39 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "zcoll/arena.hpp"
 
 namespace zcoll {
+
+// One rank's view of a pool's arena: the whole arena as a data segment (one region per pool node
+// rank) and this rank's allocator over the chunks of its region reserved so far.
+class pool_arena {
+ public:
+  pool_arena(std::shared_ptr<data_segment> segment, std::shared_ptr<shm_segment> whole,
+             std::size_t offset_in_whole, int rank);
+  // Local: `bytes` in this rank's region, reserving its next chunk if needed; null when the
+  // region cannot hold them or memory is short.
+  std::shared_ptr<arena_block> allocate(std::size_t bytes);
+  const std::shared_ptr<data_segment>& segment() const noexcept { return segment_; }
+  const std::shared_ptr<detail::partition_allocator>& allocator() const noexcept {
+    return allocator_;
+  }
+
+ private:
+  std::shared_ptr<data_segment> segment_;
+  std::shared_ptr<shm_segment> whole_;  // the pool's mapping, which can reserve
+  std::size_t offset_in_whole_;         // of the arena region in it
+  int rank_;
+  bool make_room(std::size_t bytes);  // with mutex_ held
+
+  std::shared_ptr<detail::partition_allocator> allocator_;
+  std::mutex mutex_;
+  std::size_t reserved_ = 0;  // bytes of this rank's region reserved so far
+};
 
 class node_pool : public std::enable_shared_from_this<node_pool> {
  public:
@@ -44,8 +82,11 @@ class node_pool : public std::enable_shared_from_this<node_pool> {
     std::size_t eager_partition() const noexcept;  // one rank's eager slots (two by parity)
     std::size_t block_bytes() const noexcept;
     int blocks() const noexcept;  // blocks in the segment: at most 1024, about 1 GiB in all
+    std::size_t arena_offset() const noexcept;  // the arena regions, after the blocks
     std::size_t segment_bytes() const noexcept;
   };
+  // Bytes of each node rank's arena region.
+  static constexpr std::size_t arena_region_bytes = std::size_t{8} << 20;
 
   // Leader: a new pool segment, its block 0 claimed for the `shape.size` node ranks (the full
   // creation's context). The caller shares its name and unlinks it once every rank mapped it.
@@ -68,6 +109,12 @@ class node_pool : public std::enable_shared_from_this<node_pool> {
   std::uint32_t users(int index) const noexcept;
   // Blocks in use.
   int blocks_in_use() const noexcept;
+  // Local: the pool's arena as node rank `rank` of the pool uses it, every rank of the pool
+  // having process id `sorted_pids`; made at the first call, the same object after while
+  // someone holds it, and null once it was dropped (its allocator, gone, no longer knows which
+  // ranges arrays that outlived it still hold). The pool holds it only weakly: the arena's
+  // segment holds the pool's mapping.
+  std::shared_ptr<pool_arena> arena(int rank, std::vector<std::int32_t> sorted_pids);
 
  private:
   struct lease;  // one user's hold on a block: releases it when destroyed
@@ -78,6 +125,9 @@ class node_pool : public std::enable_shared_from_this<node_pool> {
 
   std::shared_ptr<shm_segment> shm_;
   shape shape_;
+  std::mutex arena_mutex_;
+  std::weak_ptr<pool_arena> arena_;
+  bool arena_made_ = false;
 };
 
 }  // namespace zcoll

@@ -8,6 +8,7 @@
 
 #include "zcoll/error.hpp"
 #include "zcoll/heap.hpp"
+#include "zcoll/pool.hpp"
 
 namespace zcoll {
 
@@ -16,12 +17,12 @@ namespace {
 constexpr std::size_t first_partition_bytes = std::size_t{1} << 20;
 constexpr std::size_t max_growth_partition_bytes = std::size_t{64} << 20;
 
+}  // namespace
+
 std::uint64_t next_segment_id() noexcept {
   static std::atomic<std::uint32_t> counter{0};
   return (static_cast<std::uint64_t>(::getpid()) << 32) | (counter.fetch_add(1) + 1);
 }
-
-}  // namespace
 
 node_segments::node_segments(call_protocol& protocol, int rank, int size,
                              std::vector<std::int32_t> pids)
@@ -40,10 +41,22 @@ void node_segments::close() noexcept {
   known_.clear();
   staging_.reset();
   allocator_.reset();
+  pool_arena_.reset();
+}
+
+void node_segments::use_pool_arena(std::shared_ptr<pool_arena> arena) {
+  if (!arena || !arena->segment()->mapped_by_all(sorted_pids_)) return;
+  known_.push_back({arena->segment(), true});
+  pool_arena_ = std::move(arena);
+}
+
+std::size_t node_segments::bytes_in_use() const {
+  if (!allocator_) return 0;
+  return allocator_->bytes_in_use() + (pool_arena_ ? pool_arena_->allocator()->bytes_in_use() : 0);
 }
 
 const node_segments::known_segment& node_segments::remember(std::shared_ptr<data_segment> seg) {
-  const bool shared = seg->mapped_by_all(sorted_pids_);
+  const bool shared = !seg->pool_only && seg->mapped_by_all(sorted_pids_);
   known_.push_back({std::move(seg), shared});
   return known_.back();
 }
@@ -158,7 +171,10 @@ std::shared_ptr<data_segment> node_segments::create(std::size_t partition_bytes)
 std::shared_ptr<arena_block> node_segments::allocate(std::size_t bytes) {
   auto& line = protocol_.next(op_code::allocate);
   line.call.block_bytes = bytes;
-  line.call.flag = allocator_->fits(bytes) ? 1 : 0;
+  // Taken from the pool's arena now, locally (given back if the call fails); else from this
+  // context's segments, grown collectively below when some rank's do not fit.
+  auto pooled = pool_arena_ ? pool_arena_->allocate(bytes) : nullptr;
+  line.call.flag = pooled || allocator_->fits(bytes) ? 1 : 0;
   const auto all = protocol_.publish();
   check_calls(all, op_code::allocate);
   std::size_t need = 0;
@@ -172,6 +188,7 @@ std::shared_ptr<arena_block> node_segments::allocate(std::size_t bytes) {
     next_partition_bytes_ = std::min(2 * next_partition_bytes_, max_growth_partition_bytes);
     allocator_->add_partition(create(partition), rank_);
   }
+  if (pooled) return pooled;
   auto got = allocator_->allocate(bytes);
   if (!got) throw std::runtime_error("zcoll: arena allocation failed after growing the arena");
   return std::make_shared<arena_block>(std::move(got->first), allocator_, got->second, bytes);

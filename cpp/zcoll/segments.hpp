@@ -9,7 +9,8 @@
  * slots of small calls. It also remembers segments created by other contexts of this process
  * (a dup or split of the allocating communicator), so their arrays are used in place: a buffer
  * is published as (segment id, offset), valid only when every rank of this context has mapped
- * that segment.
+ * that segment. A context of a node pool allocates from the pool's arena first (pool.hpp): no
+ * segment of its own until its arrays outgrow that.
  */
 #pragma once
 
@@ -23,6 +24,8 @@
 
 namespace zcoll {
 
+class pool_arena;
+
 class node_segments {
  public:
   // `protocol` must outlive this object; it carries the segment announcements.
@@ -32,6 +35,9 @@ class node_segments {
   std::shared_ptr<data_segment> create(std::size_t partition_bytes);
   // Collective: every node rank allocates `bytes` (may differ per rank) in the arena.
   std::shared_ptr<arena_block> allocate(std::size_t bytes);
+  // Local, before any call: allocate from `arena` (this context's node pool's, every rank of the
+  // context having it mapped) first.
+  void use_pool_arena(std::shared_ptr<pool_arena> arena);
   // Collective: forgets `seg` (its arrays stay valid) and replaces it with a new segment of
   // `partition_bytes` per rank.
   void renew(std::shared_ptr<data_segment>& seg, std::size_t partition_bytes);
@@ -58,7 +64,9 @@ class node_segments {
   // A view of `bytes` at `ref` (published by a peer); keeps the mapping alive.
   std::shared_ptr<arena_block> view(const buffer_ref& ref, std::size_t bytes);
 
-  std::size_t bytes_in_use() const { return allocator_->bytes_in_use(); }
+  // This rank's bytes allocated in its own segments and, shared with the pool's other contexts,
+  // in the pool's arena.
+  std::size_t bytes_in_use() const;
   std::size_t count() const noexcept { return known_.size(); }
   // Forgets every segment; arrays built on them stay valid.
   void close() noexcept;
@@ -77,6 +85,7 @@ class node_segments {
   int size_;
   std::vector<std::int32_t> sorted_pids_;
   std::shared_ptr<detail::partition_allocator> allocator_;
+  std::shared_ptr<pool_arena> pool_arena_;
   std::vector<known_segment> known_;                  // every segment this context has met
   std::vector<std::shared_ptr<data_segment>> owned_;  // segments this context created
   std::shared_ptr<data_segment> staging_;

@@ -183,7 +183,9 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
         core=pool,
         cma=core.cma,
         settings=s,
+        arena=pool.arena(rank, sorted(p[0] for p in places)),
     )
+    core.use_pool_arena(kept.arena)
     numa_nodes = tuple(p[1] for p in places)
     return Node(
         len(local_ranks), rank, local_ranks, node_of, multi_node, oversubscribed, numa_nodes, core,
@@ -203,6 +205,7 @@ def from_pool(comm: MPI.Comm, s: _settings.Settings, d: _pool.Derived) -> Node:
     if multi_node:
         core.setup_nodes(list(d.node_of))
     core.adopt_cma(*pool.cma)
+    core.use_pool_arena(pool.arena)
     numa_nodes = tuple(p[1] for p in places)
     return Node(
         len(d.members), rank, d.members, d.node_of, multi_node, d.oversubscribed, numa_nodes,

@@ -19,10 +19,16 @@ own. Unrelated communicators (not contained in one pool's group) get their own p
 shared one would need an agreement on its segment among ranks that share no communicator.
 Contexts hold their pool, so a pool outlives the communicator that made it while any context
 uses it; freeing them in any order is safe.
+
+The last :data:`KEPT_POOLS` pools made are also kept after their last context is freed: code
+that makes and frees a communicator at a time (a test suite, an FFT made per field or per
+stage, each ``Subcomm`` of a communicator zcoll never saw) would otherwise make every one in
+full. An idle pool holds one mapping and no reserved block.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import weakref
 
@@ -35,6 +41,9 @@ __all__ = ["Derived", "Pool", "derive", "eager_capacity", "register"]
 
 _NO_POOL = -1
 _pools: list[weakref.ref[Pool]] = []  # live pools of this process, in creation order
+#: How many of the latest pools stay alive with no context (see the module's notes).
+KEPT_POOLS = 4
+_kept: collections.deque[Pool] = collections.deque(maxlen=KEPT_POOLS)
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,6 +60,9 @@ class Pool:
     cma: tuple[str, str]  # the node's CMA verdict (state, why refused)
     settings: _settings.Settings  # what the full creation read
     tuning: tuple = ()  # the tuning table's rules, as shared_tuning gave them
+    # This rank's view of the pool's arena, which every context of the pool allocates from
+    # first (held here: the arena's allocator must outlive every context that uses it).
+    arena: _core.PoolArena | None = None
 
 
 def eager_capacity(s: _settings.Settings) -> int:
@@ -62,6 +74,7 @@ def register(pool: Pool) -> None:
     """Local: `pool` serves later derived communicators while some context holds it."""
     _pools[:] = [ref for ref in _pools if ref() is not None]
     _pools.append(weakref.ref(pool))
+    _kept.append(pool)
     weakref.finalize(pool, _free_group, pool.group)
 
 

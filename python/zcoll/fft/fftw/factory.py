@@ -334,11 +334,57 @@ def get_fftw_lib(dtype: Any) -> _FFTWLib | None:
     return _FFTWLib(char)
 
 
-fftlib: dict[str, _FFTWLib] = {}
-for _t in "fdg":
-    _lib = get_fftw_lib(_t)
-    if _lib is not None:
-        fftlib[_t.upper()] = _lib
+class _Libraries(dict):
+    """:data:`fftlib`, filled at its first use: importing zcoll.fft then imports neither pyFFTW
+    nor the SciPy modules pyFFTW imports (about 0.13 s of a program's start)."""
+
+    _filled = False
+
+    def _fill(self) -> _Libraries:
+        if not self._filled:
+            self._filled = True
+            for t in "fdg":
+                lib = get_fftw_lib(t)
+                if lib is not None:
+                    dict.__setitem__(self, t.upper(), lib)
+        return self
+
+    def __getitem__(self, key):
+        return dict.__getitem__(self._fill(), key)
+
+    def __contains__(self, key) -> bool:
+        return dict.__contains__(self._fill(), key)
+
+    def __iter__(self):
+        return dict.__iter__(self._fill())
+
+    def __len__(self) -> int:
+        return dict.__len__(self._fill())
+
+    def __repr__(self) -> str:
+        return dict.__repr__(self._fill())
+
+    def __eq__(self, other) -> bool:
+        return dict.__eq__(self._fill(), other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def get(self, key, default=None):
+        return dict.get(self._fill(), key, default)
+
+    def keys(self):
+        return dict.keys(self._fill())
+
+    def values(self):
+        return dict.values(self._fill())
+
+    def items(self):
+        return dict.items(self._fill())
+
+
+#: The FFTW library of each precision pyFFTW was built with ("F", "D", "G"), as mpi4py-fft's
+#: ``fftw.fftlib``.
+fftlib: dict[str, _FFTWLib] = _Libraries()
 
 
 def get_planned_FFT(
