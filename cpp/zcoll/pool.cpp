@@ -74,7 +74,8 @@ std::shared_ptr<arena_block> pool_arena::allocate(std::size_t bytes) {
 bool pool_arena::make_room(std::size_t bytes) {
   while (!allocator_->fits(bytes)) {
     const std::size_t region = segment_->partition_bytes;
-    const std::size_t need = round_up(bytes + detail::partition_allocator::colour_span, page_size());
+    const std::size_t need =
+        round_up(bytes + detail::partition_allocator::colour_span, page_size());
     const std::size_t chunk = std::max({need, reserved_, first_chunk_bytes});
     if (chunk > region - reserved_) return false;
     const std::size_t begin = static_cast<std::size_t>(rank_) * region + reserved_;

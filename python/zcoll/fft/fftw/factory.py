@@ -367,7 +367,7 @@ class _Libraries(dict):
     def __eq__(self, other) -> bool:
         return dict.__eq__(self._fill(), other)
 
-    __hash__ = None  # type: ignore[assignment]
+    __hash__ = None
 
     def get(self, key, default=None):
         return dict.get(self._fill(), key, default)
