@@ -99,9 +99,11 @@ def test_arrays_survive_their_communicator(world):
     all_ranks_agree(world, bool((a == 2).all()))
 
 
-def test_partitions_are_coloured_so_ranks_buffers_miss_different_cache_sets(world):
-    """A fresh communicator's first array on node rank r starts 576*r bytes (mod 4 KiB) into a
-    page, so equal-offset blocks of different ranks fall in different L1 sets."""
+def test_partitions_are_coloured_so_ranks_buffers_miss_different_cache_sets(world, monkeypatch):
+    """A new node pool's first array on node rank r starts 576*r bytes (mod 4 KiB) into a
+    page, so equal-offset blocks of different ranks fall in different L1 sets (pools off: the
+    Dup makes a pool of its own rather than allocating after the world's arrays)."""
+    monkeypatch.setenv("ZCOLL_NODE_POOLS", "0")
     comm = world.Dup()
     try:
         node_rank = lookup(comm).node_rank
