@@ -120,6 +120,7 @@ class Context:
         self.engine: dict = {}
         # The irregular collectives' communication patterns (_vcollectives), made on first use.
         self.patterns: dict = {}
+        self._tuned = False
         self.apply_tuning(s.tuning)
         _live_contexts.add(self)
 
@@ -128,6 +129,9 @@ class Context:
         "off"), and put online selection in front of it when `mode` is "online"."""
         if self.core.closed:
             return
+        # A new engine context has no rules: only a change of mode must clear them.
+        fresh = not self._tuned
+        self._tuned = True
         rules = () if mode == "off" else self.tuning_rules
         for op in COLLECTIVES:
             mine = [
@@ -135,10 +139,12 @@ class Context:
                 for r in rules
                 if r.collective == op and r.ranks_per_node == self.node_size
             ]
-            self.core.set_tuning_rules(op, mine)
+            if mine or not fresh:
+                self.core.set_tuning_rules(op, mine)
         models = () if mode == "off" else self.reduction_models
         for code, pieces in _tuning.reduction_pieces(models, self.node_size).items():
-            self.core.set_reduction_model(code, pieces)
+            if pieces or not fresh:
+                self.core.set_reduction_model(code, pieces)
         if self.multi_node:
             self._apply_round_limits(() if mode == "off" else self.internode_rules)
         # The engine's entry point for each collective, bound once (looked up per call).

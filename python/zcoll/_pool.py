@@ -149,20 +149,21 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
             block = _claim(pool.core, len(members))
     # The one agreement: every rank's pool and, from each node's lowest rank, its block.
     mine = np.array([token, block], dtype=np.int64)
-    every = np.empty((comm.size, 2), dtype=np.int64)
-    comm.Allgather(mine, every)
-    if found is None or not np.all(every[:, 0] == token):
+    gathered = np.empty((comm.size, 2), dtype=np.int64)
+    comm.Allgather(mine, gathered)
+    every = gathered.tolist()  # Python ints: a few are read, and NumPy's scalars cost more
+    if found is None or any(t != token for t, _ in every):
         _fall_back(found, block)
         return None
     # The same pool on every rank: the same nodes, named by their lowest communicator rank.
     leaders: dict[int, int] = {}
     for d, r in enumerate(ranks):
         leaders.setdefault(pool.node_of[r], d)
-    if not all(every[d, 1] >= 0 for d in leaders.values()):
+    if not all(every[d][1] >= 0 for d in leaders.values()):
         _fall_back(found, block)
         return None
     node_of = tuple(leaders[pool.node_of[r]] for r in ranks)
-    block = int(every[members[0], 1])
+    block = every[members[0]][1]
     oversubscribed = _oversubscribed(pool, ranks, s)
     return Derived(pool, tuple(ranks), members, node_of, oversubscribed, block)
 
