@@ -122,31 +122,30 @@ segment_registry& segment_registry::instance() {
 
 void segment_registry::add(const std::shared_ptr<data_segment>& seg) {
   std::lock_guard lock(mutex_);
-  std::erase_if(segments_, [](const auto& w) { return w.expired(); });
-  segments_.push_back(seg);
+  std::erase_if(segments_, [](const entry& e) { return e.seg.expired(); });
+  segments_.push_back({seg, seg->shm->data(), seg->shm->size(), seg->id});
 }
 
 std::shared_ptr<data_segment> segment_registry::find(const void* p, std::size_t bytes,
                                                      std::size_t* offset) const {
   const auto* q = static_cast<const std::byte*>(p);
   std::lock_guard lock(mutex_);
-  for (const auto& w : segments_) {
-    auto seg = w.lock();
-    if (!seg) continue;
-    const std::byte* base = seg->shm->data();
-    if (q >= base && q <= base + seg->shm->size() &&
-        bytes <= static_cast<std::size_t>(base + seg->shm->size() - q)) {
-      if (offset) *offset = static_cast<std::size_t>(q - base);
-      return seg;
-    }
+  for (const entry& e : segments_) {
+    if (q < e.base || q > e.base + e.size || bytes > static_cast<std::size_t>(e.base + e.size - q))
+      continue;
+    auto seg = e.seg.lock();
+    if (!seg) continue;  // gone: its range may since hold another mapping
+    if (offset) *offset = static_cast<std::size_t>(q - e.base);
+    return seg;
   }
   return nullptr;
 }
 
 std::shared_ptr<data_segment> segment_registry::find(std::uint64_t id) const {
   std::lock_guard lock(mutex_);
-  for (const auto& w : segments_)
-    if (auto seg = w.lock(); seg && seg->id == id) return seg;
+  for (const entry& e : segments_)
+    if (e.id == id)
+      if (auto seg = e.seg.lock()) return seg;
   return nullptr;
 }
 

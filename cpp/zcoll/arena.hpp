@@ -109,8 +109,16 @@ class segment_registry {
   std::shared_ptr<data_segment> find(std::uint64_t id) const;
 
  private:
+  // A segment's range and id are kept beside it, so a look-up compares them without taking a
+  // reference to every segment (a private buffer, looked up at every call, matches none).
+  struct entry {
+    std::weak_ptr<data_segment> seg;
+    const std::byte* base;
+    std::size_t size;
+    std::uint64_t id;
+  };
   mutable std::mutex mutex_;
-  mutable std::vector<std::weak_ptr<data_segment>> segments_;
+  mutable std::vector<entry> segments_;
 };
 
 // First-fit free list over this rank's partitions. Thread-safe (arrays may die in any thread).

@@ -251,6 +251,7 @@ class v_exchange {
   std::vector<std::byte*> send_bases_, recv_bases_;
   std::vector<std::uint64_t> starts_;  // per call: each ordered tuple's first byte in the stream
   std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
+  checked_call mine_;  // run()'s checked call, kept so that its lists allocate only once
 };
 
 }  // namespace zcoll

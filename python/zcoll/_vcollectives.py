@@ -48,6 +48,12 @@ _DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path
 # specifications it can parse: returns the receive array, or None when the Python path must
 # run the call (first call, several nodes, a datatype in a specification, an error to raise).
 _fast = _core.fast_irregular
+_ALLTOALLV_CODE = _registry.OPS[_registry.ALLTOALLV]
+_ALLGATHERV_CODE = _registry.OPS[_registry.ALLGATHERV]
+_NEIGHBOR_ALLTOALL_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALL]
+_NEIGHBOR_ALLGATHER_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHER]
+_NEIGHBOR_ALLTOALLV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLTOALLV]
+_NEIGHBOR_ALLGATHERV_CODE = _registry.OPS[_registry.NEIGHBOR_ALLGATHERV]
 
 
 @dataclass(frozen=True)
@@ -519,7 +525,8 @@ def _prepared(comm: MPI.Comm, opname: str, label: str, sendbuf, recvbuf):
 
 def _call(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
     """Every irregular call: the engine's one crossing, else (what `_fast` leaves) the Python
-    path."""
+    path. The public functions make the crossing themselves (one Python frame fewer on the
+    path of a small call) and come here when it leaves the call to Python."""
     recv = _fast(_registry.OPS[opname], comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -660,6 +667,9 @@ def alltoallv(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
+    recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -692,6 +702,9 @@ def allgatherv(
     -----
     Costs and errors as for :func:`alltoallv`.
     """
+    recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -738,6 +751,9 @@ def neighbor_alltoall(
     ValueError
         On every rank, for a communicator without topology, and as for :func:`alltoallv`.
     """
+    recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -766,6 +782,9 @@ def neighbor_allgather(
     numpy.ndarray
         The receive array; block ``j`` is the ``j``-th source's `sendbuf`.
     """
+    recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -792,6 +811,9 @@ def neighbor_alltoallv(
     numpy.ndarray
         The receive array.
     """
+    recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
@@ -818,6 +840,9 @@ def neighbor_allgatherv(
     numpy.ndarray
         The receive array.
     """
+    recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
+    if recv is not None:
+        return recv
     return _call(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
