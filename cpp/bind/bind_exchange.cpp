@@ -592,7 +592,12 @@ void def_node_calls(context_class& cls) {
       py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy);
 }
 
-// The rounds between nodes: the node map, and what a round carries (the size rule).
+// Sets one field of the context's crossing_overrides; returns its previous value.
+template <class T>
+T force_crossing(node_context& ctx, T crossing_overrides::* field, T value) {
+  return std::exchange(ctx.between_nodes(node_map{}).overrides().*field, value);
+}
+
 // What a test, benchmark or the tuner forces for this communicator's calls across nodes
 // (crossing_overrides): each setter returns the previous setting.
 void def_crossing_overrides(context_class& cls) {
@@ -600,8 +605,8 @@ void def_crossing_overrides(context_class& cls) {
       "nodes_force_aggregation",
       [](node_context& ctx, int mode) {
         if (mode < -1 || mode > 1) throw std::invalid_argument("aggregation mode is -1, 0 or 1");
-        auto& forced = ctx.between_nodes(node_map{}).overrides().carry;
-        return static_cast<int>(std::exchange(forced, static_cast<aggregation>(mode)));
+        return static_cast<int>(
+            force_crossing(ctx, &crossing_overrides::carry, static_cast<aggregation>(mode)));
       },
       py::arg("mode"),
       "After setup_nodes, every rank alike, between collectives: calls across nodes carry "
@@ -610,8 +615,8 @@ void def_crossing_overrides(context_class& cls) {
       "nodes_force_allgather_crossing",
       [](node_context& ctx, int mode) {
         if (mode < 0 || mode > 2) throw std::invalid_argument("allgather crossing is 0, 1 or 2");
-        auto& forced = ctx.between_nodes(node_map{}).overrides().allgather;
-        return static_cast<int>(std::exchange(forced, static_cast<allgather_crossing>(mode)));
+        return static_cast<int>(force_crossing(ctx, &crossing_overrides::allgather,
+                                               static_cast<allgather_crossing>(mode)));
       },
       py::arg("mode"),
       "After setup_nodes, every rank alike, between collectives: allgathers beyond the round "
@@ -623,14 +628,15 @@ void def_crossing_overrides(context_class& cls) {
       [](node_context& ctx, std::int64_t bytes) {
         if (bytes < 0) throw std::invalid_argument("a segment's bytes cannot be negative");
         check_spread_segment(static_cast<std::size_t>(bytes));
-        auto& forced = ctx.between_nodes(node_map{}).overrides().spread_segment;
-        return std::exchange(forced, static_cast<std::size_t>(bytes));
+        return force_crossing(ctx, &crossing_overrides::spread_segment,
+                              static_cast<std::size_t>(bytes));
       },
       py::arg("nbytes"),
       "After setup_nodes, every rank alike, between collectives: the segment (bytes, a "
       "multiple of 64) of the messages of reductions spread across nodes; 0: the default.");
 }
 
+// The rounds between nodes: the node map, and what a round carries (the size rule).
 void def_round_rules(context_class& cls) {
   cls.def(
       "setup_nodes",

@@ -56,10 +56,9 @@ std::size_t node_pool::shape::segment_bytes() const noexcept {
 }
 
 pool_arena::pool_arena(std::shared_ptr<data_segment> segment, std::shared_ptr<shm_segment> whole,
-                       std::size_t offset_in_whole, int rank)
+                       int rank)
     : segment_(std::move(segment)),
       whole_(std::move(whole)),
-      offset_in_whole_(offset_in_whole),
       rank_(rank),
       allocator_(std::make_shared<detail::partition_allocator>()) {}
 
@@ -79,8 +78,9 @@ bool pool_arena::make_room(std::size_t bytes) {
     const std::size_t chunk = std::max({need, reserved_, first_chunk_bytes});
     if (chunk > region - reserved_) return false;
     const std::size_t begin = static_cast<std::size_t>(rank_) * region + reserved_;
+    const auto in_whole = static_cast<std::size_t>(segment_->shm->data() - whole_->data());
     try {
-      whole_->reserve(offset_in_whole_ + begin, chunk);
+      whole_->reserve(in_whole + begin, chunk);
     } catch (const std::exception&) {
       return false;  // memory is short: the context's own segments raise the error
     }
@@ -169,7 +169,7 @@ std::shared_ptr<pool_arena> node_pool::arena(int rank, std::vector<std::int32_t>
   seg->member_pids = std::move(sorted_pids);
   seg->pool_only = true;
   detail::segment_registry::instance().add(seg);
-  auto made = std::make_shared<pool_arena>(std::move(seg), shm_, offset, rank);
+  auto made = std::make_shared<pool_arena>(std::move(seg), shm_, rank);
   arena_ = made;
   arena_made_ = true;
   return made;

@@ -50,8 +50,8 @@ namespace zcoll {
 // rank) and this rank's allocator over the chunks of its region reserved so far.
 class pool_arena {
  public:
-  pool_arena(std::shared_ptr<data_segment> segment, std::shared_ptr<shm_segment> whole,
-             std::size_t offset_in_whole, int rank);
+  // `segment`: the arena regions, a part of `whole` (the pool's mapping, which can reserve).
+  pool_arena(std::shared_ptr<data_segment> segment, std::shared_ptr<shm_segment> whole, int rank);
   // Local: `bytes` in this rank's region, reserving its next chunk if needed; null when the
   // region cannot hold them or memory is short.
   std::shared_ptr<arena_block> allocate(std::size_t bytes);
@@ -61,12 +61,11 @@ class pool_arena {
   }
 
  private:
-  std::shared_ptr<data_segment> segment_;
-  std::shared_ptr<shm_segment> whole_;  // the pool's mapping, which can reserve
-  std::size_t offset_in_whole_;         // of the arena region in it
-  int rank_;
   bool make_room(std::size_t bytes);  // with mutex_ held
 
+  std::shared_ptr<data_segment> segment_;
+  std::shared_ptr<shm_segment> whole_;
+  int rank_;
   std::shared_ptr<detail::partition_allocator> allocator_;
   std::mutex mutex_;
   std::size_t reserved_ = 0;  // bytes of this rank's region reserved so far

@@ -523,13 +523,9 @@ def _prepared(comm: MPI.Comm, opname: str, label: str, sendbuf, recvbuf):
     return ctx, pattern, call
 
 
-def _call(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
-    """Every irregular call: the engine's one crossing, else (what `_fast` leaves) the Python
-    path. The public functions make the crossing themselves (one Python frame fewer on the
-    path of a small call) and come here when it leaves the call to Python."""
-    recv = _fast(_registry.OPS[opname], comm, sendbuf, recvbuf, order, copy)
-    if recv is not None:
-        return recv
+def _python_path(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
+    """An irregular call that the engine's one crossing (`_fast`, which each public function
+    tries first, in its own frame) left to Python."""
     ctx, pattern, call = _prepared(comm, opname, opname, sendbuf, recvbuf)
     return _run(ctx, opname, pattern, call, order, copy)
 
@@ -670,7 +666,7 @@ def alltoallv(
     recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
 def allgatherv(
@@ -705,7 +701,7 @@ def allgatherv(
     recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_alltoall(
@@ -754,7 +750,7 @@ def neighbor_alltoall(
     recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_allgather(
@@ -785,7 +781,7 @@ def neighbor_allgather(
     recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_alltoallv(
@@ -814,7 +810,7 @@ def neighbor_alltoallv(
     recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf, recvbuf, order, copy)
 
 
 def neighbor_allgatherv(
@@ -843,7 +839,7 @@ def neighbor_allgatherv(
     recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
-    return _call(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
+    return _python_path(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf, recvbuf, order, copy)
 
 
 for _function in (alltoallv, allgatherv, neighbor_alltoallv, neighbor_allgatherv):

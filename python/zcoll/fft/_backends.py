@@ -233,11 +233,7 @@ class PyfftwBackend:
         entry = plan_cache.get(key)
         if entry is None:
             fits = on_arrays and all(_c_strided(x) and self._aligned(x) for x in (a, out))
-            if fits:
-                src, dst = a, out
-            else:
-                src = self._empty(a.shape, a.dtype)
-                dst = src if a is out else self._empty(out.shape, out.dtype)
+            src, dst = (a, out) if fits else self._scratch_pair(a, out)
             nbytes = src.nbytes + (0 if dst is src else dst.nbytes)
             entry = _Planned(self._make_plan(src, dst, axes, direction), nbytes)
             if not fits:
@@ -248,10 +244,13 @@ class PyfftwBackend:
     def _scratch(self, entry: _Planned, a, out) -> tuple[np.ndarray, np.ndarray]:
         """The aligned scratch arrays of `entry` for arrays like `a` and `out`."""
         if entry.scratch is None:
-            scratch_in = self._empty(a.shape, a.dtype)
-            scratch_out = scratch_in if a is out else self._empty(out.shape, out.dtype)
-            entry.scratch = (scratch_in, scratch_out)
+            entry.scratch = self._scratch_pair(a, out)
         return entry.scratch
+
+    def _scratch_pair(self, a, out) -> tuple[np.ndarray, np.ndarray]:
+        """New aligned arrays like `a` and `out` (one array when the transform is in place)."""
+        src = self._empty(a.shape, a.dtype)
+        return src, src if a is out else self._empty(out.shape, out.dtype)
 
     def _empty(self, shape, dtype) -> np.ndarray:
         return self._fftw.empty_aligned(shape, dtype)

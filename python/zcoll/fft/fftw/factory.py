@@ -9,7 +9,7 @@ precision that stands for such an extension module.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -334,57 +334,41 @@ def get_fftw_lib(dtype: Any) -> _FFTWLib | None:
     return _FFTWLib(char)
 
 
-class _Libraries(dict):
+class _Libraries(MutableMapping):
     """:data:`fftlib`, filled at its first use: importing zcoll.fft then imports neither pyFFTW
     nor the SciPy modules pyFFTW imports (about 0.13 s of a program's start)."""
 
-    _filled = False
+    def __init__(self) -> None:
+        self._libs: dict[str, _FFTWLib] | None = None
 
-    def _fill(self) -> _Libraries:
-        if not self._filled:
-            self._filled = True
-            for t in "fdg":
-                lib = get_fftw_lib(t)
-                if lib is not None:
-                    dict.__setitem__(self, t.upper(), lib)
-        return self
+    def _filled(self) -> dict[str, _FFTWLib]:
+        if self._libs is None:
+            found = {t.upper(): get_fftw_lib(t) for t in "fdg"}
+            self._libs = {t: lib for t, lib in found.items() if lib is not None}
+        return self._libs
 
-    def __getitem__(self, key):
-        return dict.__getitem__(self._fill(), key)
+    def __getitem__(self, key: str) -> _FFTWLib:
+        return self._filled()[key]
 
-    def __contains__(self, key) -> bool:
-        return dict.__contains__(self._fill(), key)
+    def __setitem__(self, key: str, lib: _FFTWLib) -> None:
+        self._filled()[key] = lib
 
-    def __iter__(self):
-        return dict.__iter__(self._fill())
+    def __delitem__(self, key: str) -> None:
+        del self._filled()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._filled())
 
     def __len__(self) -> int:
-        return dict.__len__(self._fill())
+        return len(self._filled())
 
     def __repr__(self) -> str:
-        return dict.__repr__(self._fill())
-
-    def __eq__(self, other) -> bool:
-        return dict.__eq__(self._fill(), other)
-
-    __hash__ = None
-
-    def get(self, key, default=None):
-        return dict.get(self._fill(), key, default)
-
-    def keys(self):
-        return dict.keys(self._fill())
-
-    def values(self):
-        return dict.values(self._fill())
-
-    def items(self):
-        return dict.items(self._fill())
+        return repr(self._filled())
 
 
 #: The FFTW library of each precision pyFFTW was built with ("F", "D", "G"), as mpi4py-fft's
 #: ``fftw.fftlib``.
-fftlib: dict[str, _FFTWLib] = _Libraries()
+fftlib: MutableMapping[str, _FFTWLib] = _Libraries()
 
 
 def get_planned_FFT(
