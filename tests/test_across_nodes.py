@@ -418,17 +418,10 @@ V_CHECK_JOB = _checking_job(
 CONFIGS = [(4, 1), (4, 2), (5, 2), (5, 3), (6, 2), (6, 3), (8, 2), (8, 3)]
 
 
-# Who sends the messages between nodes (ZCOLL_NODE_MESSAGES): the extension by default; the
-# mpi4py loop, the fallback of builds without MPI, on a few configurations.
-MPI4PY_CONFIGS = [(4, 2), (5, 2)]
-
-
-def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60", sender: str = "cpp"):
+def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60"):
     path = tmp_path / "job.py"
     path.write_text(script)
-    env = job_env(
-        ZCOLL_VIRTUAL_NODE_SIZE=str(node), ZCOLL_TIMEOUT=timeout, ZCOLL_NODE_MESSAGES=sender
-    )
+    env = job_env(ZCOLL_VIRTUAL_NODE_SIZE=str(node), ZCOLL_TIMEOUT=timeout)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     proc = run_job(mpiexec(ranks) + [sys.executable, str(path)], env, timeout=240)
     found = re.search(r"<<RESULT (.*?) >>", proc.stdout, re.S)
@@ -437,41 +430,34 @@ def _run(tmp_path, script: str, ranks: int, node: int, timeout: str = "60", send
 
 
 @alone
-@pytest.mark.parametrize(
-    ("ranks", "node", "sender"),
-    [(p, k, "cpp") for p, k in CONFIGS] + [(p, k, "mpi4py") for p, k in MPI4PY_CONFIGS],
-    ids=[f"P{p}-node{k}" for p, k in CONFIGS] + [f"P{p}-node{k}-mpi4py" for p, k in MPI4PY_CONFIGS],
-)
-def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
+@pytest.mark.parametrize(("ranks", "node"), CONFIGS, ids=[f"P{p}-node{k}" for p, k in CONFIGS])
+def test_alltoall_across_nodes_matches_mpi(tmp_path, ranks, node):
     """Every dtype family, zero/one/odd block lengths (and 4099, whose messages are packed in
     shares), private, arena and mixed buffers (each rank packing its own blocks when one is
     private), in place and recvbuf=None, on WORLD, a dup and a split with reversed keys;
     aggregated and direct."""
-    assert _run(tmp_path, CHECK_JOB, ranks, node, sender=sender) == "OK"
+    assert _run(tmp_path, CHECK_JOB, ranks, node) == "OK"
 
 
 V_CONFIGS = [(4, 1), (4, 2), (5, 2), (6, 3), (8, 3)]
-# Each configuration with the extension's sender, and one with mpi4py's.
 over_v_configs = pytest.mark.parametrize(
-    ("ranks", "node", "sender"),
-    [(p, k, "cpp") for p, k in V_CONFIGS] + [(5, 2, "mpi4py")],
-    ids=[f"P{p}-node{k}" for p, k in V_CONFIGS] + ["P5-node2-mpi4py"],
+    ("ranks", "node"), V_CONFIGS, ids=[f"P{p}-node{k}" for p, k in V_CONFIGS]
 )
 
 
 @alone
 @over_v_configs
-def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
+def test_allgather_across_nodes_matches_mpi(tmp_path, ranks, node):
     """allgather with its blocks in the round between nodes (the size rule), all in it, none
     in it (the node's part, then the concurrent exchange or rank to rank): every dtype family,
     zero/one/odd blocks and blocks at and just past the limit, private, arena and mixed
     buffers, in place and recvbuf=None, on WORLD, a dup and a split with reversed keys."""
-    assert _run(tmp_path, AG_CHECK_JOB, ranks, node, sender=sender) == "OK"
+    assert _run(tmp_path, AG_CHECK_JOB, ranks, node) == "OK"
 
 
 @alone
 @over_v_configs
-def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
+def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node):
     """allreduce (and in place), reduce, reduce_scatter_block and bcast across nodes, whole in
     the round (the size rule, or forced), or spread over the ranks (past the limit, or forced),
     bit for bit against mpi4py on small integer values: numeric dtypes, sum/max/min/bor,
@@ -480,38 +466,78 @@ def test_reductions_across_nodes_match_mpi(tmp_path, ranks, node, sender):
     (in place and not, roots on every node, private and arena buffers). Then a size
     that differs on one rank, on both sides of the limit: ValueError everywhere, no result
     written, the communicator works afterwards."""
-    assert _run(tmp_path, RED_CHECK_JOB, ranks, node, sender=sender) == "OK"
+    assert _run(tmp_path, RED_CHECK_JOB, ranks, node) == "OK"
 
 
 @alone
 @over_v_configs
-def test_irregular_across_nodes_matches_mpi(tmp_path, ranks, node, sender):
+def test_irregular_across_nodes_matches_mpi(tmp_path, ranks, node):
     """alltoallv (and in place), allgatherv (and in place) and a ring's neighbor_alltoallv
     across nodes, bit for bit against mpi4py: random counts with empty and odd blocks and
     blocks at and just past the pack limit, on WORLD, a dup and a split with reversed keys;
     the size rule, everything carried in the round, everything rank to rank. Then counts that
     differ between nodes (a small block and one past the limit): every rank raises ValueError,
     no receive buffer touched, the communicator works afterwards."""
-    assert _run(tmp_path, V_CHECK_JOB, ranks, node, sender=sender) == "OK"
+    assert _run(tmp_path, V_CHECK_JOB, ranks, node) == "OK"
 
 
 @alone
-@pytest.mark.parametrize(
-    ("ranks", "node", "sender"),
-    [(4, 2, "cpp"), (5, 2, "cpp"), (5, 2, "mpi4py")],
-    ids=["P4-node2", "P5-node2", "P5-node2-mpi4py"],
-)
-def test_calls_that_differ_between_nodes(tmp_path, ranks, node, sender):
+@pytest.mark.parametrize(("ranks", "node"), [(4, 2), (5, 2)], ids=["P4-node2", "P5-node2"])
+def test_calls_that_differ_between_nodes(tmp_path, ranks, node):
     """Bad input on the last rank only: every rank of every node raises the same type at once
     (not a timeout: ZCOLL_TIMEOUT is 60 s and the job has 240 s for five calls), the receive
     buffers are untouched, and the communicator works afterwards."""
-    result = eval(_run(tmp_path, ERROR_JOB, ranks, node, sender=sender))  # noqa: S307 - our own job's repr
+    result = eval(_run(tmp_path, ERROR_JOB, ranks, node))  # noqa: S307 - our own job's repr
     expected = ["ValueError"] * 4 + ["TypeError", "ValueError", "ValueError"]
     for rank, (results, good) in enumerate(result):
         kinds = [kind for _, kind, _ in results]
         assert kinds == expected, f"rank {rank}: {results}"
         assert all(untouched for _, _, untouched in results), f"rank {rank}: {results}"
         assert good, f"rank {rank}: the communicator is unusable afterwards"
+
+
+MISMATCH_JOB = textwrap.dedent(
+    """
+    import numpy as np
+    from mpi4py import MPI
+    import zcoll
+    from zcoll import _core
+
+    _core.mpi_library_matches = lambda version: False  # as with another MPI than mpi4py's
+    comm = MPI.COMM_WORLD
+    p = comm.size
+    calls = [
+        lambda: zcoll.alltoall(comm, np.zeros((p, 2))),
+        lambda: zcoll.allgather(comm, np.zeros(2), np.zeros((p, 2))),
+        lambda: zcoll.allreduce(comm, np.ones(3)),
+        lambda: zcoll.bcast(comm, np.ones(3)),
+        lambda: zcoll.alltoallv(comm, np.zeros(p), np.zeros(p)),
+        lambda: zcoll.alltoall_init(comm, np.zeros((p, 2))),
+    ]
+    seen = []
+    for call in calls:
+        try:
+            call()
+            seen.append("returned")
+        except RuntimeError as exc:
+            seen.append("named" if "mpi4py runs on" in str(exc) else str(exc))
+    node = comm.Split(comm.rank // 2)  # one (virtual) node: no MPI call of zcoll's own
+    total = zcoll.allreduce(node, np.ones(3))
+    seen.append(bool((total == node.size).all()))
+    everyone = comm.gather(seen)
+    if comm.rank == 0:
+        print(f"<<RESULT {everyone!r} >>", flush=True)
+    """
+)
+
+
+@alone
+def test_calls_across_nodes_need_mpi4pys_mpi_library(tmp_path):
+    """Where the extension cannot call mpi4py's MPI library (another library, or a build
+    without MPI: simulated), every call on a communicator spanning nodes raises RuntimeError
+    on every rank, naming both libraries, and calls on one node still work."""
+    result = eval(_run(tmp_path, MISMATCH_JOB, 4, 2))  # noqa: S307 - our own job's repr
+    assert result == [["named"] * 6 + [True]] * 4, result
 
 
 KILL_JOB = textwrap.dedent(
@@ -521,7 +547,6 @@ KILL_JOB = textwrap.dedent(
     from mpi4py import MPI
     import zcoll
     from zcoll import _aggregated
-    from zcoll._transport import Transport
 
     comm = MPI.COMM_WORLD
     rank, p = comm.rank, comm.size
@@ -532,25 +557,11 @@ KILL_JOB = textwrap.dedent(
     recv = np.empty_like(send)
     calls = 0
 
-    def dying(exchange):  # mpi4py's sender: phase 1 done, the messages not yet sent
-        def exchange_or_die(transport, *args):
-            if calls == 50 and rank == victim:
-                os.kill(os.getpid(), signal.SIGKILL)
-            return exchange(transport, *args)
-        return exchange_or_die
-
-    cpp = os.environ["ZCOLL_NODE_MESSAGES"] == "cpp"
-    if path in ("direct", "spread", "spread-bcast"):  # after the round of records, from the
-        # Python path (the one crossing runs it in C++, out of a hook's reach): rank to rank,
-        # or phase 2 of a reduction or bcast spread over the ranks
+    if path == "direct":  # blocks rank to rank after the round of records
         _aggregated.force(comm, False)
-        zcoll._collectives._fast = zcoll._reductions._fast = lambda *args: None
-        Transport.exchange_buffers = dying(Transport.exchange_buffers)
-    elif not cpp:  # the aggregated round with mpi4py's sender: after packing
-        Transport._exchange_messages = dying(Transport._exchange_messages)
-    # With the extension's sender a call is one crossing from its second call on: die just
-    # before it.
-    die_before = path == "plan" or (path not in ("direct", "spread", "spread-bcast") and cpp)
+    # Every call is one crossing of the extension from its second call on: die just before
+    # it; "spread-flow" dies by a timer inside its call.
+    die_before = path != "spread-flow"
     collective = zcoll.alltoallv if path == "v-round" else zcoll.alltoall
     if path == "allgather":  # an allgather whose blocks travel in the round
         mine = np.full(4, rank, np.int64)
@@ -622,25 +633,19 @@ KILL_JOB = textwrap.dedent(
         "plan",
     ],
 )
-@pytest.mark.parametrize("sender", ["cpp", "mpi4py"])
-def test_rank_killed_in_the_exchange_between_nodes(tmp_path, sender, path):
+def test_rank_killed_in_the_exchange_between_nodes(tmp_path, path):
     """P = 4 on virtual nodes of 2: rank 2, which sends and receives its node's messages,
-    SIGKILLs itself in call 50: with mpi4py's sender after packing, before sending (path
-    "round"; "v-round", "allgather", "allreduce": the same in such a call's round); with the
-    extension's, whose call is one crossing, just before it; or, blocks going rank to rank
-    (path "direct", run by the Python path so that a hook can reach it), before sending its
-    blocks; or, in an allreduce or a bcast from rank 0 beyond the round's rule (paths
-    "spread", "spread-bcast", the Python path too), after phase 1, before sending its
-    partials or receiving its piece (the survivors wait for them, or for it at the node
-    barrier that ends the call); or (path "plan") just before a run of an alltoall plan,
-    whose blocks between nodes go by persistent requests (from C++ in the run's one
-    crossing, or from mpi4py); or (path "spread-flow") 2 ms into an 8 MiB allreduce beyond
-    the rule, by a timer, wherever the call then is (with the extension's sender most likely
-    in the flow of phases 1-3). Its node-mate sees it die; rank 0, which waits for its
-    message, raises PeerError once the timeout (KILL_TIMEOUT) is over, and rank 1 when rank 0 leaves
-    (or its own wait gives up); every survivor's next call
-    raises at once. No rank finishes, no segment is left in /dev/shm."""
-    _kill_rank_2_and_check(tmp_path, sender, path, ZCOLL_VIRTUAL_NODE_SIZE="2")
+    SIGKILLs itself just before call 50 -- an alltoall whose blocks travel in the round
+    ("round"), or rank to rank after it ("direct"), an alltoallv ("v-round"), an allgather and
+    an allreduce whole in the round, an allreduce and a bcast from rank 0 spread over the
+    ranks beyond the round's rule ("spread", "spread-bcast"), a run of an alltoall plan whose
+    blocks between nodes go by persistent requests ("plan") -- or (path "spread-flow") 2 ms
+    into an 8 MiB allreduce beyond the rule, by a timer, wherever the call then is (most
+    likely in the flow of phases 1-3). Its node-mate sees it die; rank 0, which waits for its
+    message, raises PeerError once the timeout (KILL_TIMEOUT) is over, and rank 1 when rank 0
+    leaves (or its own wait gives up); every survivor's next call raises at once. No rank
+    finishes, no segment is left in /dev/shm."""
+    _kill_rank_2_and_check(tmp_path, path, ZCOLL_VIRTUAL_NODE_SIZE="2")
 
 
 @alone
@@ -653,7 +658,7 @@ def test_rank_killed_between_emulated_nodes(tmp_path, path):
     cluster = emulated_cluster((2, 2))
     if cluster is None:
         pytest.skip("emulated nodes need Open MPI and unshare")
-    _kill_rank_2_and_check(tmp_path, "cpp", path, cluster=cluster)
+    _kill_rank_2_and_check(tmp_path, path, cluster=cluster)
 
 
 #: ZCOLL_TIMEOUT of the kill jobs: how long rank 0 waits for the dead rank's message before it
@@ -661,14 +666,14 @@ def test_rank_killed_between_emulated_nodes(tmp_path, path):
 KILL_TIMEOUT = 2
 
 
-def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
+def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
     """KILL_JOB at P = 4 on two nodes of 2 (virtual ones by `env_extra`, or emulated by the
     mpiexec options `cluster`): rank 2 dies; the survivors' reports are checked."""
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     job = tmp_path / "job.py"
     job.write_text(KILL_JOB)
-    env = job_env(ZCOLL_TIMEOUT=str(KILL_TIMEOUT), ZCOLL_NODE_MESSAGES=sender, **env_extra)
+    env = job_env(ZCOLL_TIMEOUT=str(KILL_TIMEOUT), **env_extra)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
     cmd = mpiexec(4, "--enable-recovery", *cluster)
@@ -693,9 +698,8 @@ def _kill_rank_2_and_check(tmp_path, sender, path, cluster=(), **env_extra):
         assert re.search(rf"rank\(s\) \[2(, 3)?\] {within}", reports["0"]), reports
         assert re.search(r"peer rank\(s\) 0 \(pid \d+\) died|\[2(, 3)?\] did not", reports["1"])
         return
-    # Rank 3 finishes call 50 when its blocks go rank to rank, and meets the death in call 51.
     calls = {rank: int(call) for rank, call, _, _ in found}
-    assert calls == {"0": 50, "1": 50, "3": 51 if path == "direct" else 50}, proc.stdout
+    assert calls == {"0": 50, "1": 50, "3": 50}, proc.stdout
     assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
     # A plan's rank 3 posts its blocks before its node barrier finds rank 2 dead, then leaves:
     # they may never reach rank 0, which may name it too.

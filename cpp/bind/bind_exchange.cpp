@@ -83,40 +83,6 @@ auto with_views(const py::object& send, const py::object& recv, Ok&& ok, Error&&
   return ok(&send_view, recv_view);
 }
 
-// Phase 1 of a round between nodes (node_messages::begin) from the binding's arguments: with
-// buffers (an alltoall), their views.
-node_messages& begin_round(node_context& ctx, const py::bytes& record, const py::object& send,
-                           const py::object& recv, int order, int copy) {
-  const call_record r = record_of(record);
-  node_messages& round = ctx.between_nodes(node_map{});
-  if (recv.is_none()) {
-    py::gil_scoped_release release;
-    round.begin(r, nullptr);
-    return round;
-  }
-  with_views(
-      send, recv,
-      [&](const array_view* send_view, const array_view& recv_view) {
-        gil_released_on_block gil(ctx, recv_view.nbytes);
-        const collective_data data{send_view, &recv_view, order, copy};
-        round.begin(r, &data);
-      },
-      [&](const std::string&) {  // the record says what is wrong
-        py::gil_scoped_release release;
-        round.begin(r, nullptr);
-      });
-  return round;
-}
-
-// The messages of an aggregated alltoall this rank sends or receives: [(peer, memoryview)].
-py::list message_views(std::span<const node_message> messages) {
-  py::list out;
-  for (const node_message& m : messages)
-    out.append(py::make_tuple(
-        m.peer, py::memoryview::from_memory(m.data, static_cast<py::ssize_t>(m.bytes), false)));
-  return out;
-}
-
 // Runs alltoall or allgather; the engine checks everything the conversion did not.
 void run(node_context& ctx, op_code op, const py::object& send, const py::object& recv, int order,
          int copy) {
@@ -695,59 +661,60 @@ void def_round_rules(context_class& cls) {
       "measured (negative: none; None: the built-in size rule again).");
 }
 
-// A round between nodes phase by phase, or whole with the messages from C++.
-void def_round_phases(context_class& cls) {
-  cls.def(
-      "nodes_begin",
-      [](node_context& ctx, const py::bytes& record, const py::object& send, const py::object& recv,
-         int order, int copy) { begin_round(ctx, record, send, recv, order, copy); },
-      py::arg("record"), py::arg("sendbuf") = py::none(), py::arg("recvbuf") = py::none(),
-      py::arg("order") = 0, py::arg("copy") = 0,
-      "Collective (node): phase 1 of a round between nodes (aggregate.hpp); with buffers "
-      "(an alltoall), its blocks are packed when the node's records allow.");
-  cls.def_property_readonly(
-      "nodes_node_blocks_delivered",
-      [](node_context& ctx) { return ctx.between_nodes(node_map{}).node_blocks_delivered(); },
-      "After a round of an alltoall: whether it delivered the blocks between this node's "
-      "ranks (all blocks when it packed; else the caller runs the node's part).");
-  cls.def(
-      "nodes_messages",
-      [](node_context& ctx) {
-        const node_messages& round = ctx.between_nodes(node_map{});
-        return py::make_tuple(message_views(round.outgoing()), message_views(round.incoming()),
-                              round.packed());
-      },
-      "Local: ([(peer, memoryview)] sent, [(peer, memoryview)] received, packed).");
+// Calls across nodes, each whole in one call with the messages from C++: a round that only
+// agrees on the ranks' records, and an alltoall or allgather (as the one crossing runs them).
+void def_calls_across_nodes(context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_round",
-      [](node_context& ctx, const py::bytes& record, const py::object& send, const py::object& recv,
-         int order, int copy, mpi_handle comm, int rank, int tag, int window, double timeout,
-         const std::string& what) {
-        node_messages& round = begin_round(ctx, record, send, recv, order, copy);
-        py::gil_scoped_release release;
-        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
-        return round.packed();
-      },
-      py::arg("record"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy"),
-      py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"),
-      py::arg("what"),
-      "Collective (node): a whole round between nodes in one call -- nodes_begin, "
-      "the messages by MPI from C++ (mpi_messages.hpp), the node barrier, nodes_finish -- the "
-      "GIL released after phase 1. "
-      "Returns whether the round packed (and delivered) an alltoall's blocks.");
-#endif
-  cls.def(
-      "nodes_finish",
-      [](node_context& ctx) {
-        py::gil_scoped_release release;
+      [](node_context& ctx, const py::bytes& record, mpi_handle comm, int rank, int tag, int window,
+         double timeout, const std::string& what) {
+        const call_record r = record_of(record);
         node_messages& round = ctx.between_nodes(node_map{});
-        round.finish();
-        return round.direct_blocks();
+        py::gil_scoped_release release;
+        round.begin(r, nullptr);
+        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
       },
-      "Collective (node): the verdict over every rank's record, then phase 3 if packed. "
-      "Returns, after an irregular round, how many of this rank's blocks between nodes it "
-      "did not carry (to go rank to rank); else 0.");
+      py::arg("record"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
+      py::arg("timeout"), py::arg("what"),
+      "Collective (communicator): a round between nodes that carries every rank's call record "
+      "to every rank and raises on every rank the error the records call for (aggregate.hpp), "
+      "the GIL released.");
+  cls.def(
+      "nodes_call",
+      [](node_context& ctx, int op, const py::object& send, const py::object& recv, int order,
+         int copy, mpi_handle comm, int rank, int tag, int window) {
+        if (op != static_cast<int>(op_code::alltoall) && op != static_cast<int>(op_code::allgather))
+          throw py::value_error("not alltoall's or allgather's code");
+        fast_path::collective_across_nodes(ctx, static_cast<op_code>(op), send, recv, order, copy,
+                                           nodes_route{comm.bits, rank, tag, window});
+      },
+      py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy"),
+      py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
+      "Collective (communicator): an alltoall or allgather on several nodes, whole, as the one "
+      "crossing runs it: blocks up to the pack limit in the round, larger ones rank to rank "
+      "after the node's part.");
+  cls.def(
+      "nodes_exchange_remote",
+      [](node_context& ctx, int op, const py::object& send, const py::object& recv, mpi_handle comm,
+         int rank, int tag, int window) {
+        with_views(
+            send, recv,
+            [&](const array_view* send_view, const array_view& recv_view) {
+              node_messages& round = ctx.between_nodes(node_map{});
+              py::gil_scoped_release release;
+              marking_failure(round, [&] {
+                fast_path::exchange_remote(ctx, static_cast<op_code>(op), round.nodes(), send_view,
+                                           recv_view, nodes_route{comm.bits, rank, tag, window});
+              });
+            },
+            [](const std::string& why) { throw py::type_error(why); });
+      },
+      py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("comm"), py::arg("rank"),
+      py::arg("tag"), py::arg("window"),
+      "Collective (communicator, benchmarks): only the blocks of an alltoall or allgather "
+      "between this rank and the ranks on other nodes, rank to rank.");
+#endif
 }
 
 // This rank's call records, and the argument errors every rank raises.
@@ -878,7 +845,7 @@ void register_exchange(py::module_& m) {
                     "The node-local engine of one communicator (see exchange.hpp).");
   def_node_calls(cls);
   def_round_rules(cls);
-  def_round_phases(cls);
+  def_calls_across_nodes(cls);
   def_call_records(cls);
   def_context_state(cls);
   register_call_records(m);

@@ -111,33 +111,17 @@ node_messages& begin_reduction_round(node_context& ctx, const call_record& recor
 // conversions succeeded when the call was described, so they do here.
 template <class Then>
 void begin_spread(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-                  int reduce, int algorithm, int root, bool as_flow, Then&& then) {
+                  int reduce, int algorithm, int root, Then&& then) {
   spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
   with_reduction_views(
       op, send, recv,
       [&](const array_view* s, const array_view* r) {
         const reduction_call call{op, s, r, reduce, algorithm, root};
         py::gil_scoped_release release;
-        spread.begin(call, as_flow);
+        spread.begin(call, true);  // as a flow where the spread allows
         then(spread);
       },
       [&](const std::string& why) { throw std::logic_error("zcoll: " + why); });
-}
-
-// A phase's messages as the Python path sends them: ([(peer, tag, uint8 array)] received,
-// the same sent), views of the engine's buffers valid until the next phase.
-py::tuple spread_lists(const spread_reduction& spread, int tag) {
-  const py::capsule owner(static_cast<const void*>(&spread), [](void*) {});  // owns nothing
-  auto list = [&](std::span<const peer_block> messages) {
-    py::list out;
-    for (const peer_block& m : messages)
-      out.append(
-          py::make_tuple(m.peer, tag,
-                         py::array(py::dtype::of<std::uint8_t>(),
-                                   {static_cast<py::ssize_t>(m.bytes)}, {1}, m.data, owner)));
-    return out;
-  };
-  return py::make_tuple(list(spread.recvs()), list(spread.sends()));
 }
 
 #ifdef ZCOLL_HAVE_MPI
@@ -166,7 +150,7 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
   if (round.packed() || record.call.block_bytes == 0) return;
   const double timeout = wait_timeout(ctx);
   marking_failure(round, [&] {
-    begin_spread(ctx, op, send, recv, reduce, algorithm, root, true, [&](spread_reduction& spread) {
+    begin_spread(ctx, op, send, recv, reduce, algorithm, root, [&](spread_reduction& spread) {
       if (spread.flowing()) {
         message_round_options options;
         options.timeout_s = timeout;
@@ -333,74 +317,23 @@ void def_node_reductions(context_class& cls) {
       "Local: this rank's call record of such a call, for agree() across nodes.");
 }
 
-// A reduction's round between nodes: phase 1, or whole with the messages from C++.
-void def_reduction_rounds(context_class& cls) {
-  cls.def(
-      "nodes_reduction_begin",
-      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
-         const py::object& recv, int reduce, int algorithm, int root) {
-        begin_reduction_round(ctx, record_of(record), reduction_op(code), send, recv, reduce,
-                              algorithm, root);
-      },
-      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
-      py::arg("op"), py::arg("algorithm"), py::arg("root"),
-      "Collective (node): phase 1 of a reduction's round between nodes (aggregate.hpp's "
-      "begin_reduction); the messages then go by mpi4py, and nodes_finish folds the result.");
+// A reduction or bcast on several nodes, whole, as the one crossing runs it.
+void def_reductions_across_nodes(context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
-      "nodes_reduction_round",
-      [](node_context& ctx, const py::bytes& record, int code, const py::object& send,
-         const py::object& recv, int reduce, int algorithm, int root, mpi_handle comm, int rank,
-         int tag, int window, double timeout, const std::string& what) {
-        node_messages& round = begin_reduction_round(ctx, record_of(record), reduction_op(code),
-                                                     send, recv, reduce, algorithm, root);
-        py::gil_scoped_release release;
-        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
-        return round.packed();
-      },
-      py::arg("record"), py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true),
-      py::arg("op"), py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"),
-      py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
-      "Collective (node): a reduction's whole round between nodes in one call, the messages by "
-      "MPI from C++; returns whether it carried the result (it did unless the call is in "
-      "error, which raises).");
-#endif
-}
-
-// A reduction spread over the ranks (spread_reduction.hpp), phase by phase.
-void def_spread_phases(context_class& cls) {
-  cls.def(
-      "nodes_spread_begin",
+      "nodes_reduction_call",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
-         int algorithm, int root) {
-        begin_spread(ctx, reduction_op(code), send, recv, reduce, algorithm, root, false,
-                     [](spread_reduction&) {});
-        return spread_lists(ctx.between_nodes(node_map{}).spread(), spread_partial_tag);
+         int algorithm, int root, mpi_handle comm, int rank, int tag, int window) {
+        reduction_across_nodes(ctx, reduction_op(code), send, recv, reduce, algorithm, root,
+                               nodes_route{comm.bits, rank, tag, window});
       },
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
-      py::arg("algorithm"), py::arg("root"),
-      "Collective (node), after a round of records agreed on a non-empty reduction or bcast "
-      "beyond the round's rule: phase 1 of spread_reduction.hpp; returns phase 2's (recvs, "
-      "sends) as [(peer, tag, uint8 array)].");
-  cls.def(
-      "nodes_spread_combine",
-      [](node_context& ctx) {
-        spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
-        {
-          py::gil_scoped_release release;
-          spread.combine();
-        }
-        return spread_lists(spread, spread_result_tag);
-      },
-      "Local, after phase 2's messages: the owner's fold; returns phase 3's (recvs, sends).");
-  cls.def(
-      "nodes_spread_finish",
-      [](node_context& ctx) {
-        spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
-        py::gil_scoped_release release;
-        spread.finish();
-      },
-      "Collective (node), after phase 3's messages: the node barrier and this rank's result.");
+      py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"), py::arg("tag"),
+      py::arg("window"),
+      "Collective (communicator): a reduction or bcast on several nodes, whole, with the "
+      "messages from C++: small calls in the round that agrees on the records, larger ones "
+      "spread over the ranks after it.");
+#endif
 }
 
 // What algorithm="auto" runs: the cost models and their answer.
@@ -465,8 +398,7 @@ void register_fast_reductions(py::module_& m) {
 void register_reduction(py::module_& m) {
   context_class cls = bound_context(m);
   def_node_reductions(cls);
-  def_reduction_rounds(cls);
-  def_spread_phases(cls);
+  def_reductions_across_nodes(cls);
   def_reduction_policy(cls);
   register_reduction_support(m);
   register_fast_reductions(m);

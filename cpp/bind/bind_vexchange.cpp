@@ -484,22 +484,8 @@ void def_irregular_calls(context_class& cls) {
       "or the ranks' counts disagree.");
 }
 
-// An irregular call's round between nodes: phase 1, or whole with the messages from C++.
+// An irregular call's round between nodes, whole with the messages from C++.
 void def_irregular_rounds(context_class& cls) {
-  cls.def(
-      "nodes_v_begin",
-      [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
-         int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy, bool carry) {
-        begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
-                              carry, [](node_messages&) {});
-      },
-      py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
-      py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
-      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"),
-      "Collective (node): phase 1 of an irregular call's round between nodes (aggregate.hpp): "
-      "this rank's record and counts, with `carry` its blocks within nodes_pack_limit. The "
-      "receive array must stay alive until nodes_finish.");
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_v_round",
@@ -521,8 +507,8 @@ void def_irregular_rounds(context_class& cls) {
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
       py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"), py::arg("comm"),
       py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
-      "Collective (node): a whole irregular round between nodes in one call (nodes_v_begin, the "
-      "messages by MPI from C++, the node barrier, nodes_finish). Returns how many of this "
+      "Collective (node): a whole irregular round between nodes in one call (phase 1, the "
+      "messages by MPI from C++, the node barrier, the verdict). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");
 #endif
 }

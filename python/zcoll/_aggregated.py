@@ -1,5 +1,6 @@
-"""alltoall on a communicator spanning several nodes (TPDS'18 §2.5, "MN-CO"), and the blocks
-that alltoall and allgather send rank to rank between nodes.
+"""alltoall on a communicator spanning several nodes (TPDS'18 §2.5, "MN-CO"): the size rule
+and its forcing, and the blocks a plan sends rank to rank between nodes. The calls themselves
+run whole in the extension (`Transport.collective`, `bind_exchange.cpp`).
 
 Every call on several nodes starts with a round of messages between nodes that carries each
 rank's call record to every rank (`Transport.round`, engine `aggregate.hpp`): one message
@@ -28,8 +29,6 @@ from ._context import Context, context
 __all__ = [
     "AGGREGATE_MAX_BLOCK",
     "AGGREGATE_UNIT_BLOCK",
-    "alltoall_between_nodes",
-    "exchange_remote",
     "force",
     "messages_per_call",
     "pack_limit",
@@ -38,10 +37,7 @@ __all__ = [
 ]
 
 ALLTOALL = _registry.ALLTOALL
-ORDER_CODES = _registry.ORDER_CODES
-COPY_CODES = _registry.COPY_CODES
 IN_PLACE = MPI.IN_PLACE
-_P2P_TAG = 0x7A0C  # blocks rank to rank between nodes, on the context's private dup
 
 #: The size rule (the engine's, aggregate.hpp): a call across nodes carries in its round's
 #: messages -- an alltoall aggregates, an irregular call packs -- the blocks of at most
@@ -101,26 +97,6 @@ def messages_per_call(nodes: list[int], aggregate: bool) -> int:
     return pairs + sum(q * (p - q) for q in nodes)
 
 
-def alltoall_between_nodes(ctx: Context, sendbuf, recvbuf, order, copy) -> None:
-    """One alltoall on a multi-node context: aggregated (the blocks travel in the round that
-    carries the call records) up to the size rule's limit, else the round carries the records
-    only and the blocks go rank to rank after the node-local part."""
-
-    send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    code = ORDER_CODES.get(order) if type(order) is str else None
-    copy_code = COPY_CODES.get(copy) if type(copy) is str else None
-    if code is None or copy_code is None:  # the ranks still meet in the round, then all raise
-        ctx.fail(ALLTOALL, ValueError(_core.option_error(order, copy)))
-    record = ctx.core.record(ALLTOALL, send, recvbuf, code, copy_code)
-    block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
-    # Aggregated when the engine's size rule allows (it applies pack_limit).
-    if ctx.transport.round(ALLTOALL, record, (send, recvbuf, code, copy_code)):
-        return
-    if not ctx.core.nodes_node_blocks_delivered:
-        ctx.core.alltoall(send, recvbuf, code, copy_code)  # the node-local blocks
-    exchange_remote(ctx, ALLTOALL, send, recvbuf, block)
-
-
 def _byte_blocks(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
@@ -142,18 +118,3 @@ def remote_blocks(ctx: Context, opname: str, send, recv: np.ndarray, block: int)
         return incoming, {r: sb[r * block : (r + 1) * block] for r in remote}
     mine = rb[ctx.rank * block : (ctx.rank + 1) * block] if send is IN_PLACE else _byte_blocks(send)
     return incoming, dict.fromkeys(remote, mine)
-
-
-def exchange_remote(ctx: Context, opname: str, send, recv: np.ndarray, block: int) -> None:
-    """Blocks to and from ranks on other nodes, by MPI point-to-point on a private dup
-    (`send`: IN_PLACE or a C-contiguous array)."""
-    incoming, outgoing = remote_blocks(ctx, opname, send, recv, block)
-    if not incoming or block == 0:
-        return
-    if send is IN_PLACE and opname == ALLTOALL:  # saved before it is overwritten
-        outgoing = {r: b.copy() for r, b in outgoing.items()}
-    ctx.transport.exchange_buffers(
-        f"zcoll.{opname} (blocks between nodes)",
-        [(r, _P2P_TAG, b) for r, b in incoming.items()],
-        [(r, _P2P_TAG, outgoing[r]) for r in incoming],
-    )

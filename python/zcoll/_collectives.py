@@ -8,7 +8,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _internode, _registry
-from ._aggregated import alltoall_between_nodes, exchange_remote
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -76,47 +75,35 @@ def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(memoryview(block), dtype=dtype, count=count).reshape(shape)
 
 
-def _allgather_across_nodes(ctx: Context, sendbuf, recvbuf, code: int, copy_code: int) -> None:
-    """Hierarchical allgather (alltoall: _aggregated): blocks within the size rule travel in
-    the round that agrees on every rank's call record (one message per pair of nodes, as in
-    the extension's one crossing); larger ones after it, the node's through the arena and the
-    rest by MPI, the leaders' concurrent exchange or rank to rank (_internode.choose)."""
-    record = ctx.core.record(_ALLGATHER, sendbuf, recvbuf, code, copy_code)
-    send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-    carried = _round_carries(ctx, recvbuf)
-    if carried:
-        if ctx.transport.round(_ALLGATHER, record, (send, recvbuf, code, copy_code)):
-            return
-    else:
-        ctx.agree(_ALLGATHER, record)
-    ctx.core.allgather(send, recvbuf, code, copy_code)
-    block = recvbuf.nbytes // ctx.size
-    choice = _internode.Choice(_internode.DIRECT) if carried else _internode.choose(ctx, block)
+def _across_nodes(ctx: Context, op: int, sendbuf, recvbuf, code: int, copy_code: int) -> None:
+    """An alltoall or allgather on several nodes, whole in the extension as the one crossing
+    runs it (docs/design.md, "Across nodes"), except an allgather whose larger blocks the
+    tuning table sends between the nodes' leaders (SC'05 concurrent exchange): its round agrees
+    on the records, the node's part follows, then `_internode.allgather_between_nodes`."""
+    if op != _ALLGATHER_CODE or ctx.core.nodes_carries(op, None, recvbuf):
+        ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
+        return
+    block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
+    choice = _internode.choose(ctx, block)
     if choice.method == _internode.CONCURRENT:
+        ctx.agree(_ALLGATHER, ctx.core.record(_ALLGATHER, sendbuf, recvbuf, code, copy_code))
+        send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
+        ctx.core.allgather(send, recvbuf, code, copy_code)
         _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
         return
-    exchange_remote(ctx, _ALLGATHER, send, recvbuf, block)
-    if not carried:
-        # Every rank records it after the same call: the next such call runs in one crossing.
-        ctx.core.nodes_remember_direct_allgather(block)
-
-
-def _round_carries(ctx: Context, recvbuf) -> bool:
-    """Whether the round between nodes carries this allgather's blocks (the engine's size
-    rule, decided as the extension's fast path decides)."""
-    return ctx.core.nodes_carries(_ALLGATHER_CODE, None, recvbuf)
+    ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
+    # Every rank records it after the same call: the next such call runs in one crossing.
+    ctx.core.nodes_remember_direct_allgather(block)
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
     """The Python path of every collective, for what `_fast` leaves to it: a first call,
-    several nodes, online tuning, or an invalid option (raised on every rank)."""
+    online tuning, an allgather across nodes whose method the tuning table picks, or an
+    invalid option (raised on every rank)."""
     ctx = lookup(comm)
-    if ctx.multi_node and opname == _ALLTOALL:
-        alltoall_between_nodes(ctx, sendbuf, recvbuf, order, copy)
-        return recvbuf
     code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:
-        _allgather_across_nodes(ctx, sendbuf, recvbuf, code, copy_code)
+        _across_nodes(ctx, _registry.OPS[opname], sendbuf, recvbuf, code, copy_code)
     else:
         ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
     return recvbuf

@@ -103,7 +103,7 @@ class Context:
         self.numa_nodes = node.numa_nodes
         self.core = node.core
         self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
-        self.transport = Transport(comm, self.core, self.multi_node, s.node_messages)
+        self.transport = Transport(comm, self.core, self.multi_node)
         # One rank per node (its lowest), in node order: the reductions' inter-node part.
         self.leaders: MPI.Comm | None = None
         if self.multi_node:
@@ -156,7 +156,8 @@ class Context:
         # The one-crossing path (_core.fast_collective) serves this communicator's calls
         # unless they need Python: online tuning, or blocks between nodes.
         # On several nodes only the irregular collectives take it, with the route of their
-        # messages between nodes, and only when the extension sends them.
+        # messages between nodes (none where the extension cannot send: the Python path then
+        # raises why).
         route = self.transport.route()
         if self.online or (self.multi_node and route is None):
             _core.register_fast(self.handle, None)

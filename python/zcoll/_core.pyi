@@ -266,20 +266,19 @@ class NodeContext:
     def allgather(self, sendbuf: Any, recvbuf: Any, order: int, copy: int = -1) -> None: ...
     def setup_nodes(self, leader_of: list[int]) -> None: ...
     def set_sender_packs_bytes(self, nbytes: int) -> int: ...
-    def nodes_begin(
-        self,
-        record: bytes,
-        sendbuf: Any = None,
-        recvbuf: Any = None,
-        order: int = 0,
-        copy: int = 0,
-    ) -> None: ...
-    def nodes_messages(
-        self,
-    ) -> tuple[list[tuple[int, memoryview]], list[tuple[int, memoryview]], bool]: ...
     def nodes_round(
         self,
         record: bytes,
+        comm: int,
+        rank: int,
+        tag: int,
+        window: int,
+        timeout: float,
+        what: str,
+    ) -> None: ...
+    def nodes_call(
+        self,
+        op: int,
         sendbuf: Any,
         recvbuf: Any,
         order: int,
@@ -288,31 +287,12 @@ class NodeContext:
         rank: int,
         tag: int,
         window: int,
-        timeout: float,
-        what: str,
-    ) -> bool: ...
-    def nodes_finish(self) -> int: ...
-    def nodes_carries(self, code: int, sendbuf: Any, recvbuf: Any) -> bool: ...
-    def nodes_spread_begin(
-        self, code: int, sendbuf: Any, recvbuf: Any, op: int, algorithm: int, root: int
-    ) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]: ...
-    def nodes_spread_combine(
-        self,
-    ) -> tuple[list[tuple[int, int, np.ndarray]], list[tuple[int, int, np.ndarray]]]: ...
-    def nodes_spread_finish(self) -> None: ...
-    def nodes_reduction_begin(
-        self,
-        record: bytes,
-        code: int,
-        sendbuf: Any,
-        recvbuf: Any,
-        op: int,
-        algorithm: int,
-        root: int,
     ) -> None: ...
-    def nodes_reduction_round(
+    def nodes_exchange_remote(
+        self, op: int, sendbuf: Any, recvbuf: Any, comm: int, rank: int, tag: int, window: int
+    ) -> None: ...
+    def nodes_reduction_call(
         self,
-        record: bytes,
         code: int,
         sendbuf: Any,
         recvbuf: Any,
@@ -323,32 +303,14 @@ class NodeContext:
         rank: int,
         tag: int,
         window: int,
-        timeout: float,
-        what: str,
-    ) -> bool: ...
-    @property
-    def nodes_node_blocks_delivered(self) -> bool: ...
+    ) -> None: ...
+    def nodes_carries(self, code: int, sendbuf: Any, recvbuf: Any) -> bool: ...
     def nodes_remember_direct_allgather(self, block: int) -> None: ...
     def nodes_pack_limit(self, op: int) -> int: ...
     def nodes_force_aggregation(self, mode: int) -> int: ...
     def nodes_force_allgather_crossing(self, mode: int) -> int: ...
     def nodes_force_spread_segment(self, nbytes: int) -> int: ...
     def nodes_set_round_limit(self, op: int, limit: int | None) -> None: ...
-    def nodes_v_begin(
-        self,
-        code: int,
-        pattern: int,
-        sendbuf: Any,
-        recvbuf: Any,
-        in_place: int,
-        send_counts: np.ndarray,
-        send_displs: np.ndarray,
-        recv_counts: np.ndarray,
-        recv_displs: np.ndarray,
-        order: int,
-        copy: int,
-        carry: bool,
-    ) -> None: ...
     def nodes_v_round(
         self,
         code: int,

@@ -2,7 +2,7 @@
 
 After the node-local part of an allgather (the engine fills every rank's blocks of its own
 node), the blocks of the other nodes are missing. The *direct* path
-(:func:`zcoll._aggregated.exchange_remote`) sends every rank's block to every rank on another
+(``Transport.exchange_remote``, in the extension) sends every rank's block to every rank on another
 node: ``P - q`` messages per rank. The *concurrent exchange* of the SC'05 all-gather paper
 on network concurrency (its concurrency index C, §3) runs between the node leaders only
 (``ctx.leaders``: one rank per node, in node order), moving whole nodes' worth of blocks at

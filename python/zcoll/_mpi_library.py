@@ -3,8 +3,8 @@
 zcoll's extension sends the messages between nodes by calling MPI itself. That is right only
 when it was built against the library mpi4py loaded: with two MPI libraries in one process, the
 extension's calls reach a library that was never initialized. The build picks mpi4py's library
-(CMakeLists.txt); when the two still differ, zcoll sends those messages through mpi4py instead
-(correct, slower across nodes), and ``import zcoll`` warns, naming both.
+(CMakeLists.txt); when the two still differ, ``import zcoll`` warns, naming both, and calls on a
+communicator that spans several nodes raise (on one node zcoll makes no MPI call of its own).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from . import _core
 
 class MPILibraries(NamedTuple):
     """zcoll's and mpi4py's MPI: each the first line of its ``MPI_Get_library_version`` (and
-    zcoll's link line), ``"none"`` when zcoll was built without the C++ sender."""
+    zcoll's link line), ``"none"`` when zcoll was built without MPI."""
 
     zcoll: str
     mpi4py: str
@@ -52,16 +52,28 @@ def libraries() -> MPILibraries:
     loaded = _loaded_mpi_libraries()
     mpi4py = f"{theirs} (MPI libraries in this process: {loaded})" if loaded else theirs
     if not build:
-        return MPILibraries("none (built without the C++ sender)", mpi4py, False)
+        return MPILibraries("none (built without MPI)", mpi4py, False)
     zcoll = (
         f"{_first_line(build['version'])} ({build['libraries']}; chosen by {build['chosen_by']})"
     )
     return MPILibraries(zcoll, mpi4py, _core.mpi_library_matches(version))
 
 
+def mismatch_text() -> str:
+    """Why the extension cannot send messages between nodes, and what to do: the text every
+    call across nodes raises with where it cannot."""
+    found = libraries()
+    return (
+        "zcoll: this communicator spans several nodes, and zcoll sends the messages between "
+        "nodes by calling MPI from its extension, which must be built against the MPI library "
+        f"mpi4py runs on: zcoll's is {found.zcoll}, mpi4py's is {found.mpi4py}. Rebuild zcoll "
+        "with MPICC or MPI_C_COMPILER naming mpi4py's MPI (README, Install)."
+    )
+
+
 def warn_on_mismatch() -> None:
-    """Warn (RuntimeWarning) when zcoll's C++ sender was built against another MPI library than
-    mpi4py's; a build without the sender is a choice and says nothing, and before MPI_Init
+    """Warn (RuntimeWarning) when zcoll's extension was built against another MPI library than
+    mpi4py's; a build without MPI is a choice and says nothing, and before MPI_Init
     (mpi4py.rc.initialize = False) nothing can be told yet."""
     if not _core.mpi_build() or not MPI.Is_initialized():
         return
@@ -70,8 +82,8 @@ def warn_on_mismatch() -> None:
         return
     warnings.warn(
         f"zcoll was built against another MPI library than mpi4py's: zcoll's is {found.zcoll}, "
-        f"mpi4py's is {found.mpi4py}. Messages between nodes go through mpi4py (correct, "
-        "slower); rebuild zcoll with MPICC or MPI_C_COMPILER naming mpi4py's MPI (README, "
+        f"mpi4py's is {found.mpi4py}. Calls on communicators that span several nodes will "
+        "raise; rebuild zcoll with MPICC or MPI_C_COMPILER naming mpi4py's MPI (README, "
         "Install).",
         RuntimeWarning,
         stacklevel=3,

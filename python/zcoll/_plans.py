@@ -197,9 +197,8 @@ Saved = list[tuple[np.ndarray, np.ndarray]]  # (copy sent, live block) refreshed
 
 class RemoteBlocks:
     """What a plan spanning several nodes adds to its engine plan: its blocks between nodes,
-    received and sent on every run by persistent requests on the context's private dup. With
-    the extension's sender they run in C++, in the same crossing as the node part
-    (``_attach_remote``); `RemoteRuns` runs them with mpi4py's requests instead."""
+    received and sent on every run by persistent requests on the context's private dup, made
+    and run in C++, in the same crossing as the node part (``_attach_remote``)."""
 
     _ctx: Context
     if TYPE_CHECKING:
@@ -210,73 +209,15 @@ class RemoteBlocks:
         ) -> None: ...
 
     def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        handle = self._ctx.transport.handle
-        assert handle is not None, "the extension sends this context's messages"
+        handle = self._ctx.transport.check()
         what = f"zcoll.{self.op} plan (blocks between nodes)"
         self._attach_remote(handle, self._ctx.rank, recvs, sends, saved, what)
 
 
-class RemoteRuns(RemoteBlocks):
-    """`RemoteBlocks` by mpi4py's persistent requests, started with every run and finished with
-    it (messages between nodes sent by mpi4py: ``ZCOLL_NODE_MESSAGES=mpi4py`` or a build
-    without MPI). A class using it puts it before the engine plan class in its bases."""
-
-    _requests: list
-    _peers: list[int]  # the rank behind each request
-    _saved: Saved
-
-    def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        comm = self._ctx.transport.p2p_comm()
-        self._saved = saved
-        self._requests = [comm.Recv_init([b, MPI.BYTE], p, t) for p, t, b in recvs]
-        self._requests += [comm.Send_init([b, MPI.BYTE], p, t) for p, t, b in sends]
-        self._peers = [peer for peer, _, _ in recvs + sends]
-
-    def start(self) -> None:
-        self._ctx.transport.check()
-        # The engine's error (freed, active, closed, a dead peer on the node) before any message.
-        core = self._ctx.core
-        if self.freed or self.active or core.closed or core.broken:  # type: ignore[attr-defined]
-            super().start()  # type: ignore[misc]
-        for saved, live in self._saved:
-            np.copyto(saved, live)
-        if self._requests:
-            MPI.Prequest.Startall(self._requests)
-        super().start()  # type: ignore[misc]
-
-    def wait(self) -> None:
-        super().wait()  # type: ignore[misc]
-        what = f"zcoll.{self.op} plan"
-        finish_requests(self._ctx, self._requests, what, self._peers)
-
-    def test(self) -> bool:
-        done = super().test()  # type: ignore[misc]
-        return done and (not self._requests or MPI.Request.Testall(self._requests))
-
-    def __call__(self) -> np.ndarray:
-        self.start()
-        self.wait()
-        return self.recvbuf  # type: ignore[attr-defined]
-
-    def free(self) -> None:
-        if self.freed:  # type: ignore[attr-defined]
-            return
-        try:
-            if self.active or not MPI.Request.Testall(self._requests):  # type: ignore[attr-defined]
-                self.wait()
-        finally:
-            super().free()  # type: ignore[misc]
-            for r in self._requests:
-                if r != MPI.REQUEST_NULL:
-                    r.Free()
-            self._requests = []
-            self._saved = []
-
-
 class _MultiNodePlan(RemoteBlocks, Plan):
     """A plan on a communicator spanning several nodes: the node part in the engine, blocks
-    between nodes by persistent MPI point-to-point requests on the context's private dup (from
-    C++; `_MultiNodePlanMPI4py`: from mpi4py)."""
+    between nodes by persistent MPI point-to-point requests on the context's private dup, from
+    C++."""
 
     def __init__(
         self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
@@ -305,10 +246,6 @@ class _MultiNodePlan(RemoteBlocks, Plan):
         return recvs, [(r, tag, outgoing[r]) for r in incoming], saved
 
 
-class _MultiNodePlanMPI4py(RemoteRuns, _MultiNodePlan):
-    """`_MultiNodePlan` with its blocks between nodes sent by mpi4py."""
-
-
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
     ctx = lookup(comm)
     label = f"{opname}_init"
@@ -317,9 +254,7 @@ def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:
     code, copy_code = option_codes(ctx, label, order, copy)
     if (why := _core.plan_buffers_error(sendbuf, recvbuf)) is not None:
         ctx.fail(label, TypeError(why))
-    kind: type[Plan] = Plan
-    if ctx.multi_node:
-        kind = _MultiNodePlan if ctx.transport.handle is not None else _MultiNodePlanMPI4py
+    kind = _MultiNodePlan if ctx.multi_node else Plan
     return kind(ctx, opname, sendbuf, recvbuf, code, copy_code)
 
 

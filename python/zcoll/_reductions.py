@@ -122,28 +122,14 @@ def _reduction(code: int, comm: MPI.Comm, sendbuf, recvbuf, op, algorithm, root:
 
 
 def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
-    """Across nodes. Small calls travel whole in the round that agrees on the call (each node's
-    partial in every message it sends, folded in node order on every rank; a bcast's buffer in
-    the root's node's messages). Larger ones are spread over the ranks after that round
+    """Across nodes, whole in the extension as the one crossing runs it. Small calls travel
+    whole in the round that agrees on the call (each node's partial in every message it sends,
+    folded in node order on every rank; a bcast's buffer in the root's node's messages).
+    Larger ones are spread over the ranks after that round
     (``cpp/zcoll/spread_reduction.hpp``): a reduction's pieces folded on each node by one rank,
     sent to their owners, folded there in node order and sent to every node; a bcast's pieces
     sent from the root's node to their owners, then between the other nodes."""
-    name = _PUBLIC_NAMES[code]
-    record = ctx.core.reduction_record(code, sendbuf, recvbuf, op_code, alg_code, root)
-    if ctx.core.nodes_carries(code, sendbuf, recvbuf):  # small: whole in the round
-        args = (code, sendbuf, recvbuf, op_code, alg_code, root)
-        ctx.transport.reduction_round(name, record, args)
-        return
-    ctx.agree(name, record)
-    data = recvbuf if sendbuf is IN_PLACE or code == _BCAST_CODE else np.asarray(sendbuf)
-    if data.size == 0:  # every rank agreed on the size
-        return
-    what = f"zcoll.{name} (between nodes)"
-    core = ctx.core
-    begun = core.nodes_spread_begin(code, sendbuf, recvbuf, op_code, alg_code, root)
-    ctx.transport.exchange_buffers(what, *begun)
-    ctx.transport.exchange_buffers(what, *core.nodes_spread_combine())
-    core.nodes_spread_finish()
+    ctx.transport.reduction((code, sendbuf, recvbuf, op_code, alg_code, root))
 
 
 def allreduce(

@@ -106,10 +106,6 @@ def _barrier(name: str, text: str) -> str:
     return text
 
 
-#: Values of ``ZCOLL_NODE_MESSAGES``: who sends the messages between nodes.
-NODE_MESSAGE_SENDERS = ("auto", "cpp", "mpi4py")
-
-
 def _one_of(values: tuple[str, ...]) -> Callable[[str, str], str]:
     """A parser of a case-insensitive choice among `values` (empty text: the first)."""
 
@@ -218,13 +214,6 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             0,
             "context",
             "ranks per virtual node (0: real nodes)",
-        ),
-        "node_messages": _Variable(
-            "ZCOLL_NODE_MESSAGES",
-            _one_of(NODE_MESSAGE_SENDERS),
-            "auto",
-            "context",
-            "who sends the messages between nodes: cpp (C++ over MPI), mpi4py, or auto",
         ),
         "node_pools": _Variable(
             "ZCOLL_NODE_POOLS",
@@ -418,10 +407,6 @@ class Settings:
         measured default.
     virtual_node_size : int
         ``ZCOLL_VIRTUAL_NODE_SIZE`` (0: nodes are the machines).
-    node_messages : str
-        ``ZCOLL_NODE_MESSAGES``: who sends the messages of a round between nodes: "cpp" (the
-        extension, calling MPI itself: needs a build against the MPI mpi4py runs), "mpi4py" (a
-        Python loop of mpi4py requests), "auto" (cpp when it can run, else mpi4py).
     node_pools : str
         ``ZCOLL_NODE_POOLS``: "1" (the default): the context of a communicator whose ranks all
         belong to an earlier context's (a Dup, Split, Create_cart, Sub) takes a block of that
@@ -449,13 +434,14 @@ class Settings:
     cpus : int
         Logical CPUs of this machine.
     mpi_library : str
-        The MPI library zcoll's C++ sender was built against (its version line, link line and
+        The MPI library zcoll's extension was built against (its version line, link line and
         what chose it: MPI_C_COMPILER, MPICC or mpi4py), or "none".
     mpi4py_library : str
         The MPI library mpi4py runs on (version line and path).
     mpi_libraries_match : bool
-        Whether the C++ sender runs on mpi4py's library (the same one, initialized); if not,
-        messages between nodes go through mpi4py.
+        Whether the extension runs on mpi4py's library (the same one, initialized), which it
+        calls for the messages between nodes; if not, calls on a communicator spanning several
+        nodes raise.
     cma : str
         Whether the kernel lets ranks read each other's memory (``process_vm_readv``):
         "available", or why not (Yama's ``ptrace_scope``, no system call). Where it does not,
@@ -472,7 +458,6 @@ class Settings:
     spin: int | None
     yields: int | None
     virtual_node_size: int
-    node_messages: str
     node_pools: str
     tuning: str
     tuning_file: Path

@@ -1,10 +1,13 @@
-"""Messages between nodes: a context's private duplicate of its communicator, who sends on it
-(the extension, or mpi4py), the rounds and exchanges of the multi-node path, and every wait for
-them, bounded by the zcoll timeout.
+"""Messages between nodes: a context's private duplicate of its communicator, the rounds and
+exchanges of the multi-node path, and every wait for them, bounded by the zcoll timeout.
 
-Where the extension's MPI is the library mpi4py initialized, a round or an exchange is one call
-of the extension (the GIL released, bounded in C++); otherwise the same protocol runs here with
-mpi4py's requests. A wait that gives up breaks the context: every later call raises PeerError.
+One transport: the extension sends the messages between nodes by calling MPI itself, each round
+or exchange one call of it (the GIL released, bounded in C++). That needs the extension built
+against the MPI library mpi4py loaded, as every compiled mpi4py-based extension is (the build
+picks it: CMakeLists.txt). Where it is not (a build without MPI, or against another library),
+the calls of a communicator spanning several nodes raise on every rank, naming both libraries;
+calls on one node do not need MPI at all. A wait that gives up breaks the context: every later
+call raises PeerError.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from typing import Any, Callable, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import _core
+from . import _core, _mpi_library
 from ._settings import get_timeout
 
 __all__ = ["NODE_TAG", "Transport", "VCallArgs"]
 
-_EAGER_POLLS = 100  # MPI_Testall polls before a cross-node wait starts yielding
+_EAGER_POLLS = 100  # MPI_Testall polls before a wait on mpi4py requests starts yielding
 NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
 # The engine's arguments of an irregular call (NodeContext.vexchange): op code, pattern, send
 # and receive buffers, in-place code, send counts and displacements, receive counts and
@@ -34,36 +37,28 @@ VCallArgs = tuple[
 class Transport:
     """The messages between nodes of one context (`core`, its engine context), on a private
     duplicate of `comm` made when the communicator spans several nodes (`multi_node`). On one
-    node only the bounded wait serves (online tuning's agreement). `asked` is the
-    ZCOLL_NODE_MESSAGES setting: auto, cpp or mpi4py."""
+    node only the bounded wait serves (online tuning's agreement)."""
 
-    def __init__(self, comm: MPI.Comm, core: _core.NodeContext, multi_node: bool, asked: str):
+    def __init__(self, comm: MPI.Comm, core: _core.NodeContext, multi_node: bool):
         self.rank = comm.rank
         self.core = core
         self.multi_node = multi_node
         self.dup: MPI.Comm | None = comm.Dup() if multi_node else None  # its own tag space
-        # The C handle of the private dup when the extension sends the rounds' messages itself.
-        self.handle = self._sender(asked)
+        # The private dup's C handle, for the extension's MPI calls; None where it cannot make
+        # them (`unusable` says why): then every call across nodes raises.
+        self.handle: int | None = None
+        self.unusable = ""
+        if self.dup is not None:
+            if _core.mpi_library_matches(MPI.Get_library_version()):
+                self.handle = MPI._handleof(self.dup)
+            else:
+                self.unusable = _mpi_library.mismatch_text()
         # At most sqrt(P) sends of a round in flight per rank (TPDS'18 §2.5).
         self.window = max(1, math.isqrt(comm.size))
 
-    def _sender(self, asked: str) -> int | None:
-        """The private dup's C handle when the extension sends the rounds' messages (setting
-        `asked`: auto, cpp, mpi4py), None when mpi4py does."""
-        if self.dup is None or asked == "mpi4py":
-            return None
-        if _core.mpi_library_matches(MPI.Get_library_version()):
-            return MPI._handleof(self.dup)
-        if asked == "cpp":
-            raise ValueError(
-                "zcoll: ZCOLL_NODE_MESSAGES=cpp, but zcoll was built without MPI or against "
-                "another MPI library than mpi4py's"
-            )
-        return None
-
     def route(self) -> tuple[int, int, int, int] | None:
         """What the one-crossing path needs to send the messages between nodes itself: (C
-        handle, rank, tag, window); None where mpi4py sends them."""
+        handle, rank, tag, window); None on one node, or where the extension cannot send."""
         if self.handle is None:
             return None
         return (self.handle, self.rank, NODE_TAG, self.window)
@@ -73,43 +68,42 @@ class Transport:
         assert self.dup is not None  # made when the communicator spans several nodes
         return self.dup
 
-    def round(self, opname: str, record: bytes, alltoall: tuple | None = None) -> bool:
+    def round(self, opname: str, record: bytes) -> None:
         """A round of messages between nodes (aggregate.hpp) that carries every rank's call
-        record to every rank, and raises on every rank the error the records call for.
-        `alltoall` = (sendbuf, recvbuf, order code, copy code): the call's blocks travel in the
-        same messages when the node's ranks agree on them; returns whether they did (the call
-        is then complete)."""
-        self.check()
-        what = f"zcoll.{opname} (messages between nodes)"
-        if self.handle is not None:  # the whole round in one call of the extension
-            send, recv, order, copy = (None, None, 0, 0) if alltoall is None else alltoall
-            return self._in_cpp(
-                self.core.nodes_round, record, send, recv, order, copy, self.handle, self.rank,
-                NODE_TAG, self.window, get_timeout(), what,
-            )  # fmt: skip
-        if alltoall is None:
-            self.core.nodes_begin(record)
-        else:
-            self.core.nodes_begin(record, *alltoall)
-        return self._round_by_mpi4py(what)[0]
+        record to every rank, and raises on every rank the error the records call for."""
+        handle = self.check()
+        self._in_cpp(
+            self.core.nodes_round, record, handle, self.rank, NODE_TAG, self.window,
+            get_timeout(), f"zcoll.{opname} (messages between nodes)",
+        )  # fmt: skip
 
-    def reduction_round(self, opname: str, record: bytes, args: tuple) -> None:
-        """A reduction whole in its round between nodes (aggregate.hpp's begin_reduction;
-        `args` = (code, sendbuf, recvbuf, op code, algorithm code, root), a call the engine's
-        size rule lets through: ``core.nodes_carries``). Every rank raises the error the
-        records call for, or has its result after it."""
-        self.check()
-        what = f"zcoll.{opname} (messages between nodes)"
-        if self.handle is not None:  # the whole round in one call of the extension
-            carried = self._in_cpp(
-                self.core.nodes_reduction_round, record, *args, self.handle, self.rank,
-                NODE_TAG, self.window, get_timeout(), what,
-            )  # fmt: skip
-        else:
-            self.core.nodes_reduction_begin(record, *args)
-            carried = self._round_by_mpi4py(what)[0]
-        if not carried:  # the records agreed, so every node carried its partial
-            raise RuntimeError(f"zcoll.{opname}: the round between nodes carried no result")
+    def collective(self, op: int, sendbuf, recvbuf, order: int, copy: int) -> None:
+        """An alltoall or allgather (engine op code `op`, valid order and copy codes) whole in
+        one call of the extension, as the one crossing runs it: its round carries the blocks
+        within the size rule, else the node's part and the blocks rank to rank follow."""
+        handle = self.check()
+        self._in_cpp(
+            self.core.nodes_call, op, sendbuf, recvbuf, order, copy, handle, self.rank,
+            NODE_TAG, self.window,
+        )  # fmt: skip
+
+    def exchange_remote(self, op: int, sendbuf, recvbuf) -> None:
+        """Only the blocks of an alltoall or allgather between this rank and the ranks on
+        other nodes, rank to rank (what `collective` sends after its node's part)."""
+        handle = self.check()
+        self._in_cpp(
+            self.core.nodes_exchange_remote, op, sendbuf, recvbuf, handle, self.rank, NODE_TAG,
+            self.window,
+        )  # fmt: skip
+
+    def reduction(self, args: tuple) -> None:
+        """A reduction or bcast whole in one call of the extension, as the one crossing runs
+        it (`args` = (code, sendbuf, recvbuf, op code, algorithm code, root)): small calls in
+        the round that agrees on the records, larger ones spread over the ranks after it."""
+        handle = self.check()
+        self._in_cpp(
+            self.core.nodes_reduction_call, *args, handle, self.rank, NODE_TAG, self.window
+        )  # fmt: skip
 
     def v_round(self, opname: str, args: VCallArgs, carry: bool) -> int:
         """The round between nodes of an irregular call (aggregate.hpp). Every rank's call
@@ -119,47 +113,31 @@ class Transport:
         travel in the round and are in the receive buffer after it. `args`: the engine's
         vexchange arguments. Returns how many of this rank's blocks between nodes the round
         did not carry (they go rank to rank)."""
-        self.check()
-        what = f"zcoll.{opname} (messages between nodes)"
-        if self.handle is not None:  # the whole round in one call of the extension
-            return self._in_cpp(
-                self.core.nodes_v_round, *args, carry, self.handle, self.rank, NODE_TAG,
-                self.window, get_timeout(), what,
-            )  # fmt: skip
-        self.core.nodes_v_begin(*args, carry)
-        return self._round_by_mpi4py(what)[1]
+        handle = self.check()
+        return self._in_cpp(
+            self.core.nodes_v_round, *args, carry, handle, self.rank, NODE_TAG, self.window,
+            get_timeout(), f"zcoll.{opname} (messages between nodes)",
+        )  # fmt: skip
 
-    def v_call(self, args: VCallArgs) -> bool:
-        """Where the extension sends the messages between nodes, an irregular call whole in one
-        call of it (the round, the node's part, the larger blocks rank to rank; `args`: the
-        engine's vexchange arguments) and True; else False, having done nothing."""
-        if self.handle is None:
-            return False
-        self.check()
-        self._in_cpp(self.core.nodes_v_call, *args, self.handle, self.rank, NODE_TAG, self.window)
-        return True
+    def v_call(self, args: VCallArgs) -> None:
+        """An irregular call whole in one call of the extension: the round, the node's part,
+        the larger blocks rank to rank (`args`: the engine's vexchange arguments)."""
+        handle = self.check()
+        self._in_cpp(self.core.nodes_v_call, *args, handle, self.rank, NODE_TAG, self.window)
 
     def exchange_buffers(self, what: str, recvs: list, sends: list) -> None:
         """Receives into and sends from ``[(peer, tag, C-contiguous array)]`` on the private
         dup, all posted at once (the k-th message of a (peer, tag) fills its k-th buffer),
-        bounded by the zcoll timeout: from C++ where the extension sends the messages between
-        nodes, else by mpi4py requests. A late or dead peer breaks the context (PeerError)."""
+        bounded by the zcoll timeout. A late or dead peer breaks the context (PeerError)."""
         if not recvs and not sends:
             return
-        if self.handle is not None:
-            self._in_cpp(
-                _core.exchange_buffers, self.handle, self.rank, recvs, sends, get_timeout(),
-                what,
-            )  # fmt: skip
-            return
-        comm = self.p2p_comm()
-        reqs = [comm.Irecv([b, MPI.BYTE], peer, tag) for peer, tag, b in recvs]
-        reqs += [comm.Isend([b, MPI.BYTE], peer, tag) for peer, tag, b in sends]
-        peers = [peer for peer, _, _ in recvs] + [peer for peer, _, _ in sends]
-        self.wait(reqs, what, peers=peers)
+        handle = self.check()
+        self._in_cpp(
+            _core.exchange_buffers, handle, self.rank, recvs, sends, get_timeout(), what
+        )  # fmt: skip
 
     def wait(self, requests: list, what: str, peers: list | None = None) -> None:
-        """Wait for MPI requests at most the zcoll timeout; then raise PeerError naming the
+        """Wait for mpi4py requests at most the zcoll timeout; then raise PeerError naming the
         peers (``peers[i]`` is the rank behind ``requests[i]``) and break the context."""
 
         def late() -> list[int]:
@@ -167,10 +145,14 @@ class Transport:
 
         self._poll(lambda: MPI.Request.Testall(requests), what, late)
 
-    def check(self) -> None:
-        """PeerError ("unusable after an earlier failure") once a wait between nodes failed."""
-        if self.multi_node:
-            self.core.nodes_check()
+    def check(self) -> int:
+        """Before a call across nodes: the private dup's C handle; PeerError ("unusable after
+        an earlier failure") once a wait between nodes failed, RuntimeError (the same on every
+        rank) where the extension cannot send the messages."""
+        self.core.nodes_check()
+        if self.handle is None:
+            raise RuntimeError(self.unusable)
+        return self.handle
 
     def fail(self, why: str) -> NoReturn:
         """A wait between nodes failed: every later call on this context raises at once (the
@@ -210,55 +192,3 @@ class Transport:
             return call(*args)
         except _core.PeerError as e:
             self.fail(str(e))
-
-    def _round_by_mpi4py(self, what: str) -> tuple[bool, int]:
-        """The rest of a begun round with mpi4py's messages: (packed, direct blocks)."""
-        outgoing, incoming, packed = self.core.nodes_messages()
-        self._exchange_messages(what, outgoing, incoming)
-        self.core.barrier()  # every message of the node received
-        return packed, self.core.nodes_finish()
-
-    def _exchange_messages(self, what: str, outgoing: list, incoming: list) -> None:
-        """Sends this rank's messages of the round (at most `window` in flight) and receives
-        the ones it owns, as they come. A message of another size than expected (calls that
-        differ between nodes) is received whole and only its head -- the records, whose size
-        is known -- kept."""
-        comm = self.p2p_comm()
-        queued = list(outgoing)
-        requests: list = []
-        peers: list[int] = []
-        in_flight: list = []
-        pending = dict(incoming)
-        resized: list[tuple[memoryview, np.ndarray]] = []
-        status = MPI.Status()
-
-        def progress() -> bool:
-            """One pass: sends started as the window allows, arrived messages received;
-            True once every message is sent or received."""
-            in_flight[:] = [r for r in in_flight if not r.Test()]
-            while queued and len(in_flight) < self.window:
-                peer, view = queued.pop(0)
-                in_flight.append(comm.Isend([view, MPI.BYTE], peer, NODE_TAG))
-                requests.append(in_flight[-1])
-                peers.append(peer)
-            for peer in list(pending):
-                message = comm.Improbe(peer, NODE_TAG, status)
-                if message is None:
-                    continue
-                view = pending.pop(peer)
-                count = status.Get_count(MPI.BYTE)
-                if count == len(view):
-                    requests.append(message.Irecv([view, MPI.BYTE]))
-                else:
-                    whole = np.empty(count, np.uint8)
-                    requests.append(message.Irecv([whole, MPI.BYTE]))
-                    resized.append((view, whole))
-                peers.append(peer)
-            return not pending and not queued
-
-        self._poll(progress, what, lambda: sorted(pending) or [p for p, _ in queued])
-        self.wait(requests, what, peers=peers)
-        for view, whole in resized:
-            into = np.frombuffer(view, np.uint8)
-            head = min(len(whole), len(into))
-            into[:head] = whole[:head]

@@ -16,10 +16,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
-from ._aggregated import pack_limit
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
-from ._plans import PlanMixin, RemoteBlocks, RemoteRuns, Saved
+from ._plans import PlanMixin, RemoteBlocks, Saved
 from ._registry import AUTO
 from ._transport import VCallArgs
 
@@ -40,7 +39,6 @@ __all__ = [
 ]
 
 _NONE, _GATHER, _SWAP = 0, 1, 2  # v_in_place codes
-_P2P_TAG = 0x7B00  # base tag of blocks between nodes (plus the edge's matching tag)
 _PLAN_TAG = 0x40000  # plans: a range of 64 tags per plan (plan id modulo 4096)
 _NO_COUNTS = np.zeros(0, np.int64)
 _DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path runs a pattern for
@@ -303,18 +301,10 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
     if not ctx.multi_node:
         ctx.core.vexchange(*args)
         return call.recv
-    # The round between nodes checks every rank's call and counts and carries the blocks up
-    # to the size rule; larger ones go rank to rank after the node's part.
-    if ctx.transport.v_call(args):  # all of it in one call of the extension
-        return call.recv
-    limit = pack_limit(ctx)
-    direct = ctx.transport.v_round(opname, args, True)
-    outgoing = _outgoing_remote(ctx, pattern, call, limit) if direct else []
-    if call.in_place == _SWAP:  # saved: a receive overwrites them
-        outgoing = [(peer, tag, block.copy()) for peer, tag, block in outgoing]
-    ctx.core.vexchange(*args)
-    if direct:
-        _exchange_remote(ctx, opname, pattern, call, outgoing, limit)
+    # All of it in one call of the extension: the round between nodes checks every rank's
+    # call and counts and carries the blocks up to the size rule; larger ones go rank to rank
+    # after the node's part.
+    ctx.transport.v_call(args)
     return call.recv
 
 
@@ -336,10 +326,9 @@ def _byte_block(a: np.ndarray, displ: int, count: int) -> np.ndarray:
     return flat[displ : displ + count].view(np.uint8)
 
 
-def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call, over: int = -1) -> list:
-    """(peer, tag, byte view) of the blocks of more than `over` bytes (-1: all) this rank sends
-    to other nodes, where they are (in place swap: blocks of the receive buffer, which a
-    receive overwrites)."""
+def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
+    """(peer, tag, byte view) of the blocks this rank sends to other nodes, where they are (in
+    place swap: blocks of the receive buffer, which a receive overwrites)."""
     out = []
     if call.in_place == _SWAP:
         source, counts, displs = call.recv, call.recv_counts, call.recv_displs
@@ -348,33 +337,18 @@ def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call, over: int = -1
     else:
         source = np.ascontiguousarray(call.send)
         counts, displs = call.send_counts, call.send_displs
-    for i, peer, tag in _remote_entries(ctx, pattern.sends, counts * call.recv.itemsize, over):
+    for i, peer, tag in _remote_entries(ctx, pattern.sends, counts * call.recv.itemsize, -1):
         out.append((peer, tag, _byte_block(source, int(displs[i]), int(counts[i]))))
     return out
 
 
-def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call, over: int = -1) -> list:
-    """(peer, tag, byte view) of the receive blocks of more than `over` bytes (-1: all) that
-    ranks on other nodes fill."""
+def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
+    """(peer, tag, byte view) of the receive blocks that ranks on other nodes fill."""
     nbytes = call.recv_counts * call.recv.itemsize
     return [
         (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
-        for i, peer, tag in _remote_entries(ctx, pattern.recvs, nbytes, over)
+        for i, peer, tag in _remote_entries(ctx, pattern.recvs, nbytes, -1)
     ]
-
-
-def _exchange_remote(
-    ctx: Context, opname: str, pattern: Pattern, call: _Call, outgoing, over: int
-) -> None:
-    """Blocks of more than `over` bytes to and from ranks on other nodes, by MPI
-    point-to-point on the private dup; the k-th block of a (peer, tag) matches the k-th (MPI's
-    non-overtaking order)."""
-    incoming = _incoming_remote(ctx, pattern, call, over)
-    ctx.transport.exchange_buffers(
-        f"zcoll.{opname} (blocks between nodes)",
-        [(peer, _P2P_TAG + tag, b) for peer, tag, b in incoming],
-        [(peer, _P2P_TAG + tag, b) for peer, tag, b in outgoing],
-    )
 
 
 def _uniform(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
@@ -562,8 +536,8 @@ class VPlan(PlanMixin, _core.VPlan):
 
 class _MultiNodeVPlan(RemoteBlocks, VPlan):
     """A plan spanning several nodes: the node part in the engine, blocks between nodes by
-    persistent MPI point-to-point requests on the private dup, one tag range per plan (from
-    C++; `_MultiNodeVPlanMPI4py`: from mpi4py)."""
+    persistent MPI point-to-point requests on the private dup, one tag range per plan, from
+    C++."""
 
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         # Every rank's call and every pair's counts checked once, in one round between nodes.
@@ -584,19 +558,13 @@ class _MultiNodeVPlan(RemoteBlocks, VPlan):
         )
 
 
-class _MultiNodeVPlanMPI4py(RemoteRuns, _MultiNodeVPlan):
-    """`_MultiNodeVPlan` with its blocks between nodes sent by mpi4py."""
-
-
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
     label = f"{opname}_init"
     ctx, pattern, call = _prepared(comm, opname, label, sendbuf, recvbuf)
     code, copy_code = option_codes(ctx, label, order, copy)
     if (why := _core.plan_buffers_error(call.send, call.recv)) is not None:
         ctx.fail(label, TypeError(why))
-    kind: type[VPlan] = VPlan
-    if ctx.multi_node:
-        kind = _MultiNodeVPlan if ctx.transport.handle is not None else _MultiNodeVPlanMPI4py
+    kind = _MultiNodeVPlan if ctx.multi_node else VPlan
     return kind(ctx, opname, pattern, call, code, copy_code)
 
 

@@ -91,11 +91,9 @@ step_tuned() {  # the reductions' cost models measured here (zcoll.tune), then a
 step_fftw() {  # both libraries on the same FFTW (the distribution's, through mpi4py_fft.fftw)
     for p in 2 8 16; do bench fftw_p$p $p fft --sizes 128,256 --backend fftw; done
 }
-step_senders() {  # the messages between virtual nodes from C++ and from mpi4py, in turn
-    for sender in cpp mpi4py; do
-        ZCOLL_NODE_MESSAGES=$sender bench xn_$sender 8 alltoall --virtual-node-size 2 --between-nodes \
-            --sizes 8,1K,16K --orders auto --time-budget 0.2
-    done
+step_senders() {  # the messages between virtual nodes, from C++
+    bench xn_cpp 8 alltoall --virtual-node-size 2 --between-nodes \
+        --sizes 8,1K,16K --orders auto --time-budget 0.2
 }
 step_fresh() {  # reductions on input rewritten before each call: built-in models, then tuned ones
     for p in 2 8 16; do

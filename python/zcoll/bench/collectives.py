@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 import zcoll
 from zcoll import _aggregated, _context, _core, _internode
-from zcoll._registry import ALLGATHER, ALLTOALL, AUTO, COPY_MODES, ORDERS, TEMPORAL
+from zcoll._registry import ALLGATHER, ALLTOALL, AUTO, COPY_MODES, OPS, ORDERS, TEMPORAL
 
 from .common import (
     ARENA_BUFFERS,
@@ -263,7 +263,7 @@ def _phase_call(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, choice) -> C
     ctx = _context.context(comm)
     block = recv.nbytes // comm.size
     if choice.method == _internode.DIRECT:
-        return functools.partial(_aggregated.exchange_remote, ctx, ALLGATHER, send, recv, block)
+        return functools.partial(ctx.transport.exchange_remote, OPS[ALLGATHER], send, recv)
     return functools.partial(
         _internode.allgather_between_nodes, ctx, send, recv, block, choice.concurrency
     )
