@@ -198,16 +198,14 @@ def _simulate(nodes: int, concurrency: int, split: bool) -> bool:
 
 
 @pytest.mark.parametrize("k", NODE_SIZES)
-def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
-    """An allgather beyond the round whose blocks the built-in rule sends rank to rank is
-    remembered by every rank after its first call: the extension's one crossing then runs that
-    block size (bit for bit, in place and not); every size when direct is forced, none when the
-    concurrent exchange is."""
+def test_direct_choice_runs_in_one_crossing(node_comm, forced, k):
+    """An allgather beyond the round whose blocks the crossing policy sends rank to rank runs
+    in the extension's one crossing from its first call (bit for bit, in place and not): the
+    engine decides, nothing is remembered from a Python call; every size when direct is
+    forced, none when the concurrent exchange is."""
     comm = node_comm("split_reversed", k)
     if comm is None:
         pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of {k}")
-    if _context.context(comm).transport.handle is None:
-        pytest.skip("mpi4py sends the messages between nodes: no one crossing")
     count = 64 * 1024 // 8 + 1  # beyond the round's largest block (64 KiB)
     send = _data(np.float64, count, comm.rank, seed=17)
     ref = _expected(comm, send)
@@ -216,8 +214,6 @@ def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
     def one_crossing(sendbuf, recvbuf):
         return _core.fast_collective(op, comm, sendbuf, recvbuf, "auto", "auto")
 
-    all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "not yet remembered")
-    all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "first call")
     private = np.full_like(ref, 1)
     inplace = zcoll.zeros(comm, ref.shape, np.float64)
     inplace[comm.rank] = send
@@ -229,14 +225,14 @@ def test_direct_choice_runs_in_one_crossing_after_it(node_comm, forced, k):
     all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "concurrent")
     all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "forced concurrent")
     forced(comm, DIRECT)
-    other = send[: count - 3].copy()  # a size never called before
+    other = send[: count - 3].copy()
     private = np.full_like(_expected(comm, other), 1)
     ran = one_crossing(other, private) is private
     all_ranks_agree(comm, ran and _same_bits(private, _expected(comm, other)), "forced direct")
     forced(comm, None)
     private = np.full_like(ref, 1)
     ran = one_crossing(send, private) is private
-    all_ranks_agree(comm, ran and _same_bits(private, ref), "remembered still")
+    all_ranks_agree(comm, ran and _same_bits(private, ref), "the policy's again")
 
 
 @pytest.mark.parametrize("split", [False, True])
@@ -312,7 +308,7 @@ def test_table_rules_are_followed(node_comm, monkeypatch, tmp_path_factory):
         DIRECT,
         _internode.Choice(_internode.CONCURRENT, 4),
         _internode.Choice(_internode.CONCURRENT, 4),
-        _internode.builtin_choice(nodes, 1001),
+        DIRECT,  # no rule: the built-in choice
     ]
     all_ranks_agree(comm, got == want, f"{got}")
     send = _data(np.float64, 9, comm.rank, seed=5)  # 72-byte blocks: the C = 4 rule
@@ -340,32 +336,6 @@ def test_table_versions(tmp_path):
     ):
         with pytest.raises(_tuning.TuningError):
             _tuning.load_tuning(_table(tmp_path, bad))
-
-
-def test_round_limit_from_rules():
-    """The round carries blocks up to the end of the first run of "round" rules of the layout,
-    back to back from its first rule; -1 when that is another method; None without rules."""
-
-    def rules(*ranges, collective="alltoall", nodes=2, per_node=1):
-        return tuple(
-            _tuning.InternodeRule(collective, nodes, per_node, low, high, method)
-            for low, high, method in ranges
-        )
-
-    def limit(table, collective="alltoall"):
-        return _tuning.round_limit(table, collective, 2, 1)
-
-    assert limit(rules((0, 32768, "round"), (32769, None, "direct"))) == 32768
-    assert limit(rules((0, 100, "round"), (101, 5000, "round"), (5001, None, "direct"))) == 5000
-    assert limit(rules((0, None, "round"))) == 2**63 - 1
-    assert limit(rules((0, 64, "direct"), (65, None, "round"))) == -1
-    assert limit(rules((0, 64, "round"), (65, 99, "direct"), (100, None, "round"))) == 64
-    assert limit(rules((0, 64, "round"), (200, None, "round"))) == 64  # a gap ends the run
-    assert limit(()) is None
-    assert limit(rules((0, None, "round"), nodes=3)) is None  # another layout's
-    assert limit(rules((0, None, "round"), per_node=2)) is None
-    assert limit(rules((0, 99, "round"), collective="allgather")) is None
-    assert limit(rules((0, 99, "round"), collective="allgather"), "allgather") == 99
 
 
 def _builtin_limit(node_sizes, one_per_sender=False):

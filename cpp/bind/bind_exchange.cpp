@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -558,6 +559,10 @@ void def_node_calls(context_class& cls) {
       py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy") = auto_copy);
 }
 
+// A tuning table's internode rule as Python gives it: (min_block, max_block or None, method
+// code, concurrency).
+using rule_tuple = std::tuple<std::uint64_t, std::optional<std::uint64_t>, int, int>;
+
 // Sets one field of the context's crossing_overrides; returns its previous value.
 template <class T>
 T force_crossing(node_context& ctx, T crossing_overrides::* field, T value) {
@@ -579,16 +584,19 @@ void def_crossing_overrides(context_class& cls) {
       "their blocks in the round by the size rule (0), always (1) or never (-1).");
   cls.def(
       "nodes_force_allgather_crossing",
-      [](node_context& ctx, int mode) {
+      [](node_context& ctx, int mode, int concurrency) {
         if (mode < 0 || mode > 2) throw std::invalid_argument("allgather crossing is 0, 1 or 2");
+        if (mode == 2 && concurrency < 1)
+          throw std::invalid_argument("the concurrent exchange's index is at least 1");
+        force_crossing(ctx, &crossing_overrides::concurrency, concurrency);
         return static_cast<int>(force_crossing(ctx, &crossing_overrides::allgather,
                                                static_cast<allgather_crossing>(mode)));
       },
-      py::arg("mode"),
+      py::arg("mode"), py::arg("concurrency") = 0,
       "After setup_nodes, every rank alike, between collectives: allgathers beyond the round "
-      "cross nodes as the policy chose (0: the sizes remembered as direct run in one "
-      "crossing), all rank to rank (1), or by the leaders' concurrent exchange (2: the Python "
-      "path runs them).");
+      "cross nodes as the policy chooses (0), all rank to rank (1), or by the leaders' "
+      "concurrent exchange with index `concurrency` (2: the Python path runs them). Returns "
+      "the previous mode.");
   cls.def(
       "nodes_force_spread_segment",
       [](node_context& ctx, std::int64_t bytes) {
@@ -632,14 +640,16 @@ void def_round_rules(context_class& cls) {
       "these buffers travels whole in its round between nodes (the size rule), as the "
       "one-crossing path decides.");
   cls.def(
-      "nodes_remember_direct_allgather",
+      "nodes_allgather_route",
       [](node_context& ctx, std::uint64_t block) {
-        ctx.between_nodes(node_map{}).remember_direct_allgather(block);
+        const allgather_route route =
+            ctx.between_nodes(node_map{}).policy().allgather_route_for(block);
+        return py::make_tuple(static_cast<int>(route.method), route.concurrency);
       },
       py::arg("block"),
-      "After setup_nodes, on every rank alike: allgathers of `block`-byte blocks beyond the "
-      "round cross nodes rank to rank (the Python path's choice), so the one crossing may "
-      "run them.");
+      "After setup_nodes: how an allgather's blocks of `block` bytes beyond its round cross "
+      "nodes, (method, concurrency): 1 rank to rank, 2 the leaders' concurrent exchange "
+      "(crossing_policy.hpp: forced, else the table's rules, else rank to rank).");
   cls.def(
       "nodes_pack_limit",
       [](node_context& ctx, int op) {
@@ -648,17 +658,25 @@ void def_round_rules(context_class& cls) {
       },
       py::arg("op"),
       "After setup_nodes: the largest block a call across nodes carries in its round "
-      "(aggregate.hpp's size rule, or what nodes_force_aggregation forces; -1: none).");
+      "(crossing_policy.hpp: the size rule, the table's rules, or what nodes_force_aggregation "
+      "forces; -1: none).");
   def_crossing_overrides(cls);
   cls.def(
-      "nodes_set_round_limit",
-      [](node_context& ctx, int op, std::optional<std::int64_t> limit) {
+      "nodes_set_internode_rules",
+      [](node_context& ctx, int op, const std::vector<rule_tuple>& rules) {
         if (!is_code<op_code>(op)) throw py::value_error("not an operation's code");
-        ctx.between_nodes(node_map{}).set_round_limit(static_cast<op_code>(op), limit);
+        std::vector<internode_rule> made;
+        for (const auto& [low, high, method, concurrency] : rules) {
+          if (method < 0 || method > 2) throw std::invalid_argument("method is 0, 1 or 2");
+          made.push_back({low, high ? *high : std::numeric_limits<std::uint64_t>::max(),
+                          static_cast<crossing_method>(method), concurrency});
+        }
+        ctx.between_nodes(node_map{}).policy().set_rules(static_cast<op_code>(op), std::move(made));
       },
-      py::arg("op"), py::arg("limit"),
-      "After setup_nodes: the largest block an alltoall's or allgather's round carries, as "
-      "measured (negative: none; None: the built-in size rule again).");
+      py::arg("op"), py::arg("rules"),
+      "After setup_nodes, every rank alike: the tuning table's internode rules of an alltoall "
+      "or allgather for these nodes, (min_block, max_block or None, method: 0 round, 1 "
+      "direct, 2 concurrent, concurrency) sorted by min_block; [] restores the built-in rules.");
 }
 
 // Calls across nodes, each whole in one call with the messages from C++: a round that only

@@ -90,7 +90,7 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 }
 
 node_messages::node_messages(node_context& ctx, node_map nodes)
-    : ctx_(ctx), nodes_(std::move(nodes)) {
+    : ctx_(ctx), nodes_(std::move(nodes)), policy_(nodes_) {
   const auto& cfg = ctx_.config();
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
   if (nodes_.node_of.size() != static_cast<std::size_t>(cfg.comm_size) || nodes_.nodes() < 2)
@@ -111,70 +111,6 @@ node_messages::node_messages(node_context& ctx, node_map nodes)
       widest_message_blocks_ =
           std::max(widest_message_blocks_, static_cast<std::size_t>(nodes_.ranks_on(node)));
   widest_message_blocks_ *= static_cast<std::size_t>(cfg.size);
-}
-
-std::uint64_t max_aggregated_block(const node_map& nodes, op_code op) noexcept {
-  std::uint64_t q = nodes.node_of.size();
-  for (const auto& members : nodes.members) q = std::min<std::uint64_t>(q, members.size());
-  if (is_reduction(op) && op != op_code::bcast) {
-    const auto others = static_cast<std::uint64_t>(nodes.nodes() - 1);
-    return std::min({reduction_round_bytes, reduction_unit_bytes * q,
-                     reduction_round_bytes * q / std::max<std::uint64_t>(others, 1)});
-  }
-  // An allgather's message holds one block per sender, a bcast's the root's buffer.
-  const bool one_per_sender = op == op_code::allgather || op == op_code::bcast;
-  const std::uint64_t unit = aggregate_unit_block * (one_per_sender ? allgather_block_factor : 1);
-  return std::min(aggregate_max_block, unit * q);
-}
-
-bool node_messages::remembers_direct(std::uint64_t block) const noexcept {
-  return std::find(direct_allgather_.begin(), direct_allgather_.end(), block) !=
-         direct_allgather_.end();
-}
-
-void node_messages::remember_direct_allgather(std::uint64_t block) {
-  if (overrides_.allgather != allgather_crossing::by_policy || remembers_direct(block)) return;
-  if (direct_allgather_.size() == remembered_direct_blocks)
-    direct_allgather_.erase(direct_allgather_.begin());
-  direct_allgather_.push_back(block);
-}
-
-bool node_messages::direct_allgather(std::uint64_t block) const noexcept {
-  switch (overrides_.allgather) {
-    case allgather_crossing::direct:
-      return true;
-    case allgather_crossing::concurrent:
-      return false;
-    case allgather_crossing::by_policy:
-      break;
-  }
-  return remembers_direct(block);
-}
-
-std::int64_t node_messages::pack_limit(op_code op) const noexcept {
-  switch (overrides_.carry) {
-    case aggregation::never:
-      return -1;
-    case aggregation::always:
-      return std::numeric_limits<std::int64_t>::max();
-    case aggregation::by_size:
-      break;
-  }
-  if (const int i = measured_limit_index(op); i >= 0 && measured_limits_[i])
-    return *measured_limits_[i];
-  return static_cast<std::int64_t>(max_aggregated_block(nodes_, op));
-}
-
-int node_messages::measured_limit_index(op_code op) noexcept {
-  return op == op_code::alltoall ? 0 : op == op_code::allgather ? 1 : -1;
-}
-
-void node_messages::set_round_limit(op_code op, std::optional<std::int64_t> limit) {
-  const int i = measured_limit_index(op);
-  if (i < 0)
-    throw std::invalid_argument(
-        "zcoll: only an alltoall's or an allgather's round has a measured limit");
-  measured_limits_[i] = limit && *limit < 0 ? -1 : limit;
 }
 
 std::byte* node_messages::message(int owner, std::size_t offset) const {

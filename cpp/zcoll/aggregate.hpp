@@ -77,6 +77,7 @@
 #include <vector>
 
 #include "zcoll/checks.hpp"
+#include "zcoll/crossing_policy.hpp"
 #include "zcoll/protocol.hpp"
 #include "zcoll/reduction.hpp"
 #include "zcoll/registry.hpp"
@@ -133,84 +134,6 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
 // barrier it costs.
 inline constexpr std::size_t sender_packs_bytes = 64 * 1024;
 
-// The size rule of a call across nodes: the largest block it carries in the round's messages
-// (an alltoall aggregates up to it, an irregular call packs its blocks up to it); larger ones go
-// rank to rank after the round. Aggregating saves messages (all but one per node pair: on
-// nodes of one rank only the round of records) and costs a copy on each side plus the node's
-// coordination, so the limit grows with the smallest node: aggregate_unit_block * q, at most
-// aggregate_max_block. Measured with virtual nodes (zcoll.bench alltoall --between-nodes,
-// xn:aggregated against xn:direct, blocks rank to rank from C++, 2-vCPU VM): nodes of 1 (P = 2)
-// aggregated faster up to 4 KiB, rank to rank 1.1-3.6x faster from 8 KiB; nodes of 2 (P = 4,
-// oversubscribed, three runs) aggregated faster up to 4 KiB, either way at 8-16 KiB, rank to
-// rank up to 4.6x faster from 32 KiB. The cap: on 16 real cores (nodes of 2 and 4; rank to
-// rank from Python then, session 11) aggregated was faster up to 64 KiB.
-inline constexpr std::uint64_t aggregate_unit_block = 4 * 1024;
-inline constexpr std::uint64_t aggregate_max_block = 64 * 1024;
-// An allgather's message carries one block per sender (q_a blocks, an alltoall's q_a * q_b),
-// so its limit is this many times an alltoall's (at most aggregate_max_block). Measured
-// (zcoll.bench allgather --between-nodes: xn:round against xn:direct and the leaders' xn:C=1,
-// 2-vCPU VM, noisy: ranges over two or three launches): on nodes of 1 the round faster up to
-// 16 KiB (9.7-12 against 15-24 us rank to rank), even with it at 64 KiB; on nodes of 2 faster
-// up to 32 KiB (40-72 against 98-135 rank to rank and 69-108 by the leaders), even at 64 KiB.
-inline constexpr std::uint64_t allgather_block_factor = 4;
-// A reduction's round (allreduce, reduce, reduce_scatter) carries each node's partial result,
-// n bytes, in each of its N - 1 messages; the alternative is the reduction spread over the ranks
-// (spread_reduction.hpp: two phases of messages of n / P bytes, two more node barriers). The
-// round carries inputs of at most reduction_unit_bytes * q, while the bytes a node sends per rank,
-// (N - 1) n / q, are at most reduction_round_bytes, and at most reduction_round_bytes. Measured
-// (a script timing zcoll.allreduce of float64 forced each way, interleaved, medians of 7 rounds,
-// 2-vCPU VM, us, round / spread): nodes of 1, N = 2: 16 KiB 13.3 / 16.4, 24 KiB 16.7 / 19.2,
-// 32 KiB 18.0 / 16.7, 64 KiB 33.1 / 27.2, 256 KiB 87.8 / 68.7; N = 3: 32 KiB 54.5 / 56.9, 48 KiB
-// 74.6 / 77.3, 64 KiB 81.5 / 64.1; nodes of 2, N = 2 (P = 4, oversubscribed): the round faster up
-// to 512 KiB (190 / 213), spread at 1 MiB (539 / 512); N = 3: 64 KiB 193 / 251, 256 KiB 391 /
-// 332; nodes of 3, N = 2: 64 KiB 134 / 208, 256 KiB 383 / 280. The per-rank bound (the rule
-// before the spread path, measured against the leaders' path: on four one-rank nodes the round
-// faster up to 128 KiB) keeps the round's N - 1 copies of the input in check on many nodes.
-inline constexpr std::uint64_t reduction_unit_bytes = 32 * 1024;
-inline constexpr std::uint64_t reduction_round_bytes = 256 * 1024;
-// The size rule on `nodes` for `op`: aggregate_unit_block times the smallest node's ranks
-// (times allgather_block_factor for an allgather or a bcast), at most aggregate_max_block; a
-// reduction's, reduction_unit_bytes times q and reduction_round_bytes times q / (N - 1), at most
-// reduction_round_bytes. A bcast
-// moves no more bytes through the round than a reduction, but the copies into and out of it
-// (root to local area to messages to every rank) cost more than the leaders' path, which
-// broadcasts the user's buffer itself: measured (a script timing zcoll.bcast forced each way,
-// two runs) the round faster up to 8 KiB on one-rank nodes (9.2-9.9 against 12.4-14.7 us),
-// even at 16 KiB, slower at 32 KiB (28 against 16-18); on nodes of 2 faster up to 32 KiB;
-// slower at 64 KiB in zcoll.bench bcast (62 against 50).
-std::uint64_t max_aggregated_block(const node_map& nodes, op_code op = op_code::alltoall) noexcept;
-
-// How calls across nodes choose between carrying their blocks in the round and sending them
-// rank to rank.
-enum class aggregation : std::int8_t {
-  never = -1,   // every block rank to rank
-  by_size = 0,  // the size rule (default)
-  always = 1,   // every block in the round
-};
-
-// How allgathers beyond the round cross nodes: as the caller's policy chose (the sizes it
-// remembered: node_messages::direct_allgather), or forced to rank to rank or to the leaders'
-// concurrent exchange.
-enum class allgather_crossing : std::int8_t {
-  by_policy = 0,   // the block sizes remembered as direct
-  direct = 1,      // every one rank to rank
-  concurrent = 2,  // none rank to rank (the caller runs the exchange)
-};
-
-// What tests, benchmarks and the tuner force for one communicator's calls across nodes, in
-// place of the policy's choices (zcoll._aggregated.force, zcoll._internode.force,
-// zcoll._aggregated.spread_segment). Part of that communicator's context, never of the
-// process, so forcing one communicator leaves every other to the policy. Every rank of the
-// communicator sets the same, between collectives.
-struct crossing_overrides {
-  aggregation carry = aggregation::by_size;
-  allgather_crossing allgather = allgather_crossing::by_policy;
-  std::size_t spread_segment = 0;  // bytes of a spread message's segment; 0: the default
-};
-
-// Allgather block sizes a node_messages remembers as crossing rank to rank.
-inline constexpr std::size_t remembered_direct_blocks = 16;
-
 // One irregular pattern's messages as node `node` sees them: where each rank's counts sit in its
 // node's head (words of 8 bytes after the records: send list's, then receive list's), and the
 // tuples (communicator ranks) of each message this node sends or receives, in payload order
@@ -248,29 +171,21 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
-  // What is forced for this communicator's calls across nodes (crossing_overrides).
-  crossing_overrides& overrides() noexcept { return overrides_; }
-  const crossing_overrides& overrides() const noexcept { return overrides_; }
-  // The largest block a call of `op` across these nodes carries in its round: the size rule
-  // (max_aggregated_block, or the measured limit set_round_limit gave for an alltoall or an
-  // allgather) or what overrides() forces; negative: none. Irregular calls take an
-  // alltoall's.
-  std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept;
-  // The limit of an alltoall's or an allgather's round on these nodes as measured (the tuning
-  // table's internode rules): the largest block it carries, negative for none; nullopt: the
-  // built-in size rule again. The same on every rank (the table rank 0 read).
-  void set_round_limit(op_code op, std::optional<std::int64_t> limit);
+  // How this communicator's calls cross nodes (crossing_policy.hpp): what they carry in the
+  // round, an allgather's route beyond it, what tests force.
+  crossing_policy& policy() noexcept { return policy_; }
+  const crossing_policy& policy() const noexcept { return policy_; }
+  crossing_overrides& overrides() noexcept { return policy_.overrides(); }
+  const crossing_overrides& overrides() const noexcept { return policy_.overrides(); }
+  // The largest block a call of `op` across these nodes carries in its round (the policy's);
+  // negative: none. Irregular calls take an alltoall's.
+  std::int64_t pack_limit(op_code op = op_code::alltoall) const noexcept {
+    return policy_.pack_limit(op);
+  }
   // Whether a call of `op` carries blocks (a reduction: inputs) of `bytes` in its round.
   bool carries(op_code op, std::uint64_t bytes) const noexcept {
-    const std::int64_t limit = pack_limit(op);
-    return limit >= 0 && bytes <= static_cast<std::uint64_t>(limit);
+    return policy_.carries(op, bytes);
   }
-  // Allgather block sizes beyond the round whose blocks the caller's policy sends rank to rank
-  // (zcoll._internode.choose: the direct path), remembered so the one crossing can run such
-  // calls (the last remembered_direct_blocks; the same on every rank: the same calls record
-  // them), or as overrides() force.
-  void remember_direct_allgather(std::uint64_t block);
-  bool direct_allgather(std::uint64_t block) const noexcept;
   // Collective (node): phase 1. Every rank's `record` goes into the head of every message its
   // node sends; with `data` on every node rank, blocks within pack_limit() and records that
   // match on the node (an alltoall whose local checks passed), the blocks bound for other nodes
@@ -340,11 +255,6 @@ class node_messages {
   void check_unbroken() const;
 
  private:
-  crossing_overrides overrides_;
-  // Where measured_limits_ keeps `op`'s limit: an alltoall's, an allgather's; -1 for others.
-  static int measured_limit_index(op_code op) noexcept;
-  // The measured round limits (set_round_limit); nullopt: the built-in size rule.
-  std::array<std::optional<std::int64_t>, 2> measured_limits_;
   // The start of every round's phase 1: the state reset, this rank's record in its slot (the
   // senders copy it into the heads) and its descriptor line, without data (target none).
   detail::rank_line& start_round(const call_record& record);
@@ -382,6 +292,7 @@ class node_messages {
 
   node_context& ctx_;
   node_map nodes_;
+  crossing_policy policy_;
   int me_node_ = 0;
   std::vector<aggregate_copy> pack_copies_, unpack_copies_;
   std::vector<aggregate_copy> sent_copies_;  // the pack copies of the messages this rank sends
@@ -424,8 +335,6 @@ class node_messages {
   std::vector<direct_block> direct_sends_, direct_recvs_;
   std::string failure_;
   std::unique_ptr<spread_reduction> spread_;
-  std::vector<std::uint64_t> direct_allgather_;  // oldest first
-  bool remembers_direct(std::uint64_t block) const noexcept;
 };
 
 }  // namespace zcoll

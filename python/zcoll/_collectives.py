@@ -92,8 +92,6 @@ def _across_nodes(ctx: Context, op: int, sendbuf, recvbuf, code: int, copy_code:
         _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
         return
     ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
-    # Every rank records it after the same call: the next such call runs in one crossing.
-    ctx.core.nodes_remember_direct_allgather(block)
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:

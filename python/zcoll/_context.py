@@ -146,7 +146,7 @@ class Context:
             if pieces or not fresh:
                 self.core.set_reduction_model(code, pieces)
         if self.multi_node:
-            self._apply_round_limits(() if mode == "off" else self.internode_rules)
+            self._apply_internode_rules(() if mode == "off" else self.internode_rules)
         # The engine's entry point for each collective, bound once (looked up per call).
         self.online = _online.OnlineTuner(self) if mode == "online" else None
         self.engine = {
@@ -171,13 +171,17 @@ class Context:
         sizes = [self.node_of.count(leader) for leader in set(self.node_of)]
         return len(sizes), max(sizes)
 
-    def _apply_round_limits(self, rules: tuple[_tuning.InternodeRule, ...]) -> None:
-        """The largest blocks an alltoall's and an allgather's round carry, as the table's
-        internode rules for these nodes measured (else the engine's size rule)."""
+    def _apply_internode_rules(self, rules: tuple[_tuning.InternodeRule, ...]) -> None:
+        """Give the engine's crossing policy the table's internode rules of an alltoall and an
+        allgather for these nodes (their round's limit; the allgather's route beyond it)."""
         nodes, per_node = self.layout()
+        codes = _tuning.INTERNODE_METHOD_CODES
         for op in (ALLTOALL, ALLGATHER):
-            limit = _tuning.round_limit(rules, op, nodes, per_node)
-            self.core.nodes_set_round_limit(OPS[op], limit)
+            mine = _tuning.internode_rules_for(rules, op, nodes, per_node)
+            engine_rules = [
+                (r.min_block, r.max_block, codes[r.method], r.concurrency) for r in mine
+            ]
+            self.core.nodes_set_internode_rules(OPS[op], engine_rules)
 
     def tuning_comm(self) -> MPI.Comm:
         """The communicator online tuning agrees on (the private dup where there is one)."""

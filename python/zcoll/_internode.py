@@ -33,15 +33,15 @@ No packing: each message is the receive buffer's byte ranges that hold its nodes
 the contiguous runs of them (one run for consecutive nodes of consecutive ranks, more where a
 node's comm ranks are not contiguous or blocks are split: each run then travels as a message
 of its own, in order), computed once per (context, block size, scheme) and cached. A round's
-messages go through :meth:`Transport.exchange_buffers` on the context's private dup: from C++
-where the extension sends the messages between nodes, else by mpi4py requests; every wait is
-bounded.
+messages go through :meth:`Transport.exchange_buffers` on the context's private dup, sent by
+the extension; every wait is bounded.
 
 The choice between the direct path and the concurrent exchange (and ``C``) for blocks beyond
-the round's limit follows the tuning table's ``internode`` rules (``python -m zcoll.tune
---internode``) where one covers the call, else :func:`builtin_choice`; it is the same on every
-rank (the table's rules are those rank 0 read, shared with the context). The table's "round"
-rules set the round's limit itself (:func:`zcoll._tuning.round_limit`, in the engine).
+the round's limit is the engine's crossing policy's (``cpp/zcoll/crossing_policy.hpp``: a
+forced choice, else the tuning table's ``internode`` rules from ``python -m zcoll.tune
+--internode``, else the direct path); it is the same on every rank (the table's rules are
+those rank 0 read, shared with the context). The table's "round" rules set the round's limit
+there too.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ from mpi4py import MPI
 
 from . import _aggregated, _registry, _tuning
 from ._context import Context, context
-from ._registry import ALLGATHER
 
 __all__ = [
     "CONCURRENT",
@@ -66,7 +65,6 @@ __all__ = [
     "Choice",
     "Message",
     "allgather_between_nodes",
-    "builtin_choice",
     "choose",
     "force",
     "schedule",
@@ -121,7 +119,10 @@ def force(comm: MPI.Comm, choice: Choice | None) -> Choice | None:
     # The extension's one crossing runs what is rank to rank: every call when forced so, none
     # when the concurrent exchange is forced, else the sizes the policy chose it for.
     crossing = {None: 0, ROUND: 0, DIRECT: 1, CONCURRENT: 2}
-    ctx.core.nodes_force_allgather_crossing(crossing[choice.method if choice else None])
+    concurrency = choice.concurrency if choice is not None and choice.method == CONCURRENT else 0
+    ctx.core.nodes_force_allgather_crossing(
+        crossing[choice.method if choice else None], concurrency
+    )
     if choice is not None:
         aggregation = _aggregated.force(comm, choice.method == ROUND)
         if state.forced is None:
@@ -140,23 +141,6 @@ def _check_choice(choice: Choice) -> None:
         type(choice.concurrency) is int and choice.concurrency >= 1
     ):
         raise ValueError(f"concurrency must be a positive integer, got {choice.concurrency!r}")
-
-
-def builtin_choice(nodes: int, block: int) -> Choice:
-    """The choice without a table rule: the direct path (every rank sends its block to every
-    rank on another node), for every node count and block size.
-
-    Measured on virtual nodes (dev VM, ``zcoll.bench allgather --between-nodes``, session 15):
-    once the direct path ran in the extension's one crossing (remembered block sizes), it beat
-    the leaders' concurrent exchange (C = 1, 2, 4, from Python: a round per step, then a
-    node-wide bcast of the whole receive buffer) at every size from 8 KiB to 64 KiB on 2, 3 and
-    4 nodes (P = 2 of 1, 4 of 2, 3 of 1, 6 of 2, 8 of 2), by up to 3x: e.g. 32 KiB on two
-    one-rank nodes 9.9 us against 20.0-20.5, 64 KiB on two nodes of 2 62.9 against 105-191,
-    on four nodes of 2 about even (500 against 510-512). One machine has no network
-    concurrency for C to use; on a cluster, ``python -m zcoll.tune --internode`` measures both
-    and its table's rules choose (`nodes` and `block` are what such a rule is matched on)."""
-    del nodes, block
-    return Choice(DIRECT)
 
 
 class _State:
@@ -191,19 +175,13 @@ def _layout(ctx: Context) -> tuple[list[int], list[list[int]]]:
 
 def choose(ctx: Context, block: int) -> Choice:
     """How this multi-node allgather of `block`-byte blocks, beyond its round's limit, crosses
-    nodes: a forced choice (:func:`force`), else the tuning table's "direct" or "concurrent"
-    rule for (nodes, largest node, block) when the tuning mode is not "off" (its "round" rules
-    set the round's limit: :func:`zcoll._tuning.round_limit`), else :func:`builtin_choice`.
-    The same on every rank (the table's rules are rank 0's, shared with the context)."""
-    forced = _state(ctx).forced
-    if forced is not None:
-        return forced
-    nodes, per_node = ctx.layout()
-    if ctx.settings.tuning != "off":
-        for rule in _tuning.internode_rules_for(ctx.internode_rules, ALLGATHER, nodes, per_node):
-            if rule.method in METHODS and rule.covers(block):
-                return Choice(rule.method, rule.concurrency)
-    return builtin_choice(nodes, block)
+    nodes: the engine's crossing policy decides (a forced choice, else the tuning table's
+    rules for these nodes when the tuning mode is not "off", else the direct path). The same
+    on every rank."""
+    method, concurrency = ctx.core.nodes_allgather_route(block)
+    if method == _tuning.INTERNODE_METHOD_CODES[CONCURRENT]:
+        return Choice(CONCURRENT, concurrency)
+    return Choice(DIRECT)
 
 
 # --- the schedule ------------------------------------------------------------------------------

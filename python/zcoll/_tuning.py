@@ -13,7 +13,7 @@ allgather on a number of nodes and ranks per node, ranges of block sizes with ho
 nodes (``method`` "round": in the call's round of messages, one per pair of nodes; "direct":
 rank to rank; for an allgather also "concurrent" with a ``concurrency`` index:
 :mod:`zcoll._internode`). The round carries the blocks up to the end of the first run of
-"round" rules (:func:`round_limit`).
+"round" rules (the engine's crossing policy, ``cpp/zcoll/crossing_policy.hpp``).
 Version 1 and 2 tables (no reductions, no internode rules) are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
@@ -56,6 +56,7 @@ from ._registry import (
 
 __all__ = [
     "FORMAT",
+    "INTERNODE_METHOD_CODES",
     "VERSION",
     "InternodeRule",
     "ReductionModel",
@@ -65,7 +66,6 @@ __all__ = [
     "current_machine",
     "internode_rules_for",
     "load_tuning",
-    "round_limit",
     "shared_rules",
     "shared_tuning",
     "tuning_path",
@@ -510,6 +510,10 @@ def _table_or_warn(mode: str) -> SharedTuning:
         return (), (), ()
 
 
+#: The engine's codes of the internode rules' methods (crossing_policy.hpp's crossing_method).
+INTERNODE_METHOD_CODES = {"round": 0, "direct": 1, "concurrent": 2}
+
+
 def internode_rules_for(
     rules: tuple[InternodeRule, ...], collective: str, nodes: int, ranks_per_node: int
 ) -> list[InternodeRule]:
@@ -521,25 +525,6 @@ def internode_rules_for(
         if (r.collective, r.nodes, r.ranks_per_node) == (collective, nodes, ranks_per_node)
     ]
     return sorted(mine, key=lambda r: r.min_block)
-
-
-def round_limit(
-    rules: tuple[InternodeRule, ...], collective: str, nodes: int, ranks_per_node: int
-) -> int | None:
-    """The largest block a multi-node `collective` carries in its round by the table's rules
-    for this layout: the end of their first run of "round" rules, back to back from the first
-    rule (-1 when the first is another method: no block in the round; no end: any block);
-    None without rules (the built-in size rule). A later "round" range after another method's
-    goes rank to rank: the round has one limit."""
-    mine = internode_rules_for(rules, collective, nodes, ranks_per_node)
-    limit = -1
-    for rule in mine:
-        if rule.method != "round" or rule.min_block > limit + 1:
-            break
-        if rule.max_block is None:
-            return _MAX_BYTES
-        limit = rule.max_block
-    return limit if mine else None
 
 
 def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
