@@ -546,9 +546,11 @@ void def_irregular_across_nodes(context_class& cls) {
   cls.def(
       "nodes_check",
       [](node_context& ctx) {
+        ctx.protocol().check_usable();
         if (const node_messages* rounds = ctx.rounds()) rounds->check_unbroken();
       },
-      "Raises PeerError once a round between nodes failed (nodes_fail); nothing on one node.");
+      "Raises ValueError once the context is closed, PeerError once it or a round between "
+      "nodes failed (nodes_fail).");
   cls.def(
       "nodes_fail",
       [](node_context& ctx, std::string why) {

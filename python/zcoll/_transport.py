@@ -146,9 +146,10 @@ class Transport:
         self._poll(lambda: MPI.Request.Testall(requests), what, late)
 
     def check(self) -> int:
-        """Before a call across nodes: the private dup's C handle; PeerError ("unusable after
-        an earlier failure") once a wait between nodes failed, RuntimeError (the same on every
-        rank) where the extension cannot send the messages."""
+        """Before a call across nodes: the private dup's C handle; the engine's ValueError once
+        the context is closed, PeerError ("unusable after an earlier failure") once a wait
+        failed, RuntimeError (the same on every rank) where the extension cannot send the
+        messages."""
         self.core.nodes_check()
         if self.handle is None:
             raise RuntimeError(self.unusable)

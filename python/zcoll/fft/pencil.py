@@ -769,9 +769,9 @@ class _MultiNodeTransferPlan(TransferPlan):
 
     def start(self, src=None, dst=None) -> None:
         ctx = self._ctx
-        ctx.transport.check()
         if self.freed or self.active or ctx.core.closed:
             super().start(src, dst)  # raises the engine's error before any message goes out
+        ctx.transport.check()
         ctx.agree(TRANSFER, self.record(src, dst))  # all ranks of all nodes go on, or none
         comm = ctx.transport.p2p_comm()
         self._running = [
