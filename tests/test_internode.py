@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+from collections import Counter, namedtuple
 
 import numpy as np
 import pytest
@@ -172,11 +172,19 @@ def test_repeated_calls_reuse_schedule(node_comm, forced):
     all_ranks_agree(comm, ok)
 
 
+_Message = namedtuple("_Message", "source dest round content part preamble tag")
+
+
+def _schedule(nodes: int, concurrency: int, split: bool = False) -> list[_Message]:
+    """The engine's schedule of the leaders' concurrent exchange (leaders_exchange.hpp)."""
+    return [_Message(*m) for m in _core.leaders_schedule(nodes, concurrency, split)]
+
+
 def _simulate(nodes: int, concurrency: int, split: bool) -> bool:
     """The schedule's messages, round by round: a node only sends blocks it holds, no two
     messages of a round share (source, dest, tag), and every node ends with every block,
     each received exactly once per part."""
-    messages = _internode.schedule(nodes, concurrency, split)
+    messages = _schedule(nodes, concurrency, split)
     rounds = 1 + max((m.round for m in messages), default=-1)
     for part in (0, 1) if split else (0,):
         held = {n: {n} for n in range(nodes)}
@@ -198,11 +206,11 @@ def _simulate(nodes: int, concurrency: int, split: bool) -> bool:
 
 
 @pytest.mark.parametrize("k", NODE_SIZES)
-def test_direct_choice_runs_in_one_crossing(node_comm, forced, k):
-    """An allgather beyond the round whose blocks the crossing policy sends rank to rank runs
-    in the extension's one crossing from its first call (bit for bit, in place and not): the
-    engine decides, nothing is remembered from a Python call; every size when direct is
-    forced, none when the concurrent exchange is."""
+def test_allgather_beyond_the_round_runs_in_one_crossing(node_comm, forced, k):
+    """An allgather beyond the round runs in the extension's one crossing from its first call
+    (bit for bit, in place and not), its blocks rank to rank or by the leaders' concurrent
+    exchange as the crossing policy routes them: the engine decides, nothing is remembered
+    from a Python call."""
     comm = node_comm("split_reversed", k)
     if comm is None:
         pytest.skip(f"one node at P={MPI.COMM_WORLD.size} with nodes of {k}")
@@ -223,7 +231,9 @@ def test_direct_choice_runs_in_one_crossing(node_comm, forced, k):
     all_ranks_agree(comm, ok, "one crossing")
     forced(comm, _internode.Choice(_internode.CONCURRENT, 2))
     all_ranks_agree(comm, _same_bits(zcoll.allgather(comm, send), ref), "concurrent")
-    all_ranks_agree(comm, one_crossing(send, np.empty_like(ref)) is None, "forced concurrent")
+    private = np.full_like(ref, 1)
+    ran = one_crossing(send, private) is private
+    all_ranks_agree(comm, ran and _same_bits(private, ref), "forced concurrent, one crossing")
     forced(comm, DIRECT)
     other = send[: count - 3].copy()
     private = np.full_like(_expected(comm, other), 1)
@@ -245,10 +255,10 @@ def test_rounds_follow_the_paper():
     """log2(N / C) steps (the preamble overlaps the first): 16 nodes take 4, 3, 2 rounds
     with C = 1, 2, 4; C >= N is one round."""
     for concurrency, expected in ((1, 4), (2, 3), (4, 2), (16, 1), (32, 1)):
-        messages = _internode.schedule(16, concurrency)
+        messages = _schedule(16, concurrency)
         assert 1 + max(m.round for m in messages) == expected
     # at most C exchanges per node in a step (C - 1 more preamble messages in round 0)
-    messages = _internode.schedule(16, 4)
+    messages = _schedule(16, 4)
     sends = Counter((m.source, m.round) for m in messages if not m.preamble)
     assert max(sends.values()) == 4
 

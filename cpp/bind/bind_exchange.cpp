@@ -22,6 +22,7 @@
 #include "rounds.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
+#include "zcoll/leaders_exchange.hpp"
 #include "zcoll/pool.hpp"
 #ifdef ZCOLL_HAVE_MPI
 #include "zcoll/mpi_messages.hpp"
@@ -259,6 +260,51 @@ void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const
                         "zcoll." + std::string(name_of(op)));
 }
 
+// An allgather's blocks of the other nodes by the leaders' concurrent exchange with index
+// `concurrency` (leaders_exchange.hpp), after the node's part: the leaders' rounds into their
+// receive buffers, then a node bcast of each leader's buffer. Call without the GIL.
+void leaders_exchange(node_context& ctx, const node_map& nodes, const array_view& recv,
+                      int concurrency, const nodes_route& route) {
+  const auto& cfg = ctx.config();
+  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
+  if (block == 0) return;
+  auto* base = static_cast<std::byte*>(const_cast<void*>(recv.data));
+  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  const int node = nodes.node_of[static_cast<std::size_t>(me)];
+  auto leader = [&](int n) { return nodes.members[static_cast<std::size_t>(n)].front(); };
+  if (me == leader(node)) {
+    const std::string what =
+        "zcoll.allgather (concurrent exchange between nodes, C=" + std::to_string(concurrency) +
+        ")";
+    auto buffers = [&](const std::vector<leader_transfer>& list) {
+      std::vector<peer_buffer> out;
+      for (const leader_transfer& t : list)
+        out.push_back({leader(t.node), t.tag, base + t.start, t.stop - t.start});
+      return out;
+    };
+    for (const leader_round& r : leader_rounds(nodes, node, concurrency, block))
+      exchange_rank_to_rank(route, buffers(r.receives), buffers(r.sends), false, wait_timeout(ctx),
+                            what);
+  }
+  if (cfg.size > 1)
+    ctx.run_reduction({op_code::bcast, nullptr, &recv, 0, auto_algorithm, leader(node)});
+}
+
+// The blocks of an alltoall or allgather between this rank's node and the others, after the
+// node's part: rank to rank, or an allgather's by the leaders' concurrent exchange where the
+// crossing policy routes its block size so. Call without the GIL.
+void blocks_between_nodes(node_context& ctx, op_code op, const node_messages& round,
+                          const array_view* send, const array_view& recv,
+                          const nodes_route& route) {
+  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
+  if (op == op_code::allgather) {
+    const allgather_route how = round.policy().allgather_route_for(block);
+    if (how.method == crossing_method::concurrent)
+      return leaders_exchange(ctx, round.nodes(), recv, how.concurrency, route);
+  }
+  exchange_remote(ctx, op, round.nodes(), send, recv, route);
+}
+
 // An alltoall or allgather on several nodes, whole, with the messages from C++ (the Python
 // path's alltoall_between_nodes in one crossing): the round carries every rank's record, and
 // the blocks when they are at most the pack limit; otherwise the node's part, then the blocks
@@ -285,7 +331,7 @@ void collective_across_nodes(node_context& ctx, op_code op, const py::object& se
           if (round.packed()) return;
           if (!round.node_blocks_delivered())
             ctx.run(op, send_view, recv_view, order, copy);  // the node's blocks
-          exchange_remote(ctx, op, round.nodes(), send_view, recv_view, route);
+          blocks_between_nodes(ctx, op, round, send_view, recv_view, route);
         });
       },
       [&](const std::string& why) {
@@ -318,13 +364,10 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!found.ctx || order == no_code || copy == no_code) Py_RETURN_NONE;
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
-    if (found.route) {  // several nodes: alltoall, and allgather within the size rule or direct
+    if (found.route) {  // several nodes
 #ifdef ZCOLL_HAVE_MPI
       if (found.ctx->closed()) Py_RETURN_NONE;
       const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
-      if (op == static_cast<long>(op_code::allgather) &&
-          !round_carries(*ctx, op_code::allgather, send, recv) && !crosses_directly(*ctx, recv))
-        Py_RETURN_NONE;  // larger blocks: the Python path chooses how they cross
       collective_across_nodes(*ctx, static_cast<op_code>(op), send, recv, order, copy,
                               *found.route);
 #else
@@ -722,8 +765,9 @@ void def_calls_across_nodes(context_class& cls) {
               node_messages& round = ctx.between_nodes(node_map{});
               py::gil_scoped_release release;
               marking_failure(round, [&] {
-                fast_path::exchange_remote(ctx, static_cast<op_code>(op), round.nodes(), send_view,
-                                           recv_view, nodes_route{comm.bits, rank, tag, window});
+                fast_path::blocks_between_nodes(ctx, static_cast<op_code>(op), round, send_view,
+                                                recv_view,
+                                                nodes_route{comm.bits, rank, tag, window});
               });
             },
             [](const std::string& why) { throw py::type_error(why); });
@@ -731,7 +775,8 @@ void def_calls_across_nodes(context_class& cls) {
       py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("comm"), py::arg("rank"),
       py::arg("tag"), py::arg("window"),
       "Collective (communicator, benchmarks): only the blocks of an alltoall or allgather "
-      "between this rank and the ranks on other nodes, rank to rank.");
+      "between this rank's node and the others, after the node's part: rank to rank, or by the "
+      "leaders' concurrent exchange where the crossing policy routes the allgather so.");
 #endif
 }
 
@@ -832,10 +877,26 @@ void register_call_records(py::module_& m) {
       py::arg("op"), "The call record of an operation without arguments (allocate, barrier).");
 }
 
-// The size rule's bounds.
+// The size rule's bounds, and the leaders' concurrent exchange's schedule.
 void register_crossing(py::module_& m) {
   m.attr("AGGREGATE_MAX_BLOCK") = aggregate_max_block;
   m.attr("AGGREGATE_UNIT_BLOCK") = aggregate_unit_block;
+  m.attr("LEADERS_SPLIT_BYTES") = leaders_split_bytes;
+  m.def(
+      "leaders_schedule",
+      [](int nodes, int concurrency, bool split) {
+        if (nodes < 1 || concurrency < 1)
+          throw std::invalid_argument("need nodes >= 1 and concurrency >= 1");
+        py::list out;
+        for (const leader_message& msg : leaders_schedule(nodes, concurrency, split))
+          out.append(py::make_tuple(msg.source, msg.dest, msg.round,
+                                    py::tuple(py::cast(msg.content)), msg.part, msg.preamble,
+                                    msg.tag()));
+        return out;
+      },
+      py::arg("nodes"), py::arg("concurrency"), py::arg("split") = false,
+      "Every message of the leaders' concurrent exchange (leaders_exchange.hpp): (source, dest, "
+      "round, content nodes, part, preamble, tag).");
 }
 
 // The one-crossing call path: the table of contexts and fast_collective.

@@ -44,17 +44,6 @@ inline bool round_carries(node_context& ctx, op_code op, const pybind11::object&
   return bytes > 0 && round.carries(op, bytes);
 }
 
-// Whether an allgather into `recv` beyond the round crosses nodes rank to rank (the crossing
-// policy's route for its block size; the leaders' concurrent exchange runs from Python).
-inline bool crosses_directly(node_context& ctx, const pybind11::object& recv) {
-  if (!pybind11::isinstance<pybind11::array>(recv)) return false;
-  const auto bytes =
-      static_cast<std::uint64_t>(pybind11::reinterpret_borrow<pybind11::array>(recv).nbytes());
-  const auto block = bytes / static_cast<std::uint64_t>(ctx.config().comm_size);
-  return block > 0 && ctx.between_nodes(node_map{}).policy().allgather_route_for(block).method ==
-                          crossing_method::direct;
-}
-
 // Runs `steps` (a round between nodes and what follows it); a peer_error other than an
 // interrupt marks the rounds failed first, so every later call raises at once (as the Python
 // path's Context.break_context does).

@@ -7,7 +7,7 @@ from typing import NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _internode, _registry
+from . import _core, _registry
 from ._context import Context, lookup
 from ._registry import AUTO
 
@@ -77,27 +77,13 @@ def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
 
 def _across_nodes(ctx: Context, op: int, sendbuf, recvbuf, code: int, copy_code: int) -> None:
     """An alltoall or allgather on several nodes, whole in the extension as the one crossing
-    runs it (docs/design.md, "Across nodes"), except an allgather whose larger blocks the
-    tuning table sends between the nodes' leaders (SC'05 concurrent exchange): its round agrees
-    on the records, the node's part follows, then `_internode.allgather_between_nodes`."""
-    if op != _ALLGATHER_CODE or ctx.core.nodes_carries(op, None, recvbuf):
-        ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
-        return
-    block = int(getattr(recvbuf, "nbytes", 0)) // ctx.size
-    choice = _internode.choose(ctx, block)
-    if choice.method == _internode.CONCURRENT:
-        ctx.agree(_ALLGATHER, ctx.core.record(_ALLGATHER, sendbuf, recvbuf, code, copy_code))
-        send = sendbuf if sendbuf is IN_PLACE else np.ascontiguousarray(sendbuf)
-        ctx.core.allgather(send, recvbuf, code, copy_code)
-        _internode.allgather_between_nodes(ctx, send, recvbuf, block, choice.concurrency)
-        return
+    runs it (docs/design.md, "Across nodes"; the crossing policy routes its blocks)."""
     ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
 
 
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
     """The Python path of every collective, for what `_fast` leaves to it: a first call,
-    online tuning, an allgather across nodes whose method the tuning table picks, or an
-    invalid option (raised on every rank)."""
+    online tuning, or an invalid option (raised on every rank)."""
     ctx = lookup(comm)
     code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:

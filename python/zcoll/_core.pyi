@@ -235,7 +235,11 @@ def fast_irregular(
 
 AGGREGATE_MAX_BLOCK: int
 AGGREGATE_UNIT_BLOCK: int
+LEADERS_SPLIT_BYTES: int
 
+def leaders_schedule(
+    nodes: int, concurrency: int, split: bool = False
+) -> list[tuple[int, int, int, tuple[int, ...], int, bool, int]]: ...
 def v_schedule(
     sends: list[np.ndarray], recvs: list[np.ndarray], order: int, in_place: int = 0
 ) -> np.ndarray: ...

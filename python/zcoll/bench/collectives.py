@@ -259,14 +259,11 @@ def _forced_call(
 
 
 def _phase_call(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, choice) -> Callable:
-    """The inter-node phase of a multi-node allgather alone, as the whole call runs it."""
+    """The inter-node phase of a multi-node allgather alone, as the whole call runs it (the
+    crossing policy routes it: `choice` forced around each call)."""
     ctx = _context.context(comm)
-    block = recv.nbytes // comm.size
-    if choice.method == _internode.DIRECT:
-        return functools.partial(ctx.transport.exchange_remote, OPS[ALLGATHER], send, recv)
-    return functools.partial(
-        _internode.allgather_between_nodes, ctx, send, recv, block, choice.concurrency
-    )
+    phase = functools.partial(ctx.transport.exchange_remote, OPS[ALLGATHER], send, recv)
+    return _forced_call(phase, comm, choice)
 
 
 def zcoll_methods(
