@@ -597,6 +597,19 @@ KILL_JOB = textwrap.dedent(
     if path == "plan":  # a persistent plan's runs: blocks between nodes by persistent requests
         plan = zcoll.alltoall_init(comm, send, recv)
         collective = lambda comm, send, recv: plan()
+    if path == "transfer-plan":  # zcoll.fft's transfer plan: each run agrees, then subarrays
+        from zcoll.fft.pencil import transfer_init
+
+        n = 4 * p
+        src = zcoll.zeros(comm, (n // p, n), np.int64)
+        dst = zcoll.zeros(comm, (n, n // p), np.int64)
+        src[...] = rank
+        rows = np.repeat(np.arange(p), n // p)[:, None]
+        transfer_plan = transfer_init(comm, src, dst, [n, n], 1, 0)
+
+        def collective(comm, send, recv):
+            transfer_plan()
+            recv[:, 0] = np.arange(p) if (dst == rows).all() else -1
     try:
         for calls in range(200):
             if die_before and calls == 50 and rank == victim:
@@ -631,6 +644,7 @@ KILL_JOB = textwrap.dedent(
         "spread-bcast",
         "spread-flow",
         "plan",
+        "transfer-plan",
     ],
 )
 def test_rank_killed_in_the_exchange_between_nodes(tmp_path, path):
@@ -639,12 +653,13 @@ def test_rank_killed_in_the_exchange_between_nodes(tmp_path, path):
     ("round"), or rank to rank after it ("direct"), an alltoallv ("v-round"), an allgather and
     an allreduce whole in the round, an allreduce and a bcast from rank 0 spread over the
     ranks beyond the round's rule ("spread", "spread-bcast"), a run of an alltoall plan whose
-    blocks between nodes go by persistent requests ("plan") -- or (path "spread-flow") 2 ms
-    into an 8 MiB allreduce beyond the rule, by a timer, wherever the call then is (most
-    likely in the flow of phases 1-3). Its node-mate sees it die; rank 0, which waits for its
-    message, raises PeerError once the timeout (KILL_TIMEOUT) is over, and rank 1 when rank 0
-    leaves (or its own wait gives up); every survivor's next call raises at once. No rank
-    finishes, no segment is left in /dev/shm."""
+    blocks between nodes go by persistent requests ("plan"), a run of zcoll.fft's transfer
+    plan, which agrees across nodes, then sends subarray messages ("transfer-plan") -- or
+    (path "spread-flow") 2 ms into an 8 MiB allreduce beyond the rule, by a timer, wherever
+    the call then is (most likely in the flow of phases 1-3). Its node-mate sees it die;
+    rank 0, which waits for its message, raises PeerError once the timeout (KILL_TIMEOUT) is
+    over, and rank 1 when rank 0 leaves (or its own wait gives up); every survivor's next call
+    raises at once. No rank finishes, no segment is left in /dev/shm."""
     _kill_rank_2_and_check(tmp_path, path, ZCOLL_VIRTUAL_NODE_SIZE="2")
 
 
@@ -703,7 +718,7 @@ def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
     assert re.search(r"peer rank\(s\) 2 \(pid \d+\) died", reports["3"]), reports["3"]
     # A plan's rank 3 posts its blocks before its node barrier finds rank 2 dead, then leaves:
     # they may never reach rank 0, which may name it too.
-    late = r"\[2(, 3)?\]" if path == "plan" else r"\[2\]"
+    late = r"\[2(, 3)?\]" if path in ("plan", "transfer-plan") else r"\[2\]"
     within = rf"did not take part within {KILL_TIMEOUT}\b"
     assert re.search(rf"rank\(s\) {late} {within}", reports["0"]), reports["0"]
 

@@ -13,6 +13,7 @@
 #include "context_class.hpp"
 #include "gil.hpp"
 #include "plans.hpp"
+#include "rounds.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/transfer_plan.hpp"
 
@@ -139,7 +140,167 @@ auto fail_run(bound_transfer& b) {
   };
 }
 
+// TransferPlan.record(): this rank's call record of a run on these arrays.
+py::bytes run_record(bound_transfer& b, const py::object& send, const py::object& recv) {
+  return record_bytes(with_run_views(
+      b, send, recv,
+      [&](const array_view* s, const array_view* r) { return b.plan->describe_start(s, r); },
+      [](const std::string& why) { return error_record(arg_error::type, why); }));
+}
+
+#ifdef ZCOLL_HAVE_MPI
+constexpr int transfer_tag = 0x7A0E;  // blocks of a transfer between nodes (plans: their own)
+
+// A transfer's blocks between this rank and the ranks on other nodes: each remote rank's part
+// of axis b received into dst, its part of axis a sent from src (empty blocks left out on both
+// sides alike).
+slab_messages remote_slabs(const node_context& ctx, const node_map& nodes,
+                           const transfer_geometry& g, int tag) {
+  const int me = ctx.config().comm_ranks[static_cast<std::size_t>(ctx.config().rank)];
+  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
+  const extents before = g.shape_a(me), after = g.shape_b(me);
+  auto slab = [&](const extents& shape, int axis, int r) {
+    const axis_share share = block_share(g.shape[static_cast<std::size_t>(axis)], g.comm_size, r);
+    peer_slab out{
+        r,         tag,         std::vector<std::uint64_t>(shape.begin(), shape.begin() + g.ndim),
+        axis,      share.start, share.count,
+        g.itemsize};
+    return out;
+  };
+  auto empty = [&](const extents& shape) {
+    return std::any_of(shape.begin(), shape.begin() + g.ndim, [](auto n) { return n == 0; });
+  };
+  std::vector<peer_slab> recvs, sends;
+  for (int r = 0; r < g.comm_size; ++r) {
+    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
+    if (peer_slab in = slab(after, g.axis_b, r); in.count && !empty(after)) recvs.push_back(in);
+    if (peer_slab out = slab(before, g.axis_a, r); out.count && !empty(before))
+      sends.push_back(out);
+  }
+  return slab_messages(recvs, sends);
+}
+
+// Exchanges a transfer's blocks between nodes on `route`'s communicator; a peer_error marks the
+// rounds failed. Call without the GIL.
+void exchange_slabs(node_context& ctx, node_messages& round, slab_messages& slabs, void* recv,
+                    const void* send, const nodes_route& route, const std::string& what) {
+  message_round_options options;
+  options.timeout_s = wait_timeout(ctx);
+  options.what = what;
+  marking_failure(round, [&] {
+    slabs.post(comm_from_handle(route.comm), recv, send);
+    slabs.wait(route.rank, options);
+  });
+}
+
+// A round between nodes that only agrees on the ranks' records of `record`'s call: every rank
+// raises the error any rank's record calls for, or goes on.
+void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
+                        const std::string& what) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  py::gil_scoped_release release;
+  marking_failure(round, [&] {
+    round.begin(record, nullptr);
+    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
+                        wait_timeout(ctx), what);
+  });
+}
+
+// A transfer on several nodes, whole: the round that agrees on every rank's call, the node's
+// blocks, then the blocks between nodes by MPI subarray messages.
+void transfer_across_nodes(node_context& ctx, const py::object& send, const py::object& recv,
+                           const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
+                           int order, int copy, const nodes_route& route) {
+  const std::string what = "zcoll.transfer (messages between nodes)";
+  agree_across_nodes(
+      ctx, record_of(transfer_record(ctx, send, recv, shape, axis_a, axis_b, order, copy, false)),
+      route, what);
+  transfer(ctx, send, recv, shape, axis_a, axis_b, order, copy);
+  with_transfer_views(
+      ctx, send, recv, shape, axis_a, axis_b,
+      [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
+        node_messages& round = ctx.between_nodes(node_map{});
+        slab_messages slabs = remote_slabs(ctx, round.nodes(), g, transfer_tag);
+        py::gil_scoped_release release;
+        exchange_slabs(ctx, round, slabs, const_cast<void*>(recv_view.data), send_view.data, route,
+                       "zcoll.transfer (blocks between nodes)");
+      },
+      [](const std::string&) {});  // the round raised already
+}
+
+// A TransferPlan's part between nodes: every run agrees across nodes on the run's record, then
+// posts the plan's subarray messages on the run's arrays before the node part, and waits for
+// them after it.
+class transfer_remote final : public plan_remote {
+ public:
+  transfer_remote(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
+                  const nodes_route& route, int tag, std::string what)
+      : ctx_(std::move(ctx)),
+        slabs_(remote_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
+        route_(route),
+        what_(std::move(what)) {}
+
+  void agree(const call_record& record) { agree_across_nodes(*ctx_, record, route_, what_); }
+  void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
+  void start() override { slabs_.post(comm_from_handle(route_.comm), recv_, send_); }
+  void wait() override { exchange_wait(); }
+  bool test() override { return slabs_.test(); }
+  bool failed() const override {
+    const node_messages* rounds = ctx_->rounds();
+    return ctx_->broken() || (rounds && !rounds->failure().empty());
+  }
+
+ private:
+  void exchange_wait() {
+    message_round_options options;
+    options.timeout_s = wait_timeout(*ctx_);
+    options.what = what_ + " (blocks between nodes)";
+    node_messages* rounds = ctx_->rounds();
+    if (!rounds) return slabs_.wait(route_.rank, options);
+    marking_failure(*rounds, [&] { slabs_.wait(route_.rank, options); });
+  }
+
+  std::shared_ptr<node_context> ctx_;
+  slab_messages slabs_;
+  nodes_route route_;
+  std::string what_;
+  void* recv_ = nullptr;
+  const void* send_ = nullptr;
+};
+
+// TransferPlan.start on several nodes: the plan's or the engine's error first (freed, active,
+// closed: before any message), then the round that agrees on every rank's run, the messages
+// between nodes posted on this run's arrays, then the node part.
+void start_across_nodes(bound_transfer& b, transfer_remote& remote, const py::object& send,
+                        const py::object& recv) {
+  transfer_plan& plan = b.usable();
+  if (plan.active() || plan.context()->closed() || plan.context()->broken()) {
+    blocking(b, [](transfer_plan& p) { p.start(); });  // raises the engine's error
+    return;
+  }
+  remote.agree(record_of(run_record(b, send, recv)));
+  auto data = [](const py::object& given, const py::object& own) {
+    return const_cast<void*>(
+        py::reinterpret_borrow<py::array>(given.is_none() ? own : given).data());
+  };
+  remote.set_arrays(data(recv, b.recv), data(send, b.send));
+  with_run_views(
+      b, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        remote.start();
+        blocking(b, [&](transfer_plan& p) { p.start(s, r); });
+      },
+      fail_run(b));
+  b.run_send = send;
+  b.run_recv = recv;
+}
+#endif
+
 void start_transfer(bound_transfer& b, const py::object& send, const py::object& recv) {
+#ifdef ZCOLL_HAVE_MPI
+  if (auto* remote = dynamic_cast<transfer_remote*>(b.remote.get()))
+    return start_across_nodes(b, *remote, send, recv);
+#endif
   if (send.is_none() && recv.is_none()) {
     blocking(b, [](transfer_plan& p) { p.start(); });
     return;
@@ -156,6 +317,11 @@ void start_transfer(bound_transfer& b, const py::object& send, const py::object&
 
 // TransferPlan(): one run, on the plan's arrays or (`src` / `dst`) others for this run.
 py::object run_plan(bound_transfer& b, const py::object& send, const py::object& recv) {
+  if (b.remote) {
+    start_transfer(b, send, recv);
+    wait_run(b);
+    return recv.is_none() ? b.recv : recv;
+  }
   if (send.is_none() && recv.is_none()) {
     blocking(b, [](transfer_plan& p) { p.run(); });
     return b.recv;
@@ -172,14 +338,6 @@ py::object run_plan(bound_transfer& b, const py::object& send, const py::object&
   return recv.is_none() ? b.recv : recv;
 }
 
-// TransferPlan.record(): this rank's call record of a run on these arrays.
-py::bytes run_record(bound_transfer& b, const py::object& send, const py::object& recv) {
-  return record_bytes(with_run_views(
-      b, send, recv,
-      [&](const array_view* s, const array_view* r) { return b.plan->describe_start(s, r); },
-      [](const std::string& why) { return error_record(arg_error::type, why); }));
-}
-
 // The node's part of a transfer, and its call record.
 void def_node_transfers(context_class& cls) {
   cls.def("transfer", &transfer, py::arg("src"), py::arg("dst"), py::arg("shape"),
@@ -190,6 +348,22 @@ void def_node_transfers(context_class& cls) {
           py::arg("planned") = false,
           "Local: this rank's call record of a transfer (of a transfer plan's creation when "
           "planned), for agree() across nodes.");
+#ifdef ZCOLL_HAVE_MPI
+  cls.def(
+      "nodes_transfer",
+      [](node_context& ctx, const py::object& src, const py::object& dst,
+         const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order, int copy,
+         mpi_handle comm, int rank, int tag, int window) {
+        transfer_across_nodes(ctx, src, dst, shape, axis_a, axis_b, order, copy,
+                              nodes_route{comm.bits, rank, tag, window});
+      },
+      py::arg("src"), py::arg("dst"), py::arg("shape"), py::arg("axis_a"), py::arg("axis_b"),
+      py::arg("order"), py::arg("copy"), py::arg("comm"), py::arg("rank"), py::arg("tag"),
+      py::arg("window"),
+      "Collective (communicator): a transfer on several nodes, whole: the round that agrees on "
+      "every rank's call, the node's blocks, the blocks between nodes by MPI subarray "
+      "messages.");
+#endif
 }
 
 // TransferPlan's construction and runs.
@@ -202,6 +376,22 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
   plan.def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none());
   plan.def("record", &run_record, py::arg("src") = py::none(), py::arg("dst") = py::none(),
            "Local: this rank's call record of a run on these arrays, for agree() across nodes.");
+#ifdef ZCOLL_HAVE_MPI
+  plan.def(
+      "_attach_remote",
+      [](bound_transfer& b, mpi_handle comm, int rank, int round_tag, int window, int tag,
+         std::string what) {
+        const auto& ctx = b.usable().context();
+        b.remote = std::make_unique<transfer_remote>(
+            ctx, b.plan->geometry(), nodes_route{comm.bits, rank, round_tag, window}, tag,
+            std::move(what));
+      },
+      py::arg("comm"), py::arg("rank"), py::arg("round_tag"), py::arg("window"), py::arg("tag"),
+      py::arg("what"),
+      "Local, once after creation on several nodes: every run then agrees across nodes on its "
+      "record (rounds on the private dup `comm` with `round_tag`) and exchanges the plan's "
+      "blocks between nodes as MPI subarray messages with `tag`, in the same crossing.");
+#endif
   def_plan_runs(plan);
 }
 

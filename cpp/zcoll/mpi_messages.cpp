@@ -332,4 +332,86 @@ void persistent_messages::wait(int rank, const message_round_options& options) {
     });
 }
 
+namespace {
+
+// MPI's int of a subarray's extent.
+int subarray_int(std::uint64_t n) {
+  if (n > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+    throw usage_error("zcoll: an array extent of " + std::to_string(n) +
+                      " exceeds MPI's count limit between nodes");
+  return static_cast<int>(n);
+}
+
+MPI_Datatype subarray_type(const peer_slab& slab) {
+  const std::size_t ndim = slab.shape.size();
+  std::vector<int> sizes(ndim), subsizes(ndim), starts(ndim, 0);
+  for (std::size_t k = 0; k < ndim; ++k) sizes[k] = subsizes[k] = subarray_int(slab.shape[k]);
+  const auto axis = static_cast<std::size_t>(slab.axis);
+  subsizes[axis] = subarray_int(slab.count);
+  starts[axis] = subarray_int(slab.start);
+  MPI_Datatype element, type;
+  MPI_Type_contiguous(subarray_int(slab.itemsize), MPI_BYTE, &element);
+  MPI_Type_create_subarray(static_cast<int>(ndim), sizes.data(), subsizes.data(), starts.data(),
+                           MPI_ORDER_C, element, &type);
+  MPI_Type_commit(&type);
+  MPI_Type_free(&element);
+  return type;
+}
+
+}  // namespace
+
+slab_messages::slab_messages(std::span<const peer_slab> recvs, std::span<const peer_slab> sends) {
+  try {
+    for (const peer_slab& s : recvs) blocks_.push_back({s.peer, s.tag, true, subarray_type(s)});
+    for (const peer_slab& s : sends) blocks_.push_back({s.peer, s.tag, false, subarray_type(s)});
+  } catch (...) {  // an extent past MPI's limit: the types made so far go
+    free_types();
+    throw;
+  }
+}
+
+slab_messages::~slab_messages() {
+  free_types();
+}
+
+void slab_messages::free_types() noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Request& r : requests_)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // MPI finishes what is in flight
+  for (typed_block& b : blocks_) MPI_Type_free(&b.type);
+  blocks_.clear();
+  requests_.clear();
+}
+
+void slab_messages::post(MPI_Comm comm, void* recv, const void* send) {
+  requests_.assign(blocks_.size(), MPI_REQUEST_NULL);
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    const typed_block& b = blocks_[i];
+    if (b.receive)
+      MPI_Irecv(recv, 1, b.type, b.peer, b.tag, comm, &requests_[i]);
+    else
+      MPI_Isend(send, 1, b.type, b.peer, b.tag, comm, &requests_[i]);
+  }
+}
+
+bool slab_messages::test() {
+  int finished = 0;
+  MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &finished, MPI_STATUSES_IGNORE);
+  return finished != 0;
+}
+
+void slab_messages::wait(int rank, const message_round_options& options) {
+  bounded_wait wait(options, rank);
+  while (!test())
+    wait.pause([&] {
+      std::vector<int> late;
+      for (std::size_t i = 0; i < requests_.size(); ++i)
+        if (requests_[i] != MPI_REQUEST_NULL && !done(requests_[i]))
+          late.push_back(blocks_[i].peer);
+      return late;
+    });
+}
+
 }  // namespace zcoll

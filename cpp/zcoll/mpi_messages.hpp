@@ -94,4 +94,45 @@ class persistent_messages {
   std::vector<int> peers_;
 };
 
+// A part of a C-ordered array sent to or received from `peer` with `tag`: the elements whose
+// index along `axis` lies in [start, start + count), of an array of `shape` whose elements
+// have `itemsize` bytes (a global transpose's block between nodes).
+struct peer_slab {
+  int peer = 0;
+  int tag = 0;
+  std::vector<std::uint64_t> shape;
+  int axis = 0;
+  std::uint64_t start = 0;
+  std::uint64_t count = 0;
+  std::size_t itemsize = 0;
+};
+
+// The blocks between nodes of a global transpose: one MPI subarray datatype per block, made
+// once; every run posts them on the arrays it is given (receives into `recv`, sends from
+// `send`) and waits with the bounds and errors of exchange_messages. MPI packs a subarray as it
+// goes, so nothing is staged here. Freed with the object (not after MPI_Finalize).
+class slab_messages {
+ public:
+  slab_messages(std::span<const peer_slab> recvs, std::span<const peer_slab> sends);
+  ~slab_messages();
+  slab_messages(const slab_messages&) = delete;
+  slab_messages& operator=(const slab_messages&) = delete;
+
+  void post(MPI_Comm comm, void* recv, const void* send);
+  bool test();
+  void wait(int rank, const message_round_options& options);
+
+ private:
+  struct typed_block {
+    int peer;
+    int tag;
+    bool receive;
+    MPI_Datatype type;
+  };
+  void free_types() noexcept;
+
+  std::vector<typed_block> blocks_;
+  std::vector<MPI_Request> requests_;  // the current run's, in blocks_' order
+};
+
 }  // namespace zcoll

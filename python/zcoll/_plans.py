@@ -184,13 +184,6 @@ class Plan(PlanMixin, _core.Plan):
         return None
 
 
-def finish_requests(ctx: Context, requests: list, what: str, peers: list[int]) -> None:
-    """Complete a plan run's requests between nodes, within the context's wait bound (a dead
-    peer on `peers` becomes PeerError)."""
-    if requests and not MPI.Request.Testall(requests):
-        ctx.transport.wait(requests, f"{what} (blocks between nodes)", peers=peers)
-
-
 Blocks = list[tuple[int, int, np.ndarray]]  # (peer, tag, C-contiguous array)
 Saved = list[tuple[np.ndarray, np.ndarray]]  # (copy sent, live block) refreshed before a start
 

@@ -96,6 +96,16 @@ class Transport:
             self.window,
         )  # fmt: skip
 
+    def transfer(self, src, dst, shape: list[int], axis_a: int, axis_b: int, order, copy):
+        """A global transpose (``zcoll.fft``'s transfer) whole in one call of the extension: the
+        round that agrees on every rank's call, the node's blocks, then the blocks between
+        nodes as MPI subarray messages."""
+        handle = self.check()
+        self._in_cpp(
+            self.core.nodes_transfer, src, dst, shape, axis_a, axis_b, order, copy, handle,
+            self.rank, NODE_TAG, self.window,
+        )  # fmt: skip
+
     def reduction(self, args: tuple) -> None:
         """A reduction or bcast whole in one call of the extension, as the one crossing runs
         it (`args` = (code, sendbuf, recvbuf, op code, algorithm code, root)): small calls in

@@ -47,6 +47,8 @@ def tiles(comm, shape, local_slice) -> bool:
 def count_plan_runs(monkeypatch) -> list[int]:
     runs = [0]
     for cls in (pencil_module.TransferPlan, pencil_module._MultiNodeTransferPlan):
+        if "run" not in vars(cls):  # inherited: counted through the class that defines it
+            continue
         original = cls.run
 
         def counted(self, *args, _original=original, **kwargs):

@@ -21,16 +21,15 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
-from .._aggregated import remote_ranks
 from .._arena import empty
 from .._collectives import _option_error, option_codes
 from .._context import Context, lookup
-from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin, finish_requests
+from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
 from .._registry import AUTO, TRANSFER
+from .._transport import NODE_TAG
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
 
-_TRANSFER_TAG = 0x7A0D
 _TRANSFER_INIT = "transfer_init"
 
 
@@ -621,50 +620,9 @@ def transfer(
     codes = option_codes(ctx, TRANSFER, order, copy)
     shape = [int(n) for n in shape]
     if ctx.multi_node:
-        ctx.agree(TRANSFER, ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, *codes))
-    ctx.core.transfer(src, dst, shape, axis_a, axis_b, *codes)
-    if ctx.multi_node:
-        _transfer_remote(ctx, src, dst, shape, axis_a, axis_b)
-
-
-def _transfer_remote(ctx, src, dst, shape, a: int, b: int) -> None:
-    """Blocks between nodes: MPI point-to-point with subarray datatypes on a private dup."""
-    mine = ctx.node_of[ctx.rank]
-    remote = [r for r in range(ctx.size) if ctx.node_of[r] != mine]
-    base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
-    types, requests, peers = [], [], []
-    try:
-        for r in remote:
-            for array, starts_axis, into in ((dst, b, True), (src, a, False)):
-                # Receive r's part of axis b into dst; send r's part of axis a from src.
-                count, start = block_share(shape[starts_axis], ctx.size, r)
-                if count == 0 or array.size == 0:
-                    continue
-                sub = list(array.shape)
-                sub[starts_axis] = count
-                starts = [0] * array.ndim
-                starts[starts_axis] = start
-                t = base.Create_subarray(list(array.shape), sub, starts).Commit()
-                types.append(t)
-                comm = ctx.transport.p2p_comm()
-                op = comm.Irecv if into else comm.Isend
-                requests.append(op([array, 1, t], r, _TRANSFER_TAG))
-                peers.append(r)
-        if requests:
-            ctx.transport.wait(requests, "zcoll.transfer (blocks between nodes)", peers=peers)
-    finally:
-        for t in types:
-            t.Free()
-        base.Free()
-
-
-def _subarray(base: MPI.Datatype, shape, axis: int, count: int, start: int) -> MPI.Datatype:
-    """The part of an array of `shape` with `axis` in [start, start + count)."""
-    sub = list(shape)
-    sub[axis] = count
-    starts = [0] * len(shape)
-    starts[axis] = start
-    return base.Create_subarray(list(shape), sub, starts).Commit()
+        ctx.transport.transfer(src, dst, shape, axis_a, axis_b, *codes)
+    else:
+        ctx.core.transfer(src, dst, shape, axis_a, axis_b, *codes)
 
 
 class TransferPlan(PlanMixin, _core.TransferPlan):
@@ -722,116 +680,18 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
 
 class _MultiNodeTransferPlan(TransferPlan):
     """A transfer plan on a communicator spanning several nodes: the node part in the engine;
-    blocks between nodes by MPI point-to-point on the context's private dup -- persistent
-    requests on the plan's arrays, fresh ones on arrays a run is given -- with subarray
-    datatypes made once. Every run first agrees across nodes."""
+    every run agrees across nodes on its record and exchanges the blocks between nodes as MPI
+    subarray messages (datatypes made once), from C++ in the run's crossing."""
 
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         record = ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, order, copy, True)
         ctx.agree(_TRANSFER_INIT, record)
         super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
-        self._base: MPI.Datatype | None = None
-        self._types: list[MPI.Datatype] = []
-        self._recv_types: list[tuple[int, MPI.Datatype]] = []  # (peer, its block of dst)
-        self._send_types: list[tuple[int, MPI.Datatype]] = []  # (peer, its block of src)
-        self._recvs: list[MPI.Prequest] = []  # persistent, on the plan's arrays
-        self._sends: list[MPI.Prequest] = []
-        self._running: list[MPI.Request] = []  # the current run's requests
-        self._peers: list[int] = []
-        self._tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        self._remote_types(ctx, src, dst, shape, axis_a, axis_b)
-
-    def _persistent(self, array, n: int, axis: int, r: int, size: int, types, requests, init):
-        """The subarray type and persistent request (`init`: Send_init or Recv_init) of rank
-        r's block of `array` along `axis` (n long in all), unless that block is empty."""
-        count, start = block_share(n, size, r)
-        if count and array.size:
-            assert self._base is not None  # made by _remote_types before the first block
-            t = _subarray(self._base, array.shape, axis, count, start)
-            self._types.append(t)
-            types.append((r, t))
-            requests.append(init([array, 1, t], r, self._tag))
-
-    def _remote_types(self, ctx: Context, src, dst, shape, a: int, b: int) -> None:
-        remote = remote_ranks(ctx)
-        if not remote:
-            return
-        self._base = MPI.BYTE.Create_contiguous(dst.itemsize).Commit()
-        comm = ctx.transport.p2p_comm()
-        for r in remote:
-            # Receive r's part of axis b into dst, send r's part of axis a from src: the blocks
-            # of _transfer_remote, empty ones left out alike on both sides.
-            self._persistent(dst, shape[b], b, r, ctx.size, self._recv_types, self._recvs,
-                             comm.Recv_init)  # fmt: skip
-            self._persistent(src, shape[a], a, r, ctx.size, self._send_types, self._sends,
-                             comm.Send_init)  # fmt: skip
-        self._peers = [r for r, _ in self._recv_types] + [r for r, _ in self._send_types]
-
-    def start(self, src=None, dst=None) -> None:
-        ctx = self._ctx
-        if self.freed or self.active or ctx.core.closed:
-            super().start(src, dst)  # raises the engine's error before any message goes out
-        ctx.transport.check()
-        ctx.agree(TRANSFER, self.record(src, dst))  # all ranks of all nodes go on, or none
-        comm = ctx.transport.p2p_comm()
-        self._running = [
-            *self._started(self._recvs, dst, self.dst, comm.Irecv, self._recv_types),
-            *self._started(self._sends, src, self.src, comm.Isend, self._send_types),
-        ]
-        super().start(src, dst)
-
-    def _started(self, persistent, given, own, post, types) -> list[MPI.Request]:
-        """One side's requests of a run: the persistent ones on the plan's own array, fresh
-        ones (`post`) on an array the run was given."""
-        if not persistent:
-            return []
-        if given is None or given is own:
-            MPI.Prequest.Startall(persistent)
-            return persistent
-        return [post([given, 1, t], r, self._tag) for r, t in types]
-
-    def wait(self) -> None:
-        super().wait()
-        self._finish_remote()
-
-    def _finish_remote(self) -> None:
-        finish_requests(self._ctx, self._running, "zcoll.transfer plan", self._peers)
-        self._running = []
-
-    def test(self) -> bool:
-        if not super().test():
-            return False
-        if self._running and not MPI.Request.Testall(self._running):
-            return False
-        self._running = []
-        return True
-
-    def run(self, src=None, dst=None) -> None:
-        self.start(src, dst)
-        self.wait()
-
-    def __call__(self, src=None, dst=None):
-        self.run(src, dst)
-        return self.dst if dst is None else dst
-
-    def free(self) -> None:
-        if self.freed:
-            return
-        try:
-            if self.active or self._running:
-                self.wait()
-        finally:
-            super().free()
-            for req in self._recvs + self._sends:
-                if req != MPI.REQUEST_NULL:
-                    req.Free()
-            self._recvs, self._sends, self._running = [], [], []
-            if not MPI.Is_finalized():
-                for t in self._types:
-                    t.Free()
-                if self._base is not None:
-                    self._base.Free()
-            self._types, self._base = [], None
+        handle = ctx.transport.check()
+        tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
+        self._attach_remote(
+            handle, ctx.rank, NODE_TAG, ctx.transport.window, tag, "zcoll.transfer plan"
+        )
 
 
 def transfer_init(
