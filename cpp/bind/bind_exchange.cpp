@@ -49,20 +49,6 @@ wait_options make_wait(double timeout, std::uint32_t spin, std::uint32_t yields,
   return w;
 }
 
-#ifdef ZCOLL_HAVE_MPI
-// Options of an exchange between nodes (mpi_messages.hpp) from the binding's arguments.
-message_round_options round_options(double timeout, const std::string& what, int tag = 0,
-                                    int window = 1) {
-  message_round_options options;
-  options.tag = tag;
-  options.window = window;
-  options.timeout_s = positive_timeout(timeout);
-  options.what = what;
-  return options;
-}
-
-#endif
-
 op_code op_named(const std::string& name) {
   const auto op = parse_name<op_code>(name);
   if (!op) throw std::invalid_argument("no operation is named '" + name + "'");
@@ -234,114 +220,23 @@ void register_context(mpi_handle handle, std::shared_ptr<node_context> ctx,
 }
 
 #ifdef ZCOLL_HAVE_MPI
-constexpr int remote_tag = 0x7A0C;  // alltoall blocks rank to rank (zcoll._aggregated._P2P_TAG)
-
-// The blocks of an alltoall or allgather between this rank and the ranks on other nodes, rank
-// to rank (an allgather sends its one block to each).
-void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
-                     const array_view& recv, const nodes_route& route) {
-  const auto& cfg = ctx.config();
-  const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
-  if (block == 0) return;
-  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
-  const bool gather = op == op_code::allgather;
-  auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
-  auto* from = static_cast<std::byte*>(const_cast<void*>(send ? send->data : recv.data));
-  if (gather && !send) from += static_cast<std::size_t>(me) * block;
-  std::vector<peer_buffer> in, out;
-  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
-  for (int r = 0; r < cfg.comm_size; ++r) {
-    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
-    const std::size_t at = static_cast<std::size_t>(r) * block;
-    in.push_back({r, remote_tag, into + at, block});
-    out.push_back({r, remote_tag, gather ? from : from + at, block});
-  }
-  exchange_rank_to_rank(route, in, std::move(out), !send && !gather, wait_timeout(ctx),
-                        "zcoll." + std::string(name_of(op)));
-}
-
-// An allgather's blocks of the other nodes by the leaders' concurrent exchange with index
-// `concurrency` (leaders_exchange.hpp), after the node's part: the leaders' rounds into their
-// receive buffers, then a node bcast of each leader's buffer. Call without the GIL.
-void leaders_exchange(node_context& ctx, const node_map& nodes, const array_view& recv,
-                      int concurrency, const nodes_route& route) {
-  const auto& cfg = ctx.config();
-  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
-  if (block == 0) return;
-  auto* base = static_cast<std::byte*>(const_cast<void*>(recv.data));
-  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
-  const int node = nodes.node_of[static_cast<std::size_t>(me)];
-  auto leader = [&](int n) { return nodes.members[static_cast<std::size_t>(n)].front(); };
-  if (me == leader(node)) {
-    const std::string what =
-        "zcoll.allgather (concurrent exchange between nodes, C=" + std::to_string(concurrency) +
-        ")";
-    auto buffers = [&](const std::vector<leader_transfer>& list) {
-      std::vector<peer_buffer> out;
-      for (const leader_transfer& t : list)
-        out.push_back({leader(t.node), t.tag, base + t.start, t.stop - t.start});
-      return out;
-    };
-    for (const leader_round& r : leader_rounds(nodes, node, concurrency, block))
-      exchange_rank_to_rank(route, buffers(r.receives), buffers(r.sends), false, wait_timeout(ctx),
-                            what);
-  }
-  if (cfg.size > 1)
-    ctx.run_reduction({op_code::bcast, nullptr, &recv, 0, auto_algorithm, leader(node)});
-}
-
-// The blocks of an alltoall or allgather between this rank's node and the others, after the
-// node's part: rank to rank, or an allgather's by the leaders' concurrent exchange where the
-// crossing policy routes its block size so. Call without the GIL.
-void blocks_between_nodes(node_context& ctx, op_code op, const node_messages& round,
-                          const array_view* send, const array_view& recv,
-                          const nodes_route& route) {
-  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
-  if (op == op_code::allgather) {
-    const allgather_route how = round.policy().allgather_route_for(block);
-    if (how.method == crossing_method::concurrent)
-      return leaders_exchange(ctx, round.nodes(), recv, how.concurrency, route);
-  }
-  exchange_remote(ctx, op, round.nodes(), send, recv, route);
-}
-
-// An alltoall or allgather on several nodes, whole, with the messages from C++ (the Python
-// path's alltoall_between_nodes in one crossing): the round carries every rank's record, and
-// the blocks when they are at most the pack limit; otherwise the node's part, then the blocks
-// between nodes rank to rank. A peer_error marks the rounds failed.
+// An alltoall or allgather on several nodes, whole (across_nodes.hpp): the arguments converted
+// here, the call's record (or the conversion's error, which the round raises on every rank).
 void collective_across_nodes(node_context& ctx, op_code op, const py::object& send,
                              const py::object& recv, int order, int copy,
                              const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  const double timeout = wait_timeout(ctx);
-  const std::string what = "zcoll." + std::string(name_of(op)) + " (messages between nodes)";
   with_views(
       send, recv,
       [&](const array_view* send_view, const array_view& recv_view) {
         const call_record record = ctx.describe(op, send_view, recv_view, order, copy);
-        marking_failure(round, [&] {
-          {
-            gil_released_on_block gil(ctx, recv_view.nbytes);
-            const collective_data data{send_view, &recv_view, order, copy};
-            round.begin(record, &data);  // aggregated when the size rule allows
-          }
-          py::gil_scoped_release release;
-          finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
-                              what);
-          if (round.packed()) return;
-          if (!round.node_blocks_delivered())
-            ctx.run(op, send_view, recv_view, order, copy);  // the node's blocks
-          blocks_between_nodes(ctx, op, round, send_view, recv_view, route);
-        });
+        py::gil_scoped_release release;
+        zcoll::collective_across_nodes(ctx, op, send_view, recv_view, order, copy, record, route);
       },
       [&](const std::string& why) {
         const call_record record = error_record(arg_error::type, call_prefix(op) + why);
-        marking_failure(round, [&] {
-          py::gil_scoped_release release;
-          round.begin(record, nullptr);
-          finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window, timeout,
-                              what);
-        });
+        py::gil_scoped_release release;
+        agree_across_nodes(ctx, record, route,
+                           "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
       });
 }
 #endif
@@ -451,18 +346,6 @@ bool remote_runs::failed() const {
   return ctx_->broken() || (rounds && !rounds->failure().empty());
 }
 
-void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
-                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
-                           const std::string& what) {
-  std::vector<std::vector<std::byte>> copies;
-  if (copy_sends)
-    for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
-  message_round_options options;
-  options.timeout_s = timeout;
-  options.what = what + " (blocks between nodes)";
-  exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank, options);
-}
-
 void remote_runs::wait() {
   message_round_options options;
   options.timeout_s = wait_timeout(*ctx_);
@@ -472,13 +355,6 @@ void remote_runs::wait() {
   marking_failure(*rounds, [&] { messages_.wait(rank_, options); });
 }
 
-void finish_round_by_mpi(node_context& ctx, node_messages& round, std::uintptr_t comm, int rank,
-                         int tag, int window, double timeout, const std::string& what) {
-  const message_round_options options = round_options(timeout, what, tag, window);
-  exchange_messages(comm_from_handle(comm), round.outgoing(), round.incoming(), rank, options);
-  ctx.barrier();  // every message of the node received
-  round.finish();
-}
 #endif
 
 std::shared_ptr<node_context> registered_context(PyObject* comm) {
@@ -555,22 +431,6 @@ void register_mpi_sender(py::module_& m) {
       "Local: the MPI the C++ sender was built against -- libraries (its link line's), chosen_by "
       "(MPI_C_COMPILER, MPICC or mpi4py) and version (that library's MPI_Get_library_version) "
       "-- or an empty dict when zcoll was built without one.");
-#ifdef ZCOLL_HAVE_MPI
-  m.def(
-      "exchange_buffers",
-      [](mpi_handle comm, int rank, const py::list& recvs, const py::list& sends, double timeout,
-         const std::string& what) {
-        const std::vector<peer_buffer> in = peer_buffers(recvs, true);
-        const std::vector<peer_buffer> out = peer_buffers(sends, false);
-        const message_round_options options = round_options(timeout, what);
-        py::gil_scoped_release release;
-        exchange_buffers(comm_from_handle(comm.bits), in, out, rank, options);
-      },
-      py::arg("comm"), py::arg("rank"), py::arg("recvs"), py::arg("sends"), py::arg("timeout"),
-      py::arg("what"),
-      "Local: receives into and sends from [(peer, tag, C-contiguous ndarray)] by MPI from C++ "
-      "(mpi_messages.hpp), the GIL released; PeerError after `timeout` seconds.");
-#endif
 }
 
 // The context's construction, its arena and the node's alltoall and allgather.
@@ -724,20 +584,18 @@ void def_round_rules(context_class& cls) {
 
 // Calls across nodes, each whole in one call with the messages from C++: a round that only
 // agrees on the ranks' records, and an alltoall or allgather (as the one crossing runs them).
-void def_calls_across_nodes(context_class& cls) {
+void def_calls_across_nodes([[maybe_unused]] context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_round",
       [](node_context& ctx, const py::bytes& record, mpi_handle comm, int rank, int tag, int window,
-         double timeout, const std::string& what) {
+         const std::string& what) {
         const call_record r = record_of(record);
-        node_messages& round = ctx.between_nodes(node_map{});
         py::gil_scoped_release release;
-        round.begin(r, nullptr);
-        finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window, timeout, what);
+        agree_across_nodes(ctx, r, nodes_route{comm.bits, rank, tag, window}, what);
       },
       py::arg("record"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
-      py::arg("timeout"), py::arg("what"),
+      py::arg("what"),
       "Collective (communicator): a round between nodes that carries every rank's call record "
       "to every rank and raises on every rank the error the records call for (aggregate.hpp), "
       "the GIL released.");
@@ -762,13 +620,9 @@ void def_calls_across_nodes(context_class& cls) {
         with_views(
             send, recv,
             [&](const array_view* send_view, const array_view& recv_view) {
-              node_messages& round = ctx.between_nodes(node_map{});
               py::gil_scoped_release release;
-              marking_failure(round, [&] {
-                fast_path::blocks_between_nodes(ctx, static_cast<op_code>(op), round, send_view,
-                                                recv_view,
-                                                nodes_route{comm.bits, rank, tag, window});
-              });
+              blocks_between_nodes(ctx, static_cast<op_code>(op), send_view, recv_view,
+                                   nodes_route{comm.bits, rank, tag, window});
             },
             [](const std::string& why) { throw py::type_error(why); });
       },

@@ -86,84 +86,24 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
       });
 }
 
-// Phase 1 of a reduction's round on `ctx` (every node rank alike; the record says what is
-// wrong when an argument cannot be converted).
-node_messages& begin_reduction_round(node_context& ctx, const call_record& record, op_code op,
-                                     const py::object& send, const py::object& recv, int reduce,
-                                     int algorithm, int root) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  with_reduction_views(
-      op, send, recv,
-      [&](const array_view* s, const array_view* r) {
-        py::gil_scoped_release release;
-        const reduction_call call{op, s, r, reduce, algorithm, root};
-        round.begin_reduction(record, &call);
-      },
-      [&](const std::string&) {
-        py::gil_scoped_release release;
-        round.begin_reduction(record, nullptr);
-      });
-  return round;
-}
-
-// Phase 1 of a reduction spread over the ranks (spread_reduction.hpp), after its round of
-// records agreed on it: with_reduction_views, then `then(spread)` without the GIL. The
-// conversions succeeded when the call was described, so they do here.
-template <class Then>
-void begin_spread(node_context& ctx, op_code op, const py::object& send, const py::object& recv,
-                  int reduce, int algorithm, int root, Then&& then) {
-  spread_reduction& spread = ctx.between_nodes(node_map{}).spread();
-  with_reduction_views(
-      op, send, recv,
-      [&](const array_view* s, const array_view* r) {
-        const reduction_call call{op, s, r, reduce, algorithm, root};
-        py::gil_scoped_release release;
-        spread.begin(call, true);  // as a flow where the spread allows
-        then(spread);
-      },
-      [&](const std::string& why) { throw std::logic_error("zcoll: " + why); });
-}
-
 #ifdef ZCOLL_HAVE_MPI
-// The messages of a phase of a spread reduction, by MPI from C++ (call without the GIL).
-void exchange_spread(const spread_reduction& spread, const nodes_route& route, int tag,
-                     double timeout, const std::string& what) {
-  exchange_rank_to_rank(route, with_tag(spread.recvs(), tag), with_tag(spread.sends(), tag), false,
-                        timeout, what);
-}
-
-// A reduction or bcast across nodes in one crossing, messages from C++: whole in its round
-// within the size rule, else a round of records and the call spread over the ranks.
+// A reduction or bcast on several nodes, whole (across_nodes.hpp): the arguments converted
+// here, the call's record (or the conversion's error, which the round raises on every rank).
 void reduction_across_nodes(node_context& ctx, op_code op, const py::object& send,
                             const py::object& recv, int reduce, int algorithm, int root,
                             const nodes_route& route) {
   const call_record record = describe(ctx, op, send, recv, reduce, algorithm, root);
-  node_messages& round = ctx.between_nodes(node_map{});
-  std::string what = public_call_prefix(op);  // "zcoll.allreduce: "
-  what.replace(what.size() - 2, 2, " (messages between nodes)");
-  marking_failure(round, [&] {
-    begin_reduction_round(ctx, record, op, send, recv, reduce, algorithm, root);
-    py::gil_scoped_release release;
-    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
-                        wait_timeout(ctx), what);
-  });
-  if (round.packed() || record.call.block_bytes == 0) return;
-  const double timeout = wait_timeout(ctx);
-  marking_failure(round, [&] {
-    begin_spread(ctx, op, send, recv, reduce, algorithm, root, [&](spread_reduction& spread) {
-      if (spread.flowing()) {
-        message_round_options options;
-        options.timeout_s = timeout;
-        options.what = what + " (blocks between nodes)";
-        exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
-      } else {
-        exchange_spread(spread, route, spread_partial_tag, timeout, what);
-        spread.combine();
-        exchange_spread(spread, route, spread_result_tag, timeout, what);
-      }
-      spread.finish();
-    });
-  });
+  with_reduction_views(
+      op, send, recv,
+      [&](const array_view* s, const array_view* r) {
+        const reduction_call call{op, s, r, reduce, algorithm, root};
+        py::gil_scoped_release release;
+        zcoll::reduction_across_nodes(ctx, op, &call, record, route);
+      },
+      [&](const std::string&) {
+        py::gil_scoped_release release;
+        zcoll::reduction_across_nodes(ctx, op, nullptr, record, route);
+      });
 }
 #endif
 
@@ -253,16 +193,11 @@ PyObject* fast_barrier(PyObject*, PyObject* comm) {
       // all).
       ctx = registered_route(comm, route);
       if (!ctx || ctx->closed()) Py_RETURN_NONE;
-      node_messages& round = ctx->between_nodes(node_map{});
       call_record record;
       record.call.op = op_code::barrier;
       {
         py::gil_scoped_release release;
-        marking_failure(round, [&] {
-          round.begin(record, nullptr);
-          finish_round_by_mpi(*ctx, round, route.comm, route.rank, route.tag, route.window,
-                              wait_timeout(*ctx), "zcoll.barrier (messages between nodes)");
-        });
+        agree_across_nodes(*ctx, record, route, "zcoll.barrier (messages between nodes)");
       }
       Py_RETURN_TRUE;
 #else
@@ -318,7 +253,7 @@ void def_node_reductions(context_class& cls) {
 }
 
 // A reduction or bcast on several nodes, whole, as the one crossing runs it.
-void def_reductions_across_nodes(context_class& cls) {
+void def_reductions_across_nodes([[maybe_unused]] context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_reduction_call",

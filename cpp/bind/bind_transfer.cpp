@@ -149,81 +149,25 @@ py::bytes run_record(bound_transfer& b, const py::object& send, const py::object
 }
 
 #ifdef ZCOLL_HAVE_MPI
-constexpr int transfer_tag = 0x7A0E;  // blocks of a transfer between nodes (plans: their own)
-
-// A transfer's blocks between this rank and the ranks on other nodes: each remote rank's part
-// of axis b received into dst, its part of axis a sent from src (empty blocks left out on both
-// sides alike).
-slab_messages remote_slabs(const node_context& ctx, const node_map& nodes,
-                           const transfer_geometry& g, int tag) {
-  const int me = ctx.config().comm_ranks[static_cast<std::size_t>(ctx.config().rank)];
-  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
-  const extents before = g.shape_a(me), after = g.shape_b(me);
-  auto slab = [&](const extents& shape, int axis, int r) {
-    const axis_share share = block_share(g.shape[static_cast<std::size_t>(axis)], g.comm_size, r);
-    peer_slab out{
-        r,         tag,         std::vector<std::uint64_t>(shape.begin(), shape.begin() + g.ndim),
-        axis,      share.start, share.count,
-        g.itemsize};
-    return out;
-  };
-  auto empty = [&](const extents& shape) {
-    return std::any_of(shape.begin(), shape.begin() + g.ndim, [](auto n) { return n == 0; });
-  };
-  std::vector<peer_slab> recvs, sends;
-  for (int r = 0; r < g.comm_size; ++r) {
-    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
-    if (peer_slab in = slab(after, g.axis_b, r); in.count && !empty(after)) recvs.push_back(in);
-    if (peer_slab out = slab(before, g.axis_a, r); out.count && !empty(before))
-      sends.push_back(out);
-  }
-  return slab_messages(recvs, sends);
-}
-
-// Exchanges a transfer's blocks between nodes on `route`'s communicator; a peer_error marks the
-// rounds failed. Call without the GIL.
-void exchange_slabs(node_context& ctx, node_messages& round, slab_messages& slabs, void* recv,
-                    const void* send, const nodes_route& route, const std::string& what) {
-  message_round_options options;
-  options.timeout_s = wait_timeout(ctx);
-  options.what = what;
-  marking_failure(round, [&] {
-    slabs.post(comm_from_handle(route.comm), recv, send);
-    slabs.wait(route.rank, options);
-  });
-}
-
-// A round between nodes that only agrees on the ranks' records of `record`'s call: every rank
-// raises the error any rank's record calls for, or goes on.
-void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
-                        const std::string& what) {
-  node_messages& round = ctx.between_nodes(node_map{});
+// A round between nodes that only agrees on the ranks' records, the GIL released.
+void agree(node_context& ctx, const call_record& record, const nodes_route& route,
+           const std::string& what) {
   py::gil_scoped_release release;
-  marking_failure(round, [&] {
-    round.begin(record, nullptr);
-    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
-                        wait_timeout(ctx), what);
-  });
+  agree_across_nodes(ctx, record, route, what);
 }
 
-// A transfer on several nodes, whole: the round that agrees on every rank's call, the node's
-// blocks, then the blocks between nodes by MPI subarray messages.
+// A transfer on several nodes, whole (across_nodes.hpp): the round that agrees on every rank's
+// call (a conversion's error raises there, on every rank), then the rest with the GIL released.
 void transfer_across_nodes(node_context& ctx, const py::object& send, const py::object& recv,
                            const std::vector<std::uint64_t>& shape, int axis_a, int axis_b,
                            int order, int copy, const nodes_route& route) {
-  const std::string what = "zcoll.transfer (messages between nodes)";
-  agree_across_nodes(
-      ctx, record_of(transfer_record(ctx, send, recv, shape, axis_a, axis_b, order, copy, false)),
-      route, what);
-  transfer(ctx, send, recv, shape, axis_a, axis_b, order, copy);
+  agree(ctx, record_of(transfer_record(ctx, send, recv, shape, axis_a, axis_b, order, copy, false)),
+        route, "zcoll.transfer (messages between nodes)");
   with_transfer_views(
       ctx, send, recv, shape, axis_a, axis_b,
       [&](const transfer_geometry& g, const array_view& send_view, const array_view& recv_view) {
-        node_messages& round = ctx.between_nodes(node_map{});
-        slab_messages slabs = remote_slabs(ctx, round.nodes(), g, transfer_tag);
         py::gil_scoped_release release;
-        exchange_slabs(ctx, round, slabs, const_cast<void*>(recv_view.data), send_view.data, route,
-                       "zcoll.transfer (blocks between nodes)");
+        zcoll::transfer_across_nodes(ctx, g, send_view, recv_view, order, copy, route);
       },
       [](const std::string&) {});  // the round raised already
 }
@@ -236,11 +180,11 @@ class transfer_remote final : public plan_remote {
   transfer_remote(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
                   const nodes_route& route, int tag, std::string what)
       : ctx_(std::move(ctx)),
-        slabs_(remote_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
+        slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
         route_(route),
         what_(std::move(what)) {}
 
-  void agree(const call_record& record) { agree_across_nodes(*ctx_, record, route_, what_); }
+  void agree(const call_record& record) { bind::agree(*ctx_, record, route_, what_); }
   void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
   void start() override { slabs_.post(comm_from_handle(route_.comm), recv_, send_); }
   void wait() override { exchange_wait(); }

@@ -113,38 +113,13 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
 }
 
 #ifdef ZCOLL_HAVE_MPI
-constexpr int direct_tag = 0x7AFF;  // blocks rank to rank after an irregular round (one tag)
-
-// The blocks of an irregular call that its round did not carry, rank to rank (the k-th between
-// two ranks matches the k-th: one tag). GIL released by the caller.
-void exchange_direct(node_context& ctx, const node_messages& round, v_in_place in_place,
-                     const nodes_route& route, const std::string& what) {
-  exchange_rank_to_rank(route, with_tag(round.direct_recvs(), direct_tag),
-                        with_tag(round.direct_sends(), direct_tag), in_place == v_in_place::swap,
-                        wait_timeout(ctx), what);
-}
-
-// An irregular call on several nodes, whole, with the messages from C++: the round (every
-// rank's record and counts checked, the blocks up to the pack limit carried), the node's part,
-// then the larger blocks rank to rank. `call` nullptr: this rank's arguments could not be
-// converted (`record` says why; the round raises it on every rank). A peer_error marks the
-// rounds failed (every later call raises at once), as the Python path's break_context does.
+// An irregular call on several nodes, whole (across_nodes.hpp), the GIL released. `call`
+// nullptr: this rank's arguments could not be converted (`record` says why; the round raises
+// it on every rank).
 void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const call_record& record,
                       const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  const std::string what = "zcoll." + std::string(name_of(op));
-  marking_failure(round, [&] {
-    {
-      gil_released_on_block gil(ctx, call ? call->recv->nbytes : 0);
-      round.begin_irregular(record, call, true);
-    }
-    py::gil_scoped_release release;
-    finish_round_by_mpi(ctx, round, route.comm, route.rank, route.tag, route.window,
-                        wait_timeout(ctx), what + " (messages between nodes)");
-    if (!call) return;  // unreachable: the round raised this rank's error
-    ctx.irregular().run(*call);
-    if (round.direct_blocks()) exchange_direct(ctx, round, call->in_place, route, what);
-  });
+  py::gil_scoped_release release;
+  irregular_across_nodes(ctx, op, call, record, route);
 }
 #endif
 
@@ -485,20 +460,22 @@ void def_irregular_calls(context_class& cls) {
 }
 
 // An irregular call's round between nodes, whole with the messages from C++.
-void def_irregular_rounds(context_class& cls) {
+void def_irregular_rounds([[maybe_unused]] context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_v_round",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
          const counts_array& rd, int order, int copy, bool carry, mpi_handle comm, int rank,
-         int tag, int window, double timeout, const std::string& what) {
+         int tag, int window, const std::string& what) {
         std::size_t direct = 0;
         begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
                               carry, [&](node_messages& round) {
                                 py::gil_scoped_release release;
-                                finish_round_by_mpi(ctx, round, comm.bits, rank, tag, window,
-                                                    timeout, what);
+                                marking_failure(round, [&] {
+                                  finish_round(ctx, round,
+                                               nodes_route{comm.bits, rank, tag, window}, what);
+                                });
                                 direct = round.direct_blocks();
                               });
         return direct;
@@ -506,7 +483,7 @@ void def_irregular_rounds(context_class& cls) {
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
       py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"), py::arg("comm"),
-      py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("timeout"), py::arg("what"),
+      py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("what"),
       "Collective (node): a whole irregular round between nodes in one call (phase 1, the "
       "messages by MPI from C++, the node barrier, the verdict). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");

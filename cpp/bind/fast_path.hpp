@@ -10,18 +10,11 @@
 
 #include "mpi_handle.hpp"
 #include "zcoll/exchange.hpp"
+#include "zcoll/message_flow.hpp"
 
 namespace zcoll::bind {
 
-// Where a communicator spanning several nodes sends its messages between nodes from C++
-// (Context._p2p_handle and kin): its private dup's handle, this rank in it, the rounds' tag and
-// send window.
-struct nodes_route {
-  std::uintptr_t comm = 0;
-  int rank = 0;
-  int tag = 0;
-  int window = 1;
-};
+using zcoll::nodes_route;  // message_flow.hpp
 
 // The context registered for communicator object `comm` (register_fast) on one node, or
 // nullptr: then the Python path must run the call.

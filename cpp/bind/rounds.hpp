@@ -17,16 +17,11 @@
 #include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
 #ifdef ZCOLL_HAVE_MPI
+#include "zcoll/across_nodes.hpp"
 #include "zcoll/mpi_messages.hpp"
 #endif
 
 namespace zcoll::bind {
-
-// The bound on every wait of `ctx` (ZCOLL_TIMEOUT, zcoll.set_timeout), for its waits between
-// nodes too.
-inline double wait_timeout(node_context& ctx) {
-  return ctx.protocol().barrier().options().timeout_s;
-}
 
 // Whether a call of `op` across nodes carries its data whole in its round, by the engine's size
 // rule (node_messages::carries): an allgather's block (`recv`'s bytes / P), a reduction's or
@@ -44,40 +39,10 @@ inline bool round_carries(node_context& ctx, op_code op, const pybind11::object&
   return bytes > 0 && round.carries(op, bytes);
 }
 
-// Runs `steps` (a round between nodes and what follows it); a peer_error other than an
-// interrupt marks the rounds failed first, so every later call raises at once (as the Python
-// path's Context.break_context does).
-template <class Steps>
-void marking_failure(node_messages& round, Steps&& steps) {
-  try {
-    steps();
-  } catch (const wait_interrupted&) {
-    throw;
-  } catch (const peer_error& e) {
-    round.mark_failed(e.what());
-    throw;
-  }
-}
-
 #ifdef ZCOLL_HAVE_MPI
 // [(peer, tag, C-contiguous ndarray)] as the rank-to-rank paths' buffers (writable to receive);
 // the caller keeps the arrays alive.
 std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive);
-
-// `blocks` as the rank-to-rank paths' buffers, all with `tag`.
-inline std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
-  std::vector<peer_buffer> out;
-  out.reserve(blocks.size());
-  for (const peer_block& b : blocks) out.push_back({b.peer, tag, b.data, b.bytes});
-  return out;
-}
-
-// Blocks rank to rank between nodes after a round, on `route`'s communicator, all posted at
-// once and bounded by `timeout`; with `copy_sends` (in place: receives overwrite the blocks
-// sent) the sends go from copies. Call without the GIL.
-void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
-                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
-                           const std::string& what);
 
 // The blocks between nodes of a plan on several nodes, run after run from C++: persistent MPI
 // requests on the private dup, started before the node part and waited for after it, with a
@@ -119,14 +84,6 @@ void def_remote_runs(pybind11::class_<bound_plan<Plan>>& cls) {
       "received and sent on the private dup `comm` on every run, and (saved copy, live block) "
       "pairs refreshed before each start (in place).");
 }
-#endif
-
-#ifdef ZCOLL_HAVE_MPI
-// The rest of a begun round: this rank's messages by MPI from C++ (mpi_messages.hpp: at most
-// `window` sends in flight, PeerError after `timeout` seconds), the node barrier that ends the
-// exchange, then node_messages::finish. Call with the GIL released.
-void finish_round_by_mpi(node_context& ctx, node_messages& round, std::uintptr_t comm, int rank,
-                         int tag, int window, double timeout, const std::string& what);
 #endif
 
 }  // namespace zcoll::bind

@@ -78,6 +78,7 @@
 
 #include "zcoll/checks.hpp"
 #include "zcoll/crossing_policy.hpp"
+#include "zcoll/error.hpp"
 #include "zcoll/protocol.hpp"
 #include "zcoll/reduction.hpp"
 #include "zcoll/registry.hpp"
@@ -336,5 +337,19 @@ class node_messages {
   std::string failure_;
   std::unique_ptr<spread_reduction> spread_;
 };
+
+// Runs `steps` (a round between nodes and what follows it); a peer_error other than an
+// interrupt marks the rounds failed first, so every later call raises at once.
+template <class Steps>
+void marking_failure(node_messages& round, Steps&& steps) {
+  try {
+    steps();
+  } catch (const wait_interrupted&) {
+    throw;
+  } catch (const peer_error& e) {
+    round.mark_failed(e.what());
+    throw;
+  }
+}
 
 }  // namespace zcoll

@@ -312,4 +312,9 @@ void copy_segment(std::span<const block_coord> segment, op_code op, bool in_plac
                   std::size_t block, std::byte* const* send, std::byte* const* recv,
                   const int* comm_ranks, const copy_plan& how) noexcept;
 
+// The bound on every wait of `ctx` (ZCOLL_TIMEOUT, zcoll.set_timeout), between nodes too.
+inline double wait_timeout(node_context& ctx) {
+  return ctx.protocol().barrier().options().timeout_s;
+}
+
 }  // namespace zcoll

@@ -12,9 +12,19 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace zcoll {
+
+// Where a communicator's messages between nodes go: its private duplicate (mpi4py's C handle,
+// MPI._handleof), this rank in it, the rounds' tag, and the sends of a round in flight at most.
+struct nodes_route {
+  std::uintptr_t comm = 0;
+  int rank = 0;
+  int tag = 0;
+  int window = 1;
+};
 
 // A block sent to or received from communicator rank `peer` by MPI point-to-point after a round
 // between nodes: a spread call's messages, an irregular call's blocks rank to rank

@@ -220,14 +220,6 @@ def register_fast(
 ) -> None: ...
 def mpi_library_matches(version: str) -> bool: ...
 def mpi_build() -> dict[str, str]: ...
-def exchange_buffers(
-    comm: int,
-    rank: int,
-    recvs: list[tuple[int, int, Any]],
-    sends: list[tuple[int, int, Any]],
-    timeout: float,
-    what: str,
-) -> None: ...
 def fast_collective(
     op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
 ) -> Any: ...
@@ -274,14 +266,7 @@ class NodeContext:
     def setup_nodes(self, leader_of: list[int]) -> None: ...
     def set_sender_packs_bytes(self, nbytes: int) -> int: ...
     def nodes_round(
-        self,
-        record: bytes,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
-        timeout: float,
-        what: str,
+        self, record: bytes, comm: int, rank: int, tag: int, window: int, what: str
     ) -> None: ...
     def nodes_call(
         self,
@@ -338,7 +323,6 @@ class NodeContext:
         rank: int,
         tag: int,
         window: int,
-        timeout: float,
         what: str,
     ) -> int: ...
     def nodes_v_call(

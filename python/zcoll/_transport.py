@@ -74,7 +74,7 @@ class Transport:
         handle = self.check()
         self._in_cpp(
             self.core.nodes_round, record, handle, self.rank, NODE_TAG, self.window,
-            get_timeout(), f"zcoll.{opname} (messages between nodes)",
+            f"zcoll.{opname} (messages between nodes)",
         )  # fmt: skip
 
     def collective(self, op: int, sendbuf, recvbuf, order: int, copy: int) -> None:
@@ -126,7 +126,7 @@ class Transport:
         handle = self.check()
         return self._in_cpp(
             self.core.nodes_v_round, *args, carry, handle, self.rank, NODE_TAG, self.window,
-            get_timeout(), f"zcoll.{opname} (messages between nodes)",
+            f"zcoll.{opname} (messages between nodes)",
         )  # fmt: skip
 
     def v_call(self, args: VCallArgs) -> None:
@@ -134,17 +134,6 @@ class Transport:
         the larger blocks rank to rank (`args`: the engine's vexchange arguments)."""
         handle = self.check()
         self._in_cpp(self.core.nodes_v_call, *args, handle, self.rank, NODE_TAG, self.window)
-
-    def exchange_buffers(self, what: str, recvs: list, sends: list) -> None:
-        """Receives into and sends from ``[(peer, tag, C-contiguous array)]`` on the private
-        dup, all posted at once (the k-th message of a (peer, tag) fills its k-th buffer),
-        bounded by the zcoll timeout. A late or dead peer breaks the context (PeerError)."""
-        if not recvs and not sends:
-            return
-        handle = self.check()
-        self._in_cpp(
-            _core.exchange_buffers, handle, self.rank, recvs, sends, get_timeout(), what
-        )  # fmt: skip
 
     def wait(self, requests: list, what: str, peers: list | None = None) -> None:
         """Wait for mpi4py requests at most the zcoll timeout; then raise PeerError naming the

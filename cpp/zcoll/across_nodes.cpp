@@ -1,0 +1,239 @@
+#include "zcoll/across_nodes.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "zcoll/crossing_policy.hpp"
+#include "zcoll/error.hpp"
+#include "zcoll/leaders_exchange.hpp"
+#include "zcoll/spread_reduction.hpp"
+
+namespace zcoll {
+
+namespace {
+
+constexpr int remote_tag = 0x7A0C;    // alltoall and allgather blocks rank to rank
+constexpr int direct_tag = 0x7AFF;    // an irregular call's blocks rank to rank (one tag)
+constexpr int transfer_tag = 0x7A0E;  // a transfer's blocks (plans: their own)
+
+message_round_options options_for(double timeout, const std::string& what) {
+  message_round_options options;
+  options.timeout_s = timeout;
+  options.what = what;
+  return options;
+}
+
+// The blocks of an alltoall or allgather between this rank and the ranks on other nodes, rank
+// to rank (an allgather sends its one block to each).
+void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
+                     const array_view& recv, const nodes_route& route) {
+  const auto& cfg = ctx.config();
+  const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
+  if (block == 0) return;
+  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  const bool gather = op == op_code::allgather;
+  auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
+  auto* from = static_cast<std::byte*>(const_cast<void*>(send ? send->data : recv.data));
+  if (gather && !send) from += static_cast<std::size_t>(me) * block;
+  std::vector<peer_buffer> in, out;
+  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
+  for (int r = 0; r < cfg.comm_size; ++r) {
+    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
+    const std::size_t at = static_cast<std::size_t>(r) * block;
+    in.push_back({r, remote_tag, into + at, block});
+    out.push_back({r, remote_tag, gather ? from : from + at, block});
+  }
+  exchange_rank_to_rank(route, in, std::move(out), !send && !gather, wait_timeout(ctx),
+                        "zcoll." + std::string(name_of(op)));
+}
+
+// An allgather's blocks of the other nodes by the leaders' concurrent exchange with index
+// `concurrency` (leaders_exchange.hpp), after the node's part: the leaders' rounds into their
+// receive buffers, then a node bcast of each leader's buffer.
+void leaders_exchange(node_context& ctx, const node_map& nodes, const array_view& recv,
+                      int concurrency, const nodes_route& route) {
+  const auto& cfg = ctx.config();
+  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
+  if (block == 0) return;
+  auto* base = static_cast<std::byte*>(const_cast<void*>(recv.data));
+  const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
+  const int node = nodes.node_of[static_cast<std::size_t>(me)];
+  auto leader = [&](int n) { return nodes.members[static_cast<std::size_t>(n)].front(); };
+  if (me == leader(node)) {
+    const std::string what =
+        "zcoll.allgather (concurrent exchange between nodes, C=" + std::to_string(concurrency) +
+        ")";
+    auto buffers = [&](const std::vector<leader_transfer>& list) {
+      std::vector<peer_buffer> out;
+      for (const leader_transfer& t : list)
+        out.push_back({leader(t.node), t.tag, base + t.start, t.stop - t.start});
+      return out;
+    };
+    for (const leader_round& r : leader_rounds(nodes, node, concurrency, block))
+      exchange_rank_to_rank(route, buffers(r.receives), buffers(r.sends), false, wait_timeout(ctx),
+                            what);
+  }
+  if (cfg.size > 1)
+    ctx.run_reduction({op_code::bcast, nullptr, &recv, 0, auto_algorithm, leader(node)});
+}
+
+// The messages of a phase of a spread reduction.
+void exchange_spread(const spread_reduction& spread, const nodes_route& route, int tag,
+                     double timeout, const std::string& what) {
+  exchange_rank_to_rank(route, with_tag(spread.recvs(), tag), with_tag(spread.sends(), tag), false,
+                        timeout, what);
+}
+
+}  // namespace
+
+void finish_round(node_context& ctx, node_messages& round, const nodes_route& route,
+                  const std::string& what) {
+  message_round_options options = options_for(wait_timeout(ctx), what);
+  options.tag = route.tag;
+  options.window = route.window;
+  exchange_messages(comm_from_handle(route.comm), round.outgoing(), round.incoming(), route.rank,
+                    options);
+  ctx.barrier();  // every message of the node received
+  round.finish();
+}
+
+void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
+                        const std::string& what) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] {
+    round.begin(record, nullptr);
+    finish_round(ctx, round, route, what);
+  });
+}
+
+void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
+                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
+                           const std::string& what) {
+  std::vector<std::vector<std::byte>> copies;
+  if (copy_sends)
+    for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
+  exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank,
+                   options_for(timeout, what + " (blocks between nodes)"));
+}
+
+std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
+  std::vector<peer_buffer> out;
+  out.reserve(blocks.size());
+  for (const peer_block& b : blocks) out.push_back({b.peer, tag, b.data, b.bytes});
+  return out;
+}
+
+void collective_across_nodes(node_context& ctx, op_code op, const array_view* send,
+                             const array_view& recv, int order, int copy, const call_record& record,
+                             const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] {
+    const collective_data data{send, &recv, order, copy};
+    round.begin(record, &data);  // the blocks carried when the policy's limit allows
+    finish_round(ctx, round, route,
+                 "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
+    if (round.packed()) return;
+    if (!round.node_blocks_delivered()) ctx.run(op, send, recv, order, copy);  // the node's part
+    blocks_between_nodes(ctx, op, send, recv, route);
+  });
+}
+
+void blocks_between_nodes(node_context& ctx, op_code op, const array_view* send,
+                          const array_view& recv, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
+  marking_failure(round, [&] {
+    if (op == op_code::allgather) {
+      const allgather_route how = round.policy().allgather_route_for(block);
+      if (how.method == crossing_method::concurrent)
+        return leaders_exchange(ctx, round.nodes(), recv, how.concurrency, route);
+    }
+    exchange_remote(ctx, op, round.nodes(), send, recv, route);
+  });
+}
+
+void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,
+                            const call_record& record, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  const std::string what = "zcoll." + std::string(name_of(op));
+  marking_failure(round, [&] {
+    round.begin_irregular(record, call, true);
+    finish_round(ctx, round, route, what + " (messages between nodes)");
+    if (!call) return;  // unreachable: the round raised this rank's error
+    ctx.irregular().run(*call);
+    if (round.direct_blocks())
+      exchange_rank_to_rank(route, with_tag(round.direct_recvs(), direct_tag),
+                            with_tag(round.direct_sends(), direct_tag),
+                            call->in_place == v_in_place::swap, wait_timeout(ctx), what);
+  });
+}
+
+void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call* call,
+                            const call_record& record, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  std::string what = public_call_prefix(op);  // "zcoll.allreduce: "
+  what.replace(what.size() - 2, 2, " (messages between nodes)");
+  marking_failure(round, [&] {
+    round.begin_reduction(record, call);
+    finish_round(ctx, round, route, what);
+  });
+  if (round.packed() || record.call.block_bytes == 0 || !call) return;
+  const double timeout = wait_timeout(ctx);
+  marking_failure(round, [&] {
+    spread_reduction& spread = round.spread();
+    spread.begin(*call, true);  // as a flow where the spread allows
+    if (spread.flowing()) {
+      message_round_options options = options_for(timeout, what + " (blocks between nodes)");
+      exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
+    } else {
+      exchange_spread(spread, route, spread_partial_tag, timeout, what);
+      spread.combine();
+      exchange_spread(spread, route, spread_result_tag, timeout, what);
+    }
+    spread.finish();
+  });
+}
+
+slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
+                             const transfer_geometry& g, int tag) {
+  const int me = ctx.config().comm_ranks[static_cast<std::size_t>(ctx.config().rank)];
+  const int mine = nodes.node_of[static_cast<std::size_t>(me)];
+  const extents before = g.shape_a(me), after = g.shape_b(me);
+  auto slab = [&](const extents& shape, int axis, int r) {
+    const axis_share share = block_share(g.shape[static_cast<std::size_t>(axis)], g.comm_size, r);
+    return peer_slab{
+        r,         tag,         std::vector<std::uint64_t>(shape.begin(), shape.begin() + g.ndim),
+        axis,      share.start, share.count,
+        g.itemsize};
+  };
+  auto empty = [&](const extents& shape) {
+    return std::any_of(shape.begin(), shape.begin() + g.ndim, [](auto n) { return n == 0; });
+  };
+  std::vector<peer_slab> recvs, sends;
+  for (int r = 0; r < g.comm_size; ++r) {
+    if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
+    if (peer_slab in = slab(after, g.axis_b, r); in.count && !empty(after)) recvs.push_back(in);
+    if (peer_slab out = slab(before, g.axis_a, r); out.count && !empty(before))
+      sends.push_back(out);
+  }
+  return slab_messages(recvs, sends);
+}
+
+void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const void* send,
+                    const nodes_route& route, const std::string& what) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] {
+    slabs.post(comm_from_handle(route.comm), recv, send);
+    slabs.wait(route.rank, options_for(wait_timeout(ctx), what));
+  });
+}
+
+void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
+                           const array_view& recv, int order, int copy, const nodes_route& route) {
+  ctx.run_transfer(g, send, recv, order, copy);
+  slab_messages slabs = transfer_slabs(ctx, ctx.between_nodes(node_map{}).nodes(), g, transfer_tag);
+  exchange_slabs(ctx, slabs, const_cast<void*>(recv.data), send.data, route,
+                 "zcoll.transfer (blocks between nodes)");
+}
+
+}  // namespace zcoll

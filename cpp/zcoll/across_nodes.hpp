@@ -1,0 +1,84 @@
+/*
+ * Calls on a communicator spanning several nodes, each written once, whole: the round of
+ * messages that agrees on every rank's call record (aggregate.hpp), the node's part (the
+ * engine), and the blocks between nodes (mpi_messages.hpp), in that order.
+ *
+ * - alltoall, allgather: blocks within the crossing policy's limit travel in the round; larger
+ *   ones go rank to rank after the node's part, or an allgather's by the leaders' concurrent
+ *   exchange (leaders_exchange.hpp) where the policy routes it so.
+ * - the irregular calls: the round checks every pair's counts and carries the blocks up to the
+ *   limit; the rest go rank to rank (one tag: the k-th block between two ranks matches).
+ * - the reductions and bcast: whole in the round within the size rule, else spread over the
+ *   ranks after a round of records (spread_reduction.hpp), as a flow where it can.
+ * - a global transpose: the round of records, the node's part, then each remote rank's block
+ *   as an MPI subarray message.
+ *
+ * Part of zcoll_mpi, the only library that calls MPI; the binding converts the arguments and
+ * calls one of these with the GIL released. A call that fails on a peer (peer_error) marks the
+ * communicator's rounds failed, so every later call raises at once. Trade-off: one call holds
+ * the whole protocol, so a Python program cannot overlap it with other work (the persistent
+ * plans' start/wait can).
+ */
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zcoll/aggregate.hpp"
+#include "zcoll/exchange.hpp"
+#include "zcoll/message_flow.hpp"
+#include "zcoll/mpi_messages.hpp"
+#include "zcoll/transfer.hpp"
+
+namespace zcoll {
+
+// The rest of a begun round: this rank's messages (at most route.window sends in flight), the
+// node barrier that ends the exchange, then node_messages::finish (the verdict).
+void finish_round(node_context& ctx, node_messages& round, const nodes_route& route,
+                  const std::string& what);
+
+// A round that only carries every rank's `record`: every rank raises the error any rank's
+// record calls for, or goes on.
+void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
+                        const std::string& what);
+
+// Blocks rank to rank between nodes, all posted at once on `route`'s communicator and bounded
+// by `timeout`; with `copy_sends` (in place: receives overwrite the blocks sent) the sends go
+// from copies.
+void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
+                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
+                           const std::string& what);
+std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag);
+
+// An alltoall or allgather on several nodes (`send` nullptr: in place), `record` its call
+// record (describe()).
+void collective_across_nodes(node_context& ctx, op_code op, const array_view* send,
+                             const array_view& recv, int order, int copy, const call_record& record,
+                             const nodes_route& route);
+// Only the blocks between this rank's node and the others, after the node's part (as
+// collective_across_nodes sends them; benchmarks time it alone).
+void blocks_between_nodes(node_context& ctx, op_code op, const array_view* send,
+                          const array_view& recv, const nodes_route& route);
+
+// An irregular call on several nodes; `call` nullptr: this rank's arguments could not be
+// converted (`record` says why: the round raises it on every rank).
+void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,
+                            const call_record& record, const nodes_route& route);
+
+// A reduction or bcast on several nodes; `call` nullptr as for irregular_across_nodes.
+void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call* call,
+                            const call_record& record, const nodes_route& route);
+
+// A global transpose on several nodes, after its record agreed (agree_across_nodes); and the
+// subarray messages of its blocks between nodes (`tag`: a plan's own).
+void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
+                           const array_view& recv, int order, int copy, const nodes_route& route);
+slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
+                             const transfer_geometry& g, int tag);
+// Posts `slabs` on the arrays (receives into `recv`, sends from `send`) and waits for them.
+void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const void* send,
+                    const nodes_route& route, const std::string& what);
+
+}  // namespace zcoll
