@@ -205,18 +205,13 @@ std::shared_ptr<node_context> context_of(PyObject* comm) {
 }
 
 void register_context(mpi_handle handle, std::shared_ptr<node_context> ctx,
-                      std::optional<std::tuple<mpi_handle, int, int, int>> route) {
+                      std::optional<nodes_route> route) {
   last().forget();
   if (!ctx) {
     contexts().erase(handle.bits);
     return;
   }
-  entry e{std::move(ctx), std::nullopt};
-  if (route) {
-    const auto& [comm, rank, tag, window] = *route;
-    e.route = nodes_route{comm.bits, rank, tag, window};
-  }
-  contexts()[handle.bits] = std::move(e);
+  contexts()[handle.bits] = entry{std::move(ctx), route};
 }
 
 #ifdef ZCOLL_HAVE_MPI
@@ -317,12 +312,13 @@ std::vector<peer_buffer> peer_buffers(const py::list& items, bool receive) {
   return out;
 }
 
-remote_runs::remote_runs(std::shared_ptr<node_context> ctx, std::uintptr_t comm, int rank,
+remote_runs::remote_runs(std::shared_ptr<node_context> ctx, const nodes_route& route,
                          const py::list& recvs, const py::list& sends, const py::list& saved,
                          std::string what)
     : ctx_(std::move(ctx)),
-      messages_(comm_from_handle(comm), peer_buffers(recvs, true), peer_buffers(sends, false)),
-      rank_(rank),
+      messages_(comm_from_handle(route.comm), peer_buffers(recvs, true),
+                peer_buffers(sends, false)),
+      rank_(route.rank),
       what_(std::move(what)) {
   for (const py::handle pair : saved) {
     const auto [copy, live] = pair.cast<std::tuple<py::object, py::object>>();
@@ -342,17 +338,11 @@ void remote_runs::start() {
 }
 
 bool remote_runs::failed() const {
-  const node_messages* rounds = ctx_->rounds();
-  return ctx_->broken() || (rounds && !rounds->failure().empty());
+  return plan_messages_failed(*ctx_);
 }
 
 void remote_runs::wait() {
-  message_round_options options;
-  options.timeout_s = wait_timeout(*ctx_);
-  options.what = what_;
-  node_messages* rounds = ctx_->rounds();
-  if (!rounds) return messages_.wait(rank_, options);
-  marking_failure(*rounds, [&] { messages_.wait(rank_, options); });
+  wait_plan_messages(*ctx_, messages_, rank_, what_);
 }
 
 #endif
@@ -588,46 +578,43 @@ void def_calls_across_nodes([[maybe_unused]] context_class& cls) {
 #ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_round",
-      [](node_context& ctx, const py::bytes& record, mpi_handle comm, int rank, int tag, int window,
+      [](node_context& ctx, const py::bytes& record, const nodes_route& route,
          const std::string& what) {
         const call_record r = record_of(record);
         py::gil_scoped_release release;
-        agree_across_nodes(ctx, r, nodes_route{comm.bits, rank, tag, window}, what);
+        agree_across_nodes(ctx, r, route, what);
       },
-      py::arg("record"), py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
-      py::arg("what"),
+      py::arg("record"), py::arg("route"), py::arg("what"),
       "Collective (communicator): a round between nodes that carries every rank's call record "
       "to every rank and raises on every rank the error the records call for (aggregate.hpp), "
       "the GIL released.");
   cls.def(
       "nodes_call",
       [](node_context& ctx, int op, const py::object& send, const py::object& recv, int order,
-         int copy, mpi_handle comm, int rank, int tag, int window) {
+         int copy, const nodes_route& route) {
         if (op != static_cast<int>(op_code::alltoall) && op != static_cast<int>(op_code::allgather))
           throw py::value_error("not alltoall's or allgather's code");
         fast_path::collective_across_nodes(ctx, static_cast<op_code>(op), send, recv, order, copy,
-                                           nodes_route{comm.bits, rank, tag, window});
+                                           route);
       },
       py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("order"), py::arg("copy"),
-      py::arg("comm"), py::arg("rank"), py::arg("tag"), py::arg("window"),
+      py::arg("route"),
       "Collective (communicator): an alltoall or allgather on several nodes, whole, as the one "
       "crossing runs it: blocks up to the pack limit in the round, larger ones rank to rank "
       "after the node's part.");
   cls.def(
       "nodes_exchange_remote",
-      [](node_context& ctx, int op, const py::object& send, const py::object& recv, mpi_handle comm,
-         int rank, int tag, int window) {
+      [](node_context& ctx, int op, const py::object& send, const py::object& recv,
+         const nodes_route& route) {
         with_views(
             send, recv,
             [&](const array_view* send_view, const array_view& recv_view) {
               py::gil_scoped_release release;
-              blocks_between_nodes(ctx, static_cast<op_code>(op), send_view, recv_view,
-                                   nodes_route{comm.bits, rank, tag, window});
+              blocks_between_nodes(ctx, static_cast<op_code>(op), send_view, recv_view, route);
             },
             [](const std::string& why) { throw py::type_error(why); });
       },
-      py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("comm"), py::arg("rank"),
-      py::arg("tag"), py::arg("window"),
+      py::arg("op"), py::arg("sendbuf"), py::arg("recvbuf"), py::arg("route"),
       "Collective (communicator, benchmarks): only the blocks of an alltoall or allgather "
       "between this rank's node and the others, after the node's part: rank to rank, or by the "
       "leaders' concurrent exchange where the crossing policy routes the allgather so.");
@@ -736,6 +723,11 @@ void register_crossing(py::module_& m) {
   m.attr("AGGREGATE_MAX_BLOCK") = aggregate_max_block;
   m.attr("AGGREGATE_UNIT_BLOCK") = aggregate_unit_block;
   m.attr("LEADERS_SPLIT_BYTES") = leaders_split_bytes;
+  py::dict methods;  // the tuning table's internode methods, as the crossing policy codes them
+  methods["round"] = static_cast<int>(crossing_method::round);
+  methods["direct"] = static_cast<int>(crossing_method::direct);
+  methods["concurrent"] = static_cast<int>(crossing_method::concurrent);
+  m.attr("INTERNODE_METHOD_CODES") = methods;
   m.def(
       "leaders_schedule",
       [](int nodes, int concurrency, bool split) {

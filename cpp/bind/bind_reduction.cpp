@@ -258,13 +258,11 @@ void def_reductions_across_nodes([[maybe_unused]] context_class& cls) {
   cls.def(
       "nodes_reduction_call",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
-         int algorithm, int root, mpi_handle comm, int rank, int tag, int window) {
-        reduction_across_nodes(ctx, reduction_op(code), send, recv, reduce, algorithm, root,
-                               nodes_route{comm.bits, rank, tag, window});
+         int algorithm, int root, const nodes_route& route) {
+        reduction_across_nodes(ctx, reduction_op(code), send, recv, reduce, algorithm, root, route);
       },
       py::arg("code"), py::arg("sendbuf"), py::arg("recvbuf").none(true), py::arg("op"),
-      py::arg("algorithm"), py::arg("root"), py::arg("comm"), py::arg("rank"), py::arg("tag"),
-      py::arg("window"),
+      py::arg("algorithm"), py::arg("root"), py::arg("route"),
       "Collective (communicator): a reduction or bcast on several nodes, whole, with the "
       "messages from C++: small calls in the round that agrees on the records, larger ones "
       "spread over the ranks after it.");

@@ -187,23 +187,13 @@ class transfer_remote final : public plan_remote {
   void agree(const call_record& record) { bind::agree(*ctx_, record, route_, what_); }
   void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
   void start() override { slabs_.post(comm_from_handle(route_.comm), recv_, send_); }
-  void wait() override { exchange_wait(); }
-  bool test() override { return slabs_.test(); }
-  bool failed() const override {
-    const node_messages* rounds = ctx_->rounds();
-    return ctx_->broken() || (rounds && !rounds->failure().empty());
+  void wait() override {
+    wait_plan_messages(*ctx_, slabs_, route_.rank, what_ + " (blocks between nodes)");
   }
+  bool test() override { return slabs_.test(); }
+  bool failed() const override { return plan_messages_failed(*ctx_); }
 
  private:
-  void exchange_wait() {
-    message_round_options options;
-    options.timeout_s = wait_timeout(*ctx_);
-    options.what = what_ + " (blocks between nodes)";
-    node_messages* rounds = ctx_->rounds();
-    if (!rounds) return slabs_.wait(route_.rank, options);
-    marking_failure(*rounds, [&] { slabs_.wait(route_.rank, options); });
-  }
-
   std::shared_ptr<node_context> ctx_;
   slab_messages slabs_;
   nodes_route route_;
@@ -297,13 +287,11 @@ void def_node_transfers(context_class& cls) {
       "nodes_transfer",
       [](node_context& ctx, const py::object& src, const py::object& dst,
          const std::vector<std::uint64_t>& shape, int axis_a, int axis_b, int order, int copy,
-         mpi_handle comm, int rank, int tag, int window) {
-        transfer_across_nodes(ctx, src, dst, shape, axis_a, axis_b, order, copy,
-                              nodes_route{comm.bits, rank, tag, window});
+         const nodes_route& route) {
+        transfer_across_nodes(ctx, src, dst, shape, axis_a, axis_b, order, copy, route);
       },
       py::arg("src"), py::arg("dst"), py::arg("shape"), py::arg("axis_a"), py::arg("axis_b"),
-      py::arg("order"), py::arg("copy"), py::arg("comm"), py::arg("rank"), py::arg("tag"),
-      py::arg("window"),
+      py::arg("order"), py::arg("copy"), py::arg("route"),
       "Collective (communicator): a transfer on several nodes, whole: the round that agrees on "
       "every rank's call, the node's blocks, the blocks between nodes by MPI subarray "
       "messages.");
@@ -323,18 +311,15 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
 #ifdef ZCOLL_HAVE_MPI
   plan.def(
       "_attach_remote",
-      [](bound_transfer& b, mpi_handle comm, int rank, int round_tag, int window, int tag,
-         std::string what) {
+      [](bound_transfer& b, const nodes_route& route, int tag, std::string what) {
         const auto& ctx = b.usable().context();
-        b.remote = std::make_unique<transfer_remote>(
-            ctx, b.plan->geometry(), nodes_route{comm.bits, rank, round_tag, window}, tag,
-            std::move(what));
+        b.remote =
+            std::make_unique<transfer_remote>(ctx, b.plan->geometry(), route, tag, std::move(what));
       },
-      py::arg("comm"), py::arg("rank"), py::arg("round_tag"), py::arg("window"), py::arg("tag"),
-      py::arg("what"),
+      py::arg("route"), py::arg("tag"), py::arg("what"),
       "Local, once after creation on several nodes: every run then agrees across nodes on its "
-      "record (rounds on the private dup `comm` with `round_tag`) and exchanges the plan's "
-      "blocks between nodes as MPI subarray messages with `tag`, in the same crossing.");
+      "record (rounds on `route`) and exchanges the plan's blocks between nodes as MPI "
+      "subarray messages with `tag`, in the same crossing.");
 #endif
   def_plan_runs(plan);
 }

@@ -466,24 +466,22 @@ void def_irregular_rounds([[maybe_unused]] context_class& cls) {
       "nodes_v_round",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
          int in_place, const counts_array& sc, const counts_array& sd, const counts_array& rc,
-         const counts_array& rd, int order, int copy, bool carry, mpi_handle comm, int rank,
-         int tag, int window, const std::string& what) {
+         const counts_array& rd, int order, int copy, bool carry, const nodes_route& route,
+         const std::string& what) {
         std::size_t direct = 0;
         begin_irregular_round(ctx, code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
                               carry, [&](node_messages& round) {
                                 py::gil_scoped_release release;
-                                marking_failure(round, [&] {
-                                  finish_round(ctx, round,
-                                               nodes_route{comm.bits, rank, tag, window}, what);
-                                });
+                                marking_failure(round,
+                                                [&] { finish_round(ctx, round, route, what); });
                                 direct = round.direct_blocks();
                               });
         return direct;
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
-      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"), py::arg("comm"),
-      py::arg("rank"), py::arg("tag"), py::arg("window"), py::arg("what"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("carry"), py::arg("route"),
+      py::arg("what"),
       "Collective (node): a whole irregular round between nodes in one call (phase 1, the "
       "messages by MPI from C++, the node barrier, the verdict). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");
@@ -497,9 +495,8 @@ void def_irregular_across_nodes(context_class& cls) {
       "nodes_v_call",
       [](const std::shared_ptr<node_context>& ctx, int code, int pattern, const py::object& send,
          const py::object& recv, int in_place, const counts_array& sc, const counts_array& sd,
-         const counts_array& rc, const counts_array& rd, int order, int copy, mpi_handle comm,
-         int rank, int tag, int window) {
-        const nodes_route route{comm.bits, rank, tag, window};
+         const counts_array& rc, const counts_array& rd, int order, int copy,
+         const nodes_route& route) {
         const op_code op = irregular_op(code);
         with_call(
             code, pattern, send, recv, in_place, sc, sd, rc, rd, order, copy,
@@ -513,8 +510,7 @@ void def_irregular_across_nodes(context_class& cls) {
       },
       py::arg("code"), py::arg("pattern"), py::arg("sendbuf"), py::arg("recvbuf"),
       py::arg("in_place"), py::arg("send_counts"), py::arg("send_displs"), py::arg("recv_counts"),
-      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("comm"), py::arg("rank"),
-      py::arg("tag"), py::arg("window"),
+      py::arg("recv_displs"), py::arg("order"), py::arg("copy"), py::arg("route"),
       "Collective (communicator): an irregular call on several nodes, whole, with the messages "
       "from C++ -- the round (every rank's record and counts checked, the blocks up to the pack "
       "limit carried), the node's part, the larger blocks rank to rank -- the GIL released "

@@ -13,6 +13,9 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
+
+#include "zcoll/message_flow.hpp"
 
 namespace zcoll::bind {
 
@@ -48,6 +51,26 @@ struct type_caster<zcoll::bind::mpi_handle> {
 
   static handle cast(zcoll::bind::mpi_handle h, return_value_policy, handle) {
     return PyLong_FromUnsignedLongLong(h.bits);
+  }
+};
+
+// A communicator's route between nodes as Python's Transport.route() gives it: (private dup's
+// handle, rank, tag, window).
+template <>
+struct type_caster<zcoll::nodes_route> {
+  using parts = std::tuple<zcoll::bind::mpi_handle, int, int, int>;
+  PYBIND11_TYPE_CASTER(zcoll::nodes_route, const_name("tuple[int, int, int, int]"));
+
+  bool load(handle src, bool convert) {
+    make_caster<parts> loaded;
+    if (!loaded.load(src, convert)) return false;
+    const auto& [comm, rank, tag, window] = cast_op<const parts&>(loaded);
+    value = {comm.bits, rank, tag, window};
+    return true;
+  }
+
+  static handle cast(const zcoll::nodes_route& r, return_value_policy policy, handle parent) {
+    return make_caster<parts>::cast(parts{{r.comm}, r.rank, r.tag, r.window}, policy, parent);
   }
 };
 

@@ -40,6 +40,24 @@ inline bool round_carries(node_context& ctx, op_code op, const pybind11::object&
 }
 
 #ifdef ZCOLL_HAVE_MPI
+// Whether `ctx` failed (a peer died or never came): a plan's messages in flight may never finish.
+inline bool plan_messages_failed(node_context& ctx) {
+  const node_messages* rounds = ctx.rounds();
+  return ctx.broken() || (rounds && !rounds->failure().empty());
+}
+
+// Waits for a plan's messages between nodes (persistent_messages, slab_messages) within `ctx`'s
+// bound; a peer_error marks the rounds failed.
+template <class Messages>
+void wait_plan_messages(node_context& ctx, Messages& messages, int rank, const std::string& what) {
+  message_round_options options;
+  options.timeout_s = wait_timeout(ctx);
+  options.what = what;
+  node_messages* rounds = ctx.rounds();
+  if (!rounds) return messages.wait(rank, options);
+  marking_failure(*rounds, [&] { messages.wait(rank, options); });
+}
+
 // [(peer, tag, C-contiguous ndarray)] as the rank-to-rank paths' buffers (writable to receive);
 // the caller keeps the arrays alive.
 std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive);
@@ -50,7 +68,7 @@ std::vector<peer_buffer> peer_buffers(const pybind11::list& items, bool receive)
 // start). In place, each outgoing block is refreshed from its live place before a start.
 class remote_runs final : public plan_remote {
  public:
-  remote_runs(std::shared_ptr<node_context> ctx, std::uintptr_t comm, int rank,
+  remote_runs(std::shared_ptr<node_context> ctx, const nodes_route& route,
               const pybind11::list& recvs, const pybind11::list& sends, const pybind11::list& saved,
               std::string what);
   void start() override;
@@ -67,21 +85,21 @@ class remote_runs final : public plan_remote {
   pybind11::list keep_;                                       // the arrays the requests point into
 };
 
-// Registers Plan._attach_remote(comm, rank, recvs, sends, saved, what): from then on the plan's
+// Registers Plan._attach_remote(route, recvs, sends, saved, what): from then on the plan's
 // runs also exchange its blocks between nodes from C++ (remote_runs), in the same crossing.
 template <class Plan>
 void def_remote_runs(pybind11::class_<bound_plan<Plan>>& cls) {
   cls.def(
       "_attach_remote",
-      [](bound_plan<Plan>& b, mpi_handle comm, int rank, const pybind11::list& recvs,
+      [](bound_plan<Plan>& b, const nodes_route& route, const pybind11::list& recvs,
          const pybind11::list& sends, const pybind11::list& saved, std::string what) {
-        b.remote = std::make_unique<remote_runs>(b.usable().context(), comm.bits, rank, recvs,
-                                                 sends, saved, std::move(what));
+        b.remote = std::make_unique<remote_runs>(b.usable().context(), route, recvs, sends, saved,
+                                                 std::move(what));
       },
-      pybind11::arg("comm"), pybind11::arg("rank"), pybind11::arg("recvs"), pybind11::arg("sends"),
+      pybind11::arg("route"), pybind11::arg("recvs"), pybind11::arg("sends"),
       pybind11::arg("saved"), pybind11::arg("what"),
       "Local, once after creation: the plan's blocks between nodes, [(peer, tag, ndarray)] "
-      "received and sent on the private dup `comm` on every run, and (saved copy, live block) "
+      "received and sent on the route's private dup on every run, and (saved copy, live block) "
       "pairs refreshed before each start (in place).");
 }
 #endif

@@ -77,6 +77,19 @@ void leaders_exchange(node_context& ctx, const node_map& nodes, const array_view
     ctx.run_reduction({op_code::bcast, nullptr, &recv, 0, auto_algorithm, leader(node)});
 }
 
+// The blocks between this rank's node and the others, after the node's part: rank to rank, or
+// an allgather's by the leaders' exchange where the crossing policy routes its block size so.
+void send_between_nodes(node_context& ctx, op_code op, const node_messages& round,
+                        const array_view* send, const array_view& recv, const nodes_route& route) {
+  if (op == op_code::allgather) {
+    const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
+    const allgather_route how = round.policy().allgather_route_for(block);
+    if (how.method == crossing_method::concurrent)
+      return leaders_exchange(ctx, round.nodes(), recv, how.concurrency, route);
+  }
+  exchange_remote(ctx, op, round.nodes(), send, recv, route);
+}
+
 // The messages of a phase of a spread reduction.
 void exchange_spread(const spread_reduction& spread, const nodes_route& route, int tag,
                      double timeout, const std::string& what) {
@@ -134,22 +147,14 @@ void collective_across_nodes(node_context& ctx, op_code op, const array_view* se
                  "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
     if (round.packed()) return;
     if (!round.node_blocks_delivered()) ctx.run(op, send, recv, order, copy);  // the node's part
-    blocks_between_nodes(ctx, op, send, recv, route);
+    send_between_nodes(ctx, op, round, send, recv, route);
   });
 }
 
 void blocks_between_nodes(node_context& ctx, op_code op, const array_view* send,
                           const array_view& recv, const nodes_route& route) {
   node_messages& round = ctx.between_nodes(node_map{});
-  const std::uint64_t block = recv.nbytes / static_cast<std::size_t>(ctx.config().comm_size);
-  marking_failure(round, [&] {
-    if (op == op_code::allgather) {
-      const allgather_route how = round.policy().allgather_route_for(block);
-      if (how.method == crossing_method::concurrent)
-        return leaders_exchange(ctx, round.nodes(), recv, how.concurrency, route);
-    }
-    exchange_remote(ctx, op, round.nodes(), send, recv, route);
-  });
+  marking_failure(round, [&] { send_between_nodes(ctx, op, round, send, recv, route); });
 }
 
 void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,

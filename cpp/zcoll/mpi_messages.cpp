@@ -121,6 +121,40 @@ int byte_count(std::size_t bytes) {
   return static_cast<int>(bytes);
 }
 
+bool mpi_finalized() noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  return finalized != 0;
+}
+
+// Whether every one of `requests` finished (none: true).
+bool all_done(std::vector<MPI_Request>& requests) {
+  int finished = 0;
+  MPI_Testall(static_cast<int>(requests.size()), requests.data(), &finished, MPI_STATUSES_IGNORE);
+  return finished != 0;
+}
+
+// Waits for `requests` within `options`' bounds; `peer(i)` is the rank behind request i.
+template <class PeerOf>
+void wait_requests(std::vector<MPI_Request>& requests, PeerOf peer, int rank,
+                   const message_round_options& options) {
+  bounded_wait wait(options, rank);
+  while (!all_done(requests))
+    wait.pause([&] {
+      std::vector<int> late;
+      for (std::size_t i = 0; i < requests.size(); ++i)
+        if (requests[i] != MPI_REQUEST_NULL && !done(requests[i])) late.push_back(peer(i));
+      return late;
+    });
+}
+
+// Frees `requests` (MPI finishes those still in flight); call only before MPI_Finalize.
+void free_requests(std::vector<MPI_Request>& requests) noexcept {
+  for (MPI_Request& r : requests)
+    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  requests.clear();
+}
+
 void wait_for_all(request_list& all, bounded_wait& wait) {
   for (;;) {
     int finished = 0;
@@ -303,11 +337,7 @@ persistent_messages::~persistent_messages() {
 }
 
 void persistent_messages::free_all() noexcept {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized)
-    for (MPI_Request& r : requests_)
-      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  if (!mpi_finalized()) free_requests(requests_);
   requests_.clear();
 }
 
@@ -316,20 +346,11 @@ void persistent_messages::start() {
 }
 
 bool persistent_messages::test() {
-  int finished = 0;
-  MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &finished, MPI_STATUSES_IGNORE);
-  return finished != 0;
+  return all_done(requests_);
 }
 
 void persistent_messages::wait(int rank, const message_round_options& options) {
-  bounded_wait wait(options, rank);
-  while (!test())
-    wait.pause([&] {
-      std::vector<int> late;
-      for (std::size_t i = 0; i < requests_.size(); ++i)
-        if (!done(requests_[i])) late.push_back(peers_[i]);
-      return late;
-    });
+  wait_requests(requests_, [&](std::size_t i) { return peers_[i]; }, rank, options);
 }
 
 namespace {
@@ -375,14 +396,10 @@ slab_messages::~slab_messages() {
 }
 
 void slab_messages::free_types() noexcept {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  for (MPI_Request& r : requests_)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);  // MPI finishes what is in flight
+  if (mpi_finalized()) return;
+  free_requests(requests_);
   for (typed_block& b : blocks_) MPI_Type_free(&b.type);
   blocks_.clear();
-  requests_.clear();
 }
 
 void slab_messages::post(MPI_Comm comm, void* recv, const void* send) {
@@ -397,21 +414,11 @@ void slab_messages::post(MPI_Comm comm, void* recv, const void* send) {
 }
 
 bool slab_messages::test() {
-  int finished = 0;
-  MPI_Testall(static_cast<int>(requests_.size()), requests_.data(), &finished, MPI_STATUSES_IGNORE);
-  return finished != 0;
+  return all_done(requests_);
 }
 
 void slab_messages::wait(int rank, const message_round_options& options) {
-  bounded_wait wait(options, rank);
-  while (!test())
-    wait.pause([&] {
-      std::vector<int> late;
-      for (std::size_t i = 0; i < requests_.size(); ++i)
-        if (requests_[i] != MPI_REQUEST_NULL && !done(requests_[i]))
-          late.push_back(blocks_[i].peer);
-      return late;
-    });
+  wait_requests(requests_, [&](std::size_t i) { return blocks_[i].peer; }, rank, options);
 }
 
 }  // namespace zcoll

@@ -75,19 +75,14 @@ def _arena_array(ctx: Context, shape: tuple, dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(memoryview(block), dtype=dtype, count=count).reshape(shape)
 
 
-def _across_nodes(ctx: Context, op: int, sendbuf, recvbuf, code: int, copy_code: int) -> None:
-    """An alltoall or allgather on several nodes, whole in the extension as the one crossing
-    runs it (docs/design.md, "Across nodes"; the crossing policy routes its blocks)."""
-    ctx.transport.collective(op, sendbuf, recvbuf, code, copy_code)
-
-
 def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.ndarray:
     """The Python path of every collective, for what `_fast` leaves to it: a first call,
     online tuning, or an invalid option (raised on every rank)."""
     ctx = lookup(comm)
     code, copy_code = option_codes(ctx, opname, order, copy)
     if ctx.multi_node:
-        _across_nodes(ctx, _registry.OPS[opname], sendbuf, recvbuf, code, copy_code)
+        # Whole in the extension, as the one crossing runs it (docs/design.md, "Across nodes").
+        ctx.transport.collective(_registry.OPS[opname], sendbuf, recvbuf, code, copy_code)
     else:
         ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
     return recvbuf

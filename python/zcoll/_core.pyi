@@ -80,8 +80,7 @@ class Plan:
     ) -> None: ...
     def _attach_remote(
         self,
-        comm: int,
-        rank: int,
+        route: tuple[int, int, int, int],
         recvs: list[tuple[int, int, np.ndarray]],
         sends: list[tuple[int, int, np.ndarray]],
         saved: list[tuple[np.ndarray, np.ndarray]],
@@ -133,8 +132,7 @@ class VPlan:
     ) -> None: ...
     def _attach_remote(
         self,
-        comm: int,
-        rank: int,
+        route: tuple[int, int, int, int],
         recvs: list[tuple[int, int, np.ndarray]],
         sends: list[tuple[int, int, np.ndarray]],
         saved: list[tuple[np.ndarray, np.ndarray]],
@@ -181,9 +179,7 @@ class TransferPlan:
     def __call__(self, src: Any = None, dst: Any = None) -> Any: ...
     def start(self, src: Any = None, dst: Any = None) -> None: ...
     def record(self, src: Any = None, dst: Any = None) -> bytes: ...
-    def _attach_remote(
-        self, comm: int, rank: int, round_tag: int, window: int, tag: int, what: str
-    ) -> None: ...
+    def _attach_remote(self, route: tuple[int, int, int, int], tag: int, what: str) -> None: ...
     def wait(self) -> None: ...
     def test(self) -> bool: ...
     def free(self) -> None: ...
@@ -231,6 +227,7 @@ def fast_irregular(
 AGGREGATE_MAX_BLOCK: int
 AGGREGATE_UNIT_BLOCK: int
 LEADERS_SPLIT_BYTES: int
+INTERNODE_METHOD_CODES: dict[str, int]
 
 def leaders_schedule(
     nodes: int, concurrency: int, split: bool = False
@@ -265,9 +262,7 @@ class NodeContext:
     def allgather(self, sendbuf: Any, recvbuf: Any, order: int, copy: int = -1) -> None: ...
     def setup_nodes(self, leader_of: list[int]) -> None: ...
     def set_sender_packs_bytes(self, nbytes: int) -> int: ...
-    def nodes_round(
-        self, record: bytes, comm: int, rank: int, tag: int, window: int, what: str
-    ) -> None: ...
+    def nodes_round(self, record: bytes, route: tuple[int, int, int, int], what: str) -> None: ...
     def nodes_call(
         self,
         op: int,
@@ -275,13 +270,10 @@ class NodeContext:
         recvbuf: Any,
         order: int,
         copy: int,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
+        route: tuple[int, int, int, int],
     ) -> None: ...
     def nodes_exchange_remote(
-        self, op: int, sendbuf: Any, recvbuf: Any, comm: int, rank: int, tag: int, window: int
+        self, op: int, sendbuf: Any, recvbuf: Any, route: tuple[int, int, int, int]
     ) -> None: ...
     def nodes_reduction_call(
         self,
@@ -291,10 +283,7 @@ class NodeContext:
         op: int,
         algorithm: int,
         root: int,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
+        route: tuple[int, int, int, int],
     ) -> None: ...
     def nodes_carries(self, code: int, sendbuf: Any, recvbuf: Any) -> bool: ...
     def nodes_allgather_route(self, block: int) -> tuple[int, int]: ...
@@ -319,10 +308,7 @@ class NodeContext:
         order: int,
         copy: int,
         carry: bool,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
+        route: tuple[int, int, int, int],
         what: str,
     ) -> int: ...
     def nodes_v_call(
@@ -338,10 +324,7 @@ class NodeContext:
         recv_displs: np.ndarray,
         order: int,
         copy: int,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
+        route: tuple[int, int, int, int],
     ) -> None: ...
     def nodes_check(self) -> None: ...
     def nodes_fail(self, why: str) -> None: ...
@@ -378,10 +361,7 @@ class NodeContext:
         axis_b: int,
         order: int,
         copy: int,
-        comm: int,
-        rank: int,
-        tag: int,
-        window: int,
+        route: tuple[int, int, int, int],
     ) -> None: ...
     def fail(self, type_error: bool, message: str) -> None: ...
     def reduction(

@@ -74,8 +74,8 @@ def force(comm: MPI.Comm, choice: Choice | None) -> Choice | None:
     if not ctx.multi_node:
         return None
     state = _state(ctx)
-    # The extension's one crossing runs what is rank to rank: every call when forced so, none
-    # when the concurrent exchange is forced, else the sizes the policy chose it for.
+    # The crossing policy's override (crossing_overrides::allgather): the policy's route (no
+    # choice, or "round", which forces the carry instead), rank to rank, or the leaders' exchange.
     crossing = {None: 0, ROUND: 0, DIRECT: 1, CONCURRENT: 2}
     concurrency = choice.concurrency if choice is not None and choice.method == CONCURRENT else 0
     ctx.core.nodes_force_allgather_crossing(

@@ -13,6 +13,7 @@ from ._aggregated import remote_blocks
 from ._collectives import _ALLGATHER, _ALLTOALL, IN_PLACE, _new_recvbuf, option_codes
 from ._context import Context, lookup
 from ._registry import AUTO
+from ._transport import Route
 
 __all__ = ["Plan", "allgather_init", "alltoall_init"]
 
@@ -198,13 +199,12 @@ class RemoteBlocks:
         op: str
 
         def _attach_remote(
-            self, comm: int, rank: int, recvs: Blocks, sends: Blocks, saved: Saved, what: str
+            self, route: Route, recvs: Blocks, sends: Blocks, saved: Saved, what: str
         ) -> None: ...
 
     def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        handle = self._ctx.transport.check()
         what = f"zcoll.{self.op} plan (blocks between nodes)"
-        self._attach_remote(handle, self._ctx.rank, recvs, sends, saved, what)
+        self._attach_remote(self._ctx.transport.check(), recvs, sends, saved, what)
 
 
 class _MultiNodePlan(RemoteBlocks, Plan):

@@ -114,22 +114,11 @@ def _reduction(code: int, comm: MPI.Comm, sendbuf, recvbuf, op, algorithm, root:
     wants = code != _REDUCE_CODE or ctx.rank == root or sendbuf is IN_PLACE
     if recvbuf is None and wants:
         recvbuf = _new_result(ctx, name, code, sendbuf)
-    if ctx.multi_node:
-        _multi_node(ctx, code, sendbuf, recvbuf, op_code, alg_code, root)
+    if ctx.multi_node:  # whole in the extension: in the round, or spread over the ranks
+        ctx.transport.reduction((code, sendbuf, recvbuf, op_code, alg_code, root))
     else:
         ctx.core.reduction(code, sendbuf, recvbuf, op_code, alg_code, root)
     return recvbuf
-
-
-def _multi_node(ctx: Context, code: int, sendbuf, recvbuf, op_code: int, alg_code: int, root: int):
-    """Across nodes, whole in the extension as the one crossing runs it. Small calls travel
-    whole in the round that agrees on the call (each node's partial in every message it sends,
-    folded in node order on every rank; a bcast's buffer in the root's node's messages).
-    Larger ones are spread over the ranks after that round
-    (``cpp/zcoll/spread_reduction.hpp``): a reduction's pieces folded on each node by one rank,
-    sent to their owners, folded there in node order and sent to every node; a bcast's pieces
-    sent from the root's node to their owners, then between the other nodes."""
-    ctx.transport.reduction((code, sendbuf, recvbuf, op_code, alg_code, root))
 
 
 def allreduce(

@@ -22,10 +22,13 @@ from mpi4py import MPI
 from . import _core, _mpi_library
 from ._settings import get_timeout
 
-__all__ = ["NODE_TAG", "Transport", "VCallArgs"]
+__all__ = ["NODE_TAG", "Route", "Transport", "VCallArgs"]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a wait on mpi4py requests starts yielding
 NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
+# Where the extension sends a context's messages between nodes: (private dup's C handle, rank,
+# the rounds' tag, sends of a round in flight at most).
+Route = tuple[int, int, int, int]
 # The engine's arguments of an irregular call (NodeContext.vexchange): op code, pattern, send
 # and receive buffers, in-place code, send counts and displacements, receive counts and
 # displacements, order and copy codes.
@@ -56,64 +59,43 @@ class Transport:
         # At most sqrt(P) sends of a round in flight per rank (TPDS'18 §2.5).
         self.window = max(1, math.isqrt(comm.size))
 
-    def route(self) -> tuple[int, int, int, int] | None:
-        """What the one-crossing path needs to send the messages between nodes itself: (C
-        handle, rank, tag, window); None on one node, or where the extension cannot send."""
+    def route(self) -> Route | None:
+        """Where the extension sends the messages between nodes: (the private dup's C handle,
+        rank, tag, window); None on one node, or where the extension cannot send."""
         if self.handle is None:
             return None
         return (self.handle, self.rank, NODE_TAG, self.window)
 
-    def p2p_comm(self) -> MPI.Comm:
-        """The private duplicate of the communicator, for blocks between nodes."""
-        assert self.dup is not None  # made when the communicator spans several nodes
-        return self.dup
-
     def round(self, opname: str, record: bytes) -> None:
         """A round of messages between nodes (aggregate.hpp) that carries every rank's call
         record to every rank, and raises on every rank the error the records call for."""
-        handle = self.check()
         self._in_cpp(
-            self.core.nodes_round, record, handle, self.rank, NODE_TAG, self.window,
-            f"zcoll.{opname} (messages between nodes)",
-        )  # fmt: skip
+            self.core.nodes_round, record, self.check(), f"zcoll.{opname} (messages between nodes)"
+        )
 
     def collective(self, op: int, sendbuf, recvbuf, order: int, copy: int) -> None:
         """An alltoall or allgather (engine op code `op`, valid order and copy codes) whole in
         one call of the extension, as the one crossing runs it: its round carries the blocks
         within the size rule, else the node's part and the blocks rank to rank follow."""
-        handle = self.check()
-        self._in_cpp(
-            self.core.nodes_call, op, sendbuf, recvbuf, order, copy, handle, self.rank,
-            NODE_TAG, self.window,
-        )  # fmt: skip
+        self._in_cpp(self.core.nodes_call, op, sendbuf, recvbuf, order, copy, self.check())
 
     def exchange_remote(self, op: int, sendbuf, recvbuf) -> None:
         """Only the blocks of an alltoall or allgather between this rank and the ranks on
         other nodes, rank to rank (what `collective` sends after its node's part)."""
-        handle = self.check()
-        self._in_cpp(
-            self.core.nodes_exchange_remote, op, sendbuf, recvbuf, handle, self.rank, NODE_TAG,
-            self.window,
-        )  # fmt: skip
+        self._in_cpp(self.core.nodes_exchange_remote, op, sendbuf, recvbuf, self.check())
 
     def transfer(self, src, dst, shape: list[int], axis_a: int, axis_b: int, order, copy):
         """A global transpose (``zcoll.fft``'s transfer) whole in one call of the extension: the
         round that agrees on every rank's call, the node's blocks, then the blocks between
         nodes as MPI subarray messages."""
-        handle = self.check()
-        self._in_cpp(
-            self.core.nodes_transfer, src, dst, shape, axis_a, axis_b, order, copy, handle,
-            self.rank, NODE_TAG, self.window,
-        )  # fmt: skip
+        route = self.check()
+        self._in_cpp(self.core.nodes_transfer, src, dst, shape, axis_a, axis_b, order, copy, route)
 
     def reduction(self, args: tuple) -> None:
         """A reduction or bcast whole in one call of the extension, as the one crossing runs
         it (`args` = (code, sendbuf, recvbuf, op code, algorithm code, root)): small calls in
         the round that agrees on the records, larger ones spread over the ranks after it."""
-        handle = self.check()
-        self._in_cpp(
-            self.core.nodes_reduction_call, *args, handle, self.rank, NODE_TAG, self.window
-        )  # fmt: skip
+        self._in_cpp(self.core.nodes_reduction_call, *args, self.check())
 
     def v_round(self, opname: str, args: VCallArgs, carry: bool) -> int:
         """The round between nodes of an irregular call (aggregate.hpp). Every rank's call
@@ -123,17 +105,13 @@ class Transport:
         travel in the round and are in the receive buffer after it. `args`: the engine's
         vexchange arguments. Returns how many of this rank's blocks between nodes the round
         did not carry (they go rank to rank)."""
-        handle = self.check()
-        return self._in_cpp(
-            self.core.nodes_v_round, *args, carry, handle, self.rank, NODE_TAG, self.window,
-            f"zcoll.{opname} (messages between nodes)",
-        )  # fmt: skip
+        what = f"zcoll.{opname} (messages between nodes)"
+        return self._in_cpp(self.core.nodes_v_round, *args, carry, self.check(), what)
 
     def v_call(self, args: VCallArgs) -> None:
         """An irregular call whole in one call of the extension: the round, the node's part,
         the larger blocks rank to rank (`args`: the engine's vexchange arguments)."""
-        handle = self.check()
-        self._in_cpp(self.core.nodes_v_call, *args, handle, self.rank, NODE_TAG, self.window)
+        self._in_cpp(self.core.nodes_v_call, *args, self.check())
 
     def wait(self, requests: list, what: str, peers: list | None = None) -> None:
         """Wait for mpi4py requests at most the zcoll timeout; then raise PeerError naming the
@@ -144,15 +122,16 @@ class Transport:
 
         self._poll(lambda: MPI.Request.Testall(requests), what, late)
 
-    def check(self) -> int:
-        """Before a call across nodes: the private dup's C handle; the engine's ValueError once
+    def check(self) -> Route:
+        """Before a call across nodes: its route (see `route`); the engine's ValueError once
         the context is closed, PeerError ("unusable after an earlier failure") once a wait
         failed, RuntimeError (the same on every rank) where the extension cannot send the
         messages."""
         self.core.nodes_check()
-        if self.handle is None:
+        route = self.route()
+        if route is None:
             raise RuntimeError(self.unusable)
-        return self.handle
+        return route
 
     def fail(self, why: str) -> NoReturn:
         """A wait between nodes failed: every later call on this context raises at once (the

@@ -40,7 +40,7 @@ from typing import Literal, overload
 
 from mpi4py import MPI
 
-from . import _settings
+from . import _core, _settings
 from ._registry import (
     ALLGATHER,
     ALLTOALL,
@@ -154,8 +154,10 @@ class ReductionModel:
         return asdict(self)
 
 
-#: The ``method`` values of an internode rule (see :mod:`zcoll._internode`).
-INTERNODE_METHODS = ("round", "direct", "concurrent")
+#: The ``method`` values of an internode rule (see :mod:`zcoll._internode`) and the engine's
+#: codes of them (crossing_policy.hpp's crossing_method).
+INTERNODE_METHOD_CODES: dict[str, int] = dict(_core.INTERNODE_METHOD_CODES)
+INTERNODE_METHODS = tuple(INTERNODE_METHOD_CODES)  # "round", "direct", "concurrent"
 #: The collectives an internode rule may name ("concurrent": allgather only).
 INTERNODE_COLLECTIVES = (ALLTOALL, ALLGATHER)
 _INTERNODE_KEYS = {
@@ -508,10 +510,6 @@ def _table_or_warn(mode: str) -> SharedTuning:
             stacklevel=3,
         )
         return (), (), ()
-
-
-#: The engine's codes of the internode rules' methods (crossing_policy.hpp's crossing_method).
-INTERNODE_METHOD_CODES = {"round": 0, "direct": 1, "concurrent": 2}
 
 
 def internode_rules_for(

@@ -26,7 +26,6 @@ from .._collectives import _option_error, option_codes
 from .._context import Context, lookup
 from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
 from .._registry import AUTO, TRANSFER
-from .._transport import NODE_TAG
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
 
@@ -687,11 +686,8 @@ class _MultiNodeTransferPlan(TransferPlan):
         record = ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, order, copy, True)
         ctx.agree(_TRANSFER_INIT, record)
         super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
-        handle = ctx.transport.check()
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        self._attach_remote(
-            handle, ctx.rank, NODE_TAG, ctx.transport.window, tag, "zcoll.transfer plan"
-        )
+        self._attach_remote(ctx.transport.check(), tag, "zcoll.transfer plan")
 
 
 def transfer_init(
