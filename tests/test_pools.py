@@ -105,6 +105,33 @@ def test_pools_off_makes_every_context_in_full(world, monkeypatch):
         comm.Free()
 
 
+def test_derived_contexts_follow_the_settings_of_their_creation(world, monkeypatch):
+    """Contexts derived with the same ranks share one layout of the pool while the settings
+    stay; a context derived after a settings change is configured by the new ones, and one
+    derived after they change back by the old ones again."""
+    parent = _context.context(world)
+    eager = parent.core.eager_bytes
+    comms = [world.Dup(), world.Dup()]
+    try:
+        first, second = (_context.context(c) for c in comms)
+        layouts = {id(layout) for layout in parent.pool.layouts.values()}
+        all_ranks_agree(world, first.pool is second.pool is parent.pool, "one pool")
+        all_ranks_agree(world, len(layouts) == 1, f"{len(layouts)} layouts for one group")
+        monkeypatch.setenv("ZCOLL_EAGER_BYTES", "1024")
+        comms.append(world.Dup())
+        changed = _context.context(comms[-1])
+        all_ranks_agree(world, changed.pool is parent.pool, "the new settings left the pool")
+        all_ranks_agree(world, changed.core.eager_bytes == 1024, "the new eager size")
+        all_ranks_agree(world, _alltoall_right(comms[-1], 5), "alltoall with the new settings")
+        monkeypatch.delenv("ZCOLL_EAGER_BYTES")
+        comms.append(world.Dup())
+        back = _context.context(comms[-1]).core.eager_bytes
+        all_ranks_agree(world, back == eager, f"eager size {back}, not the default {eager}")
+    finally:
+        for c in comms:
+            c.Free()
+
+
 def test_many_communicators_freed_in_random_order(world):
     """24 derived communicators alive at once, a call on each in turn, then freed in an order
     of each rank's own: the results are MPI's and the pool's blocks are all given back."""

@@ -52,8 +52,6 @@ void register_arena(py::module_& m) {
       .def("claim", &node_pool::claim, py::arg("users"),
            "Local: a free block claimed for `users` node ranks, or -1 when none is free.")
       .def("abandon", &node_pool::abandon, py::arg("index"))
-      .def("open", &node_pool::open, py::arg("index"),
-           "Local: (control, eager) parts of block `index`; released when both are gone.")
       .def("users", &node_pool::users, py::arg("index"))
       .def("arena", &node_pool::arena, py::arg("rank"), py::arg("sorted_pids"),
            "Local: the pool's arena as pool node rank `rank` uses it (None once dropped).")

@@ -21,6 +21,7 @@
 #include "gil.hpp"
 #include "rounds.hpp"
 #include "zcoll/aggregate.hpp"
+#include "zcoll/context_setup.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/leaders_exchange.hpp"
 #include "zcoll/pool.hpp"
@@ -370,13 +371,12 @@ int copy_code(PyObject* name) {
 
 namespace {
 
-// NodeContext(control, rank, size, ...): the context of this rank among the node's ranks.
-std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control, int rank, int size,
-                                           int comm_size, std::vector<int> comm_ranks,
-                                           std::vector<std::int32_t> pids, int barrier,
-                                           double timeout, std::uint32_t spin, std::uint32_t yields,
-                                           double slice, std::vector<int> numa_nodes,
-                                           std::vector<int> packages, std::vector<int> l3_caches) {
+// What the node setup learned of this rank's node: its ranks, their processes and places.
+context_config make_config(int rank, int size, int comm_size, std::vector<int> comm_ranks,
+                           std::vector<std::int32_t> pids, int barrier, double timeout,
+                           std::uint32_t spin, std::uint32_t yields, double slice,
+                           std::vector<int> numa_nodes, std::vector<int> packages,
+                           std::vector<int> l3_caches) {
   if (!is_code<barrier_kind>(barrier)) throw std::invalid_argument("unknown barrier code");
   context_config c;
   c.rank = rank;
@@ -389,7 +389,63 @@ std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control,
   c.numa_nodes = std::move(numa_nodes);
   c.packages = std::move(packages);
   c.l3_caches = std::move(l3_caches);
-  return std::make_shared<node_context>(std::move(control), std::move(c));
+  return c;
+}
+
+// NodeContext(control, rank, size, ...): the context of this rank among the node's ranks.
+std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control, int rank, int size,
+                                           int comm_size, std::vector<int> comm_ranks,
+                                           std::vector<std::int32_t> pids, int barrier,
+                                           double timeout, std::uint32_t spin, std::uint32_t yields,
+                                           double slice, std::vector<int> numa_nodes,
+                                           std::vector<int> packages, std::vector<int> l3_caches) {
+  return std::make_shared<node_context>(
+      std::move(control), make_config(rank, size, comm_size, std::move(comm_ranks), std::move(pids),
+                                      barrier, timeout, spin, yields, slice, std::move(numa_nodes),
+                                      std::move(packages), std::move(l3_caches)));
+}
+
+cross_memory::state cma_state(const std::string& name) {
+  using state = cross_memory::state;
+  return name == "works" ? state::works : name == "refused" ? state::refused : state::untested;
+}
+
+// ContextSetup(rank, size, ...): a context's set-up (context_setup.hpp), made once per layout.
+context_setup make_setup(int rank, int size, int comm_size, std::vector<int> comm_ranks,
+                         std::vector<std::int32_t> pids, int barrier, double timeout,
+                         std::uint32_t spin, std::uint32_t yields, double slice,
+                         std::vector<int> numa_nodes, std::vector<int> packages,
+                         std::vector<int> l3_caches, std::size_t eager_bytes,
+                         std::size_t copy_threshold, std::size_t copy_cache, std::size_t cma_bytes,
+                         std::vector<int> node_of,
+                         std::optional<std::pair<std::string, std::string>> cma) {
+  context_setup s;
+  s.config = make_config(rank, size, comm_size, std::move(comm_ranks), std::move(pids), barrier,
+                         timeout, spin, yields, slice, std::move(numa_nodes), std::move(packages),
+                         std::move(l3_caches));
+  s.eager_bytes = eager_bytes;
+  s.copy_threshold = copy_threshold;
+  s.copy_cache = copy_cache;
+  s.cma_bytes = cma_bytes;
+  s.node_of = std::move(node_of);
+  if (cma) s.cma.emplace(cma_state(cma->first), std::move(cma->second));
+  return s;
+}
+
+// A context's set-up, and the one call that opens a context of a pool with it.
+void register_context_setup(py::module_& m) {
+  py::class_<context_setup>(m, "ContextSetup",
+                            "A node context's set-up, kept per layout (context_setup.hpp).")
+      .def(py::init(&make_setup), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
+           py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
+           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"), py::arg("numa_nodes"),
+           py::arg("packages"), py::arg("l3_caches"), py::arg("eager_bytes"),
+           py::arg("copy_threshold"), py::arg("copy_cache"), py::arg("cma_bytes"),
+           py::arg("node_of"), py::arg("cma") = py::none());
+  m.def("open_context", &open_context, py::arg("pool"), py::arg("index"), py::arg("setup"),
+        py::arg("arena"),
+        "Local: this rank's NodeContext on claimed block `index` of `pool`, configured by "
+        "`setup` (a ContextSetup), its arrays from `arena` (a PoolArena or None) first.");
 }
 
 // Whether the C++ sender can run, what it was built against, and its messages by themselves.
@@ -505,14 +561,6 @@ void def_crossing_overrides(context_class& cls) {
 
 // The rounds between nodes: the node map, and what a round carries (the size rule).
 void def_round_rules(context_class& cls) {
-  cls.def(
-      "setup_nodes",
-      [](node_context& ctx, const std::vector<int>& leader_of) {
-        ctx.between_nodes(node_map::from_leaders(leader_of));
-      },
-      py::arg("leader_of"),
-      "Local: the communicator's nodes (lowest communicator rank of each rank's node), for "
-      "the rounds of messages between nodes.");
   cls.def(
       "set_sender_packs_bytes",
       [](node_context& ctx, std::size_t nbytes) {
@@ -662,15 +710,6 @@ void def_context_state(context_class& cls) {
       },
       py::arg("nbytes"), "Collective: small-message path for calls moving <= nbytes per rank.");
   cls.def(
-      "use_eager",
-      [](node_context& ctx, std::shared_ptr<shm_segment> area, std::size_t partition,
-         std::size_t nbytes) { ctx.use_eager(std::move(area), partition, nbytes); },
-      py::arg("area"), py::arg("partition"), py::arg("nbytes"),
-      "Local: the small-message path in `area` (a pool block's eager part, every node rank's "
-      "mapping), one `partition` bytes per rank.");
-  cls.def("use_pool_arena", &node_context::use_pool_arena, py::arg("arena"),
-          "Local, before any call: arrays come from the node pool's arena first.");
-  cls.def(
       "set_wait",
       [](node_context& ctx, double timeout, std::uint32_t spin, std::uint32_t yields,
          double slice) { ctx.set_wait_options(make_wait(timeout, spin, yields, slice)); },
@@ -776,6 +815,7 @@ void register_exchange(py::module_& m) {
   register_call_records(m);
   register_crossing(m);
   register_fast_collective(m);
+  register_context_setup(m);
 }
 
 }  // namespace zcoll::bind

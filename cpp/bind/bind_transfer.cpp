@@ -117,6 +117,18 @@ std::unique_ptr<bound_transfer> make_transfer_plan(const std::shared_ptr<node_co
   return bound;
 }
 
+// TransferPlan(forward, copy): the plan of `forward`'s inverse transfer, agreeing on nothing.
+std::unique_ptr<bound_transfer> make_reversed_plan(bound_transfer& forward, int copy) {
+  if (forward.remote)
+    throw usage_error("zcoll.transfer_init: a plan across nodes is not reversed (make both)");
+  auto bound = std::make_unique<bound_transfer>();
+  bound->plan = forward.usable().reversed(copy);
+  bound->bytes = static_cast<std::size_t>(py::reinterpret_borrow<py::array>(forward.send).nbytes());
+  bound->send = forward.recv;
+  bound->recv = forward.send;
+  return bound;
+}
+
 // Calls `use(send view or nullptr, recv view or nullptr)` with the arrays a run was given
 // (None: the plan's own), or `error(TypeError message)` when one is not an array.
 template <class Use, class Error>
@@ -303,6 +315,9 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
   plan.def(py::init(&make_transfer_plan), py::arg("context"), py::arg("src"), py::arg("dst"),
            py::arg("shape"), py::arg("axis_a"), py::arg("axis_b"), py::arg("order"),
            py::arg("copy") = auto_copy);
+  plan.def(py::init(&make_reversed_plan), py::arg("forward"), py::arg("copy"),
+           "Local, at the same point on every rank: the plan of `forward`'s inverse transfer "
+           "(its destination into its source), from what `forward`'s agreement resolved.");
   plan.def("__call__", &run_plan, py::arg("src") = py::none(), py::arg("dst") = py::none(),
            "Collective: one run; `src` / `dst` replace this rank's arrays for this run.");
   plan.def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none());

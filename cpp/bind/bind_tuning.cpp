@@ -114,18 +114,6 @@ void def_cma_policy(context_class& cls) {
       "(state, why refused): whether the node's ranks read each other's memory by CMA "
       "(probed before the first pull).");
   cls.def(
-      "adopt_cma",
-      [](node_context& ctx, const std::string& state, const std::string& refusal) {
-        using verdict = cross_memory::state;
-        const verdict v = state == "works"     ? verdict::works
-                          : state == "refused" ? verdict::refused
-                                               : verdict::untested;
-        ctx.adopt_cma(v, refusal);
-      },
-      py::arg("state"), py::arg("refusal"),
-      "Local: the CMA verdict (as the cma property gives it) of a probe among ranks that "
-      "include this node's: its node pool's.");
-  cls.def(
       "probe_cma",
       [](node_context& ctx, bool publish_unmapped) {
         py::gil_scoped_release release;

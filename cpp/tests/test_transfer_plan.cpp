@@ -189,3 +189,38 @@ TEST_CASE("transfer plan: creation refuses arrays outside the arena and bad argu
   CHECK(std::memcmp(in_arena.at(), dst.at(), dst.view.nbytes) == 0);
   CHECK(p.copy().mode == copy_mode::streaming);
 }
+
+TEST_CASE("transfer plan: the reversed plan runs the inverse transfer, agreeing on nothing") {
+  auto ctx = one_rank_context(1, 3);
+  const transfer_geometry g = geometry();
+  auto a_block = ctx->allocate(3 * 7 * 6 * 8);
+  auto b_block = ctx->allocate(10 * 7 * 2 * 8);
+  auto back_block = ctx->allocate(3 * 7 * 6 * 8);
+  array a(a_block->data(), {3, 7, 6}), b(b_block->data(), {10, 7, 2}),
+      back(back_block->data(), {3, 7, 6});
+  for (std::size_t i = 0; i < a.size(); ++i) a.at()[i] = static_cast<double>(i) + 0.25;
+  transfer_plan forward(ctx, g, a.view, b.view, auto_order, auto_copy);
+  const std::uint64_t calls = ctx->calls();
+  const auto inverse = forward.reversed(auto_copy);
+  CHECK(ctx->calls() == calls);  // no agreement
+  CHECK(inverse->id() == forward.id() + 1);
+  CHECK(inverse->geometry().axis_a == g.axis_b);
+  CHECK(inverse->geometry().axis_b == g.axis_a);
+  CHECK(inverse->order() == forward.order());
+  CHECK(inverse->copied_bytes() == forward.copied_bytes());  // the block from rank 1 to itself
+  forward.run();
+  for (std::size_t i = 0; i < a.size(); ++i) a.at()[i] = -1;
+  inverse->run();  // b back into a: rank 1's own block is back where it was
+  CHECK(a.at()[(0 * 7 + 0) * 6 + 2] == 2.25);
+  CHECK(a.at()[(2 * 7 + 6) * 6 + 3] == static_cast<double>((2 * 7 + 6) * 6 + 3) + 0.25);
+  CHECK(a.at()[(0 * 7 + 0) * 6 + 0] == -1);  // columns 0..1 come from rank 0, on another node
+  // Against a plan made with its own agreement, on a third array.
+  transfer_geometry ig = g;
+  std::swap(ig.axis_a, ig.axis_b);
+  transfer_plan agreed(ctx, ig, b.view, back.view, auto_order, auto_copy);
+  for (std::size_t i = 0; i < back.size(); ++i) back.at()[i] = -1;
+  agreed.run();
+  CHECK(std::memcmp(a.at(), back.at(), a.view.nbytes) == 0);
+  forward.free();
+  CHECK(contains(error_of<usage_error>([&] { forward.reversed(auto_copy); }), "was freed"));
+}

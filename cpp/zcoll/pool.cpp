@@ -14,6 +14,10 @@ constexpr int max_blocks = 1024;  // the departure registry's bound on live cont
 constexpr int min_blocks = 4;
 constexpr std::size_t address_budget = std::size_t{1} << 30;  // one pool's mapping, sparse
 constexpr std::size_t first_chunk_bytes = std::size_t{1} << 20;
+// A block's word in the table: its user count, and this bit once its memory was reserved. The
+// memory of a shared object stays reserved until the object goes, so a block claimed again
+// skips posix_fallocate (a system call, about a tenth of a derived context's creation).
+constexpr std::uint32_t reserved_bit = std::uint32_t{1} << 31;
 // The arena's segment id follows the block table (the leader writes it at creation).
 constexpr std::size_t arena_id_offset = max_blocks * sizeof(std::atomic<std::uint32_t>);
 
@@ -99,7 +103,8 @@ std::shared_ptr<node_pool> node_pool::create(const shape& s) {
   const std::uint64_t arena_id = next_segment_id();
   std::memcpy(shm->data() + arena_id_offset, &arena_id, sizeof arena_id);
   std::shared_ptr<node_pool> pool(new node_pool(std::move(shm), s));
-  pool->users_of(0).store(static_cast<std::uint32_t>(s.size), std::memory_order_release);
+  pool->users_of(0).store(static_cast<std::uint32_t>(s.size) | reserved_bit,
+                          std::memory_order_release);
   return pool;
 }
 
@@ -116,7 +121,7 @@ std::byte* node_pool::block(int index) const noexcept {
 }
 
 std::uint32_t node_pool::users(int index) const noexcept {
-  return users_of(index).load(std::memory_order_acquire);
+  return users_of(index).load(std::memory_order_acquire) & ~reserved_bit;
 }
 
 int node_pool::blocks_in_use() const noexcept {
@@ -129,15 +134,18 @@ int node_pool::claim(int users) {
   if (users < 1 || users > shape_.size)
     throw std::invalid_argument("zcoll: a pool block's users must be 1 to the pool's node size");
   for (int i = 0; i < shape_.blocks(); ++i) {
-    std::uint32_t free = 0;
-    if (!users_of(i).compare_exchange_strong(free, static_cast<std::uint32_t>(users),
-                                             std::memory_order_acq_rel))
-      continue;
-    try {
-      shm_->reserve(static_cast<std::size_t>(block(i) - shm_->data()), shape_.block_bytes());
-    } catch (...) {
-      abandon(i);
-      throw;
+    std::atomic<std::uint32_t>& word = users_of(i);
+    std::uint32_t free = word.load(std::memory_order_relaxed) & reserved_bit;
+    const auto claimed = static_cast<std::uint32_t>(users) | free;
+    if (!word.compare_exchange_strong(free, claimed, std::memory_order_acq_rel)) continue;
+    if (!(free & reserved_bit)) {
+      try {
+        shm_->reserve(static_cast<std::size_t>(block(i) - shm_->data()), shape_.block_bytes());
+      } catch (...) {
+        abandon(i);
+        throw;
+      }
+      word.fetch_or(reserved_bit, std::memory_order_release);
     }
     // Sequence numbers only grow within a context: a reused block starts again from zero.
     std::memset(block(i), 0, shape_.control_bytes());
@@ -148,7 +156,7 @@ int node_pool::claim(int users) {
 }
 
 void node_pool::abandon(int index) noexcept {
-  users_of(index).store(0, std::memory_order_release);
+  users_of(index).fetch_and(reserved_bit, std::memory_order_release);
 }
 
 void node_pool::release(int index) noexcept {

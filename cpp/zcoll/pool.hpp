@@ -12,13 +12,14 @@
  * (departure.hpp) like any context's.
  *
  * The segment is sparse: the header is a table of user counts, one per block (0: free), and a
- * block's memory is reserved (posix_fallocate) only when claimed, so an idle pool costs one
- * mapping of address space. The node leader of a derived communicator claims a block for its
- * node ranks (a CAS on a free count, then the control part cleared) and tells them its index in
- * the one agreement the derivation makes; each user releases it when its context's last
- * reference dies (a part of the mapping, arena.hpp, holds the lease), and the last one frees it
- * for reuse. A rank killed holding a block never releases it: the block stays claimed while the
- * pool lives, and the pool's memory goes away with its last mapping like every segment's.
+ * block's memory is reserved (posix_fallocate) when it is first claimed, so an idle pool costs
+ * one mapping of address space; a block claimed again keeps its reservation (a bit of its count
+ * says so), so its claim makes no system call. The node leader of a derived communicator claims
+ * a block for its node ranks (a CAS on a free count, then the control part cleared) and tells
+ * them its index in the one agreement the derivation makes; each user releases it when its
+ * context's last reference dies (a part of the mapping, arena.hpp, holds the lease), and the last
+ * one frees it for reuse. A rank killed holding a block never releases it: the block stays claimed
+ * while the pool lives, and the pool's memory goes away with its last mapping like every segment's.
  * Contexts hold the pool through their blocks, so parents and children may be freed in any
  * order.
  *

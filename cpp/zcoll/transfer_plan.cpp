@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "zcoll/auto_policy.hpp"
+#include "zcoll/error.hpp"
 
 namespace zcoll {
 
@@ -59,6 +61,31 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
   check_arguments(all);
   ctx_->resolve_all(all, true, &send_bases_);  // the same error on every rank: all saw `all`
   ctx_->resolve_all(all, false, &recv_bases_);
+  resolve_blocks(copy);
+}
+
+transfer_plan::transfer_plan(const transfer_plan& forward, reverse_tag, int copy)
+    : plan_base(forward.ctx_, op_code::transfer), g_(forward.g_), dtype_(forward.dtype_) {
+  std::swap(g_.axis_a, g_.axis_b);
+  order_ = forward.order_;
+  own_send_ = forward.own_recv_;
+  own_recv_ = forward.own_send_;
+  send_bytes_ = forward.recv_bytes_;
+  recv_bytes_ = forward.send_bytes_;
+  send_bases_ = forward.recv_bases_;
+  recv_bases_ = forward.send_bases_;
+  resolve_blocks(copy);
+}
+
+std::unique_ptr<transfer_plan> transfer_plan::reversed(int copy) const {
+  if (freed()) throw usage_error("zcoll.transfer_init: the plan to reverse was freed");
+  return std::unique_ptr<transfer_plan>(new transfer_plan(*this, reverse_tag{}, copy));
+}
+
+void transfer_plan::resolve_blocks(int copy) {
+  const transfer_geometry& g = g_;
+  const auto& cr = comm_ranks_;
+  const int me = cr[static_cast<std::size_t>(rank_)];
   send_now_ = send_bases_;
   recv_now_ = recv_bases_;
 
@@ -92,8 +119,8 @@ transfer_plan::transfer_plan(std::shared_ptr<node_context> ctx, const transfer_g
   // segment is empty must still take its part (plan_base skips ranks that copy nothing).
   std::size_t pulled = 0;
   for (const block& b : into_me_) pulled += b.box.bytes();
-  choose_copy(op_code::transfer, copy, recv.nbytes / static_cast<std::size_t>(g.comm_size),
-              recv.nbytes, std::max(copied_, pulled));
+  choose_copy(op_code::transfer, copy, recv_bytes_ / static_cast<std::size_t>(g.comm_size),
+              recv_bytes_, std::max(copied_, pulled));
   numbered();
 }
 

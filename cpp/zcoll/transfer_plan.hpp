@@ -47,6 +47,11 @@ class transfer_plan final : public plan_base {
   // auto_order; `copy`: a copy_mode value or auto_copy.
   transfer_plan(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
                 const array_view& send, const array_view& recv, int order, int copy);
+  // Local, at the same point on every node rank (its creation is numbered): the plan of the
+  // inverse transfer -- from this plan's destination into its source, axes swapped -- made
+  // from what this plan's agreement already resolved (every rank's arrays, the order), so it
+  // agrees on nothing. `copy`: a copy_mode value or auto_copy. Throws when this plan is freed.
+  std::unique_ptr<transfer_plan> reversed(int copy) const;
   // Finishes a started run (a peer's failure is swallowed: a destructor cannot report it).
   ~transfer_plan() { finish_quietly(); }
   transfer_plan(const transfer_plan&) = delete;
@@ -83,6 +88,11 @@ class transfer_plan final : public plan_base {
     box_shape box;
   };
 
+  struct reverse_tag {};
+  transfer_plan(const transfer_plan& forward, reverse_tag, int copy);
+  // Once every rank's arrays are resolved: this rank's blocks, whether runs may pull private
+  // arrays, the copy mode; then the plan is numbered.
+  void resolve_blocks(int copy);
   // The local verdict on arrays that replace this rank's for one run; fills where they are
   // ({0, 0}: the plan's own array, also when `send` / `recv` is it).
   local_check check_run(const array_view* send, const array_view* recv, buffer_ref* send_ref,

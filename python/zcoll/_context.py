@@ -90,7 +90,7 @@ class Context:
         self.rank = comm.rank
         self.handle = comm.handle
         derived = _pool.derive(comm, s)
-        node = _node.join(comm, s) if derived is None else _node.from_pool(comm, s, derived)
+        node = _node.join(comm, s) if derived is None else _node.from_pool(derived)
         # The node pool this context's control block is in: held while the context lives.
         self.pool: _pool.Pool | None = node.pool
         self.node_size = node.size

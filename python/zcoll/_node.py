@@ -18,7 +18,15 @@ from mpi4py import MPI
 from . import _core, _pool, _settings
 from ._registry import BARRIER_CODES
 
-__all__ = ["Node", "from_pool", "join", "machine_id", "machine_ranks", "split_node"]
+__all__ = [
+    "Node",
+    "context_setup",
+    "from_pool",
+    "join",
+    "machine_id",
+    "machine_ranks",
+    "split_node",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,26 +113,26 @@ def _share_pool(node: MPI.Comm, eager_bytes: int) -> _core.NodePool:
     return segment
 
 
-def _engine(
-    comm: MPI.Comm,
+def context_setup(
+    comm_size: int,
     s: _settings.Settings,
-    block: tuple[_core.SharedSegment, _core.SharedSegment],
-    pool: _core.NodePool,
     rank: int,
     local_ranks: tuple[int, ...],
     places: list[tuple[int, int, int, int]],
     oversubscribed: bool,
-) -> _core.NodeContext:
-    """This rank's engine context on `block` (control and eager parts of a pool block):
-    node rank `rank` of the ranks `local_ranks` of `comm`, each at pid, NUMA node, package, L3
-    `places`."""
-    control, eager = block
+    node_of: tuple[int, ...],
+    cma: tuple[str, str] | None = None,
+) -> _core.ContextSetup:
+    """The engine's set-up of a context (context_setup.hpp): node rank `rank` of the ranks
+    `local_ranks` of a communicator of `comm_size` ranks, each at pid, NUMA node, package, L3
+    `places`, configured by the settings `s`; `node_of` (each rank's node, named by its lowest
+    rank) when the communicator spans several nodes, else empty; the node's CMA verdict `cma`
+    when known (a pool's), else the context probes it."""
     size = len(local_ranks)
-    core = _core.NodeContext(
-        control,
+    return _core.ContextSetup(
         rank=rank,
         size=size,
-        comm_size=comm.size,
+        comm_size=comm_size,
         comm_ranks=list(local_ranks),
         pids=[p[0] for p in places],
         barrier=BARRIER_CODES[s.barrier],
@@ -132,12 +140,13 @@ def _engine(
         numa_nodes=[p[1] for p in places],
         packages=[p[2] for p in places],
         l3_caches=[p[3] for p in places],
+        eager_bytes=s.eager_bytes_for(oversubscribed),
+        copy_threshold=s.copy_threshold_for(size),
+        copy_cache=s.llc_bytes,
+        cma_bytes=s.cma_bytes_for(),
+        node_of=list(node_of),
+        cma=cma,
     )
-    core.use_eager(eager, pool.eager_partition, s.eager_bytes_for(oversubscribed))
-    core.set_copy_threshold(s.copy_threshold_for(size))
-    core.cma_bytes = s.cma_bytes_for()
-    core.set_copy_cache(s.llc_bytes)
-    return core
 
 
 def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
@@ -167,9 +176,11 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
     # Nodes of one machine (virtual or emulated) share its CPUs: count every rank on it.
     ranks_on_machine = sum(1 for _, m, _ in everyone if m == machine)
     oversubscribed = ranks_on_machine > s.cpus
-    core = _engine(comm, s, pool.open(0), pool, rank, local_ranks, places, oversubscribed)
-    if multi_node:
-        core.setup_nodes(list(node_of))
+    arena = pool.arena(rank, sorted(p[0] for p in places))
+    setup = context_setup(
+        comm.size, s, rank, local_ranks, places, oversubscribed, node_of if multi_node else ()
+    )
+    core = _core.open_context(pool, 0, setup, arena)
     # Collective on the node: can its ranks read each other's memory (CMA) and map each
     # other's shared heap? Decided before any call publishes a heap buffer.
     core.probe_cma()
@@ -183,9 +194,8 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
         core=pool,
         cma=core.cma,
         settings=s,
-        arena=pool.arena(rank, sorted(p[0] for p in places)),
+        arena=arena,
     )
-    core.use_pool_arena(kept.arena)
     numa_nodes = tuple(p[1] for p in places)
     return Node(
         len(local_ranks), rank, local_ranks, node_of, multi_node, oversubscribed, numa_nodes, core,
@@ -193,21 +203,19 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
     )  # fmt: skip
 
 
-def from_pool(comm: MPI.Comm, s: _settings.Settings, d: _pool.Derived) -> Node:
-    """Local: this rank's node of `comm`, derived from a pool (:func:`zcoll._pool.derive`,
+def from_pool(d: _pool.Derived) -> Node:
+    """Local: this rank's node of a communicator derived from a pool (:func:`zcoll._pool.derive`,
     collective, made `d`), and its engine context on the node's block of the pool segment."""
-    pool = d.pool
-    places = [pool.places[d.ranks[m]] for m in d.members]
-    rank = d.members.index(comm.rank)
-    block = pool.core.open(d.block)
-    core = _engine(comm, s, block, pool.core, rank, d.members, places, d.oversubscribed)
-    multi_node = len(set(d.node_of)) > 1
-    if multi_node:
-        core.setup_nodes(list(d.node_of))
-    core.adopt_cma(*pool.cma)
-    core.use_pool_arena(pool.arena)
-    numa_nodes = tuple(p[1] for p in places)
+    layout, pool = d.layout, d.pool
+    if layout.setup is None:  # the layout's first context
+        places = [pool.places[layout.ranks[m]] for m in layout.members]
+        node_of = layout.node_of if layout.multi_node else ()
+        layout.setup = context_setup(
+            len(layout.ranks), layout.settings, layout.rank, layout.members, places,
+            layout.oversubscribed, node_of, pool.cma,
+        )  # fmt: skip
+    core = _core.open_context(pool.core, d.block, layout.setup, pool.arena)
     return Node(
-        len(d.members), rank, d.members, d.node_of, multi_node, d.oversubscribed, numa_nodes,
-        core, pool,
+        len(layout.members), layout.rank, layout.members, layout.node_of, layout.multi_node,
+        layout.oversubscribed, layout.numa_nodes, core, pool,
     )  # fmt: skip

@@ -9,7 +9,10 @@ context from the pool (:func:`derive`): its node ranks are found by translating 
 the pool's (no Split_type), the node's lowest rank claims a block of the node's pool segment
 (no new shared memory), and one allgather of two integers per rank checks that every rank chose
 the same pool and tells each node's ranks their block. Pids, placement, the CMA verdict and the
-tuning table come from the pool.
+tuning table come from the pool. What follows from the communicator's ranks -- its nodes, node
+ranks and the engine's set-up of its contexts -- is a :class:`Layout`, which the pool keeps per
+group of ranks and settings: a second ``Dup`` of a communicator, or ``Sub`` of a Cartesian one,
+only claims a block, agrees and opens its context.
 
 Each rank takes the earliest pool of its own that contains the communicator. Ranks whose pools
 differ (a pool's contexts freed on some ranks only), a settings change that alters the node
@@ -37,12 +40,14 @@ from mpi4py import MPI
 
 from . import _core, _settings
 
-__all__ = ["Derived", "Pool", "derive", "eager_capacity", "register"]
+__all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "register"]
 
 _NO_POOL = -1
 _pools: list[weakref.ref[Pool]] = []  # live pools of this process, in creation order
 #: How many of the latest pools stay alive with no context (see the module's notes).
 KEPT_POOLS = 4
+#: How many layouts a pool keeps (a program deriving from many different groups makes more).
+MAX_LAYOUTS = 64
 _kept: collections.deque[Pool] = collections.deque(maxlen=KEPT_POOLS)
 
 
@@ -63,6 +68,9 @@ class Pool:
     # This rank's view of the pool's arena, which every context of the pool allocates from
     # first (held here: the arena's allocator must outlive every context that uses it).
     arena: _core.PoolArena | None = None
+    # The layouts of communicators derived from the pool, by their pool ranks (Layout), the
+    # most recently made last; at most MAX_LAYOUTS.
+    layouts: dict[tuple[int, ...], Layout] = dataclasses.field(default_factory=dict)
 
 
 def eager_capacity(s: _settings.Settings) -> int:
@@ -83,15 +91,31 @@ def _free_group(group: MPI.Group) -> None:
         group.Free()
 
 
+@dataclasses.dataclass(eq=False)
+class Layout:
+    """A derived communicator's node as its pool gives it: a function of the communicator's
+    pool ranks and the settings, so made once and kept by the pool for every communicator
+    with the same ranks (each Dup of one communicator, each Sub of one Cartesian one)."""
+
+    settings: _settings.Settings  # under which it was made
+    ranks: tuple[int, ...]  # the pool rank of each communicator rank
+    rank: int  # this rank among the node's
+    members: tuple[int, ...]  # the communicator's ranks on this node, in rank order
+    node_of: tuple[int, ...]  # node of each communicator rank, named by its lowest rank
+    leaders: tuple[int, ...]  # the lowest communicator rank of each node
+    multi_node: bool
+    oversubscribed: bool
+    numa_nodes: tuple[int, ...]  # the NUMA node of each node rank
+    # The engine's set-up of its contexts (_node.context_setup), made with the first.
+    setup: _core.ContextSetup | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class Derived:
     """A derived communicator's node, as the pool gives it, and its context's block."""
 
     pool: Pool
-    ranks: tuple[int, ...]  # the pool rank of each communicator rank
-    members: tuple[int, ...]  # the communicator's ranks on this node, in rank order
-    node_of: tuple[int, ...]  # node of each communicator rank, named by its lowest rank
-    oversubscribed: bool
+    layout: Layout
     block: int  # this node's block of the pool segment
 
 
@@ -106,29 +130,61 @@ def _compatible(pool: Pool, s: _settings.Settings) -> bool:
     )
 
 
-def _oversubscribed(pool: Pool, ranks: list[int], s: _settings.Settings) -> bool:
+def _oversubscribed(pool: Pool, ranks: tuple[int, ...], s: _settings.Settings) -> bool:
     """Whether the communicator of pool ranks `ranks` has more ranks on this machine than
     CPUs."""
     machine = pool.machine_of[pool.rank]
     return sum(1 for r in ranks if pool.machine_of[r] == machine) > s.cpus
 
 
-def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, list[int]] | None:
+def _layout(pool: Pool, ranks: tuple[int, ...], s: _settings.Settings) -> Layout:
+    """The layout of the communicator of pool ranks `ranks` under `s`: the pool's if it has
+    one, else made and kept."""
+    layout = pool.layouts.get(ranks)
+    if layout is not None and layout.settings is s:
+        return layout
+    here = pool.node_of[pool.rank]
+    members = tuple(d for d, r in enumerate(ranks) if pool.node_of[r] == here)
+    # The same nodes as the pool's, named by their lowest communicator rank.
+    lowest: dict[int, int] = {}
+    for d, r in enumerate(ranks):
+        lowest.setdefault(pool.node_of[r], d)
+    node_of = tuple(lowest[pool.node_of[r]] for r in ranks)
+    me = members.index(ranks.index(pool.rank))
+    layout = Layout(
+        settings=s,
+        ranks=ranks,
+        rank=me,
+        members=members,
+        node_of=node_of,
+        leaders=tuple(lowest.values()),
+        multi_node=len(lowest) > 1,
+        oversubscribed=_oversubscribed(pool, ranks, s),
+        numa_nodes=tuple(pool.places[ranks[m]][1] for m in members),
+    )
+    pool.layouts.pop(ranks, None)
+    pool.layouts[ranks] = layout
+    if len(pool.layouts) > MAX_LAYOUTS:
+        del pool.layouts[next(iter(pool.layouts))]
+    return layout
+
+
+def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, Layout] | None:
     """The earliest live pool that serves `comm` under `s` -- its group holds every rank of
     `comm`, its node structure and tuning are those of `s`, its blocks hold the eager slots --
-    with the pool rank of each rank of `comm`; None when there is none."""
+    with the layout of `comm` in it; None when there is none."""
     group = comm.Get_group()
     try:
         for ref in _pools:
             pool = ref()
             if pool is None or not _compatible(pool, s):
                 continue
-            ranks = MPI.Group.Translate_ranks(group, None, pool.group)
+            ranks = tuple(MPI.Group.Translate_ranks(group, None, pool.group))
             if MPI.UNDEFINED in ranks:
                 continue
-            eager = s.eager_bytes_for(_oversubscribed(pool, ranks, s))
-            if eager <= pool.core.eager_bytes:
-                return pool, list(ranks)
+            layout = _layout(pool, ranks, s)
+            if s.eager_bytes_for(layout.oversubscribed) <= pool.core.eager_bytes:
+                return pool, layout
     finally:
         group.Free()
     return None
@@ -141,34 +197,26 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
     found = _containing(comm, s) if s.node_pools == "1" else None
     token, block = _NO_POOL, -1
     if found is not None:
-        pool, ranks = found
-        here = pool.node_of[pool.rank]
-        members = tuple(d for d in range(comm.size) if pool.node_of[ranks[d]] == here)
+        pool, layout = found
         token = pool.token
-        if members[0] == comm.rank:
-            block = _claim(pool.core, len(members))
+        if layout.members[0] == comm.rank:
+            block = _claim(pool.core, len(layout.members))
     # The one agreement: every rank's pool and, from each node's lowest rank, its block.
     mine = np.array([token, block], dtype=np.int64)
     gathered = np.empty((comm.size, 2), dtype=np.int64)
     comm.Allgather(mine, gathered)
     every = gathered.tolist()  # Python ints: a few are read, and NumPy's scalars cost more
-    if found is None or any(t != token for t, _ in every):
+    if (
+        found is None
+        or any(t != token for t, _ in every)
+        or not all(every[d][1] >= 0 for d in layout.leaders)
+    ):
         _fall_back(found, block)
         return None
-    # The same pool on every rank: the same nodes, named by their lowest communicator rank.
-    leaders: dict[int, int] = {}
-    for d, r in enumerate(ranks):
-        leaders.setdefault(pool.node_of[r], d)
-    if not all(every[d][1] >= 0 for d in leaders.values()):
-        _fall_back(found, block)
-        return None
-    node_of = tuple(leaders[pool.node_of[r]] for r in ranks)
-    block = every[members[0]][1]
-    oversubscribed = _oversubscribed(pool, ranks, s)
-    return Derived(pool, tuple(ranks), members, node_of, oversubscribed, block)
+    return Derived(pool, layout, every[layout.members[0]][1])
 
 
-def _fall_back(found: tuple[Pool, list[int]] | None, block: int) -> None:
+def _fall_back(found: tuple[Pool, Layout] | None, block: int) -> None:
     """Frees the block this rank claimed for a derivation the ranks did not agree on."""
     if found is not None and block >= 0:
         found[0].core.abandon(block)

@@ -13,6 +13,7 @@ import pytest
 
 from helpers import all_ranks_agree, rss_bytes
 from helpers.fft import global_array
+from zcoll import _context
 from zcoll.fft import PFFT
 from zcoll.fft import _backends as backends
 from zcoll.fft import pencil as pencil_module
@@ -172,6 +173,34 @@ def test_unused_transfer_makes_nothing(world):
     t.destroy()
     sub.destroy()
     all_ranks_agree(world, ok, f"lazy transfer: {before} -> {pencil_module.made}")
+
+
+def test_a_transfer_pair_agrees_once(world):
+    """On one node the second direction's plan is made from the first's agreement: the first
+    backward costs the engine no more protocol calls than a later backward, and the results
+    are the transpose's (checked against the global array)."""
+    sub = Subcomm(world, (0, 1))
+    pa = Pencil(sub, (9, 7), 1)
+    pb = pa.pencil(0)
+    t = pa.transfer(pb, float)
+    glob = np.arange(63, dtype=float).reshape(9, 7)
+    a = np.ascontiguousarray(glob[pa.local_slice()])
+    b = np.zeros(pb.subshape)
+    t.forward(a, b)  # the context, the work arrays and the forward plan
+    comm = t.comm
+    ok = bool((b == glob[pb.local_slice()]).all())
+    a[...] = 0
+    calls = []
+    for _ in range(2):
+        before = _context.context(comm).core.calls
+        t.backward(b, a)
+        calls.append(_context.context(comm).core.calls - before)
+        ok &= bool((a == glob[pa.local_slice()]).all())
+    if not _context.context(comm).multi_node:
+        ok &= calls[0] == calls[1]
+    t.destroy()
+    sub.destroy()
+    all_ranks_agree(world, ok, f"protocol calls of the first and second backward: {calls}")
 
 
 def test_pfft_plans_its_transposes_at_the_first_call(world):

@@ -392,7 +392,9 @@ class Transfer:
     With `staging`, each direction is a :class:`TransferPlan` between the work arrays: every
     check, the agreement between ranks, the schedule, the copy mode and the peers' addresses
     are settled once, and a call is one run (one crossing into the engine, two node barriers,
-    the copies). Each rank still decides alone, on every call, whether its arrays go through
+    the copies). On one node the pair agrees once: the second direction's plan is made from
+    what the first one's creation resolved (the same arrays, swapped), with no agreement of
+    its own. Each rank still decides alone, on every call, whether its arrays go through
     the work arrays: a C-contiguous array the plan accepts (in the arena or the shared heap,
     or any when the plan pulls by CMA) is handed to the run in place of the work array (the
     plan's rebinding: the rank publishes its address in the run's entry barrier, which it
@@ -553,7 +555,15 @@ class Transfer:
             staged = _Staging(work_a, work_b)
         plan = staged.plans[side]
         if plan is None:
-            plan = staged.plans[side] = self._init(staged.work[side], staged.work[1 - side], side)
+            inverse = staged.plans[1 - side]
+            if inverse is not None and not inverse.across_nodes:
+                # Made at the same point on every rank from what the inverse's agreement
+                # resolved: the pair agrees once.
+                made["plans"] += 1
+                plan = inverse.reversed()
+            else:
+                plan = self._init(staged.work[side], staged.work[1 - side], side)
+            staged.plans[side] = plan
         self._staged[lead] = staged
         return staged, plan
 
@@ -664,10 +674,26 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
 
     _kind = "zcoll.fft.TransferPlan"
 
+    #: Whether runs also cross nodes (then each direction is made by its own agreement).
+    across_nodes = False
+
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         super().__init__(ctx.core, src, dst, shape, axis_a, axis_b, order, copy)
         self._made = True
         self._ctx = ctx
+        self._copy_code = copy
+
+    def reversed(self) -> TransferPlan:
+        """Local, at the same point on every rank (the plans of a context are numbered in the
+        order they are made): the plan of the inverse transpose, from `dst` into `src`, made
+        from what this plan's creation agreed on and resolved, with no agreement of its own.
+        Only on one node."""
+        plan = TransferPlan.__new__(TransferPlan)
+        _core.TransferPlan.__init__(plan, self, self._copy_code)
+        plan._made = True
+        plan._ctx = self._ctx
+        plan._copy_code = self._copy_code
+        return plan
 
     def run(self, src=None, dst=None) -> None:
         """Collective: one run (``start(src, dst)`` then ``wait()``)."""
@@ -681,6 +707,8 @@ class _MultiNodeTransferPlan(TransferPlan):
     """A transfer plan on a communicator spanning several nodes: the node part in the engine;
     every run agrees across nodes on its record and exchanges the blocks between nodes as MPI
     subarray messages (datatypes made once), from C++ in the run's crossing."""
+
+    across_nodes = True
 
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         record = ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, order, copy, True)
