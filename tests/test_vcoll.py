@@ -381,6 +381,50 @@ def test_private_buffers_match_mpi(comm, op, path):
     all_ranks_agree(comm, not failures, f"{op} {path}: {failures}")
 
 
+@pytest.mark.parametrize("received", [6 << 10, 12 << 10, 24 << 10])
+@pytest.mark.parametrize("buffers", ["private", "send private", "receive private", "by rank"])
+def test_private_buffers_past_the_eager_size(comm, buffers, received):
+    """alltoallv and allgatherv receiving 6, 12 and 24 KiB per rank under the measured rules:
+    plain buffers between the eager size and the eager slots' capacity go through the slots,
+    beyond it they are staged or pulled, and a call whose ranks differ (arena on one rank,
+    plain on the others: "by rank") takes the path they all can. Bits as MPI's."""
+    p, me = comm.size, comm.rank
+    count = max(1, received // (8 * p))
+    send_arena, recv_arena = {
+        "private": (False, False),
+        "send private": (False, True),
+        "receive private": (True, False),
+        "by rank": (me == 0, me == 0),
+    }[buffers]
+
+    def array(n: int, arena: bool) -> np.ndarray:
+        shared = zcoll.empty(comm, n)  # collective: every rank makes one, some use it
+        return shared if arena else np.empty(n)
+
+    rng = np.random.default_rng([17, me, received])
+    counts = np.full(p, count, np.int64)
+    displs = ref.packed_displs(counts)
+    failures = []
+    send = array(p * count, send_arena)
+    send[...] = rng.random(send.size)
+    recv = array(p * count, recv_arena)
+    expected = np.full(recv.shape, -1.0)
+    recv[...] = -1.0
+    ref.mpi_alltoallv(comm, send, counts, displs, expected, counts, displs)
+    zcoll.alltoallv(comm, [send, counts], [recv, counts])
+    if not ref.same_bits(recv, expected):
+        failures.append(f"alltoallv: {ref.first_difference(recv, expected)}")
+    mine = array(count, send_arena)
+    mine[...] = rng.random(count)
+    expected[...] = -1.0
+    recv[...] = -1.0
+    ref.mpi_allgatherv(comm, mine, count, expected, counts, displs)
+    zcoll.allgatherv(comm, mine, [recv, counts])
+    if not ref.same_bits(recv, expected):
+        failures.append(f"allgatherv: {ref.first_difference(recv, expected)}")
+    all_ranks_agree(comm, not failures, f"{buffers}, {received} B received: {failures}")
+
+
 @pytest.mark.parametrize("mode", ["arena", "private"])
 def test_allgatherv_in_place_matches_mpi(comm, mode):
     """This rank's block already at recvbuf[displs[rank]:]; the holes untouched."""

@@ -73,7 +73,7 @@ void node_context::setup_eager(std::size_t bytes) {
   protocol_.check_usable();
   const std::size_t slot = round_up(bytes, detail::partition_allocator::alignment);
   if (slot) eager_ = segments_.create(round_up(2 * slot, page_size()));
-  policy_.set_eager_bytes(slot);
+  policy_.set_eager_bytes(slot, slot);
 }
 
 void node_context::use_eager(std::shared_ptr<shm_segment> area, std::size_t partition,
@@ -88,7 +88,9 @@ void node_context::use_eager(std::shared_ptr<shm_segment> area, std::size_t part
     seg->partition_bytes = partition;
     eager_ = std::move(seg);
   }
-  policy_.set_eager_bytes(slot);
+  // Each parity's slot takes half the partition: the pool's largest eager size, or more.
+  constexpr std::size_t align = detail::partition_allocator::alignment;
+  policy_.set_eager_bytes(slot, partition / 2 / align * align);
 }
 
 void node_context::prepare(op_code op, const array_view* send, const array_view& recv, int order,

@@ -170,7 +170,7 @@ class node_context {
   node_segments& segments() noexcept { return segments_; }
   // Node rank `rank`'s eager slot of barrier parity `parity`.
   std::byte* eager_slot(int rank, std::size_t parity) const noexcept {
-    return eager_->partition(rank) + parity * policy_.eager_bytes();
+    return eager_->partition(rank) + parity * policy_.eager_capacity();
   }
   // The schedule this context uses for `op` (in place or not) and `order` (numa: over the node
   // ranks' NUMA nodes, config().numa_nodes).
@@ -267,8 +267,8 @@ class node_context {
   node_segments segments_;
   auto_policy policy_;
   cross_memory cma_;
-  std::shared_ptr<data_segment> eager_;          // two slots of eager_bytes() per rank, by parity
-  std::map<schedule_spec, schedule> schedules_;  // by (kind, order, numa domains)
+  std::shared_ptr<data_segment> eager_;  // two slots of the eager capacity per rank, by parity
+  std::map<schedule_spec, schedule> schedules_;      // by (kind, order, numa domains)
   std::vector<std::byte*> send_bases_, recv_bases_;  // per call, kept to avoid reallocating
   std::vector<std::uint64_t> pull_from_;             // per pulled call: private send buffers
   std::uint64_t plans_ = 0;                          // plans created

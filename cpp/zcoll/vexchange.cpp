@@ -306,10 +306,12 @@ void v_exchange::run(const v_call& c) {
   call_protocol& proto = ctx_.protocol();
   auto& line = proto.next(c.op);
   const std::size_t parity = proto.parity();
-  write_metadata(mine, parity, c.order == auto_order && fill_eager_slot(c, mine, parity));
-  describe_line(c, mine, line);
   if (c.send) line.send = ctx_.segments().locate(c.send->data, c.send->nbytes);
   line.recv = ctx_.segments().locate(c.recv->data, c.recv->nbytes);
+  const bool private_buffers = (c.send && line.send.segment == 0) || line.recv.segment == 0;
+  write_metadata(mine, parity,
+                 c.order == auto_order && fill_eager_slot(c, mine, parity, private_buffers));
+  describe_line(c, mine, line);
   const auto all = proto.publish();
   check_calls(all, c.op);
   check_arguments(all);
@@ -322,12 +324,14 @@ void v_exchange::run(const v_call& c) {
     execute(c, mine, all, parity);
 }
 
-bool v_exchange::fill_eager_slot(const v_call& c, const checked_call& mine, std::size_t parity) {
+bool v_exchange::fill_eager_slot(const v_call& c, const checked_call& mine, std::size_t parity,
+                                 bool private_buffers) {
   const bool in_place = c.in_place != v_in_place::none;
   const std::uint64_t extent = in_place ? mine.recv_extent : mine.send_extent;
   // Both what this rank puts in its slot and what it pulls must fit, as for alltoall's rule on
-  // the bytes received (a neighbour allgather of 16 KiB receives 4 x 16 KiB: eager lost 2.6x).
-  if (!ctx_.policy().eager_fits(std::max(extent, mine.recv_extent))) return false;
+  // the bytes received (a neighbour allgather of 16 KiB receives 4 x 16 KiB: eager lost 2.6x);
+  // private buffers also up to the slots' capacity, where they would be staged.
+  if (!ctx_.policy().eager_takes(std::max(extent, mine.recv_extent), private_buffers)) return false;
   std::byte* slot = ctx_.eager_slot(ctx_.config().rank, parity);
   if (in_place)
     copy_spans(slot, static_cast<const std::byte*>(c.recv->data), mine.in_place_data(c.in_place));

@@ -234,8 +234,10 @@ class v_exchange {
   // Small calls: every rank's data went into its eager slot before the barrier; each rank
   // pulls its own receive blocks from the senders' slots. One barrier, no staging.
   void execute_eager(const v_call& call, std::size_t parity);
-  // Copies this rank's data into its eager slot when it fits; whether it did.
-  bool fill_eager_slot(const v_call& call, const checked_call& mine, std::size_t parity);
+  // Copies this rank's data into its eager slot when the policy takes it there (its buffers
+  // `private_buffers`: outside shared memory); whether it did.
+  bool fill_eager_slot(const v_call& call, const checked_call& mine, std::size_t parity,
+                       bool private_buffers);
   void stage_in(const v_call& call, const checked_call& mine, const detail::rank_line& line,
                 std::uint64_t send_part);
   void stage_out(const v_call& call, const v_pattern& p, const std::vector<v_tuple>& tuples,

@@ -598,9 +598,11 @@ def alltoallv(
     order : {"auto", "row", "column", "morton", "hilbert", "numa"}
         Traversal of the (receiver, sender) grid of the pairs that communicate; the same on
         every rank ("numa" runs as Morton: the pieces are balanced by bytes over all ranks).
-        "auto": calls where every rank's data (sent and received) fits the eager
-        slots (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its
-        slot, one barrier), others Morton order (its pieces balanced by bytes). "row" is the
+        "auto": calls where every rank's data (sent and received) is within the eager size
+        (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its slot,
+        one barrier), and so are calls whose ranks all have a buffer outside shared memory,
+        up to half ``ZCOLL_CMA_BYTES`` (8 KiB) where the slots hold it (16 KiB);
+        others Morton order (its pieces balanced by bytes). "row" is the
         naive baseline: each receiver copies its own blocks, in its list's order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
         Stores used by the block copies, as for :func:`zcoll.alltoall`.
