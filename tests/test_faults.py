@@ -232,8 +232,7 @@ class ForkedNode:
                 return
             nbytes = _core.NodeContext.control_bytes(self.n)
             control = _core.SharedSegment.attach(setup["name"], nbytes)
-            ctx = _core.NodeContext(
-                control,
+            node = _core.ContextSetup(
                 rank=rank,
                 size=self.n,
                 comm_size=self.n,
@@ -241,6 +240,7 @@ class ForkedNode:
                 pids=setup["pids"],
                 **self.options,
             )
+            ctx = _core.NodeContext(control, node)
             up.send({"kind": "ready"})
             self.scenario(rank, ctx, up, down)
             code = 0

@@ -392,17 +392,11 @@ context_config make_config(int rank, int size, int comm_size, std::vector<int> c
   return c;
 }
 
-// NodeContext(control, rank, size, ...): the context of this rank among the node's ranks.
-std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control, int rank, int size,
-                                           int comm_size, std::vector<int> comm_ranks,
-                                           std::vector<std::int32_t> pids, int barrier,
-                                           double timeout, std::uint32_t spin, std::uint32_t yields,
-                                           double slice, std::vector<int> numa_nodes,
-                                           std::vector<int> packages, std::vector<int> l3_caches) {
-  return std::make_shared<node_context>(
-      std::move(control), make_config(rank, size, comm_size, std::move(comm_ranks), std::move(pids),
-                                      barrier, timeout, spin, yields, slice, std::move(numa_nodes),
-                                      std::move(packages), std::move(l3_caches)));
+// NodeContext(control, setup): a context on a control segment of its own, with the node the
+// set-up describes (its configuration only: eager slots and thresholds come with open_context).
+std::shared_ptr<node_context> make_context(std::shared_ptr<shm_segment> control,
+                                           const context_setup& setup) {
+  return std::make_shared<node_context>(std::move(control), setup.config);
 }
 
 cross_memory::state cma_state(const std::string& name) {
@@ -416,8 +410,9 @@ context_setup make_setup(int rank, int size, int comm_size, std::vector<int> com
                          std::uint32_t spin, std::uint32_t yields, double slice,
                          std::vector<int> numa_nodes, std::vector<int> packages,
                          std::vector<int> l3_caches, std::size_t eager_bytes,
-                         std::size_t copy_threshold, std::size_t copy_cache, std::size_t cma_bytes,
-                         std::vector<int> node_of,
+                         std::optional<std::size_t> copy_threshold,
+                         std::optional<std::size_t> copy_cache,
+                         std::optional<std::size_t> cma_bytes, std::vector<int> node_of,
                          std::optional<std::pair<std::string, std::string>> cma) {
   context_setup s;
   s.config = make_config(rank, size, comm_size, std::move(comm_ranks), std::move(pids), barrier,
@@ -438,10 +433,12 @@ void register_context_setup(py::module_& m) {
                             "A node context's set-up, kept per layout (context_setup.hpp).")
       .def(py::init(&make_setup), py::arg("rank"), py::arg("size"), py::arg("comm_size"),
            py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"), py::arg("timeout"),
-           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"), py::arg("numa_nodes"),
-           py::arg("packages"), py::arg("l3_caches"), py::arg("eager_bytes"),
-           py::arg("copy_threshold"), py::arg("copy_cache"), py::arg("cma_bytes"),
-           py::arg("node_of"), py::arg("cma") = py::none());
+           py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
+           py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{},
+           py::arg("l3_caches") = std::vector<int>{}, py::arg("eager_bytes") = 0,
+           py::arg("copy_threshold") = py::none(), py::arg("copy_cache") = py::none(),
+           py::arg("cma_bytes") = py::none(), py::arg("node_of") = std::vector<int>{},
+           py::arg("cma") = py::none());
   m.def("open_context", &open_context, py::arg("pool"), py::arg("index"), py::arg("setup"),
         py::arg("arena"),
         "Local: this rank's NodeContext on claimed block `index` of `pool`, configured by "
@@ -481,11 +478,9 @@ void register_mpi_sender(py::module_& m) {
 
 // The context's construction, its arena and the node's alltoall and allgather.
 void def_node_calls(context_class& cls) {
-  cls.def(py::init(&make_context), py::arg("control"), py::arg("rank"), py::arg("size"),
-          py::arg("comm_size"), py::arg("comm_ranks"), py::arg("pids"), py::arg("barrier"),
-          py::arg("timeout"), py::arg("spin"), py::arg("yields"), py::arg("sleep_slice"),
-          py::arg("numa_nodes") = std::vector<int>{}, py::arg("packages") = std::vector<int>{},
-          py::arg("l3_caches") = std::vector<int>{});
+  cls.def(py::init(&make_context), py::arg("control"), py::arg("setup"),
+          "A context on `control`, a segment of its own (node_context::control_bytes), for the "
+          "node `setup` (a ContextSetup) describes; contexts of a pool: open_context.");
   cls.def_static("control_bytes", &node_context::control_bytes, py::arg("size"));
   cls.def(
       "allocate",

@@ -35,11 +35,12 @@ class pool_arena;
 
 struct context_setup {
   context_config config;
-  std::size_t eager_bytes = 0;     // largest per-rank receive of the eager path (0: none)
-  std::size_t copy_threshold = 0;  // copy="auto"'s initial hybrid threshold
-  std::size_t copy_cache = 0;      // copy="auto" keeps calls moving at most this much temporal
-  std::size_t cma_bytes = 0;       // fewest bytes per rank a call receives to pull by CMA
-  std::vector<int> node_of;        // lowest communicator rank of each rank's node (empty: one)
+  std::size_t eager_bytes = 0;  // largest per-rank receive of the eager path (0: none)
+  // copy="auto"'s initial hybrid threshold, the most a call may move and stay temporal, and
+  // the fewest bytes per rank a call receives to pull private buffers by CMA (none: the
+  // engine's defaults).
+  std::optional<std::size_t> copy_threshold, copy_cache, cma_bytes;
+  std::vector<int> node_of;  // lowest communicator rank of each rank's node (empty: one)
   // The node's CMA verdict when a probe among these ranks was already made (the pool's); none:
   // the caller probes (collective) before the first call.
   std::optional<std::pair<cross_memory::state, std::string>> cma;

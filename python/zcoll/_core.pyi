@@ -86,14 +86,14 @@ class ContextSetup:
         spin: int,
         yields: int,
         sleep_slice: float,
-        numa_nodes: list[int],
-        packages: list[int],
-        l3_caches: list[int],
-        eager_bytes: int,
-        copy_threshold: int,
-        copy_cache: int,
-        cma_bytes: int,
-        node_of: list[int],
+        numa_nodes: list[int] = ...,
+        packages: list[int] = ...,
+        l3_caches: list[int] = ...,
+        eager_bytes: int = 0,
+        copy_threshold: int | None = None,
+        copy_cache: int | None = None,
+        cma_bytes: int | None = None,
+        node_of: list[int] = ...,
         cma: tuple[str, str] | None = None,
     ) -> None: ...
 
@@ -268,23 +268,7 @@ def v_schedule(
 def v_piece(total: int, parts: int, rank: int) -> tuple[int, int]: ...
 
 class NodeContext:
-    def __init__(
-        self,
-        control: SharedSegment,
-        rank: int,
-        size: int,
-        comm_size: int,
-        comm_ranks: list[int],
-        pids: list[int],
-        barrier: int,
-        timeout: float,
-        spin: int,
-        yields: int,
-        sleep_slice: float,
-        numa_nodes: list[int] = ...,
-        packages: list[int] = ...,
-        l3_caches: list[int] = ...,
-    ) -> None: ...
+    def __init__(self, control: SharedSegment, setup: ContextSetup) -> None: ...
     @staticmethod
     def control_bytes(size: int) -> int: ...
     def allocate(self, nbytes: int) -> ArenaBlock: ...
