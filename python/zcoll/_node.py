@@ -125,10 +125,11 @@ def context_setup(
 ) -> _core.ContextSetup:
     """The engine's set-up of a context (context_setup.hpp): node rank `rank` of the ranks
     `local_ranks` of a communicator of `comm_size` ranks, each at pid, NUMA node, package, L3
-    `places`, configured by the settings `s`; `node_of` (each rank's node, named by its lowest
-    rank) when the communicator spans several nodes, else empty; the node's CMA verdict `cma`
-    when known (a pool's), else the context probes it."""
+    `places`, configured by the settings `s`, each communicator rank on node `node_of` (named
+    by its lowest rank); the node's CMA verdict `cma` when known (a pool's), else the context
+    probes it."""
     size = len(local_ranks)
+    multi_node = len(set(node_of)) > 1
     return _core.ContextSetup(
         rank=rank,
         size=size,
@@ -144,7 +145,7 @@ def context_setup(
         copy_threshold=s.copy_threshold_for(size),
         copy_cache=s.llc_bytes,
         cma_bytes=s.cma_bytes_for(),
-        node_of=list(node_of),
+        node_of=list(node_of) if multi_node else [],  # one node: no rounds between nodes
         cma=cma,
     )
 
@@ -177,9 +178,7 @@ def join(comm: MPI.Comm, s: _settings.Settings) -> Node:
     ranks_on_machine = sum(1 for _, m, _ in everyone if m == machine)
     oversubscribed = ranks_on_machine > s.cpus
     arena = pool.arena(rank, sorted(p[0] for p in places))
-    setup = context_setup(
-        comm.size, s, rank, local_ranks, places, oversubscribed, node_of if multi_node else ()
-    )
+    setup = context_setup(comm.size, s, rank, local_ranks, places, oversubscribed, node_of)
     core = _core.open_context(pool, 0, setup, arena)
     # Collective on the node: can its ranks read each other's memory (CMA) and map each
     # other's shared heap? Decided before any call publishes a heap buffer.
@@ -209,10 +208,9 @@ def from_pool(d: _pool.Derived) -> Node:
     layout, pool = d.layout, d.pool
     if layout.setup is None:  # the layout's first context
         places = [pool.places[layout.ranks[m]] for m in layout.members]
-        node_of = layout.node_of if layout.multi_node else ()
         layout.setup = context_setup(
             len(layout.ranks), layout.settings, layout.rank, layout.members, places,
-            layout.oversubscribed, node_of, pool.cma,
+            layout.oversubscribed, layout.node_of, pool.cma,
         )  # fmt: skip
     core = _core.open_context(pool.core, d.block, layout.setup, pool.arena)
     return Node(

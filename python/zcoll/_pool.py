@@ -103,11 +103,14 @@ class Layout:
     members: tuple[int, ...]  # the communicator's ranks on this node, in rank order
     node_of: tuple[int, ...]  # node of each communicator rank, named by its lowest rank
     leaders: tuple[int, ...]  # the lowest communicator rank of each node
-    multi_node: bool
     oversubscribed: bool
     numa_nodes: tuple[int, ...]  # the NUMA node of each node rank
     # The engine's set-up of its contexts (_node.context_setup), made with the first.
     setup: _core.ContextSetup | None = None
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.leaders) > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +161,6 @@ def _layout(pool: Pool, ranks: tuple[int, ...], s: _settings.Settings) -> Layout
         members=members,
         node_of=node_of,
         leaders=tuple(lowest.values()),
-        multi_node=len(lowest) > 1,
         oversubscribed=_oversubscribed(pool, ranks, s),
         numa_nodes=tuple(pool.places[ranks[m]][1] for m in members),
     )
