@@ -1383,3 +1383,89 @@ def test_neighbor_bad_input_on_one_rank(world, topologies, topo, bad):
     else:
         want = (ValueError,)
     expect_everywhere(comm, lambda: fn(comm, *args, order=order), want, untouched, topology=True)
+
+
+# --- persistent irregular calls -------------------------------------------------------------
+
+V_PLANS = ["alltoallv", "alltoallv in place", "allgatherv", "allgatherv in place",
+           "neighbor_alltoallv"]  # fmt: skip
+
+
+def _plan_buffers(comm, rng_g, rng_l, case: str, dtype, arena: bool):
+    """(send spec or IN_PLACE, receive spec, the array whose blocks are sent, reference(send,
+    recv) that runs mpi4py's call or the point-to-point reference on copies): a seeded call of
+    `case`, some blocks large enough to go rank to rank between nodes."""
+
+    def make(n: int, dtype) -> np.ndarray:
+        return zcoll.empty(comm, n, dtype) if arena else np.empty(n, dtype)
+
+    in_place = case.endswith("in place")
+    if case.startswith("neighbor"):
+        scounts, rcounts = ref.edge_counts(comm, rng_g, rng_l, high=700)
+    elif case.startswith("alltoallv"):
+        matrix = ref.count_matrix(rng_g, comm.size, large=3000)
+        if in_place:
+            matrix = np.maximum(matrix, matrix.T)
+        scounts, rcounts = matrix[comm.rank], matrix[:, comm.rank]
+    else:
+        counts = ref.count_matrix(rng_g, comm.size, large=3000)[0]
+        scounts, rcounts = counts[comm.rank : comm.rank + 1], counts
+    sdispls, slen = ref.layout(rng_l, scounts)
+    rdispls, rlen = ref.layout(rng_l, rcounts)
+    send, recv = make(slen, dtype), make(rlen, dtype)
+    ref.random_fill(recv, rng_l)
+    if case == "alltoallv in place":
+        sdispls = rdispls
+    sspec = [send, (scounts, sdispls)]
+    if case.startswith("allgatherv"):
+        send = make(int(scounts[0]), dtype)
+        sspec, sdispls = send, np.zeros(1, np.int64)
+    rspec = [recv, (rcounts, rdispls)]
+    if case.startswith("neighbor"):
+        reference = ref.neighbor_reference("alltoallv", "p2p")
+
+        def run_reference(s, r):
+            reference(comm, s, scounts, sdispls, r, rcounts, rdispls)
+    elif case.startswith("alltoallv"):
+
+        def run_reference(s, r):
+            ref.mpi_alltoallv(comm, MPI.IN_PLACE if in_place else s, scounts, sdispls, r, rcounts,
+                              rdispls)  # fmt: skip
+    else:
+
+        def run_reference(s, r):
+            ref.mpi_allgatherv(comm, MPI.IN_PLACE if in_place else s, int(scounts[0]), r,
+                               rcounts, rdispls)  # fmt: skip
+
+    if in_place:
+        return zcoll.IN_PLACE, rspec, recv, run_reference
+    return sspec, rspec, send, run_reference
+
+
+@pytest.mark.parametrize("case", V_PLANS)
+@pytest.mark.parametrize("mode", ["arena", "private"])
+def test_irregular_plans_match_mpi(world, topologies, case, mode):
+    """Each irregular plan, run three times on new data written into its buffers, against
+    mpi4py's call on the same data (neighbour calls: the point-to-point reference, on a graph
+    with repeated edges, so several blocks travel between one pair of ranks); in place too."""
+    comm = topology_or_skip(topologies, "graph_repeated_ring") if "neighbor" in case else world
+    failures = []
+    if member(comm):
+        rng_g, rng_l = seeded_rngs(comm, [40, V_PLANS.index(case), mode == "arena"])
+        for dtype in (np.float64, np.int16):
+            sendspec, recvspec, send, run_reference = _plan_buffers(
+                comm, rng_g, rng_l, case, dtype, mode == "arena"
+            )
+            recv = recvspec[0]
+            init = getattr(zcoll, case.split()[0] + "_init")
+            with init(comm, sendspec, recvspec) as plan:
+                for run in range(3):
+                    ref.random_fill(send, rng_l)
+                    expected = recv.copy()
+                    run_reference(send.copy() if sendspec is not zcoll.IN_PLACE else recv.copy(),
+                                  expected)  # fmt: skip
+                    plan()
+                    if not ref.same_bits(recv, expected):
+                        failures.append(f"{np.dtype(dtype)} run {run}: "
+                                        f"{ref.first_difference(recv, expected)}")  # fmt: skip
+    all_ranks_agree(world, not failures, f"{case} plan ({mode}): {failures}")

@@ -286,68 +286,6 @@ PyMethodDef fast_collective_def = {
 
 }  // namespace
 
-#ifdef ZCOLL_HAVE_MPI
-namespace {
-
-// `buffer` (a C-contiguous ndarray, writable to receive) as a buffer to or from `peer`.
-peer_buffer buffer_of(int peer, int tag, const py::object& buffer, bool receive) {
-  if (!py::isinstance<py::array>(buffer))
-    throw py::type_error("exchange_buffers: buffers must be numpy arrays");
-  const array_view v = view_of(py::reinterpret_borrow<py::array>(buffer));
-  if (!v.c_contiguous || (receive && !v.writeable))
-    throw std::invalid_argument(
-        "exchange_buffers: buffers must be C-contiguous (writable "
-        "to receive)");
-  return {peer, tag, static_cast<std::byte*>(const_cast<void*>(v.data)), v.nbytes};
-}
-
-}  // namespace
-
-std::vector<peer_buffer> peer_buffers(const py::list& items, bool receive) {
-  std::vector<peer_buffer> out;
-  out.reserve(items.size());
-  for (const py::handle item : items) {
-    const auto [peer, tag, buffer] = item.cast<std::tuple<int, int, py::object>>();
-    out.push_back(buffer_of(peer, tag, buffer, receive));
-  }
-  return out;
-}
-
-remote_runs::remote_runs(std::shared_ptr<node_context> ctx, const nodes_route& route,
-                         const py::list& recvs, const py::list& sends, const py::list& saved,
-                         std::string what)
-    : ctx_(std::move(ctx)),
-      messages_(comm_from_handle(route.comm), peer_buffers(recvs, true),
-                peer_buffers(sends, false)),
-      rank_(route.rank),
-      what_(std::move(what)) {
-  for (const py::handle pair : saved) {
-    const auto [copy, live] = pair.cast<std::tuple<py::object, py::object>>();
-    refresh_.emplace_back(buffer_of(0, 0, copy, true), buffer_of(0, 0, live, false));
-    if (refresh_.back().first.bytes != refresh_.back().second.bytes)
-      throw std::invalid_argument("a saved block and its live place differ in size");
-  }
-  keep_.append(recvs);
-  keep_.append(sends);
-  keep_.append(saved);
-}
-
-void remote_runs::start() {
-  if (const node_messages* rounds = ctx_->rounds()) rounds->check_unbroken();
-  for (const auto& [saved, live] : refresh_) std::memcpy(saved.data, live.data, live.bytes);
-  messages_.start();
-}
-
-bool remote_runs::failed() const {
-  return plan_messages_failed(*ctx_);
-}
-
-void remote_runs::wait() {
-  wait_plan_messages(*ctx_, messages_, rank_, what_);
-}
-
-#endif
-
 std::shared_ptr<node_context> registered_context(PyObject* comm) {
   return fast_path::context_of(comm);
 }

@@ -79,7 +79,20 @@ void register_plan(py::module_& m) {
       .def("start", [](bound_collective& b) { start_run(b); });
   def_plan_runs(cls);
 #ifdef ZCOLL_HAVE_MPI
-  def_remote_runs(cls);
+  cls.def(
+      "_attach_remote",
+      [](bound_collective& b, const nodes_route& route, int tag) {
+        const persistent_plan& plan = b.usable();
+        const array_view recv = view_of(py::reinterpret_borrow<py::array>(b.recv));
+        array_view send;
+        if (!is_in_place(b.send)) send = view_of(py::reinterpret_borrow<py::array>(b.send));
+        b.remote = collective_plan_blocks(plan.context(), plan.args().op,
+                                          is_in_place(b.send) ? nullptr : &send, recv, route, tag);
+      },
+      py::arg("route"), py::arg("tag"),
+      "Local, once after creation on several nodes: the plan's runs also exchange its blocks "
+      "between nodes (persistent requests on the route's private dup, with `tag`), in the same "
+      "crossing.");
 #endif
   cls.def_property_readonly("sendbuf", [](const bound_collective& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_collective& b) { return b.recv; })

@@ -184,47 +184,21 @@ void transfer_across_nodes(node_context& ctx, const py::object& send, const py::
       [](const std::string&) {});  // the round raised already
 }
 
-// A TransferPlan's part between nodes: every run agrees across nodes on the run's record, then
-// posts the plan's subarray messages on the run's arrays before the node part, and waits for
-// them after it.
-class transfer_remote final : public plan_remote {
- public:
-  transfer_remote(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
-                  const nodes_route& route, int tag, std::string what)
-      : ctx_(std::move(ctx)),
-        slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
-        route_(route),
-        what_(std::move(what)) {}
-
-  void agree(const call_record& record) { bind::agree(*ctx_, record, route_, what_); }
-  void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
-  void start() override { slabs_.post(comm_from_handle(route_.comm), recv_, send_); }
-  void wait() override {
-    wait_plan_messages(*ctx_, slabs_, route_.rank, what_ + " (blocks between nodes)");
-  }
-  bool test() override { return slabs_.test(); }
-  bool failed() const override { return plan_messages_failed(*ctx_); }
-
- private:
-  std::shared_ptr<node_context> ctx_;
-  slab_messages slabs_;
-  nodes_route route_;
-  std::string what_;
-  void* recv_ = nullptr;
-  const void* send_ = nullptr;
-};
-
 // TransferPlan.start on several nodes: the plan's or the engine's error first (freed, active,
 // closed: before any message), then the round that agrees on every rank's run, the messages
 // between nodes posted on this run's arrays, then the node part.
-void start_across_nodes(bound_transfer& b, transfer_remote& remote, const py::object& send,
+void start_across_nodes(bound_transfer& b, transfer_plan_blocks& remote, const py::object& send,
                         const py::object& recv) {
   transfer_plan& plan = b.usable();
   if (plan.active() || plan.context()->closed() || plan.context()->broken()) {
     blocking(b, [](transfer_plan& p) { p.start(); });  // raises the engine's error
     return;
   }
-  remote.agree(record_of(run_record(b, send, recv)));
+  {
+    const call_record record = record_of(run_record(b, send, recv));
+    py::gil_scoped_release release;
+    remote.agree(record);
+  }
   auto data = [](const py::object& given, const py::object& own) {
     return const_cast<void*>(
         py::reinterpret_borrow<py::array>(given.is_none() ? own : given).data());
@@ -244,7 +218,7 @@ void start_across_nodes(bound_transfer& b, transfer_remote& remote, const py::ob
 
 void start_transfer(bound_transfer& b, const py::object& send, const py::object& recv) {
 #ifdef ZCOLL_HAVE_MPI
-  if (auto* remote = dynamic_cast<transfer_remote*>(b.remote.get()))
+  if (auto* remote = dynamic_cast<transfer_plan_blocks*>(b.remote.get()))
     return start_across_nodes(b, *remote, send, recv);
 #endif
   if (send.is_none() && recv.is_none()) {
@@ -328,8 +302,8 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
       "_attach_remote",
       [](bound_transfer& b, const nodes_route& route, int tag, std::string what) {
         const auto& ctx = b.usable().context();
-        b.remote =
-            std::make_unique<transfer_remote>(ctx, b.plan->geometry(), route, tag, std::move(what));
+        b.remote = std::make_unique<transfer_plan_blocks>(ctx, b.plan->geometry(), route, tag,
+                                                          std::move(what));
       },
       py::arg("route"), py::arg("tag"), py::arg("what"),
       "Local, once after creation on several nodes: every run then agrees across nodes on its "

@@ -572,7 +572,17 @@ void register_vplan(py::module_& m) {
       .def("start", [](bound_vplan& b) { start_run(b); });
   def_plan_runs(plan);
 #ifdef ZCOLL_HAVE_MPI
-  def_remote_runs(plan);
+  plan.def(
+      "_attach_remote",
+      [](bound_vplan& b, const nodes_route& route, int tag_base) {
+        const v_plan& vp = b.usable();
+        b.remote = irregular_plan_blocks(vp.context(), vp.op(), vp.in_place() == v_in_place::swap,
+                                         route, tag_base);
+      },
+      py::arg("route"), py::arg("tag_base"),
+      "Local, right after creation on several nodes (the round that agreed on it the last one "
+      "of the context): the plan's runs also exchange its blocks between nodes rank to rank "
+      "(persistent requests, tags from `tag_base`), in the same crossing.");
 #endif
   plan.def_property_readonly("sendbuf", [](const bound_vplan& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_vplan& b) { return b.recv; })

@@ -16,23 +16,12 @@
 
 namespace zcoll::bind {
 
-// What a plan on several nodes does on every run besides its node part: its blocks between
-// nodes (rounds.hpp's remote_runs), or nothing.
-struct plan_remote {
-  virtual ~plan_remote() = default;
-  virtual void start() = 0;  // before the node part starts
-  virtual void wait() = 0;   // after the node part finished; blocks (call without the GIL)
-  virtual bool test() = 0;
-  // The context failed (a peer died or never came): messages in flight may never finish.
-  virtual bool failed() const = 0;
-};
-
 // A plan and the Python objects behind its pointers.
 template <class Plan>
 struct bound_plan {
   std::unique_ptr<Plan> plan;
-  std::unique_ptr<plan_remote> remote;  // several nodes, messages from C++: the blocks between
-  pybind11::object send;                // the array, or the in-place sentinel
+  std::unique_ptr<plan_between_nodes> remote;  // several nodes: the blocks between them
+  pybind11::object send;                       // the array, or the in-place sentinel
   pybind11::object recv;
   pybind11::object run_send;  // arrays a started run was given in place of the plan's (or None)
   pybind11::object run_recv;

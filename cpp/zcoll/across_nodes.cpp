@@ -1,6 +1,7 @@
 #include "zcoll/across_nodes.hpp"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "zcoll/crossing_policy.hpp"
@@ -23,28 +24,64 @@ message_round_options options_for(double timeout, const std::string& what) {
   return options;
 }
 
-// The blocks of an alltoall or allgather between this rank and the ranks on other nodes, rank
-// to rank (an allgather sends its one block to each).
-void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
-                     const array_view& recv, const nodes_route& route) {
+// The blocks of an alltoall or allgather between this rank and the ranks on other nodes, one
+// per pair with `tag` (an allgather sends its one block to each): (receives, sends).
+std::pair<std::vector<peer_buffer>, std::vector<peer_buffer>> remote_blocks(
+    const node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
+    const array_view& recv, int tag) {
   const auto& cfg = ctx.config();
   const std::size_t block = recv.nbytes / static_cast<std::size_t>(cfg.comm_size);
-  if (block == 0) return;
+  std::vector<peer_buffer> in, out;
+  if (block == 0) return {in, out};
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
   const bool gather = op == op_code::allgather;
   auto* into = static_cast<std::byte*>(const_cast<void*>(recv.data));
   auto* from = static_cast<std::byte*>(const_cast<void*>(send ? send->data : recv.data));
   if (gather && !send) from += static_cast<std::size_t>(me) * block;
-  std::vector<peer_buffer> in, out;
   const int mine = nodes.node_of[static_cast<std::size_t>(me)];
   for (int r = 0; r < cfg.comm_size; ++r) {
     if (nodes.node_of[static_cast<std::size_t>(r)] == mine) continue;
     const std::size_t at = static_cast<std::size_t>(r) * block;
-    in.push_back({r, remote_tag, into + at, block});
-    out.push_back({r, remote_tag, gather ? from : from + at, block});
+    in.push_back({r, tag, into + at, block});
+    out.push_back({r, tag, gather ? from : from + at, block});
   }
-  exchange_rank_to_rank(route, in, std::move(out), !send && !gather, wait_timeout(ctx),
+  return {in, out};
+}
+
+// Whether an alltoall or allgather's receives overwrite the blocks it sends: an in-place
+// alltoall's.
+bool sends_overwritten(op_code op, const array_view* send) noexcept {
+  return !send && op != op_code::allgather;
+}
+
+// An alltoall or allgather's blocks between nodes, rank to rank.
+void exchange_remote(node_context& ctx, op_code op, const node_map& nodes, const array_view* send,
+                     const array_view& recv, const nodes_route& route) {
+  auto [in, out] = remote_blocks(ctx, op, nodes, send, recv, remote_tag);
+  if (in.empty()) return;
+  exchange_rank_to_rank(route, in, std::move(out), sends_overwritten(op, send), wait_timeout(ctx),
                         "zcoll." + std::string(name_of(op)));
+}
+
+// Whether `ctx` failed (a peer died or never came): a plan's messages in flight may never finish.
+bool plan_messages_failed(node_context& ctx) {
+  const node_messages* rounds = ctx.rounds();
+  return ctx.broken() || (rounds && !rounds->failure().empty());
+}
+
+// Waits for a plan's messages between nodes within `ctx`'s bound; a peer_error marks the rounds
+// failed.
+template <class Messages>
+void wait_plan_messages(node_context& ctx, Messages& messages, int rank, const std::string& what) {
+  const message_round_options options = options_for(wait_timeout(ctx), what);
+  node_messages* rounds = ctx.rounds();
+  if (!rounds) return messages.wait(rank, options);
+  marking_failure(*rounds, [&] { messages.wait(rank, options); });
+}
+
+// "zcoll.<op> plan (blocks between nodes)": what a plan's waits name.
+std::string plan_what(op_code op) {
+  return "zcoll." + std::string(name_of(op)) + " plan (blocks between nodes)";
 }
 
 // An allgather's blocks of the other nodes by the leaders' concurrent exchange with index
@@ -239,6 +276,80 @@ void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const 
   slab_messages slabs = transfer_slabs(ctx, ctx.between_nodes(node_map{}).nodes(), g, transfer_tag);
   exchange_slabs(ctx, slabs, const_cast<void*>(recv.data), send.data, route,
                  "zcoll.transfer (blocks between nodes)");
+}
+
+plan_blocks::plan_blocks(std::shared_ptr<node_context> ctx, const nodes_route& route,
+                         std::span<const peer_buffer> recvs, std::vector<peer_buffer> sends,
+                         bool copy_sends, std::string what)
+    : ctx_(std::move(ctx)), rank_(route.rank), what_(std::move(what)) {
+  if (copy_sends)
+    for (peer_buffer& b : sends) {
+      live_.push_back(b);
+      b.data = copies_.emplace_back(b.bytes).data();
+    }
+  messages_ = std::make_unique<persistent_messages>(comm_from_handle(route.comm), recvs, sends);
+}
+
+void plan_blocks::start() {
+  if (const node_messages* rounds = ctx_->rounds()) rounds->check_unbroken();
+  for (std::size_t i = 0; i < live_.size(); ++i)
+    std::copy_n(live_[i].data, live_[i].bytes, copies_[i].data());
+  messages_->start();
+}
+
+void plan_blocks::wait() {
+  wait_plan_messages(*ctx_, *messages_, rank_, what_);
+}
+
+bool plan_blocks::failed() const {
+  return plan_messages_failed(*ctx_);
+}
+
+std::unique_ptr<plan_between_nodes> collective_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                           op_code op, const array_view* send,
+                                                           const array_view& recv,
+                                                           const nodes_route& route, int tag) {
+  const node_map& nodes = ctx->between_nodes(node_map{}).nodes();
+  auto [in, out] = remote_blocks(*ctx, op, nodes, send, recv, tag);
+  return std::make_unique<plan_blocks>(std::move(ctx), route, in, std::move(out),
+                                       sends_overwritten(op, send), plan_what(op));
+}
+
+std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                          op_code op, bool swap,
+                                                          const nodes_route& route, int tag_base) {
+  const node_messages& round = ctx->between_nodes(node_map{});
+  // The k-th block to or from a peer gets tag_base + k, alike on both sides: sender and receiver
+  // list the pattern's blocks in the same order.
+  auto tagged = [tag_base](std::span<const peer_block> blocks) {
+    std::map<int, int> seen;
+    std::vector<peer_buffer> out;
+    for (const peer_block& b : blocks)
+      out.push_back({b.peer, tag_base + seen[b.peer]++, b.data, b.bytes});
+    return out;
+  };
+  return std::make_unique<plan_blocks>(std::move(ctx), route, tagged(round.direct_recvs()),
+                                       tagged(round.direct_sends()), swap, plan_what(op));
+}
+
+transfer_plan_blocks::transfer_plan_blocks(std::shared_ptr<node_context> ctx,
+                                           const transfer_geometry& g, const nodes_route& route,
+                                           int tag, std::string what)
+    : ctx_(std::move(ctx)),
+      slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
+      route_(route),
+      what_(std::move(what)) {}
+
+void transfer_plan_blocks::start() {
+  slabs_.post(comm_from_handle(route_.comm), recv_, send_);
+}
+
+void transfer_plan_blocks::wait() {
+  wait_plan_messages(*ctx_, slabs_, route_.rank, what_ + " (blocks between nodes)");
+}
+
+bool transfer_plan_blocks::failed() const {
+  return plan_messages_failed(*ctx_);
 }
 
 }  // namespace zcoll

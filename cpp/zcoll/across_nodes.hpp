@@ -13,6 +13,10 @@
  * - a global transpose: the round of records, the node's part, then each remote rank's block
  *   as an MPI subarray message.
  *
+ * A persistent plan on several nodes runs the same blocks between nodes on every run: persistent
+ * requests made once at its creation, from the same lists of blocks as the one-shot calls
+ * (plan_blocks), or a transfer plan's subarray messages (transfer_plan_blocks).
+ *
  * Part of zcoll_mpi, the only library that calls MPI; the binding converts the arguments and
  * calls one of these with the GIL released. A call that fails on a peer (peer_error) marks the
  * communicator's rounds failed, so every later call raises at once. Trade-off: one call holds
@@ -22,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -30,6 +35,7 @@
 #include "zcoll/exchange.hpp"
 #include "zcoll/message_flow.hpp"
 #include "zcoll/mpi_messages.hpp"
+#include "zcoll/plan.hpp"
 #include "zcoll/transfer.hpp"
 
 namespace zcoll {
@@ -80,5 +86,66 @@ slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
 // Posts `slabs` on the arrays (receives into `recv`, sends from `send`) and waits for them.
 void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const void* send,
                     const nodes_route& route, const std::string& what);
+
+// The blocks between nodes of a persistent plan, run after run: persistent requests on the
+// route's communicator, started before the node part and waited for after it within the
+// context's bound (a peer_error marks the rounds failed; a failed context's plan raises at
+// start). With `copy_sends` (in place: receives overwrite the blocks sent) the sends go from
+// copies refreshed from their live places at each start.
+class plan_blocks final : public plan_between_nodes {
+ public:
+  plan_blocks(std::shared_ptr<node_context> ctx, const nodes_route& route,
+              std::span<const peer_buffer> recvs, std::vector<peer_buffer> sends, bool copy_sends,
+              std::string what);
+  void start() override;
+  void wait() override;
+  bool test() override { return messages_->test(); }
+  bool failed() const override;
+
+ private:
+  std::shared_ptr<node_context> ctx_;
+  std::vector<peer_buffer> live_;                  // copy_sends: the blocks the copies refresh from
+  std::vector<std::vector<std::byte>> copies_;     // and the copies sent
+  std::unique_ptr<persistent_messages> messages_;  // made after the copies it sends from
+  int rank_;
+  std::string what_;
+};
+
+// The blocks between nodes of an alltoall or allgather plan on its arrays (`send` nullptr: in
+// place), one message per pair of ranks with the plan's own `tag`.
+std::unique_ptr<plan_between_nodes> collective_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                           op_code op, const array_view* send,
+                                                           const array_view& recv,
+                                                           const nodes_route& route, int tag);
+
+// The blocks between nodes of an irregular plan, from the round that agreed on its creation
+// (begin_irregular without carrying: every block between nodes goes rank to rank); the k-th
+// block between two ranks has tag `tag_base` + k (persistent requests start in any order).
+std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                          op_code op, bool swap,
+                                                          const nodes_route& route, int tag_base);
+
+// A transfer plan's blocks between nodes: every run agrees across nodes on its record, then
+// posts the plan's subarray messages on the run's arrays before the node part and waits for
+// them after it.
+class transfer_plan_blocks final : public plan_between_nodes {
+ public:
+  transfer_plan_blocks(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
+                       const nodes_route& route, int tag, std::string what);
+  void agree(const call_record& record) { agree_across_nodes(*ctx_, record, route_, what_); }
+  void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
+  void start() override;
+  void wait() override;
+  bool test() override { return slabs_.test(); }
+  bool failed() const override;
+
+ private:
+  std::shared_ptr<node_context> ctx_;
+  slab_messages slabs_;
+  nodes_route route_;
+  std::string what_;
+  void* recv_ = nullptr;
+  const void* send_ = nullptr;
+};
 
 }  // namespace zcoll

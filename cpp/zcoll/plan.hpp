@@ -181,4 +181,17 @@ class persistent_plan final : public plan_base {
   pull_failure pull_failed_;           // CMA path: the run's first failed read
 };
 
+// What a plan on a communicator spanning several nodes runs on every run besides its node part:
+// its blocks between nodes (across_nodes.hpp makes them, with MPI). start() goes before the node
+// part starts, wait() after it finished.
+class plan_between_nodes {
+ public:
+  virtual ~plan_between_nodes() = default;
+  virtual void start() = 0;
+  virtual void wait() = 0;  // blocks, within the context's bound
+  virtual bool test() = 0;
+  // The context failed (a peer died or never came): messages in flight may never finish.
+  virtual bool failed() const = 0;
+};
+
 }  // namespace zcoll

@@ -32,6 +32,7 @@ class v_plan final : public plan_base {
   v_plan& operator=(const v_plan&) = delete;
 
   op_code op() const noexcept { return op_; }
+  v_in_place in_place() const noexcept { return in_place_; }
   block_order order() const noexcept { return order_; }
   // Bytes this rank copies per run.
   std::uint64_t copied_bytes() const noexcept { return copied_; }

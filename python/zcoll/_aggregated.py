@@ -20,7 +20,6 @@ before every rank of every node is known to have valid, matching arguments.
 
 from __future__ import annotations
 
-import numpy as np
 from mpi4py import MPI
 
 from . import _core, _registry
@@ -32,12 +31,9 @@ __all__ = [
     "force",
     "messages_per_call",
     "pack_limit",
-    "remote_blocks",
-    "remote_ranks",
 ]
 
 ALLTOALL = _registry.ALLTOALL
-IN_PLACE = MPI.IN_PLACE
 
 #: The size rule (the engine's, aggregate.hpp): a call across nodes carries in its round's
 #: messages -- an alltoall aggregates, an irregular call packs -- the blocks of at most
@@ -95,26 +91,3 @@ def messages_per_call(nodes: list[int], aggregate: bool) -> int:
         return pairs
     p = sum(nodes)
     return pairs + sum(q * (p - q) for q in nodes)
-
-
-def _byte_blocks(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
-def remote_ranks(ctx: Context) -> list[int]:
-    mine = ctx.node_of[ctx.rank]
-    return [r for r in range(ctx.size) if ctx.node_of[r] != mine]
-
-
-def remote_blocks(ctx: Context, opname: str, send, recv: np.ndarray, block: int):
-    """The blocks of `recv` that ranks on other nodes fill, and the live blocks this rank sends
-    them (`send`: IN_PLACE or a C-contiguous array), each a {rank: byte view}; for an in-place
-    alltoall the outgoing views alias `recv` and must be copied before anything is received."""
-    remote = remote_ranks(ctx)
-    rb = _byte_blocks(recv)
-    incoming = {r: rb[r * block : (r + 1) * block] for r in remote}
-    if opname == ALLTOALL:
-        sb = rb if send is IN_PLACE else _byte_blocks(send)
-        return incoming, {r: sb[r * block : (r + 1) * block] for r in remote}
-    mine = rb[ctx.rank * block : (ctx.rank + 1) * block] if send is IN_PLACE else _byte_blocks(send)
-    return incoming, dict.fromkeys(remote, mine)

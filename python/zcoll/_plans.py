@@ -9,11 +9,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core
-from ._aggregated import remote_blocks
 from ._collectives import _ALLGATHER, _ALLTOALL, IN_PLACE, _new_recvbuf, option_codes
 from ._context import Context, lookup
 from ._registry import AUTO
-from ._transport import Route
 
 __all__ = ["Plan", "allgather_init", "alltoall_init"]
 
@@ -185,32 +183,10 @@ class Plan(PlanMixin, _core.Plan):
         return None
 
 
-Blocks = list[tuple[int, int, np.ndarray]]  # (peer, tag, C-contiguous array)
-Saved = list[tuple[np.ndarray, np.ndarray]]  # (copy sent, live block) refreshed before a start
-
-
-class RemoteBlocks:
-    """What a plan spanning several nodes adds to its engine plan: its blocks between nodes,
-    received and sent on every run by persistent requests on the context's private dup, made
-    and run in C++, in the same crossing as the node part (``_attach_remote``)."""
-
-    _ctx: Context
-    if TYPE_CHECKING:
-        op: str
-
-        def _attach_remote(
-            self, route: Route, recvs: Blocks, sends: Blocks, saved: Saved, what: str
-        ) -> None: ...
-
-    def _connect(self, recvs: Blocks, sends: Blocks, saved: Saved) -> None:
-        what = f"zcoll.{self.op} plan (blocks between nodes)"
-        self._attach_remote(self._ctx.transport.check(), recvs, sends, saved, what)
-
-
-class _MultiNodePlan(RemoteBlocks, Plan):
+class _MultiNodePlan(Plan):
     """A plan on a communicator spanning several nodes: the node part in the engine, blocks
-    between nodes by persistent MPI point-to-point requests on the context's private dup, from
-    C++."""
+    between nodes by persistent MPI point-to-point requests on the context's private dup, made
+    and run by the engine in the same crossing as the node part (``_attach_remote``)."""
 
     def __init__(
         self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
@@ -218,25 +194,10 @@ class _MultiNodePlan(RemoteBlocks, Plan):
         record = ctx.core.record(opname, sendbuf, recvbuf, order, copy, planned=True)
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
-        self._connect(*self._remote_lists(ctx, opname, sendbuf, recvbuf))
+        self._attach_remote(ctx.transport.check(), _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN)
 
     def _between_nodes(self) -> str | None:
         return "rank to rank, by persistent MPI requests made once"
-
-    def _remote_lists(
-        self, ctx: Context, opname: str, sendbuf, recv: np.ndarray
-    ) -> tuple[Blocks, Blocks, Saved]:
-        block = recv.nbytes // ctx.size
-        incoming, outgoing = remote_blocks(ctx, opname, sendbuf, recv, block)
-        if not incoming or block == 0:
-            return [], [], []
-        saved: Saved = []
-        if sendbuf is IN_PLACE and opname == _ALLTOALL:  # saved at start: a receive overwrites it
-            saved = [(live.copy(), live) for live in outgoing.values()]
-            outgoing = {r: copy for r, (copy, _) in zip(outgoing, saved)}
-        tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        recvs = [(r, tag, b) for r, b in incoming.items()]
-        return recvs, [(r, tag, outgoing[r]) for r in incoming], saved
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
-from ._plans import PlanMixin, RemoteBlocks, Saved
+from ._plans import PlanMixin
 from ._registry import AUTO
 from ._transport import VCallArgs
 
@@ -308,49 +308,6 @@ def _run(ctx: Context, opname: str, pattern: Pattern, call: _Call, order, copy) 
     return call.recv
 
 
-def _remote_entries(
-    ctx: Context, edges: np.ndarray, nbytes: np.ndarray, over: int
-) -> list[tuple[int, int, int]]:
-    """(list index, peer, tag) of the entries whose peer is on another node and whose block
-    has more than `over` bytes (`nbytes`: each entry's; -1: every block, empty ones too)."""
-    mine = ctx.node_of[ctx.rank]
-    return [
-        (i, peer, tag)
-        for i, (peer, tag) in enumerate(edges.tolist())
-        if peer >= 0 and ctx.node_of[peer] != mine and nbytes[i] > over
-    ]
-
-
-def _byte_block(a: np.ndarray, displ: int, count: int) -> np.ndarray:
-    flat = a.reshape(-1)
-    return flat[displ : displ + count].view(np.uint8)
-
-
-def _outgoing_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
-    """(peer, tag, byte view) of the blocks this rank sends to other nodes, where they are (in
-    place swap: blocks of the receive buffer, which a receive overwrites)."""
-    out = []
-    if call.in_place == _SWAP:
-        source, counts, displs = call.recv, call.recv_counts, call.recv_displs
-    elif call.in_place == _GATHER:
-        source, counts, displs = call.recv, call.send_counts, call.send_displs
-    else:
-        source = np.ascontiguousarray(call.send)
-        counts, displs = call.send_counts, call.send_displs
-    for i, peer, tag in _remote_entries(ctx, pattern.sends, counts * call.recv.itemsize, -1):
-        out.append((peer, tag, _byte_block(source, int(displs[i]), int(counts[i]))))
-    return out
-
-
-def _incoming_remote(ctx: Context, pattern: Pattern, call: _Call) -> list:
-    """(peer, tag, byte view) of the receive blocks that ranks on other nodes fill."""
-    nbytes = call.recv_counts * call.recv.itemsize
-    return [
-        (peer, tag, _byte_block(call.recv, int(call.recv_displs[i]), int(call.recv_counts[i])))
-        for i, peer, tag in _remote_entries(ctx, pattern.recvs, nbytes, -1)
-    ]
-
-
 def _uniform(count: int, blocks: int) -> tuple[np.ndarray, np.ndarray]:
     return np.full(blocks, count, np.int64), np.zeros(blocks, np.int64)
 
@@ -534,7 +491,7 @@ class VPlan(PlanMixin, _core.VPlan):
         return self.op
 
 
-class _MultiNodeVPlan(RemoteBlocks, VPlan):
+class _MultiNodeVPlan(VPlan):
     """A plan spanning several nodes: the node part in the engine, blocks between nodes by
     persistent MPI point-to-point requests on the private dup, one tag range per plan, from
     C++."""
@@ -544,18 +501,7 @@ class _MultiNodeVPlan(RemoteBlocks, VPlan):
         args = _engine_args(opname, pattern, call, code, copy_code)
         ctx.transport.v_round(f"{opname}_init", args, False)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
-        outgoing = _outgoing_remote(ctx, pattern, call)
-        saved: Saved = []
-        if call.in_place == _SWAP:  # sent from copies refreshed at each start
-            saved = [(live.copy(), live) for _, _, live in outgoing]
-            outgoing = [(p, t, copy) for (p, t, _), (copy, _) in zip(outgoing, saved)]
-        base = _PLAN_TAG + (self.id % 0x1000) * 64
-        incoming = _incoming_remote(ctx, pattern, call)
-        self._connect(
-            [(p, base + t, b) for p, t, b in incoming],
-            [(p, base + t, b) for p, t, b in outgoing],
-            saved,
-        )
+        self._attach_remote(ctx.transport.check(), _PLAN_TAG + (self.id % 0x1000) * 64)
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:
