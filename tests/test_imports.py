@@ -97,7 +97,6 @@ def test_the_graph_sees_what_matters(graph):
         "zcoll._node",
         "zcoll._settings",
         "zcoll._transport",
-        "zcoll._online",
         "zcoll._timing",
         "zcoll._tuning",
         "zcoll.bench.cachemiss",

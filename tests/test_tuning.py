@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import zcoll
 from helpers import COMM_KINDS, all_ranks_agree, random_bytes
-from zcoll import _context, _core, _node, _online, _tuning, tune
+from zcoll import _context, _core, _node, _tuning, tune
 
 WORLD = MPI.COMM_WORLD
 SMALL, LARGE = 8, 256 * 1024  # bytes per block: eager-sized, and past every copy threshold
@@ -344,13 +344,13 @@ def test_online_settles_and_never_changes_results(block, monkeypatch, tmp_path):
         p = c.size
         send = zcoll.empty(c, (p, block), np.uint8)
         want = np.empty_like(send)
-        trials = _online._Trial.RUNS * (len(_core.ORDERS) + 1)
+        trials = _core.ONLINE_RUNS * (len(_core.ORDERS) + 1)
         for call in range(trials + 3):
             send[...] = random_bytes(call * 97 + c.rank, p * block).reshape(p, block)
             c.Alltoall(send, want)
             got = zcoll.alltoall(c, send)
             all_ranks_agree(c, np.array_equal(got, want), f"call {call}")
-        choice = ctx.online.choice("alltoall", block)
+        choice = ctx.online_choice("alltoall", block)
         if ctx.multi_node:  # the hierarchical path resolves "auto" in the engine, no trials
             all_ranks_agree(c, choice is None, "untouched")
         else:
@@ -372,7 +372,7 @@ def test_online_leaves_table_rules_alone(shared_dir, monkeypatch):
         got = zcoll.allgather(c, np.full(4, c.rank, np.int16))
         all_ranks_agree(c, (got == np.arange(c.size)[:, None]).all(), "allgather")
         if not ctx.multi_node:
-            all_ranks_agree(c, ctx.online.choice("allgather", 8) == "auto", "the rule decides")
+            all_ranks_agree(c, ctx.online_choice("allgather", 8) == "auto", "the rule decides")
         c.Free()
     finally:
         zcoll.set_tuning(previous)

@@ -73,6 +73,27 @@ void def_tuning_rules(context_class& cls) {
       "How many NUMA nodes this node's ranks span (1: unknown or one).");
 }
 
+// Online tuning (online_tuner.hpp): on or off, and what it settled on.
+void def_online_tuning(context_class& cls) {
+  cls.def(
+      "set_online", [](node_context& ctx, bool on) { ctx.policy().online().enable(on); },
+      py::arg("on"),
+      "Local, the same on every node rank: order='auto' calls of sizes no rule covers try "
+      "every order first (on), or not; either way every trial and choice is forgotten.");
+  cls.def_property_readonly(
+      "online_tuning", [](const node_context& ctx) { return ctx.policy().online().enabled(); },
+      "Whether online tuning is on.");
+  cls.def(
+      "online_choice",
+      [](const node_context& ctx, const std::string& op, std::size_t received) {
+        return ctx.policy().online().choice(tuned_op(op), received);
+      },
+      py::arg("op"), py::arg("received_bytes"),
+      "The order code online tuning settled on for op's calls receiving received_bytes per "
+      "rank (AUTO_ORDER: the rules decide; EAGER_ORDER: the eager path), or None while still "
+      "trying or for a size not seen.");
+}
+
 // What copy='auto' uses: the hybrid threshold, the cache bound, the eager path.
 void def_copy_policy(context_class& cls) {
   cls.def(
@@ -128,6 +149,7 @@ void def_cma_policy(context_class& cls) {
 // The built-in defaults, and what the kernel allows.
 void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
+  m.attr("ONLINE_RUNS") = online_tuner::runs;
   m.def("cma_kernel_status", &cma_kernel_status,
         "What the kernel allows this process: 'available', or why CMA is not.");
   m.def(
@@ -144,6 +166,7 @@ void register_policy_defaults(py::module_& m) {
 void register_tuning(py::module_& m) {
   context_class cls = bound_context(m);
   def_tuning_rules(cls);
+  def_online_tuning(cls);
   def_copy_policy(cls);
   def_cma_policy(cls);
   register_policy_defaults(m);

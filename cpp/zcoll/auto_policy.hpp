@@ -32,6 +32,10 @@
  * eager_takes(): within the eager size, and -- a rank whose buffers are outside shared memory --
  * up to half the CMA size where the slots hold it; beyond it, Morton order.
  *
+ * Online tuning (ZCOLL_TUNING=online): order="auto" calls of a size no rule covers try every
+ * order first and keep the fastest, agreed on by the node's ranks (online_tuner.hpp); the
+ * context runs the trials, the policy keeps their state.
+ *
  * Copy: delegated to copy_chooser (copy_choice.hpp), which may differ between ranks (copy modes
  * change no result). timed_copies() runs a call's copies and feeds the chooser's run-time
  * threshold refinement when it asks for timings.
@@ -45,6 +49,7 @@
 #include <vector>
 
 #include "zcoll/copy_choice.hpp"
+#include "zcoll/online_tuner.hpp"
 #include "zcoll/registry.hpp"
 
 namespace zcoll {
@@ -207,6 +212,9 @@ class auto_policy {
 
   // How this rank picks copy modes (threshold, what "auto" learned).
   copy_chooser& copy() noexcept { return copy_; }
+  // The online trials of order="auto" (off unless ZCOLL_TUNING=online on one node).
+  online_tuner& online() noexcept { return online_; }
+  const online_tuner& online() const noexcept { return online_; }
   // What a call where each rank receives `received` bytes reads and writes on the node: the
   // receive buffers and as much source.
   std::size_t touched_bytes(std::size_t received) const noexcept {
@@ -250,6 +258,7 @@ class auto_policy {
   mutable std::size_t chosen_bytes_ = SIZE_MAX;  // choose_reduction's last question, answer
   mutable reduce_algorithm chosen_ = reduce_algorithm::flat;
   copy_chooser copy_;
+  online_tuner online_;
 };
 
 }  // namespace zcoll

@@ -1,5 +1,6 @@
 #include "zcoll/exchange.hpp"
 
+#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -91,6 +92,42 @@ void node_context::use_eager(std::shared_ptr<shm_segment> area, std::size_t part
   // Each parity's slot takes half the partition: the pool's largest eager size, or more.
   constexpr std::size_t align = detail::partition_allocator::alignment;
   policy_.set_eager_bytes(slot, partition / 2 / align * align);
+}
+
+void node_context::run_online(op_code op, const array_view* send, const array_view& recv,
+                              int copy) {
+  online_tuner& tuner = policy_.online();
+  const std::size_t received = recv.nbytes;
+  if (!tuner.knows(op, received)) {
+    const std::size_t block = received / static_cast<std::size_t>(config_.comm_size);
+    const bool from_rule = policy_.resolve(op, block, received).from_rule;
+    tuner.start(op, received, !from_rule && block > 0 && config_.size > 1,
+                policy_.eager_fits(received));
+  }
+  const online_tuner::step step = tuner.next(op, received);
+  if (!step.timed) return run_resolved(op, send, recv, step.code, copy);
+  const auto start = std::chrono::steady_clock::now();
+  run_resolved(op, send, recv, step.code, copy);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (!tuner.record(op, received, took.count())) return;
+  // The trial is complete on every rank at this call: agree on each candidate's worst time.
+  const std::span<const double> mine = tuner.best(op, received);
+  std::vector<double> worst(mine.size());
+  const auto extent = static_cast<std::int64_t>(mine.size());
+  auto view = [&](const double* data) {
+    array_view v;
+    v.data = data;
+    v.size = mine.size();
+    v.nbytes = mine.size() * sizeof(double);
+    v.ndim = 1;
+    v.first_dim = mine.size();
+    v.shape = &extent;
+    v.dtype = dtype_id{'d', sizeof(double)};
+    return v;
+  };
+  const array_view in = view(mine.data()), out = view(worst.data());
+  run_reduction({op_code::allreduce, &in, &out, static_cast<int>(reduce_op::max)});
+  tuner.settle(op, received, worst);
 }
 
 void node_context::prepare(op_code op, const array_view* send, const array_view& recv, int order,

@@ -83,12 +83,10 @@ class node_context {
   // Collective: checks one rank's arguments of an alltoall or allgather, raises on every rank
   // if any rank's are wrong, else runs it. `order` is a block_order value, auto_order or
   // eager_order; `copy` a copy_mode value or auto_copy.
+  // order="auto" runs an online trial's candidate where online tuning is on (online_tuner.hpp).
   void run(op_code op, const array_view* send, const array_view& recv, int order, int copy) {
-    const collective_args args = checked_args(op, send, recv, order, copy);
-    if (args.eager)
-      execute_eager(args);
-    else
-      execute(args);
+    if (order == auto_order && policy_.online().enabled()) return run_online(op, send, recv, copy);
+    run_resolved(op, send, recv, order, copy);
   }
   // The local checks of such a call and what "auto" resolves to; when they fail, this rank
   // publishes the error and every rank raises it (collective only then).
@@ -223,6 +221,18 @@ class node_context {
   // `check` to the error when the call cannot run as asked (the eager path too small).
   void prepare(op_code op, const array_view* send, const array_view& recv, int order, int copy,
                local_check& check, collective_args& args) const;
+  // run() with `order` taken as it is (an online trial's candidate, or what the caller asked).
+  void run_resolved(op_code op, const array_view* send, const array_view& recv, int order,
+                    int copy) {
+    const collective_args args = checked_args(op, send, recv, order, copy);
+    if (args.eager)
+      execute_eager(args);
+    else
+      execute(args);
+  }
+  // run() of an order="auto" call under online tuning: the trial's candidate, timed, and the
+  // node's agreement once the trial is complete; or its settled choice.
+  void run_online(op_code op, const array_view* send, const array_view& recv, int copy);
   void execute(const collective_args& args);
   void execute_eager(const collective_args& args);
   // Whether a published call with a private buffer pulls it by CMA (same on every rank).

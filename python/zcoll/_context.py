@@ -17,8 +17,18 @@ from typing import NoReturn
 
 from mpi4py import MPI
 
-from . import _core, _exit, _node, _online, _pool, _settings, _tuning
-from ._registry import ALLGATHER, ALLOCATE, ALLTOALL, BARRIER, COLLECTIVES, OPS
+from . import _core, _exit, _node, _pool, _settings, _tuning
+from ._registry import (
+    ALLGATHER,
+    ALLOCATE,
+    ALLTOALL,
+    AUTO,
+    BARRIER,
+    COLLECTIVES,
+    EAGER,
+    OPS,
+    ORDERS,
+)
 from ._settings import TUNING_MODES
 from ._transport import Transport
 
@@ -102,7 +112,6 @@ class Context:
         # The NUMA node each node rank runs on (hwloc, or the ZCOLL_TOPOLOGY placement).
         self.numa_nodes = node.numa_nodes
         self.core = node.core
-        self._comm: MPI.Comm | None = comm  # used by the multi-node path and online tuning only
         self.transport = Transport(comm, self.core, self.multi_node)
         # One rank per node (its lowest), in node order: the reductions' inter-node part.
         self.leaders: MPI.Comm | None = None
@@ -116,7 +125,6 @@ class Context:
             _pool.register(node.pool)
         shared = node.pool.tuning
         self.tuning_rules, self.reduction_models, self.internode_rules = shared
-        self.online: _online.OnlineTuner | None = None
         self.engine: dict = {}
         # The irregular collectives' communication patterns (_vcollectives), made on first use.
         self.patterns: dict = {}
@@ -147,24 +155,33 @@ class Context:
                 self.core.set_reduction_model(code, pieces)
         if self.multi_node:
             self._apply_internode_rules(() if mode == "off" else self.internode_rules)
+        # Online selection runs in the engine (online_tuner.hpp), on one node only: a context
+        # spanning nodes resolves "auto" by its rules.
+        self.core.set_online(mode == "online" and not self.multi_node)
         # The engine's entry point for each collective, bound once (looked up per call).
-        self.online = _online.OnlineTuner(self) if mode == "online" else None
-        self.engine = {
-            op: self.online.engine(op) if self.online else getattr(self.core, op)
-            for op in COLLECTIVES
-        }
-        # The one-crossing path (_core.fast_collective) serves this communicator's calls
-        # unless they need Python: online tuning, or blocks between nodes.
-        # On several nodes only the irregular collectives take it, with the route of their
+        self.engine = {op: getattr(self.core, op) for op in COLLECTIVES}
+        # The one-crossing path (_core.fast_collective) serves this communicator's calls. On
+        # several nodes only the irregular collectives take it, with the route of their
         # messages between nodes (none where the extension cannot send: the Python path then
         # raises why).
         route = self.transport.route()
-        if self.online or (self.multi_node and route is None):
+        if self.multi_node and route is None:
             _core.register_fast(self.handle, None)
         elif route is not None:
             _core.register_fast(self.handle, self.core, route)
         else:
             _core.register_fast(self.handle, self.core)
+
+    def online_choice(self, opname: str, block_bytes: int) -> str | None:
+        """The order online tuning chose for `opname`'s blocks of `block_bytes` ("eager", an
+        order, "auto" where the table or the built-in rule decides), or None while still
+        trying (or tuning is off)."""
+        code = self.core.online_choice(opname, block_bytes * self.size)
+        if code is None:
+            return None
+        if code == _core.AUTO_ORDER:
+            return AUTO
+        return EAGER if code == _core.EAGER_ORDER else ORDERS[code]
 
     def layout(self) -> tuple[int, int]:
         """(nodes, ranks of the largest node): what the table's internode rules match."""
@@ -182,12 +199,6 @@ class Context:
                 (r.min_block, r.max_block, codes[r.method], r.concurrency) for r in mine
             ]
             self.core.nodes_set_internode_rules(OPS[op], engine_rules)
-
-    def tuning_comm(self) -> MPI.Comm:
-        """The communicator online tuning agrees on (the private dup where there is one)."""
-        comm = self.transport.dup if self.transport.dup is not None else self._comm
-        assert comm is not None, "the context is closed"
-        return comm
 
     def _apply_wait(self) -> None:
         if not self.core.closed:
@@ -236,7 +247,6 @@ class Context:
         if self.leaders is not None and not MPI.Is_finalized():
             self.leaders.Free()
         self.leaders = None
-        self._comm = None
         self.pool = None
 
 

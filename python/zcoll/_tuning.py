@@ -18,7 +18,7 @@ Version 1 and 2 tables (no reductions, no internode rules) are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
 (platformdirs). The mode (``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: ``table``, ``online``,
-``off``) is a setting (:mod:`zcoll._settings`); online selection lives in :mod:`zcoll._online`.
+``off``) is a setting (:mod:`zcoll._settings`); online selection is the engine's (online_tuner.hpp).
 
 The order must be the same on every rank, so ranks never read the file on their own: rank 0
 of a communicator loads it when the communicator's zcoll context is created and broadcasts its
