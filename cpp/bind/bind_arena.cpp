@@ -10,7 +10,10 @@ namespace py = pybind11;
 
 namespace zcoll::bind {
 
-void register_arena(py::module_& m) {
+namespace {
+
+// Arena blocks (NumPy's buffers) and the shared segments under them.
+void register_blocks(py::module_& m) {
   py::class_<arena_block, std::shared_ptr<arena_block>>(m, "ArenaBlock", py::buffer_protocol(),
                                                         "One allocation in the shared arena.")
       .def_buffer([](arena_block& b) {
@@ -30,7 +33,10 @@ void register_arena(py::module_& m) {
       .def("unlink", &shm_segment::unlink)
       .def_property_readonly("name", &shm_segment::name)
       .def_property_readonly("nbytes", &shm_segment::size);
+}
 
+// A node's pool of context blocks and its arena (pool.hpp).
+void register_pool(py::module_& m) {
   py::class_<pool_arena, std::shared_ptr<pool_arena>>(
       m, "PoolArena", "One rank's view of a node pool's arena (pool.hpp).");
 
@@ -62,7 +68,10 @@ void register_arena(py::module_& m) {
                              [](const node_pool& p) { return p.layout().eager_bytes; })
       .def_property_readonly("eager_partition",
                              [](const node_pool& p) { return p.layout().eager_partition(); });
+}
 
+// Whether memory lies in the arena, and the arena's constants.
+void register_arena_queries(py::module_& m) {
   m.def(
       "array_in_arena",
       [](const py::array& a) { return in_arena(a.data(), static_cast<std::size_t>(a.nbytes())); },
@@ -77,6 +86,14 @@ void register_arena(py::module_& m) {
   m.attr("SEGMENT_PREFIX") = segment_prefix;
   // Rank r's arena arrays start r * this (mod 4096) bytes into its pages (see arena.hpp).
   m.attr("ARENA_COLOUR_STRIDE") = detail::partition_allocator::colour_stride;
+}
+
+}  // namespace
+
+void register_arena(py::module_& m) {
+  register_blocks(m);
+  register_pool(m);
+  register_arena_queries(m);
 }
 
 }  // namespace zcoll::bind
