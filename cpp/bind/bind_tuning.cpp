@@ -159,6 +159,9 @@ void register_policy_defaults(py::module_& m) {
       },
       py::arg("p"), py::arg("block_bytes"), py::arg("numa_domains") = 1,
       "Order code used for order='auto' on p ranks spanning numa_domains NUMA nodes.");
+  m.def("cold_transfer_runs", &cold_transfer_runs, py::arg("bytes_per_rank"),
+        "Runs of a global transpose on a communicator without a context that go through MPI "
+        "first (auto_policy.hpp): the ski-rental rule.");
 }
 
 }  // namespace

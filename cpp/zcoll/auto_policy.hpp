@@ -104,6 +104,23 @@ inline constexpr std::size_t bcast_pull_factor = 64;
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
 inline constexpr std::size_t default_cma_run_bytes = 1024;
 
+// Runs through MPI of a global transpose (zcoll.fft's Transfer) on a communicator without a
+// context, before zcoll makes the context, work arrays and plans; `bytes_per_rank`: what a run
+// moves on each rank. Ski rental: a run through MPI (one small agreement, then an Alltoallw of
+// subarray datatypes, as mpi4py-fft runs it) costs no set-up, so runs stay with MPI while
+// together they cost less than the set-up would. A Transfer run a few times (a test suite, a
+// Pencil per stage) then never pays the set-up; one run many times pays it once, after MPI
+// runs that cost about as much, so never more than about twice the better of the two. Linear
+// models fitted at P = 2 (tools/measure/cold_transfers.py, docs/performance.md, "Cold
+// transfers"): the set-up (a first zcoll run less a later one) 110 us plus 0.16 us per KiB per
+// rank (the work arrays' first touch); a run through MPI 6 us plus 0.13 us per KiB. zcoll's
+// later runs were as fast as MPI's on plain arrays, up to 2x faster on shared-heap ones. Every
+// input is the same on every rank, so every rank counts alike.
+inline std::size_t cold_transfer_runs(std::size_t bytes_per_rank) noexcept {
+  const double kib = static_cast<double>(bytes_per_rank) / 1024.0;
+  return static_cast<std::size_t>((110.0 + 0.16 * kib) / (6.0 + 0.13 * kib));
+}
+
 class auto_policy {
  public:
   // `numa_domains`: how many NUMA nodes the node's ranks span (numa_domain_count).

@@ -267,6 +267,12 @@ def _attribute_key() -> int:
     return _keyval
 
 
+def has_context(comm: MPI.Comm) -> bool:
+    """Local: whether zcoll has made `comm`'s context (the same on every rank of `comm`)."""
+    ctx = _by_handle.get(getattr(comm, "handle", None))
+    return ctx is not None and not ctx.core.closed
+
+
 def lookup(comm: MPI.Comm) -> Context:
     """Fast path of :func:`context` for the collectives' hot path."""
     try:

@@ -13,6 +13,7 @@ call raises PeerError.
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, NoReturn
 
@@ -22,7 +23,7 @@ from mpi4py import MPI
 from . import _core, _mpi_library
 from ._settings import get_timeout
 
-__all__ = ["NODE_TAG", "Route", "Transport", "VCallArgs"]
+__all__ = ["NODE_TAG", "Route", "Transport", "VCallArgs", "poll_bounded", "timeout_message"]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a wait on mpi4py requests starts yielding
 NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
@@ -148,21 +149,9 @@ class Transport:
     def _poll(self, step: Callable[[], bool], what: str, late: Callable[[], list[int]]) -> None:
         """Runs `step` until it returns True, at most the zcoll timeout; then breaks the
         context, naming the ranks `late` says are still waited for."""
-        start, polls = time.monotonic(), 0
-        while not step():
-            polls += 1
-            if polls < _EAGER_POLLS:
-                continue
-            waited = time.monotonic() - start
-            if waited >= get_timeout():
-                ranks = late()
-                who = f"rank(s) {ranks}" if ranks else "a peer on another node"
-                self.fail(
-                    f"zcoll: rank {self.rank}: {what}: {who} did not take part within "
-                    f"{get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
-                )
-            # Yield first (a peer may need this core), sleep once the wait is clearly long.
-            time.sleep(0 if waited < 0.01 else 1e-3)
+        if not poll_bounded(step):
+            ranks = late()
+            self.fail(timeout_message(self.rank, what, f"rank(s) {ranks}" if ranks else None))
 
     def _in_cpp(self, call: Callable, *args):
         """Runs `call`, an exchange between nodes in the extension (the GIL released, bounded
@@ -171,3 +160,31 @@ class Transport:
             return call(*args)
         except _core.PeerError as e:
             self.fail(str(e))
+
+
+def poll_bounded(step: Callable[[], bool]) -> bool:
+    """Runs `step` until it returns True (then True), at most the zcoll timeout (then False).
+    Polls a little, then yields the core between polls (a peer may need it: sched_yield, since
+    a zero sleep costs the kernel's timer slack, about 50 us), then sleeps once the wait is
+    clearly long."""
+    start, polls = time.monotonic(), 0
+    while not step():
+        polls += 1
+        if polls < _EAGER_POLLS:
+            continue
+        waited = time.monotonic() - start
+        if waited >= get_timeout():
+            return False
+        if waited < 0.01:
+            os.sched_yield()
+        else:
+            time.sleep(1e-3)
+    return True
+
+
+def timeout_message(rank: int, what: str, who: str | None) -> str:
+    """The PeerError message of a wait that gave up (`who`: the ranks waited for, if known)."""
+    return (
+        f"zcoll: rank {rank}: {what}: {who or 'a peer on another node'} did not take part "
+        f"within {get_timeout()} s (set ZCOLL_TIMEOUT or zcoll.set_timeout to change it)"
+    )

@@ -154,6 +154,10 @@ def test_cached_plan_on_arrays_of_another_alignment():
 
 
 def test_unused_transfer_makes_nothing(world):
+    """A Transfer from pencils makes nothing until zcoll runs it: not at construction, not in
+    its runs through MPI (a communicator without a context, tests/fft/test_mpi_runs.py); then
+    the work arrays and the forward plan at the first forward zcoll runs, the backward plan at
+    the first backward."""
     sub = Subcomm(world, (0, 1))
     pa = Pencil(sub, (8, 6), 1)
     pb = pa.pencil(0)
@@ -162,6 +166,7 @@ def test_unused_transfer_makes_nothing(world):
     ok = pencil_module.made == before and not t._staged
     a = np.ones(pa.subshape)
     b = np.zeros(pb.subshape)
+    _context.context(t.comm)  # zcoll runs every call from now on
     t.forward(a, b)
     after_forward = dict(pencil_module.made)
     ok &= after_forward["work_arrays"] == before["work_arrays"] + 1
@@ -183,6 +188,7 @@ def test_a_transfer_pair_agrees_once(world):
     pa = Pencil(sub, (9, 7), 1)
     pb = pa.pencil(0)
     t = pa.transfer(pb, float)
+    _context.context(t.comm)  # zcoll, not MPI, runs the first calls
     glob = np.arange(63, dtype=float).reshape(9, 7)
     a = np.ascontiguousarray(glob[pa.local_slice()])
     b = np.zeros(pb.subshape)

@@ -235,11 +235,13 @@ class DistArray(np.ndarray):
         # An error raises on every rank of the grid: over the grid's communicator (one barrier)
         # where the transfer's spans only part of it, else through the transfer's own checks.
         grid, comm = pencil.comm, pencil.subcomm[axis]
+        transfer = pencil.transfer(target, self.dtype)
         if grid is not None and grid.Get_size() != comm.Get_size():
             lookup(grid).raise_together("fft.DistArray.redistribute", error)
         elif error is not None:
+            transfer._through_mpi(None, None, 0)  # declines, where the peers would run by MPI
             lookup(comm).fail("fft.DistArray.redistribute", error)
-        pencil.transfer(target, self.dtype).forward(self, out)
+        transfer.forward(self, out)
         return out  # type: ignore[return-value]  # a plain array only where the caller gave one
 
     def get(self, gslice) -> np.ndarray | None:

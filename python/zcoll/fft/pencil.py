@@ -23,9 +23,10 @@ from mpi4py import MPI
 from .. import _core
 from .._arena import empty
 from .._collectives import _option_error, option_codes
-from .._context import Context, lookup
+from .._context import Context, has_context, lookup
 from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
 from .._registry import AUTO, TRANSFER
+from ._mpi_runs import MpiRuns
 
 __all__ = ["Pencil", "Subcomm", "Transfer", "TransferPlan", "transfer", "transfer_init"]
 
@@ -437,13 +438,18 @@ class Transfer:
     ) -> Transfer:
         """A Transfer whose subshapes are the block distribution's by construction (those of
         two pencils): nothing to agree on, so nothing collective happens here -- the context,
-        work arrays and plans come with the first run that needs them."""
+        work arrays and plans come with the first run that needs them. On a communicator
+        without a context its first runs go through MPI (_mpi_runs)."""
         self = cls.__new__(cls)
         self.comm = comm
         self._setup(shape, dtype, axisA, axisB, order, copy)
         self.subshapeA = tuple(subshapeA)
         self.subshapeB = tuple(subshapeB)
         self._start(staging)
+        if self._staging and not has_context(comm):
+            subshapes = (self.subshapeA, self.subshapeB)
+            axes = (self.axisA, self.axisB)
+            self._mpi = MpiRuns(comm, self.dtype, self.shape, subshapes, axes)
         return self
 
     def _start(self, staging) -> None:
@@ -452,6 +458,7 @@ class Transfer:
         self._staging = bool(staging)
         self._staged: dict[tuple[int, ...], _Staging] = {}
         self._freed = False
+        self._mpi: MpiRuns | None = None
 
     def _setup(self, shape, dtype, axisA, axisB, order, copy) -> None:
         self.shape = tuple(operator.index(n) for n in shape)
@@ -516,6 +523,9 @@ class Transfer:
     def free(self) -> None:
         """Local: free the plans on the work arrays (later calls raise); idempotent."""
         self._freed = True
+        if self._mpi is not None:
+            self._mpi.free()
+            self._mpi = None
         for staged in self._staged.values():
             for plan in staged.plans:
                 if plan is not None:
@@ -567,7 +577,23 @@ class Transfer:
         self._staged[lead] = staged
         return staged, plan
 
+    def _through_mpi(self, src, dst, side: int) -> bool:
+        """Collective: the run through MPI while the Transfer's communicator has no context and
+        the rule keeps it there (_mpi_runs); False, having moved nothing, when zcoll runs it
+        (from then on). A rank whose own arguments are wrong calls it with None arrays, so
+        that its peers' agreement ends: every rank then goes on to zcoll's checks."""
+        mpi = self._mpi
+        if mpi is None:
+            return False
+        if not has_context(self.comm) and mpi.run(src, dst, side):
+            return True
+        mpi.free()
+        self._mpi = None
+        return False
+
     def _run(self, src, dst, side: int) -> np.ndarray:
+        if self._through_mpi(src, dst, side):
+            return dst
         lead, shape, a, b = self._geometry(src, side)
         if not self._staging:
             transfer(self.comm, src, dst, shape, a, b, order=self.order, copy=self.copy)
