@@ -269,7 +269,8 @@ def _attribute_key() -> int:
 
 def has_context(comm: MPI.Comm) -> bool:
     """Local: whether zcoll has made `comm`'s context (the same on every rank of `comm`)."""
-    ctx = _by_handle.get(getattr(comm, "handle", None))
+    handle = getattr(comm, "handle", None)
+    ctx = _by_handle.get(handle) if handle is not None else None
     return ctx is not None and not ctx.core.closed
 
 
