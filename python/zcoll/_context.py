@@ -112,7 +112,7 @@ class Context:
         # The NUMA node each node rank runs on (hwloc, or the ZCOLL_TOPOLOGY placement).
         self.numa_nodes = node.numa_nodes
         self.core = node.core
-        self.transport = Transport(comm, self.core, self.multi_node)
+        self.transport = Transport(comm, self.core, self.multi_node, self.oversubscribed)
         # One rank per node (its lowest), in node order: the reductions' inter-node part.
         self.leaders: MPI.Comm | None = None
         if self.multi_node:

@@ -12,6 +12,7 @@ call raises PeerError.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -23,7 +24,15 @@ from mpi4py import MPI
 from . import _core, _mpi_library
 from ._settings import get_timeout
 
-__all__ = ["NODE_TAG", "Route", "Transport", "VCallArgs", "poll_bounded", "timeout_message"]
+__all__ = [
+    "NODE_TAG",
+    "Route",
+    "Transport",
+    "VCallArgs",
+    "machine_oversubscribed",
+    "poll_bounded",
+    "timeout_message",
+]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a wait on mpi4py requests starts yielding
 NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
@@ -43,10 +52,13 @@ class Transport:
     duplicate of `comm` made when the communicator spans several nodes (`multi_node`). On one
     node only the bounded wait serves (online tuning's agreement)."""
 
-    def __init__(self, comm: MPI.Comm, core: _core.NodeContext, multi_node: bool):
+    def __init__(
+        self, comm: MPI.Comm, core: _core.NodeContext, multi_node: bool, oversubscribed: bool
+    ):
         self.rank = comm.rank
         self.core = core
         self.multi_node = multi_node
+        self.oversubscribed = oversubscribed  # its waits nap rather than yield
         self.dup: MPI.Comm | None = comm.Dup() if multi_node else None  # its own tag space
         # The private dup's C handle, for the extension's MPI calls; None where it cannot make
         # them (`unusable` says why): then every call across nodes raises.
@@ -149,7 +161,7 @@ class Transport:
     def _poll(self, step: Callable[[], bool], what: str, late: Callable[[], list[int]]) -> None:
         """Runs `step` until it returns True, at most the zcoll timeout; then breaks the
         context, naming the ranks `late` says are still waited for."""
-        if not poll_bounded(step):
+        if not poll_bounded(step, self.oversubscribed):
             ranks = late()
             self.fail(timeout_message(self.rank, what, f"rank(s) {ranks}" if ranks else None))
 
@@ -162,11 +174,14 @@ class Transport:
             self.fail(str(e))
 
 
-def poll_bounded(step: Callable[[], bool]) -> bool:
+def poll_bounded(step: Callable[[], bool], oversubscribed: bool) -> bool:
     """Runs `step` until it returns True (then True), at most the zcoll timeout (then False).
-    Polls a little, then yields the core between polls (a peer may need it: sched_yield, since
-    a zero sleep costs the kernel's timer slack, about 50 us), then sleeps once the wait is
-    clearly long."""
+    Polls a little, then lets the core go between polls (a peer may need it), then sleeps once
+    the wait is clearly long. Letting it go: a zero sleep where ranks outnumber cores (a nap of
+    the kernel's timer slack, about 50 us, which leaves the core to the peer that needs it), else
+    sched_yield (the core comes back at once: a zero sleep's nap cost a cold transfer on two
+    ranks of two cores 4x its time; sched_yield cost a reduction on four ranks of two cores 1.6x
+    its time)."""
     start, polls = time.monotonic(), 0
     while not step():
         polls += 1
@@ -175,10 +190,24 @@ def poll_bounded(step: Callable[[], bool]) -> bool:
         waited = time.monotonic() - start
         if waited >= get_timeout():
             return False
-        if waited < 0.01:
-            os.sched_yield()
-        else:
+        if waited >= 0.01:
             time.sleep(1e-3)
+        elif oversubscribed:
+            time.sleep(0)
+        else:
+            os.sched_yield()
+    return True
+
+
+@functools.cache
+def machine_oversubscribed() -> bool:
+    """Whether this machine runs more ranks than it has CPUs, as the MPI launcher tells (Open
+    MPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS); True where it does not say: a
+    wait that cannot tell naps (see poll_bounded)."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value) > (os.cpu_count() or 1)
     return True
 
 

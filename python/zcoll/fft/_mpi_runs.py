@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
-from .._transport import poll_bounded, timeout_message
+from .._transport import machine_oversubscribed, poll_bounded, timeout_message
 
 __all__ = ["MpiRuns"]
 
@@ -145,7 +145,7 @@ class MpiRuns:
         return bool(every)
 
     def _wait(self, request: MPI.Request, what: str) -> None:
-        if not request.Test() and not poll_bounded(request.Test):
+        if not request.Test() and not poll_bounded(request.Test, machine_oversubscribed()):
             raise _core.PeerError(timeout_message(self.comm.rank, what, "a peer"))
 
     def _side(self, side: int) -> tuple[_Parts, _Parts]:
