@@ -28,12 +28,6 @@ from .._transport import machine_oversubscribed, poll_bounded, timeout_message
 __all__ = ["MpiRuns"]
 
 
-def _block(n: int, p: int, rank: int) -> tuple[int, int]:
-    """(start, count) of `rank`'s block of `n` over `p` ranks (the first n % p get one more)."""
-    q, r = divmod(n, p)
-    return rank * q + min(rank, r), q + (rank < r)
-
-
 @functools.cache
 def _element(itemsize: int) -> MPI.Datatype:
     """The MPI type of one array element: `itemsize` bytes, copied as they are (any dtype)."""
@@ -51,7 +45,7 @@ class _Parts:
         self.types: list[MPI.Datatype] = []
         self._made: list[MPI.Datatype] = []
         for r in range(p):
-            start, count = _block(shape[axis], p, r)
+            count, start = _core.block_share(shape[axis], p, r)  # the pencils' distribution
             if count == 0 or 0 in shape:
                 self.counts.append(0)
                 self.types.append(element)

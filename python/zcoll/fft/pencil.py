@@ -184,13 +184,17 @@ class Pencil:
             subs.insert(axis, MPI.COMM_SELF)
         if subs[axis].size != 1:
             raise ValueError(f"zcoll.fft.Pencil: the aligned axis {axis} must not be distributed")
+        self._place(shape, axis, tuple(subs), comm)
+
+    def _place(self, shape: tuple[int, ...], axis: int, subcomm: tuple, comm) -> None:
+        """Sets the checked layout: the attributes, and this rank's block of every axis."""
         self.shape = shape
         self.axis = axis
-        self.subcomm = tuple(subs)
+        self.subcomm = subcomm
         self.comm = comm
         self._transfers: dict[tuple, Transfer] = {}
         self._pencils: dict[int, Pencil] = {}
-        shares = [block_share(n, c.size, c.rank) for n, c in zip(self.shape, self.subcomm)]
+        shares = [_core.block_share(n, c.size, c.rank) for n, c in zip(shape, subcomm)]
         self.subshape = tuple(count for count, _ in shares)
         self.substart = tuple(start for _, start in shares)
 
@@ -217,8 +221,9 @@ class Pencil:
         if made is None:
             subs = list(self.subcomm)
             subs[axis], subs[self.axis] = subs[self.axis], subs[axis]
-            made = self._pencils[axis] = Pencil(subs, self.shape, axis, self.comm)
-            made._pencils.setdefault(self.axis, self)
+            made = self._pencils[axis] = Pencil.__new__(Pencil)  # this one's layout, checked
+            made._place(self.shape, axis, tuple(subs), self.comm)
+            made._pencils[self.axis] = self
         return made
 
     def reshaped(self, axis: int, n: int) -> Pencil:
