@@ -300,12 +300,11 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
 #ifdef ZCOLL_HAVE_MPI
   plan.def(
       "_attach_remote",
-      [](bound_transfer& b, const nodes_route& route, int tag, std::string what) {
+      [](bound_transfer& b, const nodes_route& route, int tag) {
         const auto& ctx = b.usable().context();
-        b.remote = std::make_unique<transfer_plan_blocks>(ctx, b.plan->geometry(), route, tag,
-                                                          std::move(what));
+        b.remote = std::make_unique<transfer_plan_blocks>(ctx, b.plan->geometry(), route, tag);
       },
-      py::arg("route"), py::arg("tag"), py::arg("what"),
+      py::arg("route"), py::arg("tag"),
       "Local, once after creation on several nodes: every run then agrees across nodes on its "
       "record (rounds on `route`) and exchanges the plan's blocks between nodes as MPI "
       "subarray messages with `tag`, in the same crossing.");

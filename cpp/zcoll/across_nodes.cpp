@@ -334,18 +334,18 @@ std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_c
 
 transfer_plan_blocks::transfer_plan_blocks(std::shared_ptr<node_context> ctx,
                                            const transfer_geometry& g, const nodes_route& route,
-                                           int tag, std::string what)
+                                           int tag)
     : ctx_(std::move(ctx)),
       slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
       route_(route),
-      what_(std::move(what)) {}
+      what_("zcoll." + std::string(name_of(op_code::transfer)) + " plan") {}
 
 void transfer_plan_blocks::start() {
   slabs_.post(comm_from_handle(route_.comm), recv_, send_);
 }
 
 void transfer_plan_blocks::wait() {
-  wait_plan_messages(*ctx_, slabs_, route_.rank, what_ + " (blocks between nodes)");
+  wait_plan_messages(*ctx_, slabs_, route_.rank, plan_what(op_code::transfer));
 }
 
 bool transfer_plan_blocks::failed() const {

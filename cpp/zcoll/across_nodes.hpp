@@ -131,7 +131,7 @@ std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_c
 class transfer_plan_blocks final : public plan_between_nodes {
  public:
   transfer_plan_blocks(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
-                       const nodes_route& route, int tag, std::string what);
+                       const nodes_route& route, int tag);
   void agree(const call_record& record) { agree_across_nodes(*ctx_, record, route_, what_); }
   void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
   void start() override;
@@ -143,7 +143,7 @@ class transfer_plan_blocks final : public plan_between_nodes {
   std::shared_ptr<node_context> ctx_;
   slab_messages slabs_;
   nodes_route route_;
-  std::string what_;
+  std::string what_;  // what its agreement names
   void* recv_ = nullptr;
   const void* send_ = nullptr;
 };

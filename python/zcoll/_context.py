@@ -18,19 +18,12 @@ from typing import NoReturn
 from mpi4py import MPI
 
 from . import _core, _exit, _node, _pool, _settings, _tuning
-from ._registry import (
-    ALLGATHER,
-    ALLOCATE,
-    ALLTOALL,
-    AUTO,
-    BARRIER,
-    COLLECTIVES,
-    EAGER,
-    OPS,
-    ORDERS,
-)
+from ._registry import ALLGATHER, ALLOCATE, ALLTOALL, BARRIER, COLLECTIVES, OPS, RULE_ORDER_CODES
 from ._settings import TUNING_MODES
 from ._transport import Transport
+
+# Engine order code -> name, "auto" and "eager" included (online tuning's choices).
+_ORDER_NAMES = {code: name for name, code in RULE_ORDER_CODES.items()}
 
 __all__ = [
     "Context",
@@ -177,11 +170,7 @@ class Context:
         order, "auto" where the table or the built-in rule decides), or None while still
         trying (or tuning is off)."""
         code = self.core.online_choice(opname, block_bytes * self.size)
-        if code is None:
-            return None
-        if code == _core.AUTO_ORDER:
-            return AUTO
-        return EAGER if code == _core.EAGER_ORDER else ORDERS[code]
+        return None if code is None else _ORDER_NAMES[code]
 
     def layout(self) -> tuple[int, int]:
         """(nodes, ranks of the largest node): what the table's internode rules match."""

@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _mpi_library
-from ._settings import get_timeout
+from ._settings import get_timeout, machine
 
 __all__ = [
     "NODE_TAG",
@@ -207,7 +207,7 @@ def machine_oversubscribed() -> bool:
     for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
         value = os.environ.get(name, "")
         if value.isdigit():
-            return int(value) > (os.cpu_count() or 1)
+            return int(value) > machine()["cpus"].value
     return True
 
 

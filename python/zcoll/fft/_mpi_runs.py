@@ -82,23 +82,20 @@ class MpiRuns:
         self.axes = axes
         self.limit = _core.cold_transfer_runs(prod(shape) * dtype.itemsize // comm.size)
         self.runs = 0  # through MPI so far
-        self.over = False  # zcoll runs the Transfer from now on
         self._sides: list[tuple[_Parts, _Parts] | None] = [None, None]
         self._flags = (np.zeros((), np.int32), np.zeros((), np.int32))  # the agreement's
 
     def run(self, src, dst, side: int) -> bool:
         """Collective: this direction's transpose (`side` 0 forward) through MPI, if the rule
         still keeps the Transfer here (the same on every rank) and every rank's arrays suit it;
-        False, having moved nothing, where zcoll's path must run it."""
+        False, having moved nothing, where zcoll's path must run it (from then on: the
+        Transfer drops this object, and with it the datatypes)."""
         if self.comm.size == 1:  # a copy, whichever way: nothing to agree on or to set up
             if not self._suits(src, dst, side):
                 return False
             np.copyto(dst, src)
             return True
-        if self.over:
-            return False
         if self.runs >= self.limit or not self._agree(self._suits(src, dst, side)):
-            self.free()
             return False
         self.runs += 1
         sends, recvs = self._side(side)
@@ -108,11 +105,6 @@ class MpiRuns:
         )
         self._wait(request, "zcoll.fft.Transfer (through MPI)")
         return True
-
-    def free(self) -> None:
-        """Local: lets the datatypes go (idempotent); the Transfer runs through zcoll from now."""
-        self.over = True
-        self._sides = [None, None]
 
     def _suits(self, src, dst, side: int) -> bool:
         """Whether this rank's arrays suit a run through MPI (None: they do not)."""

@@ -528,9 +528,7 @@ class Transfer:
     def free(self) -> None:
         """Local: free the plans on the work arrays (later calls raise); idempotent."""
         self._freed = True
-        if self._mpi is not None:
-            self._mpi.free()
-            self._mpi = None
+        self._mpi = None  # its datatypes go with the last Transfer holding them
         for staged in self._staged.values():
             for plan in staged.plans:
                 if plan is not None:
@@ -592,7 +590,6 @@ class Transfer:
             return False
         if not has_context(self.comm) and mpi.run(src, dst, side):
             return True
-        mpi.free()
         self._mpi = None
         return False
 
@@ -746,7 +743,7 @@ class _MultiNodeTransferPlan(TransferPlan):
         ctx.agree(_TRANSFER_INIT, record)
         super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
-        self._attach_remote(ctx.transport.check(), tag, "zcoll.transfer plan")
+        self._attach_remote(ctx.transport.check(), tag)
 
 
 def transfer_init(
