@@ -12,6 +12,7 @@ from mpi4py import MPI
 
 import zcoll
 from helpers import all_ranks_agree
+from zcoll import _core
 
 SIZES = [0, 1, 100, 3000, 70_001]  # elements per block: eager, staged-size and large calls
 
@@ -126,3 +127,36 @@ def test_plans_on_heap_arrays(comm):
             plan()
             ok &= recv.tobytes() == expected.tobytes()
     all_ranks_agree(comm, ok, "plan on heap arrays")
+
+
+def test_freed_segments_are_never_read_through_a_stale_mapping(comm):
+    """Even ranks free their heap arrays after each call, given back at once (nothing kept),
+    and make new ones: their segments reuse the freed descriptors under new generations, which
+    the odd ranks, whose own arrays stay and who mapped (and remember) the old segments, must
+    map anew."""
+    p = comm.size
+    renew = comm.rank % 2 == 0
+    count = -(-150_000 // p)  # over 1 MiB: a segment each
+    limits = _core.heap_stats()
+    _core.set_heap_limits(limits["small_bytes"], limits["large_bytes"], keep_total_bytes=0)
+    try:
+        ok = True
+        send = heap_array((p, count), np.float64, 0)
+        recv = heap_array((p, count), np.float64, 0)
+        for run in range(6):
+            if renew:
+                del send, recv
+                send = heap_array((p, count), np.float64, 100 * run + comm.rank)
+                recv = heap_array((p, count), np.float64, 7)
+            else:  # in place: no heap array made or freed on this rank
+                send.reshape(-1).view(np.uint8)[:] = np.random.default_rng(
+                    100 * run + comm.rank
+                ).integers(0, 256, send.nbytes, dtype=np.uint8)
+            ok &= zcoll.in_heap(send) and zcoll.in_heap(recv)
+            expected = np.empty_like(send)
+            comm.Alltoall(send, expected)
+            zcoll.alltoall(comm, send, recv)
+            ok &= recv.tobytes() == expected.tobytes()
+    finally:
+        _core.set_heap_limits(limits["small_bytes"], limits["large_bytes"])
+    all_ranks_agree(comm, ok, "calls on heap arrays made after others were freed")

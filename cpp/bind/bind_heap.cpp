@@ -9,8 +9,10 @@
 #define PY_ARRAY_UNIQUE_SYMBOL zcoll_ARRAY_API
 #include <numpy/arrayobject.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "bindings.hpp"
 #include "zcoll/heap.hpp"
@@ -88,14 +90,16 @@ void register_heap(py::module_& m) {
         "Makes `handler` NumPy's memory handler in the current context; returns the previous.");
   m.def(
       "set_heap_limits",
-      [](std::size_t small, std::size_t large) {
+      [](std::size_t small, std::size_t large, std::optional<std::size_t> keep_total) {
         heap::limits l = heap::current_limits();
         l.small_bytes = small;
         l.large_bytes = large;
+        l.keep_total_bytes = keep_total.value_or(heap::limits{}.keep_total_bytes);
         heap::set_limits(l);
       },
-      py::arg("small_bytes"), py::arg("large_bytes"),
-      "Requests below small_bytes stay with NumPy's allocator; from large_bytes a segment each.");
+      py::arg("small_bytes"), py::arg("large_bytes"), py::arg("keep_total_bytes") = py::none(),
+      "Requests below small_bytes stay with NumPy's allocator; from large_bytes a segment each; "
+      "freed segments kept for reuse up to keep_total_bytes (None: the default).");
   m.def("heap_stats", [] {
     const heap::stats s = heap::current_stats();
     const heap::limits l = heap::current_limits();

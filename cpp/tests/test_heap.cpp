@@ -80,6 +80,39 @@ TEST_CASE("locate names a heap buffer that resolve maps back, until it is freed"
   heap::set_limits(heap::limits{});
 }
 
+TEST_CASE("a lookup memo answers as locate and resolve do, and never with a mapping gone") {
+  heap::limits l = heap::current_limits();
+  l.keep_total_bytes = 0;  // one-block segments given back at once
+  heap::set_limits(l);
+  auto* p = static_cast<std::byte*>(heap::allocate(3 * mib, false));
+  auto* q = static_cast<std::byte*>(heap::allocate(64 * 1024, false));  // a slab's block
+  REQUIRE(p != nullptr);
+  REQUIRE(q != nullptr);
+  heap::lookup_memo memo;
+  for (int round = 0; round < 2; ++round) {  // the second from the memo
+    const zcoll::buffer_ref ref = memo.locate(p + 100, 1000);
+    const zcoll::buffer_ref direct = heap::locate(p + 100, 1000);
+    CHECK(ref.segment == direct.segment);
+    CHECK(ref.offset == 100);
+    CHECK(memo.resolve(ref, 1000) == p + 100);
+    CHECK(memo.resolve(ref, 4 * mib) == nullptr);  // past the segment
+    CHECK(memo.locate(p + 100, 4 * mib).segment == 0);
+    CHECK(memo.locate(q, 1024).segment == heap::locate(q, 1024).segment);
+  }
+  int on_stack = 0;
+  CHECK(memo.locate(&on_stack, sizeof on_stack).segment == 0);
+  const zcoll::buffer_ref ref = memo.locate(p, 1000);
+  const std::uint64_t before = heap::epoch();
+  heap::release(p);
+  CHECK(heap::epoch() != before);
+  CHECK(memo.resolve(ref, 1000) == nullptr);  // its segment is gone: no stale address
+  CHECK(memo.locate(p, 1000).segment == 0);
+  const std::uint64_t slab_epoch = heap::epoch();
+  heap::release(q);  // a slab block: its segment stays, so do the memo's answers
+  CHECK(heap::epoch() == slab_epoch);
+  heap::set_limits(heap::limits{});
+}
+
 TEST_CASE("a fork child's heap is its own, it maps its parent's through /proc") {
   auto* p = static_cast<unsigned char*>(heap::allocate(2 * mib, false));
   REQUIRE(p != nullptr);

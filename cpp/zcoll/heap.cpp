@@ -17,6 +17,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace zcoll::heap {
@@ -69,6 +70,7 @@ struct heap_state {
   // locking (NumPy frees every array through the handler, the smallest too).
   std::atomic<std::uintptr_t> low{UINTPTR_MAX}, high{0};
   std::size_t blocks = 0;
+  std::atomic<std::uint64_t> epoch{1};  // lookup_memo's: see heap.hpp
   std::uint32_t generation = 0;
   std::uint64_t pid = static_cast<std::uint64_t>(::getpid());
   bool forked_child = false;
@@ -80,6 +82,11 @@ struct heap_state {
 heap_state& state() {
   static heap_state* s = new heap_state();
   return *s;
+}
+
+// A mapping a memo may name is going away (under the lock).
+void mappings_changed(heap_state& s) noexcept {
+  s.epoch.fetch_add(1, std::memory_order_release);
 }
 
 segment* segment_at(heap_state& s, const void* p) {
@@ -116,6 +123,7 @@ segment* create_segment(heap_state& s, std::size_t bytes, int size_class) {
 }
 
 void destroy_segment(heap_state& s, segment& seg) {
+  mappings_changed(s);
   if (seg.fd >= 0) {
     // Peers may still map it: the pages go now, whoever holds a mapping.
     ::fallocate(seg.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
@@ -163,6 +171,7 @@ void unlock_in_parent() {
 
 void privatize_in_child() {
   heap_state& s = state();
+  mappings_changed(s);
   for (auto& [base, seg] : s.segments) privatize(seg);
   for (auto& [key, a] : s.attached) ::munmap(a.base, a.bytes);
   s.attached.clear();
@@ -246,6 +255,7 @@ void release_segment(heap_state& s, segment& seg) {
   if (!s.forked_child && seg.bytes <= s.lim.keep_segment_bytes &&
       s.kept_bytes + seg.bytes <= s.lim.keep_total_bytes) {
     seg.kept = true;
+    mappings_changed(s);  // no longer published
     s.kept.emplace(seg.bytes, reinterpret_cast<std::uintptr_t>(seg.base));
     s.kept_bytes += seg.bytes;
     return;
@@ -357,47 +367,127 @@ std::size_t usable_bytes(const void* p) noexcept {
   return seg->size_class < 0 ? seg->bytes : std::size_t{1} << seg->size_class;
 }
 
-buffer_ref locate(const void* p, std::size_t bytes) noexcept {
-  heap_state& s = state();
-  std::lock_guard lock(s.mutex);
+namespace {
+
+// One of this process's segments as peers name it (word 0: none there, or not publishable).
+struct named_segment {
+  std::uint64_t word = 0;
+  const std::byte* base = nullptr;
+  std::size_t bytes = 0;
+};
+
+named_segment name_of(heap_state& s, const void* p) {  // under the lock
   const segment* seg = segment_at(s, p);
   if (!seg || seg->kept || seg->fd < 0 || static_cast<std::uint64_t>(seg->fd) > max_fd ||
       s.pid > max_pid)
     return {};
-  const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - seg->base);
-  if (bytes > seg->bytes - offset) return {};
   const std::uint64_t word = heap_tag | s.pid << 40 | static_cast<std::uint64_t>(seg->fd) << 24 |
                              (seg->generation & generation_mask);
-  return {word, offset};
+  return {word, seg->base, seg->bytes};
 }
 
-std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept {
-  const std::uint64_t pid = (ref.segment >> 40) & max_pid;
-  const std::uint64_t fd = (ref.segment >> 24) & max_fd;
-  const auto generation = static_cast<std::uint32_t>(ref.segment & generation_mask);
-  heap_state& s = state();
-  std::lock_guard lock(s.mutex);
+// [p, p + bytes) in `named` as peers name it ({0, 0} when it does not lie inside).
+buffer_ref ref_in(const named_segment& named, const void* p, std::size_t bytes) noexcept {
+  if (!named.word) return {};
+  const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - named.base);
+  if (bytes > named.bytes - offset) return {};
+  return {named.word, offset};
+}
+
+// Where the segment named `word` is mapped here (mapping a peer's if needed): {nullptr, 0} when
+// it cannot be (gone, or not the one named). Under the lock.
+std::pair<std::byte*, std::size_t> mapping_of(heap_state& s, std::uint64_t word) {
+  const std::uint64_t pid = (word >> 40) & max_pid;
+  const std::uint64_t fd = (word >> 24) & max_fd;
+  const auto generation = static_cast<std::uint32_t>(word & generation_mask);
   if (pid == s.pid) {  // this process's own buffer
     const auto base = s.by_fd.find(static_cast<int>(fd));
-    if (base == s.by_fd.end()) return nullptr;
+    if (base == s.by_fd.end()) return {nullptr, 0};
     const segment& seg = s.segments.at(base->second);
-    if ((seg.generation & generation_mask) != generation) return nullptr;
-    return seg.base + ref.offset;
+    if ((seg.generation & generation_mask) != generation) return {nullptr, 0};
+    return {seg.base, seg.bytes};
   }
   const std::uint64_t key = pid << 16 | fd;
   auto it = s.attached.find(key);
   if (it != s.attached.end() && it->second.generation != generation) {
+    mappings_changed(s);
     ::munmap(it->second.base, it->second.bytes);  // that segment was freed: never read it
     s.attached.erase(it);
     it = s.attached.end();
   }
   if (it == s.attached.end()) {
     auto made = attach(pid, fd, generation);
-    if (!made) return nullptr;
+    if (!made) return {nullptr, 0};
     it = s.attached.emplace(key, *made).first;
   }
-  if (ref.offset > it->second.bytes || bytes > it->second.bytes - ref.offset) return nullptr;
-  return it->second.base + ref.offset;
+  return {it->second.base, it->second.bytes};
+}
+
+// The address of [offset, offset + bytes) in a mapping of `size` bytes at `base`, or nullptr.
+std::byte* address_in(std::byte* base, std::size_t size, std::uint64_t offset,
+                      std::size_t bytes) noexcept {
+  if (!base || offset > size || bytes > size - offset) return nullptr;
+  return base + offset;
+}
+
+}  // namespace
+
+buffer_ref locate(const void* p, std::size_t bytes) noexcept {
+  heap_state& s = state();
+  std::lock_guard lock(s.mutex);
+  return ref_in(name_of(s, p), p, bytes);
+}
+
+std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept {
+  heap_state& s = state();
+  std::lock_guard lock(s.mutex);
+  const auto [base, size] = mapping_of(s, ref.segment);
+  return address_in(base, size, ref.offset, bytes);
+}
+
+std::uint64_t epoch() noexcept {
+  return state().epoch.load(std::memory_order_acquire);
+}
+
+void lookup_memo::refresh() noexcept {
+  const std::uint64_t now = epoch();
+  if (now == epoch_) return;
+  epoch_ = now;
+  located_ = {};
+  resolved_ = {};
+}
+
+buffer_ref lookup_memo::locate(const void* p, std::size_t bytes) noexcept {
+  heap_state& s = state();
+  if (!p || !in_range(s, p)) return {};
+  refresh();  // before the look-up: a mapping gone after it moves the epoch again
+  const auto* q = static_cast<const std::byte*>(p);
+  for (const located& e : located_)
+    if (e.word && q >= e.base && q < e.base + e.bytes)
+      return ref_in({e.word, e.base, e.bytes}, p, bytes);
+  named_segment named;
+  {
+    std::lock_guard lock(s.mutex);
+    named = name_of(s, p);
+  }
+  if (!named.word) return {};
+  located_[next_located_++ % entries] = {named.base, named.bytes, named.word};
+  return ref_in(named, p, bytes);
+}
+
+std::byte* lookup_memo::resolve(const buffer_ref& ref, std::size_t bytes) noexcept {
+  refresh();
+  for (const resolved& e : resolved_)
+    if (e.base && e.word == ref.segment) return address_in(e.base, e.bytes, ref.offset, bytes);
+  heap_state& s = state();
+  std::pair<std::byte*, std::size_t> mapping;
+  {
+    std::lock_guard lock(s.mutex);
+    mapping = mapping_of(s, ref.segment);
+  }
+  if (!mapping.first) return nullptr;
+  resolved_[next_resolved_++ % entries] = {ref.segment, mapping.first, mapping.second};
+  return address_in(mapping.first, mapping.second, ref.offset, bytes);
 }
 
 stats current_stats() noexcept {

@@ -42,9 +42,18 @@
  * heap per fork, which the parent waits for.
  *
  * Thread safety: one mutex guards the tables; allocation is a map lookup and a list pop.
+ *
+ * Calls. A loop of collectives on the same heap arrays would take that mutex for every buffer
+ * it locates and every peer buffer it resolves (2P + 2 times per alltoall, a third of an 8 KiB
+ * alltoall's time at P = 2). A lookup_memo keeps a context's last answers instead, valid while
+ * the heap's epoch is unchanged: it advances whenever a mapping an answer may point into goes
+ * away (a segment of this process destroyed or kept for reuse, a peer's mapping dropped, a
+ * fork), so a memo never hands out an address that is no longer mapped, nor a name a peer
+ * could no longer resolve.
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -84,6 +93,38 @@ buffer_ref locate(const void* p, std::size_t bytes) noexcept;
 // The address in this process of a heap buffer_ref published by a peer (mapping its segment
 // if needed), or nullptr when it cannot be mapped (the segment is gone or not the one named).
 std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
+
+// Advances whenever a mapping that a locate() or resolve() answer may name goes away.
+std::uint64_t epoch() noexcept;
+
+// The last answers of locate() and resolve() for one caller (a node context: one thread at a
+// time), so that repeated calls on the same buffers take no lock; a few entries each, replaced
+// in turn, all dropped when the epoch moves.
+class lookup_memo {
+ public:
+  buffer_ref locate(const void* p, std::size_t bytes) noexcept;
+  std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
+
+ private:
+  struct located {  // one of this process's segments and its name
+    const std::byte* base = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t word = 0;
+  };
+  struct resolved {  // a published name and where its segment is mapped here
+    std::uint64_t word = 0;
+    std::byte* base = nullptr;
+    std::size_t bytes = 0;
+  };
+  static constexpr std::size_t entries = 8;
+  void refresh() noexcept;
+
+  std::uint64_t epoch_ = 0;
+  std::array<located, entries> located_{};
+  std::array<resolved, entries> resolved_{};
+  std::size_t next_located_ = 0;
+  std::size_t next_resolved_ = 0;
+};
 
 // The kernel's transparent-huge-page mode for shared memory (the bracketed word of
 // /sys/kernel/mm/transparent_hugepage/shmem_enabled; "" if unknown).

@@ -70,9 +70,11 @@ buffer_ref node_segments::shared_ref(const void* p, std::size_t bytes) {
     if (!known.shared_by_all || !known.seg->owner_alive.load(std::memory_order_relaxed)) return {};
     return {known.seg->id, static_cast<std::uint64_t>(q - base)};
   }
+  if (publish_heap_)  // before the registry: a heap segment is no other segment
+    if (const buffer_ref ref = heap_memo_.locate(p, bytes); ref.segment) return ref;
   std::size_t offset = 0;
   auto seg = detail::segment_registry::instance().find(p, bytes, &offset);
-  if (!seg) return publish_heap_ ? heap::locate(p, bytes) : buffer_ref{};
+  if (!seg) return buffer_ref{};
   const auto& known = remember(std::move(seg));
   return known.shared_by_all ? buffer_ref{known.seg->id, offset} : buffer_ref{};
 }
@@ -85,7 +87,7 @@ buffer_ref node_segments::locate(const void* p, std::size_t bytes) {
 
 std::byte* node_segments::resolve(const buffer_ref& ref) {
   if (ref.segment & heap::heap_tag) {
-    if (std::byte* p = heap::resolve(ref, 0)) return p;
+    if (std::byte* p = heap_memo_.resolve(ref, 0)) return p;
     const std::string why =
         "a peer published a heap buffer this rank cannot map (freed during "
         "the call, or its process is gone)";

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "zcoll/arena.hpp"
+#include "zcoll/heap.hpp"
 #include "zcoll/protocol.hpp"
 
 namespace zcoll {
@@ -91,6 +92,7 @@ class node_segments {
   std::shared_ptr<data_segment> staging_;
   std::size_t next_partition_bytes_;
   bool publish_heap_ = false;
+  heap::lookup_memo heap_memo_;  // this context's heap look-ups (calls on the same arrays)
 };
 
 }  // namespace zcoll
