@@ -29,7 +29,14 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import DTYPES, PRIVATE_PATHS, all_ranks_agree, private_buffers_by
+from helpers import (
+    ARENA_SIDES,
+    DTYPES,
+    PRIVATE_PATHS,
+    all_ranks_agree,
+    arena_sides,
+    private_buffers_by,
+)
 from helpers import vcoll_reference as ref
 
 # "numa" runs as Morton in the irregular engine (test_vexchange.cpp checks it): not repeated here.
@@ -382,7 +389,7 @@ def test_private_buffers_match_mpi(comm, op, path):
 
 
 @pytest.mark.parametrize("received", [6 << 10, 12 << 10, 24 << 10])
-@pytest.mark.parametrize("buffers", ["private", "send private", "receive private", "by rank"])
+@pytest.mark.parametrize("buffers", ARENA_SIDES)
 def test_private_buffers_past_the_eager_size(comm, buffers, received):
     """alltoallv and allgatherv receiving 6, 12 and 24 KiB per rank under the measured rules:
     plain buffers between the eager size and the eager slots' capacity go through the slots,
@@ -390,12 +397,7 @@ def test_private_buffers_past_the_eager_size(comm, buffers, received):
     plain on the others: "by rank") takes the path they all can. Bits as MPI's."""
     p, me = comm.size, comm.rank
     count = max(1, received // (8 * p))
-    send_arena, recv_arena = {
-        "private": (False, False),
-        "send private": (False, True),
-        "receive private": (True, False),
-        "by rank": (me == 0, me == 0),
-    }[buffers]
+    send_arena, recv_arena = arena_sides(buffers, me)
 
     def array(n: int, arena: bool) -> np.ndarray:
         shared = zcoll.empty(comm, n)  # collective: every rank makes one, some use it

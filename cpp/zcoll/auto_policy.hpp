@@ -158,10 +158,18 @@ class auto_policy {
   // its cross-core copy grows faster with the bytes. Measured at P = 2 (alltoallv and a
   // neighbour alltoall on plain arrays, EPYC VM, docs/performance.md): eager 2.1-2.8 us
   // against CMA's 4.6 up to 8 KiB, even at 10 KiB, behind from 15 KiB (6.1 against 4.9).
+  // alltoall and allgather take that rule too, deciding after the ranks publish (exchange.hpp's
+  // slots_if_private). Measured at P = 2 (plain float64 arrays, Xeon VM with a 480 MiB L3,
+  // python -m zcoll.bench alltoall --buffers numpy): 8 KiB received 1.46-1.57 us through the
+  // slots against 2.04-2.20 staged and 1.78-1.84 pulled.
   bool eager_takes(std::size_t bytes, bool private_buffers) const noexcept {
     if (eager_fits(bytes)) return true;
-    return private_buffers && bytes <= eager_capacity_ && bytes <= cma_bytes_ / 2;
+    return private_buffers && private_slots_ && bytes <= eager_capacity_ && bytes <= cma_bytes_ / 2;
   }
+  // Whether private buffers may take the slots beyond the eager size (on by default; off, they
+  // are staged or pulled as the CMA threshold says: tests force the staged path so).
+  void set_private_slots(bool yes) noexcept { private_slots_ = yes; }
+  bool private_slots() const noexcept { return private_slots_; }
 
   // Exchanges receiving at least `bytes` per rank pull private buffers by CMA (SIZE_MAX:
   // never).
@@ -269,6 +277,7 @@ class auto_policy {
   std::size_t eager_bytes_ = 0;
   std::size_t eager_capacity_ = 0;
   std::size_t cma_bytes_ = default_cma_bytes;
+  bool private_slots_ = true;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;
   reduce_algorithm least_predicted(std::size_t bytes) const noexcept;

@@ -136,6 +136,7 @@ void node_context::prepare(op_code op, const array_view* send, const array_view&
     const auto_choice c = policy_.resolve(op, check.block_bytes, recv.nbytes);
     args.order = c.order;
     args.eager = c.eager;
+    args.slots_if_private = !c.eager && policy_.eager_takes(recv.nbytes, true);
   } else if (order == eager_order) {
     if (!policy_.eager_fits(recv.nbytes)) {
       check = value_error("the eager path takes at most " + std::to_string(eager_bytes()) +
@@ -181,23 +182,34 @@ call_record node_context::describe(op_code op, const array_view* send, const arr
 
 void node_context::execute_eager(const collective_args& args) {
   auto& line = protocol_.next(args.op);
-  const bool in_place = args.send == nullptr;
   const std::size_t parity = protocol_.parity();
-  const std::size_t block = args.block_bytes;
-  const auto& cr = config_.comm_ranks;
-  const auto me = static_cast<std::size_t>(cr[static_cast<std::size_t>(config_.rank)]);
+  fill_eager_slot(args, parity);
+  line.call.order = static_cast<std::int8_t>(eager_order);
+  line.call.block_bytes = args.block_bytes;
+  line.call.dtype = args.dtype;
+  line.call.flag = args.send == nullptr ? in_place_flag : 0;
+  const auto all = protocol_.publish();
+  check_calls(all, args.op);
+  check_arguments(all);
+  read_eager_slots(args, parity);
+}
+
+void node_context::fill_eager_slot(const collective_args& args, std::size_t parity) {
+  const bool in_place = args.send == nullptr;
+  const auto me =
+      static_cast<std::size_t>(config_.comm_ranks[static_cast<std::size_t>(config_.rank)]);
   const auto* data = static_cast<const std::byte*>(in_place ? args.recv : args.send);
   if (args.op == op_code::alltoall)
     copy_bytes(eager_slot(config_.rank, parity), data, args.recv_bytes);
   else
-    copy_bytes(eager_slot(config_.rank, parity), in_place ? data + me * block : data, block);
-  line.call.order = static_cast<std::int8_t>(eager_order);
-  line.call.block_bytes = block;
-  line.call.dtype = args.dtype;
-  line.call.flag = in_place ? 1 : 0;
-  const auto all = protocol_.publish();
-  check_calls(all, args.op);
-  check_arguments(all);
+    copy_bytes(eager_slot(config_.rank, parity), in_place ? data + me * args.block_bytes : data,
+               args.block_bytes);
+}
+
+void node_context::read_eager_slots(const collective_args& args, std::size_t parity) {
+  const std::size_t block = args.block_bytes;
+  const auto& cr = config_.comm_ranks;
+  const auto me = static_cast<std::size_t>(cr[static_cast<std::size_t>(config_.rank)]);
   auto* recv = static_cast<std::byte*>(args.recv);
   for (int s = 0; s < config_.size; ++s) {
     const std::byte* from = eager_slot(s, parity);
@@ -212,14 +224,23 @@ void node_context::execute(const collective_args& args) {
   line.call.order = static_cast<std::int8_t>(args.order);
   line.call.block_bytes = args.block_bytes;
   line.call.dtype = args.dtype;
-  line.call.flag = in_place ? 1 : 0;
+  line.call.flag = in_place ? in_place_flag : 0;
   if (!in_place) line.send = segments_.locate(args.send, args.send_bytes);
   line.recv = segments_.locate(args.recv, args.recv_bytes);
+  const std::size_t parity = protocol_.parity();
+  if (args.slots_if_private && args.block_bytes &&
+      ((!in_place && line.send.segment == 0) || line.recv.segment == 0)) {
+    fill_eager_slot(args, parity);  // wasted when a peer's buffers are shared: it declines
+    line.call.flag |= eager_slot_flag;
+  }
   const auto all = protocol_.publish();
   check_calls(all, args.op);
   check_arguments(all);
   const std::size_t block = args.block_bytes;
   if (block == 0) return;
+  bool slots = true;
+  for (int j = 0; j < config_.size && slots; ++j) slots = all.call(j).flag & eager_slot_flag;
+  if (slots) return read_eager_slots(args, parity);
   const auto p = static_cast<std::size_t>(config_.size);
   bool staged = false;
   for (int j = 0; j < config_.size; ++j)

@@ -62,7 +62,10 @@ struct collective_args {
   std::size_t block_bytes = 0;  // bytes per rank-to-rank block
   dtype_id dtype;
   block_order order = block_order::morton;
-  bool eager = false;    // small message: one barrier through the eager slots
+  bool eager = false;  // small message: one barrier through the eager slots
+  // order "auto" beyond the eager size: through the eager slots all the same when every rank's
+  // buffers are private (auto_policy::eager_takes), decided once they have published
+  bool slots_if_private = false;
   int copy = auto_copy;  // copy_mode of the block copies, or auto_copy (see copy_choice.hpp)
 };
 
@@ -235,6 +238,9 @@ class node_context {
   void run_online(op_code op, const array_view* send, const array_view& recv, int copy);
   void execute(const collective_args& args);
   void execute_eager(const collective_args& args);
+  // The eager path's halves: this rank's data into its slot; its blocks out of every slot.
+  void fill_eager_slot(const collective_args& args, std::size_t parity);
+  void read_eager_slots(const collective_args& args, std::size_t parity);
   // Whether a published call with a private buffer pulls it by CMA (same on every rank).
   bool pulls(const collective_args& args) {
     return args.send != nullptr && pulls_private(args.recv_bytes);

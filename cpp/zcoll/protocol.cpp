@@ -109,7 +109,8 @@ void check_same_reduction(const call_descriptor& ref, int ref_rank, const call_d
 
 void check_same_call(const call_descriptor& ref, int ref_rank, const call_descriptor& d, int rank) {
   if (is_reduction(ref.op)) return check_same_reduction(ref, ref_rank, d, rank);
-  if (d.flag == ref.flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
+  const bool same_flag = (d.flag & ~eager_slot_flag) == (ref.flag & ~eager_slot_flag);
+  if (same_flag && d.dtype == ref.dtype && d.block_bytes == ref.block_bytes &&
       d.order == ref.order && d.target == ref.target)
     return;
   const bool planned = ref.op == op_code::plan;
@@ -119,7 +120,7 @@ void check_same_call(const call_descriptor& ref, int ref_rank, const call_descri
   if (d.target != ref.target)
     throw usage_error("zcoll: ranks planned different collectives at once: " + first + " planned " +
                       op_text(ref.target) + ", " + other + " planned " + op_text(d.target));
-  if (d.flag != ref.flag)
+  if (!same_flag)
     throw usage_error(what + "IN_PLACE must be used by all ranks or none (" + first + " and " +
                       other + " differ)");
   if (!(d.dtype == ref.dtype))

@@ -54,7 +54,7 @@ struct context_config {
 struct call_descriptor {
   op_code op = op_code::none;
   std::int8_t order = 0;  // block_order value, auto_order (multi-node records) or eager_order
-  std::uint8_t flag = 0;  // collectives: in place; allocate: the request fits the partitions
+  std::uint8_t flag = 0;  // collectives: in_place_flag, eager_slot_flag; allocate: it fits
   arg_error error = arg_error::none;
   dtype_id dtype;
   op_code target = op_code::none;  // plan and start: the collective planned
@@ -64,6 +64,11 @@ struct call_descriptor {
                                    // start: the plan's id; reductions: bytes of the input
 };
 static_assert(sizeof(call_descriptor) == 24, "the descriptor must fit the rank's hot line");
+
+// A collective's flag bits: in place (the same on every rank); this rank's data is in its eager
+// slot (a rank's own: its buffers are private, exchange.hpp's slots_if_private).
+inline constexpr std::uint8_t in_place_flag = 1;
+inline constexpr std::uint8_t eager_slot_flag = 2;
 
 inline constexpr std::size_t message_bytes = 240;
 

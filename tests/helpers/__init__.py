@@ -55,18 +55,35 @@ COMM_KINDS = {
 #: size, or staged through the arena at any size.
 PRIVATE_PATHS = ("cma", "staged")
 
+# Which buffers of a call are in the arena, by name: none, the receive or the send buffer
+# only, or both on rank 0 and none elsewhere (ranks that differ).
+ARENA_SIDES = ("private", "send private", "receive private", "by rank")
+
+
+def arena_sides(buffers: str, rank: int) -> tuple[bool, bool]:
+    """Whether this rank's (send, receive) buffers are in the arena under `buffers`
+    (one of ARENA_SIDES)."""
+    return {
+        "private": (False, False),
+        "send private": (False, True),
+        "receive private": (True, False),
+        "by rank": (rank == 0, rank == 0),
+    }[buffers]
+
 
 @contextlib.contextmanager
 def private_buffers_by(comm: MPI.Comm, path: str):
     """Within the block, calls on `comm` (collective: every rank enters) move plain NumPy
-    buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule."""
+    buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule
+    (which also sends plain buffers a little past the eager size through the eager slots)."""
     core = _context.context(comm).core
-    before = core.cma_bytes
+    before = core.cma_bytes, core.private_slots
     core.cma_bytes = 0 if path == "cma" else 2**62
+    core.private_slots = False
     try:
         yield
     finally:
-        core.cma_bytes = before
+        core.cma_bytes, core.private_slots = before
 
 
 def random_bytes(seed: int, nbytes: int) -> np.ndarray:
