@@ -125,8 +125,8 @@ void def_cma_policy(context_class& cls) {
   cls.def_property(
       "private_slots", [](const node_context& ctx) { return ctx.policy().private_slots(); },
       [](node_context& ctx, bool yes) { ctx.policy().set_private_slots(yes); },
-      "Whether private buffers beyond the eager size may take the eager slots (below half the "
-      "CMA size). The same on every rank.");
+      "Whether private buffers beyond the eager size may take the eager slots (up to the CMA "
+      "size). The same on every rank.");
   cls.def_property_readonly(
       "cma",
       [](const node_context& ctx) {

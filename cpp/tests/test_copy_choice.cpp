@@ -237,16 +237,21 @@ TEST_CASE("the refinement's clock counts this thread's work, not the time it wai
   CHECK(zcoll::thread_cpu_seconds() - before_work > 0.005);
 }
 
-TEST_CASE("the eager slots take private buffers up to their capacity and half the CMA size") {
+TEST_CASE("the eager slots take private buffers up to their capacity and the CMA size") {
   zcoll::auto_policy policy(2);
   policy.set_eager_bytes(4 * kib, 16 * kib);
-  policy.set_cma_bytes(16 * kib);
+  policy.set_cma_bytes(8 * kib);
   CHECK(policy.eager_takes(4 * kib, false));  // within the eager size, whatever the buffers
   CHECK(policy.eager_takes(4 * kib, true));
   CHECK_FALSE(policy.eager_takes(8 * kib, false));     // shared buffers: the one-copy path
   CHECK(policy.eager_takes(8 * kib, true));            // private: the slots, not staging
   CHECK_FALSE(policy.eager_takes(8 * kib + 1, true));  // pulled by CMA from here
-  policy.set_cma_bytes(0);                             // every private buffer pulled
+  CHECK(policy.pulls(8 * kib + 1));
+  policy.set_private_slots(false);  // off: staged or pulled as the threshold says
+  CHECK_FALSE(policy.eager_takes(8 * kib, true));
+  CHECK(policy.eager_takes(4 * kib, true));
+  policy.set_private_slots(true);
+  policy.set_cma_bytes(0);  // every private buffer pulled
   CHECK_FALSE(policy.eager_takes(4 * kib + 1, true));
   policy.set_cma_bytes(SIZE_MAX);  // never pulled: the slots, then staged beyond them
   CHECK(policy.eager_takes(16 * kib, true));

@@ -19,18 +19,21 @@
  * traffic where no table covers this node size. The model and m are the same on every rank, so
  * the choice is too.
  *
- * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives at least
+ * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives more than
  * cma_bytes() pulls its blocks from the senders' private memory by CMA (one copy, a system
- * call per block); smaller ones are staged (three copies and one more barrier, no system
- * call). Staging costs grow with the bytes received, CMA's with the blocks, so the threshold is
- * on the bytes received: measured with python -m zcoll.bench alltoall --buffers numpy,
- * ZCOLL_EAGER_BYTES=0 and ZCOLL_CMA_BYTES=0 against "never", the crossover lay between 8 and
- * 16 KiB received at P = 2 and between 4 and 16 KiB at P = 4 (docs/performance.md, "Plain
- * NumPy buffers").
+ * call per block); at most that, where every rank's buffers are private, goes through the
+ * eager slots (two copies, one barrier; eager_takes); anything else smaller is staged (three
+ * copies and one more barrier, no system call). Staging costs grow with the bytes received,
+ * CMA's with the blocks, so the threshold is on the bytes received. Measured at P = 2 (python
+ * -m zcoll.bench alltoall|allgather|alltoallv --buffers numpy, and alltoall --persistent, the
+ * default against ZCOLL_CMA_BYTES=0 and ZCOLL_EAGER_BYTES=16384; docs/performance.md, "Heap
+ * look-ups memoised; ..."): between 8 and 16 KiB received, CMA beat staging by 15-40 % in every
+ * call and plan, and the slots beat CMA up to 8 KiB; at P = 4 CMA beat staging from 4 KiB
+ * received (the earlier "Plain NumPy buffers" table).
  *
  * Irregular calls (vexchange.hpp) decide the eager path after the ranks publish, each rank by
  * eager_takes(): within the eager size, and -- a rank whose buffers are outside shared memory --
- * up to half the CMA size where the slots hold it; beyond it, Morton order.
+ * up to the CMA size where the slots hold it; beyond it, Morton order.
  *
  * Online tuning (ZCOLL_TUNING=online): order="auto" calls of a size no rule covers try every
  * order first and keep the fastest, agreed on by the node's ranks (online_tuner.hpp); the
@@ -84,21 +87,22 @@ double thread_cpu_seconds() noexcept;
 // `numa_domains` NUMA nodes.
 block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) noexcept;
 
-// Fewest bytes per rank an exchange receives to pull by CMA under the built-in rule (above).
-inline constexpr std::size_t default_cma_bytes = std::size_t{16} << 10;
+// Bytes per rank an exchange receives beyond which it pulls by CMA under the built-in rule
+// (above); it pulls at exactly this size too where the slots do not take it.
+inline constexpr std::size_t default_cma_bytes = std::size_t{8} << 10;
 // Reductions pull private inputs from this many times the exchanges' CMA threshold (4 MiB by
 // default). Measured, P = 2 and 4, plain float64 inputs (docs/performance.md, "Reductions on
 // plain arrays"): staged flat beat pulled tiled for allreduce up to 1 MiB (by 16-60 %), tied at
 // 4 MiB and lost by 1.5x at 16 MiB; for reduce it won up to 4 MiB. A pull reads a peer's piece
 // with a system call and a page pin, which staging's in-cache copies undercut until the inputs
 // outgrow the cache.
-inline constexpr std::size_t reduction_pull_factor = 256;
+inline constexpr std::size_t reduction_pull_factor = 512;
 // A bcast pulls a private root buffer from this many times the CMA threshold (1 MiB by
 // default). Measured, plain float64 buffers, staged against pulled (ZCOLL_CMA_BYTES never and
 // 0), two rounds each: staging (the root's one copy into shared memory, then each rank's
 // copy out, in cache) was 3-6x faster from 8 to 256 KiB and 1.8x at 1 MiB at P = 2, 2-3x from
 // 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4), where the buffers leave the cache.
-inline constexpr std::size_t bcast_pull_factor = 64;
+inline constexpr std::size_t bcast_pull_factor = 128;
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
@@ -152,8 +156,8 @@ class auto_policy {
   static constexpr block_order irregular_order() noexcept { return block_order::morton; }
   // Whether a call that puts and takes at most `bytes` on this rank goes through the eager
   // slots when this rank's buffers are `private_buffers` (outside shared memory): within the
-  // eager size always; beyond it, private buffers up to half the CMA size, as long as the
-  // slots hold them. The eager path makes two copies and one barrier where staging makes
+  // eager size always; beyond it, private buffers up to the CMA size, as long as the slots
+  // hold them. The eager path makes two copies and one barrier where staging makes
   // three and three; against a CMA pull (one copy, two barriers, a system call per block)
   // its cross-core copy grows faster with the bytes. Measured at P = 2 (alltoallv and a
   // neighbour alltoall on plain arrays, EPYC VM, docs/performance.md): eager 2.1-2.8 us
@@ -164,7 +168,7 @@ class auto_policy {
   // slots against 2.04-2.20 staged and 1.78-1.84 pulled.
   bool eager_takes(std::size_t bytes, bool private_buffers) const noexcept {
     if (eager_fits(bytes)) return true;
-    return private_buffers && private_slots_ && bytes <= eager_capacity_ && bytes <= cma_bytes_ / 2;
+    return private_buffers && private_slots_ && bytes <= eager_capacity_ && bytes <= cma_bytes_;
   }
   // Whether private buffers may take the slots beyond the eager size (on by default; off, they
   // are staged or pulled as the CMA threshold says: tests force the staged path so).
