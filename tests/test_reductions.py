@@ -607,6 +607,21 @@ def test_bcast_of_a_private_root_buffer(comm, path):
     all_ranks_agree(comm, not failures, f"bcast {path}: {failures}")
 
 
+def test_bcast_of_a_private_root_buffer_rewritten_between_calls(comm):
+    """A private root buffer under the measured rule (staged below the pull threshold), new
+    data in the same buffers before every call, every root, bit for bit."""
+    failures = []
+    for root in range(comm.size):
+        for n in (2_000, 8_000, 32_000):  # 16, 64 and 256 KiB
+            for call in range(8):
+                value = 1000.0 * call + root
+                buf = np.full(n, value if comm.rank == root else -1.0) + np.arange(n)
+                zcoll.bcast(comm, buf, root=root)
+                if not np.array_equal(buf, value + np.arange(n, dtype=np.float64)):
+                    failures.append((root, n, call))
+    all_ranks_agree(comm, not failures, f"bcast of rewritten buffers: {failures}")
+
+
 @pytest.mark.parametrize("path", PRIVATE_PATHS)
 @pytest.mark.parametrize("algorithm", ["auto", "tiled"])
 def test_reductions_of_private_inputs(comm, path, algorithm):

@@ -174,22 +174,26 @@ void node_context::execute_bcast(const reduction_args& a) {
   const bool pull =
       !eager && policy_.pulls_bcast(a.bytes) && cma_.current() == cross_memory::state::works;
   const std::size_t third = segments_.staging_third();
-  if (me == a.root_node && a.bytes && p > 1) {
-    if (eager) {
-      copy_bytes(eager_slot(me, parity), a.input, a.bytes);
-      line.send = segments_.locate(eager_slot(me, parity), a.bytes);
-    } else {
-      line.send = segments_.locate(a.input, a.bytes);
-      if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
-        copy_bytes(segments_.staging(me), a.input, a.bytes);
-        line.send = segments_.locate(segments_.staging(me), a.bytes);
-      }
+  // A small bcast goes through the root's eager slot, which the readers address directly (a
+  // node pool's slots lie in no segment the context can name): one barrier, and the slots'
+  // parity keeps the root's next call from writing what a reader still copies.
+  if (eager && me == a.root_node && a.bytes && p > 1)
+    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+  if (!eager && me == a.root_node && a.bytes && p > 1) {
+    line.send = segments_.locate(a.input, a.bytes);
+    if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
+      copy_bytes(segments_.staging(me), a.input, a.bytes);
+      line.send = segments_.locate(segments_.staging(me), a.bytes);
     }
   }
   const auto all = protocol_.publish();
   check_calls(all, op_code::bcast);
   check_arguments(all);
   if (a.bytes == 0 || p == 1) return;
+  if (eager) {
+    if (me != a.root_node) copy_bytes(a.out, eager_slot(a.root_node, parity), a.bytes);
+    return;
+  }
   const auto root = static_cast<std::size_t>(a.root_node);
   const buffer_ref ref = all.line(a.root_node).send;
   if (!ref.segment && pull) {
@@ -208,7 +212,7 @@ void node_context::execute_bcast(const reduction_args& a) {
     from = segments_.staging(static_cast<int>(root));
   }
   if (me != a.root_node) copy_bytes(a.out, from, a.bytes);
-  if (!eager) protocol_.sync();  // the root's buffer (or staging) is read until here
+  protocol_.sync();  // the root's buffer (or staging) is read until here
 }
 
 void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len,
@@ -296,10 +300,7 @@ void node_context::publish_reduction_input(const reduction_args& a, detail::rank
     return;
   }
   line.send = segments_.locate(a.input, a.bytes);  // where peers read this rank's input
-  if (!line.send.segment && eager) {
-    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
-    line.send = segments_.locate(eager_slot(me, parity), a.bytes);
-  } else if (!line.send.segment && !may_pull && third >= round_up(a.bytes, 64)) {
+  if (!line.send.segment && !may_pull && third >= round_up(a.bytes, 64)) {
     copy_bytes(segments_.staging(me), a.input, a.bytes);
     line.send = segments_.locate(segments_.staging(me), a.bytes);
   }

@@ -200,7 +200,7 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             _Number(),
             None,
             "context",
-            "fewest bytes received per rank to pull plain NumPy buffers by CMA (fewer: staged)",
+            "bytes received per rank beyond which plain NumPy buffers are pulled by CMA",
         ),
         "spin": _Variable(
             "ZCOLL_SPIN", _Number(), None, "context", "busy polls of a wait before yielding"
