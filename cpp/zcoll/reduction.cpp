@@ -177,13 +177,15 @@ void node_context::execute_bcast(const reduction_args& a) {
   // A small bcast goes through the root's eager slot, which the readers address directly (a
   // node pool's slots lie in no segment the context can name): one barrier, and the slots'
   // parity keeps the root's next call from writing what a reader still copies.
-  if (eager && me == a.root_node && a.bytes && p > 1)
-    copy_bytes(eager_slot(me, parity), a.input, a.bytes);
-  if (!eager && me == a.root_node && a.bytes && p > 1) {
-    line.send = segments_.locate(a.input, a.bytes);
-    if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
-      copy_bytes(segments_.staging(me), a.input, a.bytes);
-      line.send = segments_.locate(segments_.staging(me), a.bytes);
+  if (me == a.root_node && a.bytes && p > 1) {
+    if (eager) {
+      copy_bytes(eager_slot(me, parity), a.input, a.bytes);
+    } else {
+      line.send = segments_.locate(a.input, a.bytes);
+      if (!line.send.segment && !pull && third >= round_up(a.bytes, 64)) {
+        copy_bytes(segments_.staging(me), a.input, a.bytes);
+        line.send = segments_.locate(segments_.staging(me), a.bytes);
+      }
     }
   }
   const auto all = protocol_.publish();
