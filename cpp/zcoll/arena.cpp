@@ -124,6 +124,7 @@ void segment_registry::add(const std::shared_ptr<data_segment>& seg) {
   std::lock_guard lock(mutex_);
   std::erase_if(segments_, [](const entry& e) { return e.seg.expired(); });
   segments_.push_back({seg, seg->shm->data(), seg->shm->size(), seg->id});
+  additions_.fetch_add(1, std::memory_order_release);
 }
 
 std::shared_ptr<data_segment> segment_registry::find(const void* p, std::size_t bytes,

@@ -107,6 +107,8 @@ class segment_registry {
   // The live segment containing [p, p + bytes), with the offset of p in it.
   std::shared_ptr<data_segment> find(const void* p, std::size_t bytes, std::size_t* offset) const;
   std::shared_ptr<data_segment> find(std::uint64_t id) const;
+  // How many segments were ever added: a find() that found nothing stays true while it holds.
+  std::uint64_t additions() const noexcept { return additions_.load(std::memory_order_acquire); }
 
  private:
   // A segment's range and id are kept beside it, so a look-up compares them without taking a
@@ -119,6 +121,7 @@ class segment_registry {
   };
   mutable std::mutex mutex_;
   mutable std::vector<entry> segments_;
+  std::atomic<std::uint64_t> additions_{0};
 };
 
 // First-fit free list over this rank's partitions. Thread-safe (arrays may die in any thread).

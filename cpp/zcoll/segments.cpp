@@ -72,9 +72,19 @@ buffer_ref node_segments::shared_ref(const void* p, std::size_t bytes) {
   }
   if (publish_heap_)  // before the registry: a heap segment is no other segment
     if (const buffer_ref ref = heap_memo_.locate(p, bytes); ref.segment) return ref;
+  // A private buffer is looked up at every call: the registry's answer is kept while no
+  // segment is added (its lock and walk cost a small irregular call 15 % at P = 2).
+  auto& registry = detail::segment_registry::instance();
+  const std::uint64_t additions = registry.additions();
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  for (const private_range& r : private_)
+    if (r.begin == at && r.bytes == bytes && r.additions == additions) return {};
   std::size_t offset = 0;
-  auto seg = detail::segment_registry::instance().find(p, bytes, &offset);
-  if (!seg) return buffer_ref{};
+  auto seg = registry.find(p, bytes, &offset);
+  if (!seg) {
+    private_[next_private_++ % private_.size()] = {at, bytes, additions};
+    return buffer_ref{};
+  }
   const auto& known = remember(std::move(seg));
   return known.shared_by_all ? buffer_ref{known.seg->id, offset} : buffer_ref{};
 }

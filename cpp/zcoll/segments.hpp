@@ -14,6 +14,7 @@
  */
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -93,6 +94,13 @@ class node_segments {
   std::size_t next_partition_bytes_;
   bool publish_heap_ = false;
   heap::lookup_memo heap_memo_;  // this context's heap look-ups (calls on the same arrays)
+  struct private_range {         // a buffer the registry had no segment for, after `additions` adds
+    std::uintptr_t begin = 0;
+    std::size_t bytes = 0;
+    std::uint64_t additions = 0;
+  };
+  std::array<private_range, 4> private_{};
+  std::size_t next_private_ = 0;
 };
 
 }  // namespace zcoll
