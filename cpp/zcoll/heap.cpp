@@ -369,14 +369,7 @@ std::size_t usable_bytes(const void* p) noexcept {
 
 namespace {
 
-// One of this process's segments as peers name it (word 0: none there, or not publishable).
-struct named_segment {
-  std::uint64_t word = 0;
-  const std::byte* base = nullptr;
-  std::size_t bytes = 0;
-};
-
-named_segment name_of(heap_state& s, const void* p) {  // under the lock
+segment_name name_of(heap_state& s, const void* p) {  // under the lock
   const segment* seg = segment_at(s, p);
   if (!seg || seg->kept || seg->fd < 0 || static_cast<std::uint64_t>(seg->fd) > max_fd ||
       s.pid > max_pid)
@@ -387,7 +380,7 @@ named_segment name_of(heap_state& s, const void* p) {  // under the lock
 }
 
 // [p, p + bytes) in `named` as peers name it ({0, 0} when it does not lie inside).
-buffer_ref ref_in(const named_segment& named, const void* p, std::size_t bytes) noexcept {
+buffer_ref ref_in(const segment_name& named, const void* p, std::size_t bytes) noexcept {
   if (!named.word) return {};
   const auto offset = static_cast<std::size_t>(static_cast<const std::byte*>(p) - named.base);
   if (bytes > named.bytes - offset) return {};
@@ -462,16 +455,15 @@ buffer_ref lookup_memo::locate(const void* p, std::size_t bytes) noexcept {
   if (!p || !in_range(s, p)) return {};
   refresh();  // before the look-up: a mapping gone after it moves the epoch again
   const auto* q = static_cast<const std::byte*>(p);
-  for (const located& e : located_)
-    if (e.word && q >= e.base && q < e.base + e.bytes)
-      return ref_in({e.word, e.base, e.bytes}, p, bytes);
-  named_segment named;
+  for (const segment_name& e : located_)
+    if (e.word && q >= e.base && q < e.base + e.bytes) return ref_in(e, p, bytes);
+  segment_name named;
   {
     std::lock_guard lock(s.mutex);
     named = name_of(s, p);
   }
   if (!named.word) return {};
-  located_[next_located_++ % entries] = {named.base, named.bytes, named.word};
+  located_[next_located_++ % entries] = named;
   return ref_in(named, p, bytes);
 }
 

@@ -94,6 +94,13 @@ buffer_ref locate(const void* p, std::size_t bytes) noexcept;
 // if needed), or nullptr when it cannot be mapped (the segment is gone or not the one named).
 std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
 
+// One of this process's segments as peers name it (word 0: none, or not publishable).
+struct segment_name {
+  std::uint64_t word = 0;
+  const std::byte* base = nullptr;
+  std::size_t bytes = 0;
+};
+
 // Advances whenever a mapping that a locate() or resolve() answer may name goes away.
 std::uint64_t epoch() noexcept;
 
@@ -106,11 +113,6 @@ class lookup_memo {
   std::byte* resolve(const buffer_ref& ref, std::size_t bytes) noexcept;
 
  private:
-  struct located {  // one of this process's segments and its name
-    const std::byte* base = nullptr;
-    std::size_t bytes = 0;
-    std::uint64_t word = 0;
-  };
   struct resolved {  // a published name and where its segment is mapped here
     std::uint64_t word = 0;
     std::byte* base = nullptr;
@@ -120,7 +122,7 @@ class lookup_memo {
   void refresh() noexcept;
 
   std::uint64_t epoch_ = 0;
-  std::array<located, entries> located_{};
+  std::array<segment_name, entries> located_{};  // this process's segments
   std::array<resolved, entries> resolved_{};
   std::size_t next_located_ = 0;
   std::size_t next_resolved_ = 0;
