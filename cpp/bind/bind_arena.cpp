@@ -38,7 +38,10 @@ void register_blocks(py::module_& m) {
 // A node's pool of context blocks and its arena (pool.hpp).
 void register_pool(py::module_& m) {
   py::class_<pool_arena, std::shared_ptr<pool_arena>>(
-      m, "PoolArena", "One rank's view of a node pool's arena (pool.hpp).");
+      m, "PoolArena", "One rank's view of a node pool's arena (pool.hpp).")
+      .def("allocate", &pool_arena::allocate, py::arg("nbytes"),
+           "Local: `nbytes` in this rank's region (an ArenaBlock), or None where the region "
+           "cannot hold them or memory is short.");
 
   py::class_<node_pool, std::shared_ptr<node_pool>>(
       m, "NodePool", "A node's shared segment of context blocks (pool.hpp).")

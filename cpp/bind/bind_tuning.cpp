@@ -154,6 +154,7 @@ void def_cma_policy(context_class& cls) {
 // The built-in defaults, and what the kernel allows.
 void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
+  m.attr("cold_array_bytes") = cold_array_bytes;
   m.attr("ONLINE_RUNS") = online_tuner::runs;
   m.def("cma_kernel_status", &cma_kernel_status,
         "What the kernel allows this process: 'available', or why CMA is not.");
@@ -167,6 +168,9 @@ void register_policy_defaults(py::module_& m) {
   m.def("cold_transfer_runs", &cold_transfer_runs, py::arg("bytes_per_rank"),
         "Runs of a global transpose on a communicator without a context that go through MPI "
         "first (auto_policy.hpp): the ski-rental rule.");
+  m.def("cold_plan_runs", &cold_plan_runs, py::arg("bytes_per_rank"),
+        "Calls of a plan of several transposes (a PFFT), each moving bytes_per_rank[i], whose "
+        "transposes go through MPI first while their communicators have no context.");
 }
 
 }  // namespace

@@ -120,9 +120,33 @@ inline constexpr std::size_t default_cma_run_bytes = 1024;
 // rank (the work arrays' first touch); a run through MPI 6 us plus 0.13 us per KiB. zcoll's
 // later runs were as fast as MPI's on plain arrays, up to 2x faster on shared-heap ones. Every
 // input is the same on every rank, so every rank counts alike.
+inline double cold_setup_us(std::size_t bytes_per_rank) noexcept {
+  return 110.0 + 0.16 * static_cast<double>(bytes_per_rank) / 1024.0;
+}
+inline double cold_mpi_run_us(std::size_t bytes_per_rank) noexcept {
+  return 6.0 + 0.13 * static_cast<double>(bytes_per_rank) / 1024.0;
+}
 inline std::size_t cold_transfer_runs(std::size_t bytes_per_rank) noexcept {
-  const double kib = static_cast<double>(bytes_per_rank) / 1024.0;
-  return static_cast<std::size_t>((110.0 + 0.16 * kib) / (6.0 + 0.13 * kib));
+  return static_cast<std::size_t>(cold_setup_us(bytes_per_rank) / cold_mpi_run_us(bytes_per_rank));
+}
+// A PFFT whose arrays take at most this many bytes per rank (a bound from its global shape) is
+// made without a context while a node pool holds its ranks: its arrays come from the pool's arena
+// with no communication, and its first calls run through MPI as above, so a plan made and run a
+// few times never pays a context. Larger plans make their context and arrays collectively at
+// construction: there the set-up is a small part of one call (a transform of 1 MiB per rank takes
+// milliseconds), and the pool's region (8 MiB per rank) keeps room for the small ones.
+inline constexpr std::size_t cold_array_bytes = std::size_t{1} << 20;
+// The same rule for a plan of several transposes run together (a PFFT's forward or backward
+// call), each moving `bytes_per_rank[i]`: calls stay with MPI while their transposes together
+// cost less than the set-up of all of them (its arrays exist already, so the work arrays' first
+// touch is counted as part of a context's set-up: the models are the Transfer's).
+inline std::size_t cold_plan_runs(const std::vector<std::size_t>& bytes_per_rank) noexcept {
+  double setup = 0.0, run = 0.0;
+  for (const std::size_t bytes : bytes_per_rank) {
+    setup += cold_setup_us(bytes);
+    run += cold_mpi_run_us(bytes);
+  }
+  return run > 0.0 ? static_cast<std::size_t>(setup / run) : 0;
 }
 
 class auto_policy {

@@ -8,7 +8,7 @@ from math import prod
 import numpy as np
 from mpi4py import MPI
 
-from . import _core
+from . import _core, _pool, _settings
 from ._context import context
 
 __all__ = ["empty", "empty_like", "is_shared", "peer_arrays", "zeros"]
@@ -72,6 +72,26 @@ def empty(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
     block = ctx.allocate(nbytes)
     # memoryview: numpy's stubs take no buffer-protocol object; the view keeps the block alive.
     return np.frombuffer(memoryview(block), dtype=dt, count=prod(dims)).reshape(dims)
+
+
+def local_bytes(comm: MPI.Comm, nbytes: int) -> tuple[np.ndarray, object]:
+    """Local (no communication): `nbytes` of 64-byte aligned memory (uint8) for arrays of
+    `comm` made before it has a context, and where they lie: the node pool or None.
+
+    They come from the arena of the node pool that `comm`'s context will be derived from
+    (:func:`zcoll._pool.pool_for`), so that its peers share them as any arena array, where this
+    rank's region of it holds them; else from private memory (None), which zcoll's calls stage
+    or pull like any plain array. Whoever takes them checks, when `comm` gets its context, that
+    the context's pool is the one named here.
+    """
+    pool = _pool.pool_for(comm, _settings.settings())
+    arena = None if pool is None else pool.arena
+    block = None if arena is None else arena.allocate(nbytes)
+    if block is not None:
+        return np.frombuffer(memoryview(block), dtype=np.uint8, count=nbytes), pool
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + nbytes], None
 
 
 def zeros(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:

@@ -40,7 +40,7 @@ from mpi4py import MPI
 
 from . import _core, _settings
 
-__all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "register"]
+__all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "pool_for", "register"]
 
 _NO_POOL = -1
 _pools: list[weakref.ref[Pool]] = []  # live pools of this process, in creation order
@@ -190,6 +190,13 @@ def _containing(comm: MPI.Comm, s: _settings.Settings) -> tuple[Pool, Layout] | 
     finally:
         group.Free()
     return None
+
+
+def pool_for(comm: MPI.Comm, s: _settings.Settings) -> Pool | None:
+    """Local: the pool a context of `comm` made now would be derived from (what every rank
+    chooses unless the ranks' pools differ), or None (pools off, or none holds `comm`)."""
+    found = _containing(comm, s) if s.node_pools == "1" else None
+    return None if found is None else found[0]
 
 
 def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:

@@ -202,6 +202,13 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             "context",
             "bytes received per rank beyond which plain NumPy buffers are pulled by CMA",
         ),
+        "cold_runs": _Variable(
+            "ZCOLL_COLD_RUNS",
+            _Number(),
+            None,
+            "context",
+            "first runs of a zcoll.fft transpose on a new communicator that go through MPI",
+        ),
         "spin": _Variable(
             "ZCOLL_SPIN", _Number(), None, "context", "busy polls of a wait before yielding"
         ),
@@ -405,6 +412,13 @@ class Settings:
         are staged through the arena (three copies). A bcast pulls from 64 times this, the
         reductions from 256 times (a reduce 1024), where staging stops being faster. None: the
         measured default.
+    cold_runs : int or None
+        ``ZCOLL_COLD_RUNS``: how many first runs of a :class:`zcoll.fft.PFFT`'s or
+        :class:`zcoll.fft.pencil.Transfer`'s transposes go through MPI (an ``Alltoallw`` of
+        subarray datatypes, as in mpi4py-fft) while their communicators have no zcoll context,
+        before zcoll makes the contexts and persistent plans. None: as many as cost less
+        together than that set-up (``_core.cold_transfer_runs``); 0: zcoll's from the first
+        run.
     virtual_node_size : int
         ``ZCOLL_VIRTUAL_NODE_SIZE`` (0: nodes are the machines).
     node_pools : str
@@ -455,6 +469,7 @@ class Settings:
     eager_bytes: int | None
     copy_threshold: int | None
     cma_bytes: int | None
+    cold_runs: int | None
     spin: int | None
     yields: int | None
     virtual_node_size: int
@@ -534,6 +549,7 @@ _BUILT_IN = {
     "eager_bytes": f"auto ({DEFAULT_EAGER_BYTES}; {OVERSUBSCRIBED_EAGER_BYTES} oversubscribed)",
     "copy_threshold": "auto (L2 / ranks per node)",
     "cma_bytes": f"auto ({_core.default_cma_bytes // 1024} KiB)",
+    "cold_runs": "auto (while cheaper than the set-up)",
     "spin": f"auto ({DEFAULT_SPIN}; {OVERSUBSCRIBED_SPIN} oversubscribed)",
     "yields": f"auto ({DEFAULT_YIELDS}; {OVERSUBSCRIBED_YIELDS} oversubscribed)",
     "virtual_node_size": "0 (off)",

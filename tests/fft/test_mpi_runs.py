@@ -106,14 +106,13 @@ def test_bad_array_on_one_rank_raises_everywhere(world, wrong):
 
 def test_a_wait_gives_up_with_peer_error(monkeypatch):
     """A run through MPI waits at most the zcoll timeout, then raises PeerError."""
-    runs = _mpi_runs.MpiRuns(MPI.COMM_SELF, np.dtype(float), (4, 2), ((4, 2), (4, 2)), (0, 1))
     buffer = np.zeros(1)
     request = MPI.COMM_SELF.Irecv(buffer, source=0, tag=77)  # never sent
     previous = zcoll.get_timeout()
     zcoll.set_timeout(0.2)
     try:
         with pytest.raises(_core.PeerError, match="did not take part within 0.2 s"):
-            runs._wait(request, "a test's wait")
+            _mpi_runs.wait_bounded(request, MPI.COMM_SELF, "a test", "waiting")
     finally:
         zcoll.set_timeout(previous)
         request.Cancel()

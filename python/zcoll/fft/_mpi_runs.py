@@ -4,8 +4,10 @@ Making a communicator's context, a Transfer's work arrays and its plans costs ab
 transpose of a small array through MPI (``Ialltoallw`` of subarray datatypes, the exchange
 mpi4py-fft makes) costs a few. So a Transfer on a communicator without a context runs through
 MPI for its first ``_core.cold_transfer_runs(bytes)`` runs (the auto policy's ski-rental rule,
-``cpp/zcoll/auto_policy.hpp``), and only then makes what zcoll's engine needs. A Transfer made
-and run a few times (mpi4py-fft's test suites, a Pencil per stage) never pays the set-up.
+``cpp/zcoll/auto_policy.hpp``; ``ZCOLL_COLD_RUNS`` sets the count), and only then makes what
+zcoll's engine needs. A Transfer made and run a few times (mpi4py-fft's test suites, a Pencil
+per stage) never pays the set-up. A PFFT's transposes do the same (:class:`ColdCalls`): one
+agreement per call for all of them, and ``_core.cold_plan_runs`` counts the calls.
 
 On one rank a transpose is a copy: it stays one, with no set-up ever. Elsewhere each run
 through MPI first agrees that every rank's arrays suit it (one small ``Iallreduce``): where
@@ -18,14 +20,16 @@ from __future__ import annotations
 
 import functools
 from math import prod
+from typing import NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import _core
+from .._settings import settings
 from .._transport import machine_oversubscribed, poll_bounded, timeout_message
 
-__all__ = ["MpiRuns"]
+__all__ = ["ColdCalls", "MpiRuns", "agree_min", "wait_bounded"]
 
 
 @functools.cache
@@ -80,9 +84,14 @@ class MpiRuns:
         self.dtype = dtype
         self.subshapes = subshapes
         self.axes = axes
-        self.limit = _core.cold_transfer_runs(prod(shape) * dtype.itemsize // comm.size)
+        forced = settings().cold_runs  # ZCOLL_COLD_RUNS
+        bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
+        self.limit = _core.cold_transfer_runs(bytes_per_rank) if forced is None else forced
         self.runs = 0  # through MPI so far
-        self._sides: list[tuple[_Parts, _Parts] | None] = [None, None]
+        # Per direction, what this rank sends and receives: Ialltoallw's (counts,
+        # displacements, types) after the buffer, made at the direction's first run.
+        self._sides: list[tuple[tuple, tuple] | None] = [None, None]
+        self._held: list[tuple[_Parts, _Parts] | None] = [None, None]
         self._flags = (np.zeros((), np.int32), np.zeros((), np.int32))  # the agreement's
 
     def run(self, src, dst, side: int) -> bool:
@@ -98,13 +107,16 @@ class MpiRuns:
         if self.runs >= self.limit or not self._agree(self._suits(src, dst, side)):
             return False
         self.runs += 1
-        sends, recvs = self._side(side)
-        null = [0] * len(sends.counts)  # the subarray types hold the offsets
-        request = self.comm.Ialltoallw(
-            [src, sends.counts, null, sends.types], [dst, recvs.counts, null, recvs.types]
-        )
-        self._wait(request, "zcoll.fft.Transfer (through MPI)")
+        self.exchange(src, dst, side)
         return True
+
+    def exchange(self, src, dst, side: int, what: str = "zcoll.fft.Transfer") -> None:
+        """Collective, with no agreement: this direction's transpose of arrays known to suit
+        it on every rank (a PFFT's own arrays, whose calls agree once for all their
+        transposes)."""
+        sends, recvs = self._sides[side] or self._side(side)
+        request = self.comm.Ialltoallw((src, *sends), (dst, *recvs))
+        wait_bounded(request, self.comm, what, "through MPI")
 
     def _suits(self, src, dst, side: int) -> bool:
         """Whether this rank's arrays suit a run through MPI (None: they do not)."""
@@ -124,22 +136,60 @@ class MpiRuns:
 
     def _agree(self, suits: bool) -> bool:
         """Collective: whether every rank's arrays suit a run through MPI."""
-        mine, every = self._flags
-        mine[()] = suits
-        request = self.comm.Iallreduce(mine, every, op=MPI.MIN)
-        self._wait(request, "zcoll.fft.Transfer (agreeing on a run through MPI)")
-        return bool(every)
+        return bool(agree_min(self.comm, int(suits), self._flags, "zcoll.fft.Transfer"))
 
-    def _wait(self, request: MPI.Request, what: str) -> None:
-        if not request.Test() and not poll_bounded(request.Test, machine_oversubscribed()):
-            raise _core.PeerError(timeout_message(self.comm.rank, what, "a peer"))
-
-    def _side(self, side: int) -> tuple[_Parts, _Parts]:
-        """(what this rank sends, what it receives) in direction `side`."""
-        made = self._sides[side]
-        if made is None:
-            src, dst = self.subshapes[side], self.subshapes[1 - side]
-            cut_src, cut_dst = self.axes if side == 0 else self.axes[::-1]
-            n, p = self.dtype.itemsize, self.comm.size
-            made = self._sides[side] = (_parts(n, src, cut_src, p), _parts(n, dst, cut_dst, p))
+    def _side(self, side: int) -> tuple[tuple, tuple]:
+        """(what this rank sends, what it receives) in direction `side`, made now."""
+        src, dst = self.subshapes[side], self.subshapes[1 - side]
+        cut_src, cut_dst = self.axes if side == 0 else self.axes[::-1]
+        n, p = self.dtype.itemsize, self.comm.size
+        null = [0] * p  # the subarray types hold the offsets
+        sends, recvs = _parts(n, src, cut_src, p), _parts(n, dst, cut_dst, p)
+        made = (sends.counts, null, sends.types), (recvs.counts, null, recvs.types)
+        self._sides[side] = made
+        self._held[side] = (sends, recvs)  # their datatypes live while this object does
         return made
+
+
+def wait_bounded(request: MPI.Request, comm: MPI.Comm, what: str, doing: str) -> None:
+    """Wait for `request`, bounded by the zcoll timeout (then PeerError: "`what` (`doing`)")."""
+    if not request.Test() and not poll_bounded(request.Test, machine_oversubscribed()):
+        raise _core.PeerError(timeout_message(comm.rank, f"{what} ({doing})", "a peer"))
+
+
+def agree_min(comm: MPI.Comm, code: int, flags: tuple[np.ndarray, np.ndarray], what: str) -> int:
+    """Collective: the smallest of the ranks' `code` (one Iallreduce, bounded wait); `flags`:
+    the caller's two int32 scalars, kept so that an agreement allocates nothing."""
+    mine, every = flags
+    mine[()] = code
+    request = comm.Iallreduce(mine, every, op=MPI.MIN)
+    wait_bounded(request, comm, what, "agreeing on a run through MPI")
+    return int(every)
+
+
+class ColdCalls:
+    """A PFFT's calls while its transposes run through MPI (see the module notes): each call
+    first agrees on one code over the plan's grid `comm` (one ``Iallreduce``), then runs its
+    serial transforms with each transpose an ``Ialltoallw`` (:meth:`MpiRuns.exchange`) on
+    the plan's own arrays, which suit it by construction. `limit`: the calls the rule keeps
+    here (``_core.cold_plan_runs``), the same on every rank."""
+
+    RUN, WARM, ERROR = 2, 1, 0  # the codes a rank gives; the smallest decides
+
+    def __init__(self, comm: MPI.Comm, limit: int) -> None:
+        self.comm = comm
+        self.limit = limit
+        self.calls = 0  # run through MPI so far
+        self.forever = False  # the arrays cannot take zcoll's plans: every call stays here
+        self._flags = (np.zeros((), np.int32), np.zeros((), np.int32))
+
+    def agree(self, code: int, name: str) -> int:
+        """Collective: the smallest of the ranks' codes."""
+        return agree_min(self.comm, code, self._flags, name)
+
+    def raise_first(self, name: str, error: Exception | None) -> NoReturn:
+        """Collective, after an agreement that found an error: every rank raises the first
+        failing rank's error (its type and message, with its rank)."""
+        everyone = self.comm.allgather(None if error is None else (type(error), str(error)))
+        rank, (kind, message) = next((r, e) for r, e in enumerate(everyone) if e is not None)
+        raise kind(f"[rank {rank}] {name}: {message}")

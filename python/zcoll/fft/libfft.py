@@ -450,6 +450,10 @@ class FFT(FFTBase):
         zcoll passes one that allocates in its shared-memory arena. For 'fftw' and 'pyfftw'
         the arrays must be aligned as pyFFTW's ``simd_alignment`` (32 bytes; the arena's are
         64). Default: 32-byte-aligned NumPy arrays, as mpi4py-fft.
+    prepare : bool, optional
+        Plan the default transforms now, on the object's own arrays (default); False plans
+        each on its first run instead (:meth:`prepare` plans them later), for an object that
+        may never run (a PFFT stage that a transform over several stages' axes replaces).
     kw : dict
         Options of the backend, among ``threads``, ``planner_effort`` (``'FFTW_MEASURE'``
         default for 'fftw'), ``overwrite_input``, ``auto_align_input``, ``auto_contiguous``,
@@ -487,6 +491,8 @@ class FFT(FFTBase):
         backend: str = "fftw",
         transforms: dict | None = None,
         allocator: Allocator | None = None,
+        *,
+        prepare: bool = True,
         **kw: Any,
     ) -> None:
         FFTBase.__init__(self, shape, axes, dtype, padding)
@@ -524,7 +530,10 @@ class FFT(FFTBase):
         planner = self._plan_default if self._pair is None else self._plan_custom
         self.fwd: Any
         self.bck: Any
+        self._held_plans: list = []
         self.fwd, self.bck = planner()
+        if prepare:
+            self.prepare()
         U, V = self.fwd.input_array, self.fwd.output_array
         n = prod(self.shape[a] for a in self.axes)
         if backend == "fftw" and self._pair is not None:
@@ -570,16 +579,22 @@ class FFT(FFTBase):
         U = self._allocator(tuple(self.shape), self.dtype)
         vshape, vdtype = self._spectrum_spec(self.shape)
         V = self._allocator(tuple(vshape), vdtype)
-        engine = self._engine
-        assert engine is not None
-        # The FFT holds its plans, so that they outlive their eviction from the plan cache.
-        self._held_plans = [engine.prepare(U, V, self.axes, False)]
-        if not (self.dtype.kind == "f" and not self.real_transform):
-            self._held_plans.append(engine.prepare(V, U, self.axes, True))
         M = 1.0 / prod(self.shape[a] for a in self.axes)
         fwd = _Step(lambda src, dst, **kw: self._default(src, dst, False, 1.0), U, V, M)
         bck = _Step(lambda src, dst, **kw: self._default(src, dst, True, 1.0), V, U, M)
         return fwd, bck
+
+    def prepare(self) -> None:
+        """Plan the default transforms now, on the object's own arrays (which the planner may
+        overwrite), if not planned yet; nothing for custom transforms (planned when made)."""
+        engine = self._engine
+        if engine is None or self._held_plans:
+            return
+        U, V = self.fwd.input_array, self.fwd.output_array
+        # The FFT holds its plans, so that they outlive their eviction from the plan cache.
+        self._held_plans = [engine.prepare(U, V, self.axes, False)]
+        if not (self.dtype.kind == "f" and not self.real_transform):
+            self._held_plans.append(engine.prepare(V, U, self.axes, True))
 
     def _plan_custom(self) -> tuple[Any, Any]:
         plan_fwd, plan_bck = self._pair  # type: ignore[misc]

@@ -30,13 +30,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .._arena import empty
+from .. import _core
+from .._arena import local_bytes
 from .._collectives import _option_error
-from .._context import lookup
+from .._context import Context, has_context, lookup
+from .._pool import pool_for
 from .._registry import AUTO
 from .._settings import settings
+from ._mpi_runs import ColdCalls, MpiRuns
 from .libfft import FFT, planned_arrays
-from .pencil import Pencil, Subcomm, TransferPlan, arena_arrays, transfer_init
+from .pencil import Pencil, Subcomm, TransferPlan, arena_arrays, carve, carved_bytes, transfer_init
 
 #: components="auto" fuses the components of a field while one stage's fused arrays on a rank
 #: fit in this many times a core's L2: measured on a 2-core EPYC (L2 1 MiB), fused was 0.5-0.95x
@@ -143,6 +146,8 @@ class _Stage:
     transfer: Any = None  # Transfer to the next stage (None for the last)
     moves: bool = False  # the transfer is over more than one rank (else the layout stays)
     plans: tuple[TransferPlan, TransferPlan] | None = None  # (forward, backward), made lazily
+    # (forward, backward) through MPI, while the plan's calls are cold (ColdCalls)
+    cold: tuple[Callable[[], None], Callable[[], None]] | None = None
 
 
 @dataclass
@@ -250,7 +255,8 @@ class PFFT:
         options = (
             transforms, backend, collapse, (order, copy, components), sorted(kw.items(), key=str)
         )  # fmt: skip
-        _agree_everywhere(comm, spec, problem, options)
+        local = spec is not None and _small_and_pooled(comm, spec)
+        local = _agree_everywhere(comm, spec, problem, options, local)
         assert spec is not None
         self.axes = spec.axes
         self.collapse = collapse
@@ -261,6 +267,12 @@ class PFFT:
         self._fuse_choice: dict[tuple[int, ...], bool] = {}
         self.subcomm = _make_subcomm(comm, spec, darray)
         self._alloc_comm = _allocation_comm(comm, self.subcomm)
+        # Where the arrays made while the grid's communicator has no context lie (this rank's
+        # own allocations: _arrays), checked before the transposes run on them (_warm_up);
+        # None: every array is a collective arena allocation.
+        self._array_pools: set | None = (
+            set() if local and not has_context(self._alloc_comm) else None
+        )
         try:
             self._build(spec, collapse, backend, transforms, kw)
         except Exception:
@@ -269,16 +281,32 @@ class PFFT:
             raise
         self.timings = {"fft": 0.0, "transpose": 0.0}
         self._batches: dict[tuple[int, ...], _Batch] = {}
-        self._context = lookup(self._alloc_comm)
-        self._planned = False  # the transposes' plans are made by the first call
+        self._planned = False  # the transposes' plans are made by the first call past cold
         self._error_context: Any = None
         self._agree_each_call = False
         self._own_steps: dict[bool, tuple] = {}
+        self._cold = self._cold_calls()
 
     # -- construction -------------------------------------------------------------------------
 
+    @property
+    def _context(self) -> Context:
+        """The grid communicator's context (made collectively on its first use)."""
+        return lookup(self._alloc_comm)
+
     def _allocate(self, shape, dtype) -> np.ndarray:
-        return empty(self._alloc_comm, tuple(shape), dtype)
+        return self._arrays([(tuple(shape), dtype)])[0]
+
+    def _arrays(self, specs) -> list[np.ndarray]:
+        """Arrays of these (shape, dtype) specs, carved from one allocation: collective arena
+        arrays (one node barrier) once the grid's communicator has a context; before, this
+        rank's own, with no communication (a plan made and run a few times never makes the
+        context): in the arena of the node pool the context will come from, or private."""
+        if self._array_pools is None or has_context(self._alloc_comm):
+            return arena_arrays(self._alloc_comm, specs)
+        raw, pool = local_bytes(self._alloc_comm, carved_bytes(specs))
+        self._array_pools.add(pool)
+        return carve(raw, specs)
 
     def _build(self, spec: _Spec, collapse: bool, backend: str, transforms, kw) -> None:
         axes = [list(group) for group in spec.axes]
@@ -302,7 +330,7 @@ class PFFT:
             allocator = self._allocate if arrays is None else _reusing(self._allocate, *arrays[i])
             xfftn = FFT(
                 pencil.subshape, group, dtype, padding, backend=backend,
-                transforms=transforms, allocator=allocator, **kw,
+                transforms=transforms, allocator=allocator, prepare=False, **kw,
             )  # fmt: skip
             out = xfftn.forward.output_array
             after = pencil
@@ -327,6 +355,12 @@ class PFFT:
                           _side(order[-1].fft, inverse, "output"))]
         }  # fmt: skip
         self._runs = self._local_runs(spec, transforms, backend, kw)
+        # Plan each stage's serial transform now unless a transform over a run of stages
+        # replaces it (then it is planned on its first run, if ever: FFTW's planner measures).
+        replaced = {i for (d, a), (k, _) in self._runs.items() if d == "f" for i in range(a, k + 1)}
+        for i, stage in enumerate(stages):
+            if i not in replaced:
+                stage.fft.prepare()
         self._scale_once = all(s.fft.scales for s in stages)
         self._total_scale = prod(s.fft.scale for s in stages)
         self.xfftn = [s.fft for s in stages]
@@ -372,8 +406,36 @@ class PFFT:
                 shape[group[-1]] = out_shape[group[-1]]
                 dtype = out_dtype
                 pencil = Pencil(pencil.subcomm, shape, group[-1], comm=self._alloc_comm)
-        flat = iter(arena_arrays(self._alloc_comm, [spec for stage in specs for spec in stage]))
+        flat = iter(self._arrays([spec for stage in specs for spec in stage]))
         return [[next(flat) for _ in stage] for stage in specs]
+
+    def _cold_calls(self) -> ColdCalls | None:
+        """The first calls' transposes through MPI, while the set-up they would need -- a
+        context for some transpose's communicator, and the plans -- costs more than they do
+        (ZCOLL_COLD_RUNS, else ``_core.cold_plan_runs``: ski rental, as for a Transfer,
+        _mpi_runs). None when every transpose's communicator has a context already, or there
+        is no transpose."""
+        pairs = [(here, there) for here, there in zip(self._stages, self._stages[1:]) if here.moves]
+        # Arrays of this rank's own stay with MPI until the contexts are known to share them.
+        local = bool(self._array_pools)
+        if not pairs or (not local and all(has_context(h.transfer.comm) for h, _ in pairs)):
+            return None
+        moved = []
+        for here, there in pairs:
+            t = here.transfer
+            a, b = here.fft.forward.output_array, there.fft.forward.input_array
+            runs = MpiRuns(t.comm, t.dtype, t.shape, (t.subshapeA, t.subshapeB), (t.axisA, t.axisB))
+            here.cold = (functools.partial(runs.exchange, a, b, 0, "zcoll.fft.PFFT"),
+                         functools.partial(runs.exchange, b, a, 1, "zcoll.fft.PFFT"))  # fmt: skip
+            moved.append(prod(t.shape) * t.dtype.itemsize // t.comm.size)
+        limit = settings().cold_runs
+        if limit is None:
+            limit = _core.cold_plan_runs(moved)
+        if limit == 0 and not local:
+            for here, _ in pairs:
+                here.cold = None
+            return None
+        return ColdCalls(self._alloc_comm, limit)
 
     def _local_runs(self, spec: _Spec, transforms, backend: str, kw) -> dict:
         """Serial transforms over runs of consecutive stages with no transpose between them
@@ -438,6 +500,9 @@ class PFFT:
     def _run_own(self, inverse: bool) -> np.ndarray:
         """``forward()``/``backward()``: the plan's own arrays, nothing to check; the steps
         (serial transforms bound to their arrays, transposes) are made on the first call."""
+        if self._cold is not None and self._cold_call(inverse, None, False):
+            stages = self._ends[inverse][0]
+            return self._run_one(stages, inverse, None, None, not inverse)
         own = self._own_steps.get(inverse)
         if own is None:
             self._plan_transposes()
@@ -461,7 +526,7 @@ class PFFT:
             name = f"fft.{'backward' if inverse else 'forward'}"
             steps.append(("transpose", functools.partial(self._context.raise_together, name, None)))
         for step in self._route(stages, inverse, None, None):
-            if isinstance(step, TransferPlan):
+            if not isinstance(step, tuple):  # a transpose
                 steps.append(("transpose", step))
                 continue
             fft, src, dst, scratch, last = step
@@ -478,9 +543,51 @@ class PFFT:
         for here, there in zip(self._stages, self._stages[1:]):
             if here.moves:
                 a, b = here.fft.forward.output_array, there.fft.forward.input_array
-                here.plans = (here.transfer.forward_init(a, b), here.transfer.backward_init(b, a))
+                forward = here.transfer.forward_init(a, b)
+                here.plans = (forward, here.transfer.inverse_init(forward, b, a))
         self._error_context, self._agree_each_call = self._agreement()
         self._planned = True
+
+    def _cold_call(self, inverse: bool, error: Exception | None, warm: bool) -> bool:
+        """Collective while the calls are cold: whether this one's transposes go through MPI.
+
+        One agreement: a rank's error raises the first failing rank's error on every rank; a
+        call that needs zcoll's set-up (`warm`: fused components) ends the cold calls on every
+        rank, and so does the rule's count (the same on every rank, so without agreeing)."""
+        cold = self._cold
+        assert cold is not None
+        name = "zcoll.fft.backward" if inverse else "zcoll.fft.forward"
+        if cold.calls >= cold.limit and self._warm_up(name):
+            return False
+        code = ColdCalls.ERROR if error is not None else ColdCalls.WARM if warm else ColdCalls.RUN
+        code = cold.agree(code, name)
+        if code == ColdCalls.ERROR:
+            cold.raise_first(name, error)
+        if code == ColdCalls.WARM and self._warm_up(name):
+            return False
+        cold.calls += 1
+        return True
+
+    def _warm_up(self, name: str) -> bool:
+        """Collective: end the cold calls, making the contexts of the transposes'
+        communicators (their plans come with the call, _plan_transposes). False on every rank,
+        and the calls stay with MPI for good, where some rank's arrays lie elsewhere than in
+        the arena of those contexts' node pool (arrays made before any context: _arrays)."""
+        cold = self._cold
+        assert cold is not None
+        if cold.forever:
+            return False
+        pools = self._array_pools or set()
+        contexts = [lookup(s.transfer.comm) for s in self._stages if s.moves]
+        shared = all(pools <= {ctx.pool} for ctx in contexts)
+        if cold.agree(ColdCalls.RUN if shared else ColdCalls.WARM, name) != ColdCalls.RUN:
+            cold.forever = True
+            return False
+        self._cold = None
+        self._array_pools = None  # arrays made from now on are the grid context's
+        for stage in self._stages:
+            stage.cold = None
+        return True
 
     def _agreement(self) -> tuple[Any, bool]:
         """Where the ranks learn of one rank's bad arguments to forward/backward, and whether
@@ -502,7 +609,6 @@ class PFFT:
         return self._context, True
 
     def _run(self, inverse: bool, input_array, output_array, kw) -> np.ndarray:
-        self._plan_transposes()
         normalize = bool(kw.pop("normalize", not inverse))
         error: Exception | None = None
         if kw:
@@ -513,14 +619,11 @@ class PFFT:
             src, lead, error = _input(input_array, src_shape, src_dtype)
         if error is None:
             error = _output_problem(output_array, lead, dst_shape, dst_dtype)
-        name = f"fft.{'backward' if inverse else 'forward'}"
-        if error is not None and self._error_context is None:
-            raise type(error)(f"zcoll.{name}: {error}")
-        if error is not None:
-            self._error_context.fail(name, error)
-        if self._agree_each_call:
-            self._context.raise_together(name, None)
-        if lead and self._fuses(lead):
+        fuses = error is None and bool(lead) and self._fuses(lead)
+        cold = self._cold is not None and self._cold_call(inverse, error, fuses)
+        if not cold:
+            self._warm_checks(inverse, error)
+        if fuses and not cold:
             return self._run_batch(inverse, src, output_array, lead, normalize)
         if lead:
             out = output_array
@@ -531,6 +634,18 @@ class PFFT:
                 self._run_one(stages, inverse, src[k], out[k], normalize)
             return out
         return self._run_one(stages, inverse, src, output_array, normalize)
+
+    def _warm_checks(self, inverse: bool, error: Exception | None) -> None:
+        """Collective where the call communicates: the transposes' plans made (the first call
+        past cold), and every rank raises the first failing rank's error."""
+        self._plan_transposes()
+        name = f"fft.{'backward' if inverse else 'forward'}"
+        if error is not None and self._error_context is None:
+            raise type(error)(f"zcoll.{name}: {error}")
+        if error is not None:
+            self._error_context.fail(name, error)
+        if self._agree_each_call:
+            self._context.raise_together(name, None)
 
     def _fuses(self, lead: tuple[int, ...]) -> bool:
         """Whether a field with leading axes `lead` goes through the fused path."""
@@ -557,7 +672,7 @@ class PFFT:
         """One field (no leading axes) through every stage of this direction."""
         dst = output_array
         for step in self._route(stages, inverse, src, output_array):
-            if isinstance(step, TransferPlan):
+            if not isinstance(step, tuple):  # a transpose
                 self._timed("transpose", step)
             else:
                 fft, src, dst, scratch, last = step
@@ -567,7 +682,7 @@ class PFFT:
     def _route(self, stages, inverse: bool, src, output_array) -> Iterator:
         """The steps of one field through this direction, in order: a serial transform
         ``(fft, src, dst, scratch, last)`` (`scratch`: `src` may be destroyed) or a transpose
-        (a TransferPlan)."""
+        (a TransferPlan, or while the calls are cold its run through MPI)."""
         # The plan's own input array may be destroyed (FFTW's complex-to-real transforms do,
         # as in mpi4py-fft, which plans them so); an array the caller passed never is.
         destroyable = src is None
@@ -593,8 +708,9 @@ class PFFT:
                 # copies): the next stage reads this stage's output where it is.
                 src = dst
             else:
-                assert link.plans is not None  # made by _plan_transposes
-                yield link.plans[1 if inverse else 0]
+                steps = link.cold if self._cold is not None else link.plans
+                assert steps is not None  # plans: made by _plan_transposes
+                yield steps[1 if inverse else 0]
                 src = _side(stages[j + 1].fft, inverse, "input")
             i = j + 1
 
@@ -943,12 +1059,27 @@ def _allocation_comm(comm, subcomm) -> MPI.Comm:
     raise ValueError("zcoll.fft.PFFT: this Subcomm does not know the communicator of its grid")
 
 
-def _agree_everywhere(comm, spec, problem, options) -> None:
-    """Raise the first rank's argument error on every rank, or an error if ranks disagree.
+def _small_and_pooled(comm, spec: _Spec) -> bool:
+    """Local: whether this rank could make the plan's arrays without a context (PFFT._arrays):
+    a bound of their bytes per rank, the same on every rank, is at most
+    ``_core.cold_array_bytes``, and a node pool holds the ranks of `comm`."""
+    world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", None)
+    if not isinstance(world, MPI.Comm):
+        return False
+    spectral = np.result_type(spec.dtype, np.complex64).itemsize
+    padded = prod(max(1.0, f) for f in spec.padding) if spec.padding else 1.0
+    bound = prod(spec.shape) * padded * spectral * (len(spec.axes) + 1) / world.size
+    return bound <= _core.cold_array_bytes and pool_for(world, settings()) is not None
 
-    One Allreduce(MAX) of [error flag, digest, -digest] settles the common case (no rank has
-    an error and every rank's arguments hash alike: the maximum digest equals the minimum);
-    only then does every rank see every rank's arguments, to name the first culprit."""
+
+def _agree_everywhere(comm, spec, problem, options, local: bool) -> bool:
+    """Raise the first rank's argument error on every rank, or an error if ranks disagree;
+    else return whether every rank's `local` is True (_small_and_pooled).
+
+    One Allreduce(MAX) of [error flag, digest, -digest, -local] settles the common case (no
+    rank has an error and every rank's arguments hash alike: the maximum digest equals the
+    minimum); only then does every rank see every rank's arguments, to name the first
+    culprit."""
     world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", comm[0])
     transforms, backend, collapse, exchange, keywords = options
     keys = None if transforms is None else sorted(map(repr, transforms))
@@ -957,10 +1088,10 @@ def _agree_everywhere(comm, spec, problem, options) -> None:
                                       keywords)  # fmt: skip
     err = None if problem is None else (type(problem).__name__, str(problem))
     digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=7).digest(), "little")
-    summary = np.array([err is not None, digest, -digest], dtype=np.int64)
+    summary = np.array([err is not None, digest, -digest, -int(local)], dtype=np.int64)
     world.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
     if summary[0] == 0 and summary[1] == -summary[2]:
-        return
+        return bool(summary[3] == -1)
     everyone = world.allgather((mine, err))
     for rank, (_, e) in enumerate(everyone):
         if e:
@@ -975,3 +1106,4 @@ def _agree_everywhere(comm, spec, problem, options) -> None:
                 f"rank {rank} "
                 f"has {args}"
             )
+    return False  # not reached: equal arguments hash alike

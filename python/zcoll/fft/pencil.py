@@ -319,16 +319,24 @@ def arena_arrays(comm: MPI.Comm, specs: Sequence[tuple[Sequence[int], np.dtype]]
     """Collective: arena arrays of the given (shape, dtype) specs, carved from one allocation
     (one node barrier, not one per array); each 64-byte aligned (the arena's alignment) and
     returned to the arena when the last of them is collected."""
-    sizes = [prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs]
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += -(-size // 64) * 64
-    raw = empty(comm, total, np.uint8)
-    return [
-        raw[offset : offset + size].view(dtype).reshape(tuple(shape))
-        for offset, size, (shape, dtype) in zip(offsets, sizes, specs)
-    ]
+    return carve(empty(comm, carved_bytes(specs), np.uint8), specs)
+
+
+def carved_bytes(specs: Sequence[tuple[Sequence[int], np.dtype]]) -> int:
+    """The bytes :func:`carve` needs for arrays of these (shape, dtype) specs."""
+    return sum(-(-prod(shape) * np.dtype(dtype).itemsize // 64) * 64 for shape, dtype in specs)
+
+
+def carve(raw: np.ndarray, specs: Sequence[tuple[Sequence[int], np.dtype]]) -> list:
+    """Arrays of the given (shape, dtype) specs, one after another in the 64-byte aligned
+    bytes `raw` (:func:`carved_bytes` long), each 64-byte aligned; `raw`'s memory lives while
+    any of them does."""
+    arrays, offset = [], 0
+    for shape, dtype in specs:
+        size = prod(shape) * np.dtype(dtype).itemsize
+        arrays.append(raw[offset : offset + size].view(dtype).reshape(tuple(shape)))
+        offset += -(-size // 64) * 64
+    return arrays
 
 
 class Transfer:
@@ -525,6 +533,17 @@ class Transfer:
         """Collective: a persistent :meth:`backward` from `arrayB` into `arrayA`."""
         return self._init(arrayB, arrayA, 1)
 
+    def inverse_init(self, plan: TransferPlan, src: np.ndarray, dst: np.ndarray) -> TransferPlan:
+        """Collective: the plan of the opposite direction to `plan` (made by
+        :meth:`forward_init` or :meth:`backward_init`), from its destination `src` into its
+        source `dst`. On one node it is made from what `plan`'s creation agreed on and
+        resolved, with no agreement of its own (at the same point on every rank)."""
+        if plan.across_nodes:
+            lead = max(0, src.ndim - len(self.shape))
+            return self._init(src, dst, 1 if plan.axis_a == self.axisA + lead else 0)
+        made["plans"] += 1
+        return plan.reversed()
+
     def free(self) -> None:
         """Local: free the plans on the work arrays (later calls raise); idempotent."""
         self._freed = True
@@ -569,11 +588,8 @@ class Transfer:
         plan = staged.plans[side]
         if plan is None:
             inverse = staged.plans[1 - side]
-            if inverse is not None and not inverse.across_nodes:
-                # Made at the same point on every rank from what the inverse's agreement
-                # resolved: the pair agrees once.
-                made["plans"] += 1
-                plan = inverse.reversed()
+            if inverse is not None:  # the pair agrees once (on one node)
+                plan = self.inverse_init(inverse, staged.work[side], staged.work[1 - side])
             else:
                 plan = self._init(staged.work[side], staged.work[1 - side], side)
             staged.plans[side] = plan
