@@ -8,7 +8,7 @@ from math import prod
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _pool, _settings
+from . import _core
 from ._context import context
 
 __all__ = ["empty", "empty_like", "is_shared", "peer_arrays", "zeros"]
@@ -74,17 +74,17 @@ def empty(comm: MPI.Comm, shape, dtype=float) -> np.ndarray:
     return np.frombuffer(memoryview(block), dtype=dt, count=prod(dims)).reshape(dims)
 
 
-def local_bytes(comm: MPI.Comm, nbytes: int) -> tuple[np.ndarray, object]:
-    """Local (no communication): `nbytes` of 64-byte aligned memory (uint8) for arrays of
-    `comm` made before it has a context, and where they lie: the node pool or None.
+def local_bytes(pool, nbytes: int) -> tuple[np.ndarray, object]:
+    """Local (no communication): `nbytes` of 64-byte aligned memory (uint8) for arrays of a
+    communicator made before it has a context, and where they lie: `pool` or None.
 
-    They come from the arena of the node pool that `comm`'s context will be derived from
-    (:func:`zcoll._pool.pool_for`), so that its peers share them as any arena array, where this
-    rank's region of it holds them; else from private memory (None), which zcoll's calls stage
-    or pull like any plain array. Whoever takes them checks, when `comm` gets its context, that
-    the context's pool is the one named here.
+    They come from the arena of `pool` (a :class:`zcoll._pool.Pool`, the one the
+    communicator's context will be derived from: :func:`zcoll._pool.pool_for`), so that its
+    peers share them as any arena array, where this rank's region of it holds them; else from
+    private memory (None), which zcoll's calls stage or pull like any plain array. Whoever
+    takes them checks, when the communicator gets its context, that the context's pool is the
+    one named here.
     """
-    pool = _pool.pool_for(comm, _settings.settings())
     arena = None if pool is None else pool.arena
     block = None if arena is None else arena.allocate(nbytes)
     if block is not None:

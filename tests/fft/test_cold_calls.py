@@ -172,22 +172,29 @@ def test_arrays_other_contexts_cannot_share_stay_with_mpi(world, monkeypatch):
     all_ranks_agree(world, ok and not bad, f"plans made on unshared arrays, or {bad}")
 
 
-def test_a_plan_on_a_grid_with_contexts_starts_with_zcoll(world):
-    """A Subcomm whose communicators already have contexts (an earlier plan on it used
-    zcoll's transposes): a new plan on it has nothing to set up, so its first call plans."""
+def test_a_plan_on_a_grid_with_contexts_makes_none(world, monkeypatch):
+    """A small plan on a Subcomm whose communicators already have contexts: its arrays come
+    from the grid context's pool arena (no barrier), and past the cold calls
+    (ZCOLL_COLD_RUNS=1) its plans are made on those contexts, no new one."""
     if world.size == 1:
         pytest.skip("one rank: no transpose")
     from zcoll.fft.pencil import Subcomm
 
+    monkeypatch.setenv("ZCOLL_COLD_RUNS", "1")
     sub = Subcomm(world, [0, 1, 1])
     shape = (max(8, world.size + 2), max(6, world.size), 4)  # the slab fits every P
     g = global_array(shape, np.complex128, seed=45)
     first = PFFT(sub, shape, dtype=np.complex128, backend="numpy")
-    for comm in [sub.comm] + [s.transfer.comm for s in moving(first)]:
-        _context.context(comm)
+    comms = [sub.comm] + [s.transfer.comm for s in moving(first)]
+    contexts = {id(c): _context.context(c) for c in comms}
     second = PFFT(sub, shape, dtype=np.complex128, backend="numpy")
+    ok = zcoll.is_shared(second.forward.input_array)
     bad = run_and_check(second, g, 0)
-    ok = second._cold is None and state(second)[1] is False
+    ok &= state(second) == (False, True)  # the contexts were there; the first call planned none
+    bad += run_and_check(second, g, 1)
+    ok &= state(second)[1] is False
+    ok &= all(_context.context(s.transfer.comm) is contexts[id(s.transfer.comm)]
+              for s in moving(second))  # fmt: skip
     first.destroy()
     second.destroy()
     sub.destroy()

@@ -228,6 +228,35 @@ def test_pfft_plans_its_transposes_at_the_first_call(world, monkeypatch):
     all_ranks_agree(world, ok, f"PFFT made {made}, expected {expected_plans} plans")
 
 
+@pytest.mark.parametrize(
+    "shape, dtype, padding",
+    [((12, 13), np.complex128, False), ((9, 8, 7), np.float64, [1.5] * 3),
+     ((6, 5, 6, 5), np.float32, False)],
+)  # fmt: skip
+def test_a_destroyed_plan_goes_with_its_last_reference(world, shape, dtype, padding):
+    """destroy() leaves no reference cycle: with the garbage collector off, the plan and its
+    arrays go when the last reference does (so the next plan of a loop reuses their arena
+    memory), and its arrays, kept, still hold the last results."""
+    import weakref
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        plan = PFFT(world, shape, dtype=dtype, padding=padding, backend="numpy")
+        u = global_array(plan.forward.input_array.shape, dtype, seed=7 + world.rank)
+        out = plan.forward(u)
+        kept = out.copy()
+        ref = weakref.ref(plan)
+        plan.destroy()
+        del plan
+        gone = ref() is None
+        ok = gone and np.array_equal(out, kept)
+    finally:
+        if enabled:
+            gc.enable()
+    all_ranks_agree(world, ok, f"plan left to the garbage collector: {not gone}")
+
+
 # -- soak ---------------------------------------------------------------------------------------
 
 

@@ -38,7 +38,7 @@ def _norm(inverse: bool, factor: float, n: int) -> str | None:
 
 
 #: Pairs of arrays a pyFFTW/FFTW engine remembers as checked (see PyfftwBackend._run_checked).
-BOUND_ARRAYS = 16
+BOUND_ARRAYS = 64
 #: Bounds of the process-wide cache of FFTW plans (see PlanCache): plans, and bytes of the
 #: arrays they were made on, which a kept plan keeps alive.
 PLAN_CACHE_PLANS = 64
@@ -269,7 +269,11 @@ class PyfftwBackend:
         `a` and `out` themselves (new arrays, whose contents the planner may overwrite). The
         plan is returned to be kept: while it is held, every transform of its key finds it."""
         direction = "FFTW_BACKWARD" if inverse else "FFTW_FORWARD"
-        return self._plan(a, out, tuple(axes), direction, on_arrays=True)
+        axes = tuple(axes)
+        entry = self._plan(a, out, axes, direction, on_arrays=True)
+        if all(_c_strided(x) and self._aligned(x) for x in (a, out)):
+            self._remember((id(a), id(out), axes, direction), a, out, entry)  # first runs too
+        return entry
 
     def _aligned(self, x) -> bool:
         return bool(self._fftw.is_byte_aligned(x, self._fftw.simd_alignment))
@@ -340,9 +344,14 @@ class PyfftwBackend:
             if dst is not out:
                 np.copyto(out, dst)
         if dst is out and src is a and id(a) == key[0]:
-            if len(self._bound) >= BOUND_ARRAYS:
-                self._bound.clear()
-            self._bound[key] = (weakref.ref(a), weakref.ref(out), entry)
+            self._remember(key, a, out, entry)
+
+    def _remember(self, key, a, out, entry: _Planned) -> None:
+        """The next transform of `a` into `out` goes straight to `entry`'s plan (weakly held:
+        a call never keeps an array alive)."""
+        if len(self._bound) >= BOUND_ARRAYS:
+            self._bound.clear()
+        self._bound[key] = (weakref.ref(a), weakref.ref(out), entry)
 
     def c2c(self, a, out, axes, inverse, factor=1.0):
         return self._run(a, out, axes, "FFTW_BACKWARD" if inverse else "FFTW_FORWARD", factor)

@@ -77,16 +77,23 @@ def _parts(itemsize: int, shape: tuple[int, ...], axis: int, p: int) -> _Parts:
 class MpiRuns:
     """A Transfer's runs through MPI, while the rule keeps it there (see the module notes).
     `shape` is the Transfer's global shape (the same on every rank), `subshapes` (A, B) this
-    rank's shapes; forward sends the blocks along `axes[0]` and receives along `axes[1]`."""
+    rank's shapes; forward sends the blocks along `axes[0]` and receives along `axes[1]`.
+    `counted`: whether :meth:`run` counts the rule's runs (a PFFT's calls count for all their
+    transposes, :class:`ColdCalls`, and call :meth:`exchange` only)."""
 
-    def __init__(self, comm: MPI.Comm, dtype: np.dtype, shape, subshapes, axes: tuple[int, int]):
+    def __init__(
+        self, comm: MPI.Comm, dtype: np.dtype, shape, subshapes, axes: tuple[int, int], *,
+        counted: bool = True,
+    ) -> None:  # fmt: skip
         self.comm = comm
         self.dtype = dtype
         self.subshapes = subshapes
         self.axes = axes
-        forced = settings().cold_runs  # ZCOLL_COLD_RUNS
-        bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
-        self.limit = _core.cold_transfer_runs(bytes_per_rank) if forced is None else forced
+        self.limit = 0
+        if counted:
+            forced = settings().cold_runs  # ZCOLL_COLD_RUNS
+            bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
+            self.limit = _core.cold_transfer_runs(bytes_per_rank) if forced is None else forced
         self.runs = 0  # through MPI so far
         # Per direction, what this rank sends and receives: Ialltoallw's (counts,
         # displacements, types) after the buffer, made at the direction's first run.

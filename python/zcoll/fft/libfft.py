@@ -128,7 +128,7 @@ def _check_support(backend: str, dtype: np.dtype) -> None:
 def _padding_factor(padding, axes: Sequence[int]) -> float:
     if padding is False:
         return 1.0
-    return padding[axes[-1]] if np.ndim(padding) else padding
+    return padding[axes[-1]] if _is_sequence(padding) else padding
 
 
 def _spectrum_spec(shape, axes, dtype: np.dtype, real: bool) -> tuple[list[int], np.dtype]:
@@ -137,6 +137,16 @@ def _spectrum_spec(shape, axes, dtype: np.dtype, real: bool) -> tuple[list[int],
     if real:
         out[axes[-1]] = out[axes[-1]] // 2 + 1
     return out, np.dtype(dtype.char.upper())
+
+
+def _released(*args, **kwargs) -> np.ndarray:
+    raise ValueError("zcoll.fft: this serial transform belongs to a destroyed PFFT")
+
+
+def _is_sequence(x) -> bool:
+    """Whether `x` has at least one dimension, as ``np.ndim(x) > 0`` (a list or tuple
+    answered at once: shapes and axes are, and np.ndim costs a conversion to an array)."""
+    return isinstance(x, (list, tuple)) or (not isinstance(x, (int, float)) and np.ndim(x) > 0)
 
 
 def _truncated_shape(shape, axis: int, factor: float, real: bool) -> tuple[int, ...]:
@@ -310,14 +320,14 @@ class FFTBase:
     """
 
     def __init__(self, shape, axes=None, dtype: Any = float, padding: Any = False) -> None:
-        shape = [int(n) for n in shape] if np.ndim(shape) else [int(shape)]
+        shape = [int(n) for n in shape] if _is_sequence(shape) else [int(shape)]
         if not shape or min(shape) <= 0:
             raise ValueError(f"shape must have one or more positive lengths, got {shape}")
         ndim = len(shape)
         if axes is None:
             axes = list(range(ndim))
         else:
-            axes = [int(a) for a in axes] if np.ndim(axes) else [int(axes)]
+            axes = [int(a) for a in axes] if _is_sequence(axes) else [int(axes)]
             if not axes or any(not -ndim <= a < ndim for a in axes):
                 raise ValueError(f"axes {axes} do not fit {ndim} dimensions")
             axes = [a + ndim if a < 0 else a for a in axes]
@@ -330,7 +340,7 @@ class FFTBase:
         self.axes = axes
         self.dtype = dtype
         self.padding = padding
-        self.real_transform = bool(np.issubdtype(dtype, np.floating))
+        self.real_transform = dtype.kind == "f"
         self.padding_factor: float = 1
 
     def _truncation_forward(self, padded_array, trunc_array, lead: int = 0) -> None:
@@ -583,6 +593,18 @@ class FFT(FFTBase):
         fwd = _Step(lambda src, dst, **kw: self._default(src, dst, False, 1.0), U, V, M)
         bck = _Step(lambda src, dst, **kw: self._default(src, dst, True, 1.0), V, U, M)
         return fwd, bck
+
+    def release(self) -> None:
+        """Drop the object's references to itself -- its steps ``fwd``/``bck`` and the
+        functions its transforms call -- so that it goes with its last reference from outside
+        instead of at the next garbage collection (its arrays too, and their arena memory).
+        For an object that is not run again (the serial transforms of a destroyed PFFT);
+        ``forward``/``backward`` keep their arrays, and calling them raises."""
+        for transform in (self.forward, self.backward):
+            transform._xfftn = _released
+        self.fwd = self.bck = None
+        self._allocator = _default_allocator  # a PFFT's allocator refers to the PFFT
+        self._subs.clear()
 
     def prepare(self) -> None:
         """Plan the default transforms now, on the object's own arrays (which the planner may

@@ -255,8 +255,8 @@ class PFFT:
         options = (
             transforms, backend, collapse, (order, copy, components), sorted(kw.items(), key=str)
         )  # fmt: skip
-        local = spec is not None and _small_and_pooled(comm, spec)
-        local = _agree_everywhere(comm, spec, problem, options, local)
+        pool = None if spec is None else _small_and_pooled(comm, spec)
+        local = _agree_everywhere(comm, spec, problem, options, pool is not None)
         assert spec is not None
         self.axes = spec.axes
         self.collapse = collapse
@@ -270,9 +270,8 @@ class PFFT:
         # Where the arrays made while the grid's communicator has no context lie (this rank's
         # own allocations: _arrays), checked before the transposes run on them (_warm_up);
         # None: every array is a collective arena allocation.
-        self._array_pools: set | None = (
-            set() if local and not has_context(self._alloc_comm) else None
-        )
+        self._array_pools: set | None = set() if local else None
+        self._pool = pool  # the pool those arrays come from first
         try:
             self._build(spec, collapse, backend, transforms, kw)
         except Exception:
@@ -298,13 +297,14 @@ class PFFT:
         return self._arrays([(tuple(shape), dtype)])[0]
 
     def _arrays(self, specs) -> list[np.ndarray]:
-        """Arrays of these (shape, dtype) specs, carved from one allocation: collective arena
-        arrays (one node barrier) once the grid's communicator has a context; before, this
-        rank's own, with no communication (a plan made and run a few times never makes the
-        context): in the arena of the node pool the context will come from, or private."""
-        if self._array_pools is None or has_context(self._alloc_comm):
+        """Arrays of these (shape, dtype) specs, carved from one allocation: for a small plan
+        until its calls end cold, this rank's own, with no communication (a plan made and run
+        a few times makes no context and passes no barrier for them): in the arena of the
+        node pool of the grid's communicator's context (made or to be derived), or private;
+        else collective arena arrays (one node barrier, and the context made if need be)."""
+        if self._array_pools is None:
             return arena_arrays(self._alloc_comm, specs)
-        raw, pool = local_bytes(self._alloc_comm, carved_bytes(specs))
+        raw, pool = local_bytes(self._pool, carved_bytes(specs))
         self._array_pools.add(pool)
         return carve(raw, specs)
 
@@ -390,24 +390,41 @@ class PFFT:
         pencils as :meth:`_build` does. None where some stage's are not known in advance
         (custom transforms, 'mkl_fft', a rank without data): then each is allocated when
         asked for."""
-        shape = list(pencil.shape)
-        specs: list[list] = []
-        for i, group in enumerate(reversed(self.axes)):
-            if i > 0:
-                pencil = pencil.pencil(group[-1])
-            if pencil.too_small():  # the same on every rank: _build raises there
-                return None
-            planned = planned_arrays(pencil.subshape, group, dtype, padding, backend, transforms)
-            if planned is None:
-                return None
-            specs.append(planned)
-            out_shape, out_dtype = planned[-1]
-            if out_shape[group[-1]] != shape[group[-1]] or out_dtype != dtype:
-                shape[group[-1]] = out_shape[group[-1]]
-                dtype = out_dtype
-                pencil = Pencil(pencil.subcomm, shape, group[-1], comm=self._alloc_comm)
+        specs = self._stage_specs(pencil, dtype, padding, backend, transforms)
+        if specs is None:
+            return None
         flat = iter(self._arrays([spec for stage in specs for spec in stage]))
         return [[next(flat) for _ in stage] for stage in specs]
+
+    def _stage_specs(self, pencil: Pencil, dtype, padding, backend: str, transforms):
+        """Per stage, the (shape, dtype) of the arrays its serial transform will ask for (see
+        :meth:`_stage_arrays`); None where they are not known in advance. The pencils made to
+        follow the layout are dropped with their partners (a cycle each) before returning."""
+        shape = list(pencil.shape)
+        specs: list[list] = []
+        made: list[Pencil] = []
+        try:
+            for i, group in enumerate(reversed(self.axes)):
+                if i > 0:
+                    pencil = pencil.pencil(group[-1])
+                if pencil.too_small():  # the same on every rank: _build raises there
+                    return None
+                planned = planned_arrays(
+                    pencil.subshape, group, dtype, padding, backend, transforms
+                )
+                if planned is None:
+                    return None
+                specs.append(planned)
+                out_shape, out_dtype = planned[-1]
+                if out_shape[group[-1]] != shape[group[-1]] or out_dtype != dtype:
+                    shape[group[-1]] = out_shape[group[-1]]
+                    dtype = out_dtype
+                    pencil = Pencil(pencil.subcomm, shape, group[-1], comm=self._alloc_comm)
+                    made.append(pencil)
+            return specs
+        finally:
+            for p in made:
+                p.forget_partners()
 
     def _cold_calls(self) -> ColdCalls | None:
         """The first calls' transposes through MPI, while the set-up they would need -- a
@@ -424,7 +441,8 @@ class PFFT:
         for here, there in pairs:
             t = here.transfer
             a, b = here.fft.forward.output_array, there.fft.forward.input_array
-            runs = MpiRuns(t.comm, t.dtype, t.shape, (t.subshapeA, t.subshapeB), (t.axisA, t.axisB))
+            subshapes, axes = (t.subshapeA, t.subshapeB), (t.axisA, t.axisB)
+            runs = MpiRuns(t.comm, t.dtype, t.shape, subshapes, axes, counted=False)
             here.cold = (functools.partial(runs.exchange, a, b, 0, "zcoll.fft.PFFT"),
                          functools.partial(runs.exchange, b, a, 1, "zcoll.fft.PFFT"))  # fmt: skip
             moved.append(prod(t.shape) * t.dtype.itemsize // t.comm.size)
@@ -814,6 +832,22 @@ class PFFT:
             t.destroy()
         if isinstance(self.subcomm, Subcomm):
             self.subcomm.destroy()
+        self._break_cycles()
+
+    def _break_cycles(self) -> None:
+        """Drop the references that make the plan's objects a cycle (the transforms' back
+        references, the serial transforms' to themselves, pencils to their partners), so that
+        the plan, its arrays and their arena memory go with the last reference from outside
+        -- the next plan of a loop reuses that memory -- not at a garbage collection."""
+        self.forward._plan = self.backward._plan = None
+        self._own_steps.clear()
+        ffts = [s.fft for s in self._stages] + [fft for _, fft in self._runs.values()]
+        for fft in {id(f): f for f in ffts}.values():
+            fft.release()
+        for stage in self._stages:
+            stage.cold = None
+            for pencil in (stage.pencil_in, stage.pencil_out):
+                pencil.forget_partners()
 
 
 def _side(fft: FFT, inverse: bool, end: str) -> np.ndarray:
@@ -1059,17 +1093,20 @@ def _allocation_comm(comm, subcomm) -> MPI.Comm:
     raise ValueError("zcoll.fft.PFFT: this Subcomm does not know the communicator of its grid")
 
 
-def _small_and_pooled(comm, spec: _Spec) -> bool:
-    """Local: whether this rank could make the plan's arrays without a context (PFFT._arrays):
-    a bound of their bytes per rank, the same on every rank, is at most
-    ``_core.cold_array_bytes``, and a node pool holds the ranks of `comm`."""
+def _small_and_pooled(comm, spec: _Spec) -> Any:
+    """Local: the node pool from which this rank could make the plan's arrays alone
+    (PFFT._arrays), or None: where a bound of their bytes per rank, the same on every rank,
+    is at most ``_core.cold_array_bytes``, the pool of the context of `comm` (the grid's
+    communicator), or of the context it would be derived from."""
     world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", None)
     if not isinstance(world, MPI.Comm):
-        return False
+        return None
     spectral = np.result_type(spec.dtype, np.complex64).itemsize
     padded = prod(max(1.0, f) for f in spec.padding) if spec.padding else 1.0
     bound = prod(spec.shape) * padded * spectral * (len(spec.axes) + 1) / world.size
-    return bound <= _core.cold_array_bytes and pool_for(world, settings()) is not None
+    if bound > _core.cold_array_bytes:
+        return None
+    return lookup(world).pool if has_context(world) else pool_for(world, settings())
 
 
 def _agree_everywhere(comm, spec, problem, options, local: bool) -> bool:

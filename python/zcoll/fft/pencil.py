@@ -194,19 +194,35 @@ class Pencil:
         self.comm = comm
         self._transfers: dict[tuple, Transfer] = {}
         self._pencils: dict[int, Pencil] = {}
-        shares = [_core.block_share(n, c.size, c.rank) for n, c in zip(shape, subcomm)]
+        sizes = [c.size for c in subcomm]
+        shares = [_core.block_share(n, p, c.rank) for n, p, c in zip(shape, sizes, subcomm)]
         self.subshape = tuple(count for count, _ in shares)
         self.substart = tuple(start for _, start in shares)
+        self._short = next(((k, n, p) for k, (n, p) in enumerate(zip(shape, sizes)) if n < p), None)
+
+    def forget_partners(self) -> None:
+        """Local: drop the pencils and transfers kept for later calls, here and in every
+        pencil reached through them (pencils keep each other: cycles), so that the pencils go
+        with their last outside reference."""
+        reached, todo = {id(self): self}, [self]
+        while todo:
+            for other in todo.pop()._pencils.values():
+                if id(other) not in reached:
+                    reached[id(other)] = other
+                    todo.append(other)
+        for pencil in reached.values():
+            pencil._pencils.clear()
+            pencil._transfers.clear()
 
     def too_small(self) -> str:
         """Why some rank would hold no data ("" when every rank holds some)."""
-        for k, (n, c) in enumerate(zip(self.shape, self.subcomm)):
-            if n < c.size:
-                return (
-                    f"axis {k} has {n} elements but is distributed over {c.size} processes; "
-                    "use a smaller grid along it"
-                )
-        return ""
+        if self._short is None:
+            return ""
+        k, n, p = self._short
+        return (
+            f"axis {k} has {n} elements but is distributed over {p} processes; "
+            "use a smaller grid along it"
+        )
 
     def pencil(self, axis: int) -> Pencil:
         """The pencil aligned in `axis`, distributed over this one's aligned axis instead.
