@@ -112,6 +112,25 @@ def test_the_rule_counts_the_calls(world):
     all_ranks_agree(world, ok and not bad, f"{limit} cold calls: {bad}")
 
 
+def test_every_rank_of_a_pencil_grid_ends_the_cold_calls_together(world):
+    """Under the rule, on a pencil grid whose rows hold different extents of an odd shape
+    (3/2 points: the ranks' shares differ), every rank counts the same calls, so all make the
+    contexts at the same call (a rank that counted from its own share would make them while
+    its peers still run through MPI: a hang); every result is numpy.fft's."""
+    zcoll.barrier(world)
+    shape = (max(5, world.size), 5, 9)
+    g = global_array(shape, np.complex128, seed=47)
+    plan = PFFT(world, shape, dtype=np.complex128, backend="numpy")
+    limit = plan._cold.limit if plan._cold is not None else 0
+    limits = world.allgather(limit)
+    bad = [] if len(set(limits)) == 1 else [f"the ranks count {limits}"]
+    for k in range(limit + 2 if not bad else 0):  # (counts that differ would hang)
+        bad += run_and_check(plan, g, k)
+    ok = not moving(plan) or state(plan) == (False, False)
+    plan.destroy()
+    all_ranks_agree(world, ok and not bad, f"{bad}")
+
+
 def test_an_error_on_one_rank_while_cold(world, monkeypatch):
     """A bad input array on rank 0 only: every rank raises its ValueError (naming rank 0),
     nothing is made, and the next call is right."""

@@ -445,7 +445,9 @@ class PFFT:
             runs = MpiRuns(t.comm, t.dtype, t.shape, subshapes, axes, counted=False)
             here.cold = (functools.partial(runs.exchange, a, b, 0, "zcoll.fft.PFFT"),
                          functools.partial(runs.exchange, b, a, 1, "zcoll.fft.PFFT"))  # fmt: skip
-            moved.append(prod(t.shape) * t.dtype.itemsize // t.comm.size)
+            # The same on every rank of the grid (its count decides when every rank makes the
+            # contexts): the global array's bytes per grid rank, not this rank's share of it.
+            moved.append(prod(here.pencil_out.shape) * t.dtype.itemsize // self._alloc_comm.size)
         limit = settings().cold_runs
         if limit is None:
             limit = _core.cold_plan_runs(moved)
