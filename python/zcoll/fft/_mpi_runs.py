@@ -78,22 +78,16 @@ class MpiRuns:
     """A Transfer's runs through MPI, while the rule keeps it there (see the module notes).
     `shape` is the Transfer's global shape (the same on every rank), `subshapes` (A, B) this
     rank's shapes; forward sends the blocks along `axes[0]` and receives along `axes[1]`.
-    `counted`: whether :meth:`run` counts the rule's runs (a PFFT's calls count for all their
-    transposes, :class:`ColdCalls`, and call :meth:`exchange` only)."""
+    The rule's count is read at the first :meth:`run` (a PFFT's transposes only
+    :meth:`exchange`: their calls are counted for all of them, :class:`ColdCalls`)."""
 
-    def __init__(
-        self, comm: MPI.Comm, dtype: np.dtype, shape, subshapes, axes: tuple[int, int], *,
-        counted: bool = True,
-    ) -> None:  # fmt: skip
+    def __init__(self, comm: MPI.Comm, dtype: np.dtype, shape, subshapes, axes: tuple[int, int]):
         self.comm = comm
         self.dtype = dtype
         self.subshapes = subshapes
         self.axes = axes
-        self.limit = 0
-        if counted:
-            forced = settings().cold_runs  # ZCOLL_COLD_RUNS
-            bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
-            self.limit = _core.cold_transfer_runs(bytes_per_rank) if forced is None else forced
+        self._bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
+        self.limit: int | None = None  # the rule's runs (ZCOLL_COLD_RUNS), read at the first
         self.runs = 0  # through MPI so far
         # Per direction, what this rank sends and receives: Ialltoallw's (counts,
         # displacements, types) after the buffer, made at the direction's first run.
@@ -111,6 +105,11 @@ class MpiRuns:
                 return False
             np.copyto(dst, src)
             return True
+        if self.limit is None:
+            forced = settings().cold_runs
+            self.limit = (
+                _core.cold_transfer_runs(self._bytes_per_rank) if forced is None else forced
+            )
         if self.runs >= self.limit or not self._agree(self._suits(src, dst, side)):
             return False
         self.runs += 1

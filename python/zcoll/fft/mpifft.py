@@ -267,11 +267,11 @@ class PFFT:
         self._fuse_choice: dict[tuple[int, ...], bool] = {}
         self.subcomm = _make_subcomm(comm, spec, darray)
         self._alloc_comm = _allocation_comm(comm, self.subcomm)
-        # Where the arrays made while the grid's communicator has no context lie (this rank's
-        # own allocations: _arrays), checked before the transposes run on them (_warm_up);
-        # None: every array is a collective arena allocation.
-        self._array_pools: set | None = set() if local else None
-        self._pool = pool  # the pool those arrays come from first
+        # The pool from whose arena this rank makes the plan's arrays alone (_arrays), until
+        # the cold calls end; None: every array is a collective arena allocation. Whether
+        # some came from private memory instead is checked before plans run on them.
+        self._local_pool = pool if local else None
+        self._private_arrays = False
         try:
             self._build(spec, collapse, backend, transforms, kw)
         except Exception:
@@ -302,10 +302,10 @@ class PFFT:
         a few times makes no context and passes no barrier for them): in the arena of the
         node pool of the grid's communicator's context (made or to be derived), or private;
         else collective arena arrays (one node barrier, and the context made if need be)."""
-        if self._array_pools is None:
+        if self._local_pool is None:
             return arena_arrays(self._alloc_comm, specs)
-        raw, pool = local_bytes(self._pool, carved_bytes(specs))
-        self._array_pools.add(pool)
+        raw, pool = local_bytes(self._local_pool, carved_bytes(specs))
+        self._private_arrays |= pool is None
         return carve(raw, specs)
 
     def _build(self, spec: _Spec, collapse: bool, backend: str, transforms, kw) -> None:
@@ -434,27 +434,24 @@ class PFFT:
         is no transpose."""
         pairs = [(here, there) for here, there in zip(self._stages, self._stages[1:]) if here.moves]
         # Arrays of this rank's own stay with MPI until the contexts are known to share them.
-        local = bool(self._array_pools)
+        local = self._local_pool is not None
         if not pairs or (not local and all(has_context(h.transfer.comm) for h, _ in pairs)):
             return None
-        moved = []
+        limit = settings().cold_runs
+        if limit is None:
+            # The same on every rank of the grid (the count decides when every rank makes the
+            # contexts): the global arrays' bytes per grid rank, not this rank's share.
+            size = self._alloc_comm.size
+            moved = [prod(h.pencil_out.shape) * h.transfer.dtype.itemsize // size for h, _ in pairs]
+            limit = _core.cold_plan_runs(moved)
+        if limit == 0 and not local:
+            return None
         for here, there in pairs:
             t = here.transfer
             a, b = here.fft.forward.output_array, there.fft.forward.input_array
-            subshapes, axes = (t.subshapeA, t.subshapeB), (t.axisA, t.axisB)
-            runs = MpiRuns(t.comm, t.dtype, t.shape, subshapes, axes, counted=False)
+            runs = MpiRuns(t.comm, t.dtype, t.shape, (t.subshapeA, t.subshapeB), (t.axisA, t.axisB))
             here.cold = (functools.partial(runs.exchange, a, b, 0, "zcoll.fft.PFFT"),
                          functools.partial(runs.exchange, b, a, 1, "zcoll.fft.PFFT"))  # fmt: skip
-            # The same on every rank of the grid (its count decides when every rank makes the
-            # contexts): the global array's bytes per grid rank, not this rank's share of it.
-            moved.append(prod(here.pencil_out.shape) * t.dtype.itemsize // self._alloc_comm.size)
-        limit = settings().cold_runs
-        if limit is None:
-            limit = _core.cold_plan_runs(moved)
-        if limit == 0 and not local:
-            for here, _ in pairs:
-                here.cold = None
-            return None
         return ColdCalls(self._alloc_comm, limit)
 
     def _local_runs(self, spec: _Spec, transforms, backend: str, kw) -> dict:
@@ -543,8 +540,10 @@ class PFFT:
         steps: list[tuple[str, Callable[[], object]]] = []
         out = _side(stages[-1].fft, inverse, "output")
         if self._agree_each_call:
-            name = f"fft.{'backward' if inverse else 'forward'}"
-            steps.append(("transpose", functools.partial(self._context.raise_together, name, None)))
+            raise_together = self._context.raise_together
+            steps.append(
+                ("transpose", functools.partial(raise_together, _call_name(inverse), None))
+            )
         for step in self._route(stages, inverse, None, None):
             if not isinstance(step, tuple):  # a transpose
                 steps.append(("transpose", step))
@@ -564,7 +563,7 @@ class PFFT:
             if here.moves:
                 a, b = here.fft.forward.output_array, there.fft.forward.input_array
                 forward = here.transfer.forward_init(a, b)
-                here.plans = (forward, here.transfer.inverse_init(forward, b, a))
+                here.plans = (forward, here.transfer.inverse_init(forward, b, a, 1))
         self._error_context, self._agree_each_call = self._agreement()
         self._planned = True
 
@@ -576,7 +575,7 @@ class PFFT:
         rank, and so does the rule's count (the same on every rank, so without agreeing)."""
         cold = self._cold
         assert cold is not None
-        name = "zcoll.fft.backward" if inverse else "zcoll.fft.forward"
+        name = f"zcoll.{_call_name(inverse)}"
         if cold.calls >= cold.limit and self._warm_up(name):
             return False
         code = ColdCalls.ERROR if error is not None else ColdCalls.WARM if warm else ColdCalls.RUN
@@ -597,14 +596,16 @@ class PFFT:
         assert cold is not None
         if cold.forever:
             return False
-        pools = self._array_pools or set()
         contexts = [lookup(s.transfer.comm) for s in self._stages if s.moves]
-        shared = all(pools <= {ctx.pool} for ctx in contexts)
+        pool = self._local_pool
+        shared = pool is None or (
+            not self._private_arrays and all(ctx.pool is pool for ctx in contexts)
+        )
         if cold.agree(ColdCalls.RUN if shared else ColdCalls.WARM, name) != ColdCalls.RUN:
             cold.forever = True
             return False
         self._cold = None
-        self._array_pools = None  # arrays made from now on are the grid context's
+        self._local_pool = None  # arrays made from now on are the grid context's
         for stage in self._stages:
             stage.cold = None
         return True
@@ -659,7 +660,7 @@ class PFFT:
         """Collective where the call communicates: the transposes' plans made (the first call
         past cold), and every rank raises the first failing rank's error."""
         self._plan_transposes()
-        name = f"fft.{'backward' if inverse else 'forward'}"
+        name = _call_name(inverse)
         if error is not None and self._error_context is None:
             raise type(error)(f"zcoll.{name}: {error}")
         if error is not None:
@@ -850,6 +851,11 @@ class PFFT:
             stage.cold = None
             for pencil in (stage.pencil_in, stage.pencil_out):
                 pencil.forget_partners()
+
+
+def _call_name(inverse: bool) -> str:
+    """The name errors of a forward or backward call give."""
+    return "fft.backward" if inverse else "fft.forward"
 
 
 def _side(fft: FFT, inverse: bool, end: str) -> np.ndarray:

@@ -549,14 +549,13 @@ class Transfer:
         """Collective: a persistent :meth:`backward` from `arrayB` into `arrayA`."""
         return self._init(arrayB, arrayA, 1)
 
-    def inverse_init(self, plan: TransferPlan, src: np.ndarray, dst: np.ndarray) -> TransferPlan:
-        """Collective: the plan of the opposite direction to `plan` (made by
-        :meth:`forward_init` or :meth:`backward_init`), from its destination `src` into its
-        source `dst`. On one node it is made from what `plan`'s creation agreed on and
-        resolved, with no agreement of its own (at the same point on every rank)."""
+    def inverse_init(self, plan: TransferPlan, src: np.ndarray, dst: np.ndarray, side: int):
+        """Collective: the plan of direction `side` (0 forward), the opposite of `plan`'s,
+        from `plan`'s destination `src` into its source `dst`. On one node it is made from
+        what `plan`'s creation agreed on and resolved, with no agreement of its own (at the
+        same point on every rank)."""
         if plan.across_nodes:
-            lead = max(0, src.ndim - len(self.shape))
-            return self._init(src, dst, 1 if plan.axis_a == self.axisA + lead else 0)
+            return self._init(src, dst, side)
         made["plans"] += 1
         return plan.reversed()
 
@@ -605,7 +604,7 @@ class Transfer:
         if plan is None:
             inverse = staged.plans[1 - side]
             if inverse is not None:  # the pair agrees once (on one node)
-                plan = self.inverse_init(inverse, staged.work[side], staged.work[1 - side])
+                plan = self.inverse_init(inverse, staged.work[side], staged.work[1 - side], side)
             else:
                 plan = self._init(staged.work[side], staged.work[1 - side], side)
             staged.plans[side] = plan
