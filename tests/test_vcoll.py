@@ -38,6 +38,7 @@ from helpers import (
     private_buffers_by,
 )
 from helpers import vcoll_reference as ref
+from zcoll import _context
 
 # "numa" runs as Morton in the irregular engine (test_vexchange.cpp checks it): not repeated here.
 ORDERS = ["auto", *(o for o in zcoll.ORDERS if o != "numa")]
@@ -425,6 +426,44 @@ def test_private_buffers_past_the_eager_size(comm, buffers, received):
     if not ref.same_bits(recv, expected):
         failures.append(f"allgatherv: {ref.first_difference(recv, expected)}")
     all_ranks_agree(comm, not failures, f"{buffers}, {received} B received: {failures}")
+
+
+@pytest.mark.parametrize("pushes", ["measured", "never"])
+@pytest.mark.parametrize("buffers", ARENA_SIDES)
+def test_pulled_alltoallv_with_one_busy_receiver(comm, buffers, pushes):
+    """An alltoallv pulled by CMA whose bytes mostly go to rank 0 (48 KiB from every rank, 1 KiB
+    to the others, holes between rank 0's blocks): under the measured rule the other ranks push
+    the tails of rank 0's blocks into its buffer, or with pushes off it pulls them all. The
+    whole receive buffer, holes included, as MPI's."""
+    p, me = comm.size, comm.rank
+    big, small, hole = 6144, 128, 3  # float64 elements
+    send_arena, recv_arena = arena_sides(buffers, me)
+
+    def array(n: int, arena: bool) -> np.ndarray:
+        shared = zcoll.empty(comm, n)  # collective: every rank makes one, some use it
+        return shared if arena else np.empty(n)
+
+    scounts = np.array([big if peer == 0 else small for peer in range(p)], np.int64)
+    rcounts = np.full(p, big if me == 0 else small, np.int64)
+    sdispls = ref.packed_displs(scounts)
+    rdispls = ref.packed_displs(rcounts + hole)
+    send = array(int(scounts.sum()), send_arena)
+    send[...] = np.random.default_rng([23, me]).random(send.size)
+    recv = array(int((rcounts + hole).sum()), recv_arena)
+    expected = np.full(recv.shape, -1.0)
+    recv[...] = -1.0
+    ref.mpi_alltoallv(comm, send, scounts, sdispls, expected, rcounts, rdispls)
+    core = _context.context(comm).core
+    before = core.cma_bytes, core.cma_push_bytes
+    core.cma_bytes = 0
+    if pushes == "never":
+        core.cma_push_bytes = 2**62
+    try:
+        zcoll.alltoallv(comm, [send, (scounts, sdispls)], [recv, (rcounts, rdispls)])
+    finally:
+        core.cma_bytes, core.cma_push_bytes = before
+    ok = ref.same_bits(recv, expected)
+    all_ranks_agree(comm, ok, f"{buffers}: {'' if ok else ref.first_difference(recv, expected)}")
 
 
 @pytest.mark.parametrize("mode", ["arena", "private"])

@@ -123,6 +123,11 @@ void def_cma_policy(context_class& cls) {
       "Fewest bytes per rank an exchange receives to pull private buffers by CMA (larger than "
       "any: never). The same on every rank.");
   cls.def_property(
+      "cma_push_bytes", [](const node_context& ctx) { return ctx.policy().cma_push_bytes(); },
+      [](node_context& ctx, std::size_t bytes) { ctx.policy().set_cma_push_bytes(bytes); },
+      "Fewest bytes a sender of a pulled irregular exchange pushes into a receiver holding more "
+      "than its share (larger than any: never). The same on every rank.");
+  cls.def_property(
       "private_slots", [](const node_context& ctx) { return ctx.policy().private_slots(); },
       [](node_context& ctx, bool yes) { ctx.policy().set_private_slots(yes); },
       "Whether private buffers beyond the eager size may take the eager slots (up to the CMA "
@@ -154,6 +159,7 @@ void def_cma_policy(context_class& cls) {
 // The built-in defaults, and what the kernel allows.
 void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
+  m.attr("default_cma_push_bytes") = default_cma_push_bytes;
   m.attr("cold_array_bytes") = cold_array_bytes;
   m.attr("ONLINE_RUNS") = online_tuner::runs;
   m.def("cma_kernel_status", &cma_kernel_status,

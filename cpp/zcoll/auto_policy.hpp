@@ -107,6 +107,11 @@ inline constexpr std::size_t bcast_pull_factor = 128;
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
 inline constexpr std::size_t default_cma_run_bytes = 1024;
+// Fewest bytes a sender pushes into a receiver that holds more than its share of a pulled
+// irregular exchange (vexchange.hpp: split_pulls). A push is one more system call on a rank
+// that would otherwise wait at the completion barrier; below this the copy it takes off the
+// busiest rank is worth less than the call.
+inline constexpr std::size_t default_cma_push_bytes = std::size_t{16} << 10;
 
 // Runs through MPI of a global transpose (zcoll.fft's Transfer) on a communicator without a
 // context, before zcoll makes the context, work arrays and plans; `bytes_per_rank`: what a run
@@ -203,6 +208,10 @@ class auto_policy {
   // never).
   void set_cma_bytes(std::size_t bytes) noexcept { cma_bytes_ = bytes; }
   std::size_t cma_bytes() const noexcept { return cma_bytes_; }
+  // Fewest bytes a pulled irregular exchange's sender pushes to even out the ranks' copies
+  // (SIZE_MAX: never; 0: whenever it evens them out).
+  void set_cma_push_bytes(std::size_t bytes) noexcept { cma_push_bytes_ = bytes; }
+  std::size_t cma_push_bytes() const noexcept { return cma_push_bytes_; }
   // Whether an exchange receiving `recv_bytes` per rank, with a private buffer, pulls rather
   // than stages.
   bool pulls(std::size_t recv_bytes) const noexcept { return recv_bytes >= cma_bytes_; }
@@ -305,6 +314,7 @@ class auto_policy {
   std::size_t eager_bytes_ = 0;
   std::size_t eager_capacity_ = 0;
   std::size_t cma_bytes_ = default_cma_bytes;
+  std::size_t cma_push_bytes_ = default_cma_push_bytes;
   bool private_slots_ = true;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;

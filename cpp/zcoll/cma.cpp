@@ -56,6 +56,25 @@ int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t by
   return 0;
 }
 
+int cma_write(std::int32_t pid, std::uint64_t remote, const void* local,
+              std::size_t bytes) noexcept {
+  const auto* from = static_cast<const std::byte*>(local);
+  while (bytes) {
+    iovec here{const_cast<std::byte*>(from), bytes};
+    iovec there{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    const ssize_t put = process_vm_writev(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (put == 0) return EFAULT;
+    from += put;
+    remote += static_cast<std::uint64_t>(put);
+    bytes -= static_cast<std::size_t>(put);
+  }
+  return 0;
+}
+
 namespace {
 
 // Runs of a box read gathered into one process_vm_readv (the kernel's UIO_MAXIOV is 1024).

@@ -9,6 +9,11 @@
  * into its own receive buffer: one copy, and the call's two barriers (publication and
  * completion, the senders' buffers must stay untouched until every reader is done).
  *
+ * A rank that receives more than its share of a call's bytes (an alltoallv's uneven counts)
+ * would copy them while the others wait at the completion barrier: the senders below the mean
+ * then push the tails of its blocks into its buffer (process_vm_writev) while it pulls the
+ * rest, so every rank copies about the same bytes (vexchange.hpp: split_pulls).
+ *
  * Trade-offs. Each pull is a system call that pins the remote pages (about a microsecond plus
  * the page walk), and the copy runs with ordinary stores in the kernel (no streaming kernel,
  * no block order across ranks: each rank fills only its own receive buffer). So small blocks
@@ -37,6 +42,10 @@ struct box_shape;
 // the failure (a partial read is continued; a read that stops making progress is EFAULT).
 int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept;
 
+// Writes `bytes` from `local` at address `remote` of process `pid` (as cma_read, the other way).
+int cma_write(std::int32_t pid, std::uint64_t remote, const void* local,
+              std::size_t bytes) noexcept;
+
 // Reads the box `box` (copy.hpp: its src side at address `remote` of process `pid`, its dst
 // side at `local`) run by run, up to a thousand runs per system call. Returns 0 or the errno of
 // the first failure.
@@ -61,6 +70,12 @@ class cross_memory {
   // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
   int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {
     return cma_read(pids_[static_cast<std::size_t>(node_rank)], local, remote, bytes);
+  }
+  // Writes `bytes` from `local` at `remote` of node rank `node_rank`; 0 or the errno. The
+  // kernel checks a write as it checks a read, so the probe's verdict holds for both.
+  int write(int node_rank, std::uint64_t remote, const void* local,
+            std::size_t bytes) const noexcept {
+    return cma_write(pids_[static_cast<std::size_t>(node_rank)], remote, local, bytes);
   }
   // cma_read_box from node rank `node_rank`.
   int read_box(int node_rank, std::byte* local, std::uint64_t remote,

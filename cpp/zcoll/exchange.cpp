@@ -316,8 +316,10 @@ pull_failure pull_row(const cross_memory& cma, const context_config& config, op_
 }
 
 void raise_pull_failure(const pull_failure& failed, const call_protocol& protocol) {
+  const char* what =
+      failed.pushed ? "zcoll: process_vm_writev to " : "zcoll: process_vm_readv from ";
   throw std::system_error(failed.error, std::generic_category(),
-                          "zcoll: process_vm_readv from " + protocol.rank_name(failed.from));
+                          what + protocol.rank_name(failed.from));
 }
 
 void node_context::stage_in(const collective_args& args, std::size_t send_part,

@@ -308,7 +308,8 @@ struct row_source {
 // The first read of a pull that failed: its errno (0: none) and the node rank read from.
 struct pull_failure {
   int error = 0;
-  int from = 0;
+  int from = 0;         // or, when `pushed`, the node rank written to
+  bool pushed = false;  // a process_vm_writev (split_pulls), not a read
 };
 // This rank's receive row (the node ranks' blocks of `block` bytes) copied into `recv` from
 // `from`: mapped buffers by memcpy, private ones by CMA. Every read is tried.

@@ -448,23 +448,67 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
                                std::size_t parity) {
   const v_pattern& pat = pattern(c.pattern);
   const int me = ctx_.config().rank;
+  tuple_bytes_.resize(pat.tuples.size());
+  for (std::size_t i = 0; i < pat.tuples.size(); ++i)
+    tuple_bytes_[i] = received(pat, pat.tuples[i], parity).bytes;
+  split_pulls(pat.tuples, tuple_bytes_, ctx_.config().size, ctx_.policy().cma_push_bytes(), pushed_,
+              loads_);
   auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
+  const auto* send = static_cast<const std::byte*>(c.send->data);
   pull_failure failed;
-  for (const v_tuple& t : incoming_[static_cast<std::size_t>(c.pattern)]) {
+  auto note = [&failed](int err, int peer, bool pushed) {
+    if (err && !failed.error) failed = {err, peer, pushed};
+  };
+  for (std::size_t i = 0; i < pat.tuples.size(); ++i) {
+    const v_tuple& t = pat.tuples[i];
+    if (t.dst != me && t.src != me) continue;
     const v_span& to = received(pat, t, parity);
     const std::uint64_t at = sent(t, parity).offset;
-    const buffer_ref& from = all.line(t.src).send;
-    if (t.src == me)
-      copy_bytes(recv + to.offset, static_cast<const std::byte*>(c.send->data) + at, to.bytes);
-    else if (from.segment)
-      copy_bytes(recv + to.offset, ctx_.segments().resolve(from) + at, to.bytes);
-    else if (const int err = ctx_.cma().read(t.src, recv + to.offset, from.offset + at, to.bytes);
-             err && !failed.error) {
-      failed = {err, t.src};
+    const std::uint64_t pulled = to.bytes - pushed_[i];
+    if (t.src == me && t.dst == me) {
+      copy_bytes(recv + to.offset, send + at, to.bytes);
+    } else if (t.dst == me) {
+      const buffer_ref& from = all.line(t.src).send;
+      if (from.segment)
+        copy_bytes(recv + to.offset, ctx_.segments().resolve(from) + at, pulled);
+      else if (pulled)
+        note(ctx_.cma().read(t.src, recv + to.offset, from.offset + at, pulled), t.src, false);
+    } else if (pushed_[i]) {
+      const buffer_ref& into = all.line(t.dst).recv;
+      const std::uint64_t offset = to.offset + pulled;
+      if (into.segment)
+        copy_bytes(ctx_.segments().resolve(into) + offset, send + at + pulled, pushed_[i]);
+      else
+        note(ctx_.cma().write(t.dst, into.offset + offset, send + at + pulled, pushed_[i]), t.dst,
+             true);
     }
   }
-  ctx_.protocol().sync();  // every reader is done: the senders may change their buffers
+  ctx_.protocol().sync();  // every copy is done: the senders may change their buffers
   if (failed.error) raise_pull_failure(failed, ctx_.protocol());
+}
+
+void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
+                 int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
+                 std::vector<std::uint64_t>& load) {
+  pushed.assign(tuples.size(), 0);
+  load.assign(static_cast<std::size_t>(node_size), 0);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < tuples.size(); ++i) {
+    load[static_cast<std::size_t>(tuples[i].dst)] += bytes[i];
+    total += bytes[i];
+  }
+  const std::uint64_t mean =
+      (total + static_cast<std::uint64_t>(node_size) - 1) / static_cast<std::uint64_t>(node_size);
+  for (std::size_t i = 0; i < tuples.size(); ++i) {
+    const auto src = static_cast<std::size_t>(tuples[i].src);
+    const auto dst = static_cast<std::size_t>(tuples[i].dst);
+    if (src == dst || load[dst] <= mean || load[src] >= mean) continue;
+    const std::uint64_t part = std::min({bytes[i], load[dst] - mean, mean - load[src]});
+    if (part == 0 || part < min_push) continue;
+    pushed[i] = part;
+    load[dst] -= part;
+    load[src] += part;
+  }
 }
 
 void copy_tuples(std::span<const v_tuple> tuples, const v_span* const* sent,

@@ -19,7 +19,9 @@
  * order within a buffer (the ordered buffers of §3.2) is followed through Bs and Br, never by
  * asking the user to reorder. Work: the ordered tuples form one stream of bytes cut into one
  * piece per node rank of equal bytes (cache-line aligned cuts; a block may be shared by two
- * ranks), so one large block does not leave the other ranks idle. order=row is the naive
+ * ranks), so one large block does not leave the other ranks idle. Pulled by CMA, a rank can
+ * copy only into or out of itself: the receivers copy, and senders with less to do push part
+ * of the busiest receivers' blocks (split_pulls). order=row is the naive
  * baseline the papers compare against: each receiver copies its own blocks, in its list's order.
  * order=numa runs as Morton here: TPDS'18 §2.4's rule (each NUMA domain copies only into its
  * own receivers) would cut the stream per domain, and with uneven blocks one domain's receivers
@@ -34,7 +36,8 @@
  *      same data, so they all raise the same error or all go on;
  *   4. buffers outside the arena are pulled by CMA when the node's ranks receive enough on
  *      average (cma.hpp, auto_policy.hpp; not in place): each rank copies the blocks into its
- *      own receive buffer straight from the senders' buffers; barrier. Otherwise they are
+ *      own receive buffer straight from the senders' buffers (senders below the mean push
+ *      the tails of the busiest receivers' blocks); barrier. Otherwise they are
  *      staged (one copy each way, one barrier), then every rank copies its piece of the stream;
  *      barrier.
  * Metadata written for a barrier is read only before the next barrier, which every rank
@@ -111,6 +114,16 @@ v_pattern match_edges(std::span<const std::vector<v_edge>> sends,
 // grid of `node_size` ranks (ties: send block, then receive block); row order sorts by
 // receiver, then its receive block (the naive baseline: each receiver in its own list's
 // order). gather drops self copies; swap keeps one tuple per exchanged pair (src < dst).
+// The CMA path's split of the copies (v_exchange::execute_pulls): each receiver pulls its
+// incoming tuples, except that a sender whose own load is below the mean takes the tail of a
+// tuple into a receiver above it, pushing it, as long as both stay on their side of the mean
+// and the part is at least `min_push` bytes. `bytes`: per tuple of `tuples`; every rank passes
+// the same and gets the same answer. Fills `pushed` (per tuple, its sender's bytes, taken from
+// the block's end); `load` is scratch (per node rank, its bytes afterwards).
+void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
+                 int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
+                 std::vector<std::uint64_t>& load);
+
 std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
                                     v_in_place in_place);
 
@@ -229,7 +242,8 @@ class v_exchange {
                                                    block_order order, v_in_place in_place) const;
   void execute(const v_call& call, const checked_call& mine, const call_protocol::published& all,
                std::size_t parity);
-  // Each rank copies the tuples into itself from the senders' buffers (by CMA where private).
+  // Each rank copies the tuples into itself from the senders' buffers (by CMA where private),
+  // but for the tails split_pulls gives their senders to push.
   void execute_pulls(const v_call& call, const call_protocol::published& all, std::size_t parity);
   // Small calls: every rank's data went into its eager slot before the barrier; each rank
   // pulls its own receive blocks from the senders' slots. One barrier, no staging.
@@ -253,6 +267,7 @@ class v_exchange {
   std::vector<std::byte*> send_bases_, recv_bases_;
   std::vector<std::uint64_t> starts_;  // per call: each ordered tuple's first byte in the stream
   std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
+  std::vector<std::uint64_t> tuple_bytes_, pushed_, loads_;  // per call (execute_pulls)
   checked_call mine_;  // run()'s checked call, kept so that its lists allocate only once
 };
 

@@ -75,15 +75,18 @@ def arena_sides(buffers: str, rank: int) -> tuple[bool, bool]:
 def private_buffers_by(comm: MPI.Comm, path: str):
     """Within the block, calls on `comm` (collective: every rank enters) move plain NumPy
     buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule
-    (which also sends plain buffers a little past the eager size through the eager slots)."""
+    (which also sends plain buffers a little past the eager size through the eager slots).
+    By CMA, the irregular calls' senders also push whatever evens out the receivers' loads,
+    however small."""
     core = _context.context(comm).core
-    before = core.cma_bytes, core.private_slots
+    before = core.cma_bytes, core.private_slots, core.cma_push_bytes
     core.cma_bytes = 0 if path == "cma" else 2**62
     core.private_slots = False
+    core.cma_push_bytes = 0
     try:
         yield
     finally:
-        core.cma_bytes, core.private_slots = before
+        core.cma_bytes, core.private_slots, core.cma_push_bytes = before
 
 
 def random_bytes(seed: int, nbytes: int) -> np.ndarray:
