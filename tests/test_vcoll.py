@@ -431,12 +431,12 @@ def test_private_buffers_past_the_eager_size(comm, buffers, received):
 @pytest.mark.parametrize("pushes", ["measured", "never"])
 @pytest.mark.parametrize("buffers", ARENA_SIDES)
 def test_pulled_alltoallv_with_one_busy_receiver(comm, buffers, pushes):
-    """An alltoallv pulled by CMA whose bytes mostly go to rank 0 (48 KiB from every rank, 1 KiB
-    to the others, holes between rank 0's blocks): under the measured rule the other ranks push
-    the tails of rank 0's blocks into its buffer, or with pushes off it pulls them all. The
-    whole receive buffer, holes included, as MPI's."""
+    """An alltoallv pulled by CMA whose bytes all go to rank 0 (48 KiB from every rank, nothing
+    to the others, holes between the blocks): under the measured rule the other ranks push the
+    tails of rank 0's blocks into its buffer, or with pushes off it pulls them all. The whole
+    receive buffer, holes included, as MPI's."""
     p, me = comm.size, comm.rank
-    big, small, hole = 6144, 128, 3  # float64 elements
+    big, small, hole = 6144, 0, 3  # float64 elements
     send_arena, recv_arena = arena_sides(buffers, me)
 
     def array(n: int, arena: bool) -> np.ndarray:

@@ -109,9 +109,17 @@ inline constexpr std::size_t bcast_pull_factor = 128;
 inline constexpr std::size_t default_cma_run_bytes = 1024;
 // Fewest bytes a sender pushes into a receiver that holds more than its share of a pulled
 // irregular exchange (vexchange.hpp: split_pulls). A push is one more system call on a rank
-// that would otherwise wait at the completion barrier; below this the copy it takes off the
-// busiest rank is worth less than the call.
-inline constexpr std::size_t default_cma_push_bytes = std::size_t{16} << 10;
+// that would otherwise wait at the completion barrier, and where ranks outnumber cores that
+// rank is not idle. Measured (tools/measure/uneven_pulls.py busy, every rank sending X to rank
+// 0 only, Xeon VM with 2 vCPUs, docs/performance.md): pushing X won from 8 KiB at P = 2 (by
+// 8-13 % at 8-16 KiB, 19 % at 32 KiB) and tied below; at P = 3 it was -12 to +4 % at 8-16 KiB,
+// +1 to +5 % from 32 KiB; at P = 4, +2-7 % from 8 KiB.
+inline constexpr std::size_t default_cma_push_bytes = std::size_t{32} << 10;
+// Senders push only into a receiver of at least this many times the mean load: the bench's
+// alltoallv counts at P = 2 (same tool, `bench`) gained 2.4-2.7x at 1 MiB, where one rank
+// receives every byte (twice the mean), and lost 4-7 % at 64 KiB, where the busiest receiver
+// held 1.47 times the mean, most of it its own block (a local copy, cheaper than a pull).
+inline constexpr std::uint64_t cma_push_load_factor = 2;
 
 // Runs through MPI of a global transpose (zcoll.fft's Transfer) on a communicator without a
 // context, before zcoll makes the context, work arrays and plans; `bytes_per_rank`: what a run

@@ -9,10 +9,10 @@
  * into its own receive buffer: one copy, and the call's two barriers (publication and
  * completion, the senders' buffers must stay untouched until every reader is done).
  *
- * A rank that receives more than its share of a call's bytes (an alltoallv's uneven counts)
- * would copy them while the others wait at the completion barrier: the senders below the mean
- * then push the tails of its blocks into its buffer (process_vm_writev) while it pulls the
- * rest, so every rank copies about the same bytes (vexchange.hpp: split_pulls).
+ * A rank that receives most of a call's bytes (an alltoallv's uneven counts) would copy them
+ * while the others wait at the completion barrier: the senders below the mean then push the
+ * tails of its blocks into its buffer (process_vm_writev) while it pulls the rest, so the
+ * ranks copy about the same bytes (vexchange.hpp: split_pulls).
  *
  * Trade-offs. Each pull is a system call that pins the remote pages (about a microsecond plus
  * the page walk), and the copy runs with ordinary stores in the kernel (no streaming kernel,

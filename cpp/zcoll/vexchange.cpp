@@ -391,19 +391,24 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
                          const call_protocol::published& all, std::size_t parity) {
   const v_pattern& pat = pattern(c.pattern);
   const auto& tuples = tuples_for(c.pattern, mine.order, c.in_place);
+  const int n = ctx_.config().size, me = ctx_.config().rank;
   starts_.resize(tuples.size() + 1);  // where each tuple's bytes start in the stream
   starts_[0] = 0;
-  for (std::size_t i = 0; i < tuples.size(); ++i)
-    starts_[i + 1] = starts_[i] + received(pat, tuples[i], parity).bytes;
+  loads_.assign(static_cast<std::size_t>(n), 0);
+  for (std::size_t i = 0; i < tuples.size(); ++i) {
+    const std::uint64_t bytes = received(pat, tuples[i], parity).bytes;
+    starts_[i + 1] = starts_[i] + bytes;
+    loads_[static_cast<std::size_t>(tuples[i].dst)] += bytes;
+  }
   const std::uint64_t total = starts_.back();
   if (total == 0) return;  // nothing moves on this node: no second barrier (see the header)
-  const int n = ctx_.config().size, me = ctx_.config().rank;
   const bool in_place = c.in_place != v_in_place::none;
   node_segments& segs = ctx_.segments();
   bool staged = false;
   for (int j = 0; j < n; ++j)
     staged |= (!in_place && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
-  if (staged && !in_place && ctx_.pulls_private(total / static_cast<std::uint64_t>(n)))
+  // The busiest receiver decides: staging costs it two more copies of its bytes.
+  if (staged && !in_place && ctx_.pulls_private(*std::max_element(loads_.begin(), loads_.end())))
     return execute_pulls(c, all, parity);
   auto send_part = [&](int j) { return round_up(extents(j, parity)[0], line_bytes); };
   if (staged) {
@@ -452,7 +457,7 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
   for (std::size_t i = 0; i < pat.tuples.size(); ++i)
     tuple_bytes_[i] = received(pat, pat.tuples[i], parity).bytes;
   split_pulls(pat.tuples, tuple_bytes_, ctx_.config().size, ctx_.policy().cma_push_bytes(), pushed_,
-              loads_);
+              loads_, busy_);
   auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
   const auto* send = static_cast<const std::byte*>(c.send->data);
   pull_failure failed;
@@ -489,7 +494,7 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
 
 void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
                  int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
-                 std::vector<std::uint64_t>& load) {
+                 std::vector<std::uint64_t>& load, std::vector<bool>& busy) {
   pushed.assign(tuples.size(), 0);
   load.assign(static_cast<std::size_t>(node_size), 0);
   std::uint64_t total = 0;
@@ -497,12 +502,15 @@ void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t>
     load[static_cast<std::size_t>(tuples[i].dst)] += bytes[i];
     total += bytes[i];
   }
-  const std::uint64_t mean =
-      (total + static_cast<std::uint64_t>(node_size) - 1) / static_cast<std::uint64_t>(node_size);
+  const auto n = static_cast<std::uint64_t>(node_size);
+  const std::uint64_t mean = (total + n - 1) / n;
+  busy.resize(load.size());
+  for (std::size_t r = 0; r < load.size(); ++r)
+    busy[r] = load[r] * n >= cma_push_load_factor * total;
   for (std::size_t i = 0; i < tuples.size(); ++i) {
     const auto src = static_cast<std::size_t>(tuples[i].src);
     const auto dst = static_cast<std::size_t>(tuples[i].dst);
-    if (src == dst || load[dst] <= mean || load[src] >= mean) continue;
+    if (src == dst || !busy[dst] || load[dst] <= mean || load[src] >= mean) continue;
     const std::uint64_t part = std::min({bytes[i], load[dst] - mean, mean - load[src]});
     if (part == 0 || part < min_push) continue;
     pushed[i] = part;

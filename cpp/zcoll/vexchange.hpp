@@ -34,8 +34,8 @@
  *      barrier's parity, and its buffers into its descriptor line; barrier;
  *   3. every rank checks every tuple (the sender's count equals the receiver's): all read the
  *      same data, so they all raise the same error or all go on;
- *   4. buffers outside the arena are pulled by CMA when the node's ranks receive enough on
- *      average (cma.hpp, auto_policy.hpp; not in place): each rank copies the blocks into its
+ *   4. buffers outside the arena are pulled by CMA when some rank receives at least the CMA
+ *      threshold (cma.hpp, auto_policy.hpp; not in place): each rank copies the blocks into its
  *      own receive buffer straight from the senders' buffers (senders below the mean push
  *      the tails of the busiest receivers' blocks); barrier. Otherwise they are
  *      staged (one copy each way, one barrier), then every rank copies its piece of the stream;
@@ -115,14 +115,16 @@ v_pattern match_edges(std::span<const std::vector<v_edge>> sends,
 // receiver, then its receive block (the naive baseline: each receiver in its own list's
 // order). gather drops self copies; swap keeps one tuple per exchanged pair (src < dst).
 // The CMA path's split of the copies (v_exchange::execute_pulls): each receiver pulls its
-// incoming tuples, except that a sender whose own load is below the mean takes the tail of a
-// tuple into a receiver above it, pushing it, as long as both stay on their side of the mean
+// incoming tuples, except that into a busy receiver (one that receives at least
+// cma_push_load_factor times the mean, auto_policy.hpp) a sender whose own load is below the
+// mean takes the tail of a tuple, pushing it, as long as both stay on their side of the mean
 // and the part is at least `min_push` bytes. `bytes`: per tuple of `tuples`; every rank passes
 // the same and gets the same answer. Fills `pushed` (per tuple, its sender's bytes, taken from
-// the block's end); `load` is scratch (per node rank, its bytes afterwards).
+// the block's end); `load` and `busy` are scratch (per node rank: its bytes afterwards,
+// whether it was busy).
 void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
                  int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
-                 std::vector<std::uint64_t>& load);
+                 std::vector<std::uint64_t>& load, std::vector<bool>& busy);
 
 std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
                                     v_in_place in_place);
@@ -268,6 +270,7 @@ class v_exchange {
   std::vector<std::uint64_t> starts_;  // per call: each ordered tuple's first byte in the stream
   std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
   std::vector<std::uint64_t> tuple_bytes_, pushed_, loads_;  // per call (execute_pulls)
+  std::vector<bool> busy_;
   checked_call mine_;  // run()'s checked call, kept so that its lists allocate only once
 };
 

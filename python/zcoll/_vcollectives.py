@@ -564,8 +564,8 @@ def alltoallv(
     after one node barrier every rank checks every pair's counts and copies an equal share of
     the bytes along the order's curve (a large block may be split between ranks), then a
     second barrier. Arena buffers (:func:`zcoll.empty`) move with one copy; plain NumPy
-    buffers are read by CMA (one copy) when the node's ranks receive at least
-    ``ZCOLL_CMA_BYTES`` on average, else staged through the arena (one more copy each way and
+    buffers are read by CMA (one copy) when some rank of the node receives at least
+    ``ZCOLL_CMA_BYTES``, else staged through the arena (one more copy each way and
     one more barrier). Blocks between
     nodes travel by MPI point-to-point. The common buffer forms are parsed in C++ (one
     crossing into the engine per call).
