@@ -623,12 +623,13 @@ def test_bcast_of_a_private_root_buffer_rewritten_between_calls(comm):
 
 
 @pytest.mark.parametrize("path", PRIVATE_PATHS)
-@pytest.mark.parametrize("algorithm", ["auto", "tiled"])
+@pytest.mark.parametrize("algorithm", ["auto", "tiled", "flat"])
 def test_reductions_of_private_inputs(comm, path, algorithm):
-    """Plain NumPy inputs, pulled by CMA a piece at a time or staged: on every rank, on some
-    (the others' in the arena), in place; allreduce, reduce at every root, reduce_scatter_block;
-    sizes whose tiles span several pulled pieces. Integers against MPI, float32 tiled against
-    NumPy's rank-order fold bit for bit (on one node; across nodes within the bound)."""
+    """Plain NumPy inputs, pulled by CMA a piece at a time (tiled and flat) or staged: on every
+    rank, on some (the others' in the arena), in place; allreduce, reduce at every root,
+    reduce_scatter_block; sizes whose tiles span several pulled pieces. Integers against MPI,
+    float32 tiled against NumPy's rank-order fold bit for bit (on one node; across nodes within
+    the bound)."""
     p = comm.size
     failures = []
     with private_buffers_by(comm, path):

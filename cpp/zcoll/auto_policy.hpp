@@ -260,9 +260,9 @@ class auto_policy {
   double predicted(reduce_algorithm algorithm, std::size_t bytes) const noexcept;
   // What algorithm="auto" runs for `bytes` per rank: the least predicted time (ties: the
   // lowest code). The last answer is remembered: a loop of calls of one size asks once.
-  // `pulled`: some input is private and the call pulls it by CMA, which only the tiled
-  // algorithm does (every other one stages each private input whole first); measured faster
-  // than any staged algorithm at every size that pulls (docs/performance.md).
+  // `pulled`: some input is private and the call pulls it by CMA, which the tiled and the flat
+  // algorithm do (the others stage each private input whole first); tiled measured faster than
+  // any staged algorithm at every size that pulls (docs/performance.md).
   // A reduce (`to_root`) runs flat, where only the root folds, unless its peers can write their
   // tiles into the root's result (`shared_result`: in shared memory) or it pulls: measured, P =
   // 2 and 4, flat beat tiled at every size from 16 KiB to 16 MiB (by up to 3.5x) when the root

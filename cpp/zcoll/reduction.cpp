@@ -263,7 +263,7 @@ struct node_context::resolved_reduction {
   std::size_t want_bytes = 0;  // [want_from, want_from + want_bytes)
   std::size_t third = 0;       // bytes of each third of a staging partition (work buffers)
   bool stream = false;         // results written with streaming stores (the barriers fence)
-  bool pull = false;           // private peers' inputs are pulled by CMA (tiled only)
+  bool pull = false;           // private peers' inputs are pulled by CMA (tiled, flat)
   // A tiled reduce whose root published a result in shared memory, apart from its input:
   // every rank folds its tile straight into it, so the root copies nothing after the fold.
   std::byte* root_out = nullptr;
@@ -361,7 +361,7 @@ void node_context::execute_reduction(const reduction_args& a) {
       a.asked == auto_algorithm
           ? policy_.choose_reduction(a.bytes, pulled, a.op == op_code::reduce, shared_result)
           : a.alg;
-  r.pull = pulled && alg == reduce_algorithm::tiled;
+  r.pull = pulled && (alg == reduce_algorithm::tiled || alg == reduce_algorithm::flat);
   if (third < span) {  // work buffers: collective, the same decision everywhere
     segments_.reserve_staging(3 * span);
     third = segments_.staging_third();
@@ -393,14 +393,22 @@ void node_context::reduce_eager_flat(const resolved_reduction& r, std::size_t pa
 void node_context::reduce_flat(const resolved_reduction& r) {
   const reduction_args& a = r.a;
   const auto np = static_cast<std::size_t>(config_.size);
-  srcs_.resize(np);
-  const void** from = srcs_.data();
-  for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + r.want_from;
   // The result may not go into this rank's buffer while peers read it (in place).
   const bool direct = a.out_apart(r.want_bytes);
   std::byte* into = direct ? a.out : r.work(segments_, config_.rank, 0);
-  if (r.want_bytes) r.fold(into, from, np, r.want_bytes / r.esize, direct);
+  if (r.pull) {  // pieces of every private peer's input pulled, folded from cache
+    if (r.want_bytes)
+      fold_pulled_tile(a, r.want_from, r.want_bytes, into - r.want_from);
+    else
+      protocol_.slot(config_.rank).cma_error = 0;
+  } else if (r.want_bytes) {
+    srcs_.resize(np);
+    const void** from = srcs_.data();
+    for (std::size_t j = 0; j < np; ++j) from[j] = inputs_[j] + r.want_from;
+    r.fold(into, from, np, r.want_bytes / r.esize, direct);
+  }
   protocol_.sync();  // every input read
+  if (r.pull) raise_failed_pulls();
   if (r.want_bytes && !direct) r.finish(into - r.want_from);
 }
 

@@ -26,8 +26,9 @@
  *
  * bcast copies the root's buffer into every other rank's: from where it is (arena, heap, eager
  * slot), or, when it is private, pulled by CMA (cma.hpp; sizes the policy pulls) or staged. A
- * reduction cannot fold from a peer's private memory without first copying it, which is what
- * staging does, so its private inputs are staged at every size.
+ * reduction folds a peer's private input only after copying it: staged whole before the
+ * call's first barrier or, at the sizes the policy pulls, pulled by the tiled or the flat
+ * algorithm a piece at a time into scratch that stays in cache until the fold.
  *
  * Determinism: each algorithm combines in an order fixed by (P, algorithm, size) -- never by
  * timing -- and exactly one rank computes each element of the result (tree, tiled) or partners
