@@ -406,12 +406,12 @@ class Settings:
     eager_bytes, copy_threshold, spin, yields : int or None
         ``ZCOLL_EAGER_BYTES``, ``ZCOLL_COPY_THRESHOLD``, ``ZCOLL_SPIN``, ``ZCOLL_YIELDS``.
     cma_bytes : int or None
-        ``ZCOLL_CMA_BYTES``: an alltoall or allgather with a buffer outside shared memory (a
-        plain NumPy array) in which each rank receives at least this many bytes pulls the
-        blocks from the senders' memory by CMA (``process_vm_readv``, one copy); smaller calls
-        are staged through the arena (three copies). A bcast pulls from 64 times this, the
-        reductions from 256 times (a reduce 1024), where staging stops being faster. None: the
-        measured default.
+        ``ZCOLL_CMA_BYTES``: an exchange with a buffer outside shared memory (a plain NumPy
+        array) in which each rank (an irregular call: its busiest rank) receives at least this
+        many bytes pulls the blocks from the senders' memory by CMA (``process_vm_readv``, one
+        copy); smaller calls take the eager slots or are staged through the arena (three
+        copies). A bcast pulls from 128 times this, the reductions from 512 times (a reduce
+        2048), where staging stops being faster. None: the measured default.
     cold_runs : int or None
         ``ZCOLL_COLD_RUNS``: how many first runs of a :class:`zcoll.fft.PFFT`'s or
         :class:`zcoll.fft.pencil.Transfer`'s transposes go through MPI (an ``Alltoallw`` of
