@@ -38,41 +38,40 @@ std::string refusal_text(int err, int peer_comm_rank) {
 
 }  // namespace
 
-int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept {
-  auto* into = static_cast<std::byte*>(local);
+namespace {
+
+// One body for both directions: `move` is process_vm_readv or process_vm_writev, which take
+// the same arguments (the local side first) and move `bytes` between `local` and `remote`.
+template <class Move>
+int cma_move(Move move, std::int32_t pid, std::byte* local, std::uint64_t remote,
+             std::size_t bytes) noexcept {
   while (bytes) {
-    iovec to{into, bytes};
-    iovec from{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
-    const ssize_t got = process_vm_readv(static_cast<pid_t>(pid), &to, 1, &from, 1, 0);
-    if (got < 0) {
+    iovec here{local, bytes};
+    iovec there{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
+    const ssize_t moved = move(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
+    if (moved < 0) {
       if (errno == EINTR) continue;
       return errno;
     }
-    if (got == 0) return EFAULT;
-    into += got;
-    remote += static_cast<std::uint64_t>(got);
-    bytes -= static_cast<std::size_t>(got);
+    if (moved == 0) return EFAULT;
+    local += moved;
+    remote += static_cast<std::uint64_t>(moved);
+    bytes -= static_cast<std::size_t>(moved);
   }
   return 0;
 }
 
+}  // namespace
+
+int cma_read(std::int32_t pid, void* local, std::uint64_t remote, std::size_t bytes) noexcept {
+  return cma_move(process_vm_readv, pid, static_cast<std::byte*>(local), remote, bytes);
+}
+
 int cma_write(std::int32_t pid, std::uint64_t remote, const void* local,
               std::size_t bytes) noexcept {
-  const auto* from = static_cast<const std::byte*>(local);
-  while (bytes) {
-    iovec here{const_cast<std::byte*>(from), bytes};
-    iovec there{reinterpret_cast<void*>(static_cast<std::uintptr_t>(remote)), bytes};
-    const ssize_t put = process_vm_writev(static_cast<pid_t>(pid), &here, 1, &there, 1, 0);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      return errno;
-    }
-    if (put == 0) return EFAULT;
-    from += put;
-    remote += static_cast<std::uint64_t>(put);
-    bytes -= static_cast<std::size_t>(put);
-  }
-  return 0;
+  // The kernel only reads the local side of a write: the cast drops nothing it needs.
+  auto* from = const_cast<std::byte*>(static_cast<const std::byte*>(local));
+  return cma_move(process_vm_writev, pid, from, remote, bytes);
 }
 
 namespace {
