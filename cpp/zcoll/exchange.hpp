@@ -69,6 +69,8 @@ struct collective_args {
   int copy = auto_copy;  // copy_mode of the block copies, or auto_copy (see copy_choice.hpp)
 };
 
+struct pull_failure;
+
 class node_context {
   friend class node_messages;  // stages private buffers as execute() does
 
@@ -193,6 +195,13 @@ class node_context {
     return usable;
   }
   const cross_memory& cma() const noexcept { return cma_; }
+  // Publishes this rank's first failed CMA read or write of a call in its slot (none: no
+  // failure), for raise_failed_pulls after the call's next barrier.
+  void publish_pull_failure(const pull_failure& failed) noexcept;
+  // After the barrier that follows publish_pull_failure: raises the first rank's failure, the
+  // same error on every rank (a failed push spoils its receiver's result, a failed tile read
+  // every rank's).
+  void raise_failed_pulls();
   // Local: the CMA verdict of a probe among ranks that include this node's (its node pool's).
   void adopt_cma(cross_memory::state verdict, std::string refusal) {
     cma_.adopt(verdict, std::move(refusal));
@@ -272,11 +281,8 @@ class node_context {
   void resolve_inputs(const reduction_args& a, const std::vector<buffer_ref>& refs,
                       std::size_t third, bool pull);
   // Folds bytes [off, off + len) of every input into `work`, pulling private peers' parts by
-  // CMA a piece at a time; publishes this rank's first failed read in its slot.
+  // CMA a piece at a time; publishes this rank's first failed read (publish_pull_failure).
   void fold_pulled_tile(const reduction_args& a, std::size_t off, std::size_t len, std::byte* work);
-  // After the barrier that follows fold_pulled_tile: raises any rank's failed read, on every
-  // rank.
-  void raise_failed_pulls();
 
   context_config config_;
   call_protocol protocol_;

@@ -151,6 +151,11 @@ struct alignas(cache_line) rank_slot {
   std::uint64_t cma_address;     // the probe word's address in this process
   std::int32_t cma_error;        // 0, or the errno of this rank's failed probe read
   std::int32_t cma_failed_from;  // the node rank that read failed from
+  // A call's first failed pull or push (node_context::publish_pull_failure): apart from the
+  // probe's fields, which a probe in the same call still reads after its last barrier.
+  std::int32_t pull_error;        // 0, or its errno
+  std::int32_t pull_failed_from;  // the node rank read from, or written to
+  std::int32_t pull_pushed;       // 1: a write (a push)
 };
 
 struct alignas(cache_line) control_header {

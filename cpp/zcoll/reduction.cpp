@@ -242,15 +242,21 @@ void node_context::fold_pulled_tile(const reduction_args& a, std::size_t off, st
     reduce_fold(a.rop, a.type, work + at, srcs_.data(), config_.size, bytes / esize);
   }
   // A failed read spoils this rank's tile, which every rank copies: every rank raises it.
+  publish_pull_failure(failed);
+}
+
+void node_context::publish_pull_failure(const pull_failure& failed) noexcept {
   auto& mine = protocol_.slot(config_.rank);
-  mine.cma_error = failed.error;
-  mine.cma_failed_from = failed.from;
+  mine.pull_error = failed.error;
+  mine.pull_failed_from = failed.from;
+  mine.pull_pushed = failed.pushed ? 1 : 0;
 }
 
 void node_context::raise_failed_pulls() {
   for (int r = 0; r < config_.size; ++r)
-    if (const auto& slot = protocol_.slot(r); slot.cma_error)
-      raise_pull_failure({slot.cma_error, slot.cma_failed_from}, protocol_);
+    if (const auto& slot = protocol_.slot(r); slot.pull_error)
+      raise_pull_failure({slot.pull_error, slot.pull_failed_from, slot.pull_pushed != 0},
+                         protocol_);
 }
 
 // A reduction whose inputs every rank published: what its algorithm needs to fold them.
@@ -400,7 +406,7 @@ void node_context::reduce_flat(const resolved_reduction& r) {
     if (r.want_bytes)
       fold_pulled_tile(a, r.want_from, r.want_bytes, into - r.want_from);
     else
-      protocol_.slot(config_.rank).cma_error = 0;
+      publish_pull_failure({});
   } else if (r.want_bytes) {
     srcs_.resize(np);
     const void** from = srcs_.data();

@@ -488,8 +488,11 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
              true);
     }
   }
+  // A failed push spoils its receiver's result, which only the pusher knows of: every rank
+  // raises the first failure.
+  ctx_.publish_pull_failure(failed);
   ctx_.protocol().sync();  // every copy is done: the senders may change their buffers
-  if (failed.error) raise_pull_failure(failed, ctx_.protocol());
+  ctx_.raise_failed_pulls();
 }
 
 void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
