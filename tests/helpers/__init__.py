@@ -76,8 +76,8 @@ def private_buffers_by(comm: MPI.Comm, path: str):
     """Within the block, calls on `comm` (collective: every rank enters) move plain NumPy
     buffers by `path` (see PRIVATE_PATHS) whatever their size, instead of the measured rule
     (which also sends plain buffers a little past the eager size through the eager slots).
-    By CMA, the irregular calls' senders also push whatever evens out the receivers' loads,
-    however small."""
+    By CMA, the irregular calls' senders also push parts of any size into busy receivers
+    (split_pulls), however small."""
     core = _context.context(comm).core
     before = core.cma_bytes, core.private_slots, core.cma_push_bytes
     core.cma_bytes = 0 if path == "cma" else 2**62
