@@ -153,6 +153,21 @@ std::vector<v_tuple> all_pairs(int n) {
   return tuples;
 }
 
+// split_pulls on tuples of these bytes, as execute calls it: their stream's starts and every
+// receiver's bytes, summed here.
+void split(const std::vector<v_tuple>& tuples, const std::vector<std::uint64_t>& bytes, int n,
+           std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
+           std::vector<std::uint64_t>& load) {
+  std::vector<std::uint64_t> starts{0};
+  load.assign(static_cast<std::size_t>(n), 0);
+  for (std::size_t i = 0; i < tuples.size(); ++i) {
+    starts.push_back(starts.back() + bytes[i]);
+    load[static_cast<std::size_t>(tuples[i].dst)] += bytes[i];
+  }
+  std::vector<bool> busy;
+  split_pulls(tuples, starts, min_push, pushed, load, busy);
+}
+
 }  // namespace
 
 TEST_CASE("vexchange: split_pulls moves one busy receiver's tail to its idle sender") {
@@ -161,16 +176,15 @@ TEST_CASE("vexchange: split_pulls moves one busy receiver's tail to its idle sen
   const auto tuples = all_pairs(2);
   const std::vector<std::uint64_t> bytes{1215551, 0, 805804, 0};
   std::vector<std::uint64_t> pushed, load;
-  std::vector<bool> busy;
-  split_pulls(tuples, bytes, 2, 16 << 10, pushed, load, busy);
+  split(tuples, bytes, 2, 16 << 10, pushed, load);
   CHECK(pushed == std::vector<std::uint64_t>{0, 0, 805804, 0});
   CHECK(load == std::vector<std::uint64_t>{1215551, 805804});
-  split_pulls(tuples, bytes, 2, 1 << 20, pushed, load, busy);  // smaller than the smallest push
+  split(tuples, bytes, 2, 1 << 20, pushed, load);  // smaller than the smallest push
   CHECK(pushed == std::vector<std::uint64_t>(4, 0));
   CHECK(load == std::vector<std::uint64_t>{2021355, 0});
   // Its 64 KiB counts: rank 1 receives 1.47 times the mean, mostly its own block: not busy.
   const std::vector<std::uint64_t> milder{0, 61882, 52385, 85402};
-  split_pulls(tuples, milder, 2, 16 << 10, pushed, load, busy);
+  split(tuples, milder, 2, 16 << 10, pushed, load);
   CHECK(pushed == std::vector<std::uint64_t>(4, 0));
   CHECK(load == std::vector<std::uint64_t>{52385, 147284});
 }
@@ -188,8 +202,7 @@ TEST_CASE("vexchange: split_pulls evens the loads within the blocks and past the
           bytes.push_back((x >> 40) % (dst == static_cast<int>(seed) % n ? 400000 : 20000));
         }
         std::vector<std::uint64_t> pushed, load;
-        std::vector<bool> busy;
-        split_pulls(tuples, bytes, n, min_push, pushed, load, busy);
+        split(tuples, bytes, n, min_push, pushed, load);
         std::vector<std::uint64_t> before(static_cast<std::size_t>(n)), after(before);
         std::uint64_t total = 0;
         for (std::size_t i = 0; i < tuples.size(); ++i) {

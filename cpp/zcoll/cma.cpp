@@ -36,10 +36,6 @@ std::string refusal_text(int err, int peer_comm_rank) {
   return text;
 }
 
-}  // namespace
-
-namespace {
-
 // One body for both directions: `move` is process_vm_readv or process_vm_writev, which take
 // the same arguments (the local side first) and move `bytes` between `local` and `remote`.
 template <class Move>

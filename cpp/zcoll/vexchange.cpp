@@ -409,7 +409,7 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
     staged |= (!in_place && all.line(j).send.segment == 0) || all.line(j).recv.segment == 0;
   // The busiest receiver decides: staging costs it two more copies of its bytes.
   if (staged && !in_place && ctx_.pulls_private(*std::max_element(loads_.begin(), loads_.end())))
-    return execute_pulls(c, all, parity);
+    return execute_pulls(c, all, parity, tuples);
   auto send_part = [&](int j) { return round_up(extents(j, parity)[0], line_bytes); };
   if (staged) {
     std::uint64_t need = 0;
@@ -450,22 +450,18 @@ void v_exchange::execute(const v_call& c, const checked_call& mine,
 }
 
 void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& all,
-                               std::size_t parity) {
+                               std::size_t parity, const std::vector<v_tuple>& tuples) {
   const v_pattern& pat = pattern(c.pattern);
   const int me = ctx_.config().rank;
-  tuple_bytes_.resize(pat.tuples.size());
-  for (std::size_t i = 0; i < pat.tuples.size(); ++i)
-    tuple_bytes_[i] = received(pat, pat.tuples[i], parity).bytes;
-  split_pulls(pat.tuples, tuple_bytes_, ctx_.config().size, ctx_.policy().cma_push_bytes(), pushed_,
-              loads_, busy_);
+  split_pulls(tuples, starts_, ctx_.policy().cma_push_bytes(), pushed_, loads_, busy_);
   auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
   const auto* send = static_cast<const std::byte*>(c.send->data);
   pull_failure failed;
   auto note = [&failed](int err, int peer, bool pushed) {
     if (err && !failed.error) failed = {err, peer, pushed};
   };
-  for (std::size_t i = 0; i < pat.tuples.size(); ++i) {
-    const v_tuple& t = pat.tuples[i];
+  for (std::size_t i = 0; i < tuples.size(); ++i) {
+    const v_tuple& t = tuples[i];
     if (t.dst != me && t.src != me) continue;
     const v_span& to = received(pat, t, parity);
     const std::uint64_t at = sent(t, parity).offset;
@@ -495,17 +491,12 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
   ctx_.raise_failed_pulls();
 }
 
-void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
-                 int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
+void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> starts,
+                 std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
                  std::vector<std::uint64_t>& load, std::vector<bool>& busy) {
   pushed.assign(tuples.size(), 0);
-  load.assign(static_cast<std::size_t>(node_size), 0);
-  std::uint64_t total = 0;
-  for (std::size_t i = 0; i < tuples.size(); ++i) {
-    load[static_cast<std::size_t>(tuples[i].dst)] += bytes[i];
-    total += bytes[i];
-  }
-  const auto n = static_cast<std::uint64_t>(node_size);
+  const auto n = static_cast<std::uint64_t>(load.size());
+  const std::uint64_t total = starts.empty() ? 0 : starts.back();
   const std::uint64_t mean = (total + n - 1) / n;
   busy.resize(load.size());
   for (std::size_t r = 0; r < load.size(); ++r)
@@ -514,7 +505,8 @@ void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t>
     const auto src = static_cast<std::size_t>(tuples[i].src);
     const auto dst = static_cast<std::size_t>(tuples[i].dst);
     if (src == dst || !busy[dst] || load[dst] <= mean || load[src] >= mean) continue;
-    const std::uint64_t part = std::min({bytes[i], load[dst] - mean, mean - load[src]});
+    const std::uint64_t bytes = starts[i + 1] - starts[i];
+    const std::uint64_t part = std::min({bytes, load[dst] - mean, mean - load[src]});
     if (part == 0 || part < min_push) continue;
     pushed[i] = part;
     load[dst] -= part;

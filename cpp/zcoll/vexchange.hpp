@@ -114,20 +114,21 @@ v_pattern match_edges(std::span<const std::vector<v_edge>> sends,
 // grid of `node_size` ranks (ties: send block, then receive block); row order sorts by
 // receiver, then its receive block (the naive baseline: each receiver in its own list's
 // order). gather drops self copies; swap keeps one tuple per exchanged pair (src < dst).
+std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
+                                    v_in_place in_place);
+
 // The CMA path's split of the copies (v_exchange::execute_pulls): each receiver pulls its
 // incoming tuples, except that into a busy receiver (one that receives at least
 // cma_push_load_factor times the mean, auto_policy.hpp) a sender whose own load is below the
 // mean takes the tail of a tuple, pushing it, as long as both stay on their side of the mean
-// and the part is at least `min_push` bytes. `bytes`: per tuple of `tuples`; every rank passes
-// the same and gets the same answer. Fills `pushed` (per tuple, its sender's bytes, taken from
-// the block's end); `load` and `busy` are scratch (per node rank: its bytes afterwards,
-// whether it was busy).
-void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> bytes,
-                 int node_size, std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
+// and the part is at least `min_push` bytes. `starts`: each tuple's first byte in the stream
+// of `tuples` and the total last (v_exchange::execute's); `load`: per node rank, the bytes it
+// receives, then its bytes after the split. Every rank passes the same and gets the same
+// answer. Fills `pushed` (per tuple, its sender's bytes, taken from the block's end); `busy`
+// is scratch.
+void split_pulls(std::span<const v_tuple> tuples, std::span<const std::uint64_t> starts,
+                 std::uint64_t min_push, std::vector<std::uint64_t>& pushed,
                  std::vector<std::uint64_t>& load, std::vector<bool>& busy);
-
-std::vector<v_tuple> ordered_tuples(const v_pattern& p, int node_size, block_order order,
-                                    v_in_place in_place);
 
 // Bytes and offset of one block in its buffer.
 struct v_span {
@@ -246,7 +247,9 @@ class v_exchange {
                std::size_t parity);
   // Each rank copies the tuples into itself from the senders' buffers (by CMA where private),
   // but for the tails split_pulls gives their senders to push.
-  void execute_pulls(const v_call& call, const call_protocol::published& all, std::size_t parity);
+  // `tuples`: execute's, with starts_ and loads_ filled for them.
+  void execute_pulls(const v_call& call, const call_protocol::published& all, std::size_t parity,
+                     const std::vector<v_tuple>& tuples);
   // Small calls: every rank's data went into its eager slot before the barrier; each rank
   // pulls its own receive blocks from the senders' slots. One barrier, no staging.
   void execute_eager(const v_call& call, std::size_t parity);
@@ -269,7 +272,8 @@ class v_exchange {
   std::vector<std::byte*> send_bases_, recv_bases_;
   std::vector<std::uint64_t> starts_;  // per call: each ordered tuple's first byte in the stream
   std::vector<const v_span*> sent_, received_;  // per node rank: its published blocks (execute)
-  std::vector<std::uint64_t> tuple_bytes_, pushed_, loads_;  // per call (execute_pulls)
+  std::vector<std::uint64_t> loads_;   // per call: each node rank's received bytes (execute)
+  std::vector<std::uint64_t> pushed_;  // per call: split_pulls' answer (execute_pulls)
   std::vector<bool> busy_;
   checked_call mine_;  // run()'s checked call, kept so that its lists allocate only once
 };
