@@ -6,13 +6,18 @@ raise (the error travels through the shared control block, or across nodes throu
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import all_ranks_agree
-from helpers.errors import expect_everywhere, last
+from helpers import all_ranks_agree, private_buffers_by
+from helpers.errors import expect_everywhere, last, outcome
+from zcoll import _context
 
 
 def test_wrong_first_axis(world):
@@ -189,3 +194,75 @@ def test_arena_arrays_outlive_their_communicator(world):
     a += 1  # still mapped
     got = zcoll.alltoall(world, a)  # staged: its arena is gone
     all_ranks_agree(world, bool((got == np.arange(world.size)[:, None] + 1).all()))
+
+
+def _buffer_with_read_only_page(nbytes: int, page: int):
+    """A private (anonymous mapping) byte array of `nbytes` whose page number `page` is made
+    read-only, and the function that makes it writable again."""
+    array = np.frombuffer(mmap.mmap(-1, nbytes), np.uint8)
+    libc = ctypes.CDLL(None, use_errno=True)
+    address = ctypes.c_void_p(array.ctypes.data + page * mmap.PAGESIZE)
+
+    def protect(prot: int) -> None:
+        if libc.mprotect(address, ctypes.c_size_t(mmap.PAGESIZE), prot) != 0:
+            raise OSError(ctypes.get_errno(), "mprotect")
+
+    protect(mmap.PROT_READ)
+    return array, lambda: protect(mmap.PROT_READ | mmap.PROT_WRITE)
+
+
+def test_failed_pull_raises_on_every_rank(world, monkeypatch):
+    """A CMA read that fails (on the last rank of each node, a read-only page where rank 0's
+    block lands) spoils only that rank's result, yet every rank raises it, in each call that
+    pulls blocks: alltoall, allgather, bcast, the persistent plans and a Transfer. Afterwards
+    the calls work. Run on each node's ranks (virtual nodes included): across nodes, the
+    blocks between nodes are not pulled."""
+    from zcoll.fft.pencil import Transfer
+
+    monkeypatch.setenv("ZCOLL_COLD_RUNS", "0")  # the Transfer's first run is zcoll's own
+    ctx = _context.context(world)
+    node = world.Split(min(ctx.local_ranks), world.rank)
+    try:
+        core = _context.context(node).core
+        if node.size == 1 or core.cma[0] != "works":
+            all_ranks_agree(node, True)
+            return
+        block = 16 * mmap.PAGESIZE  # rank 0's block: pages 0-15 of the last rank's buffer
+        p, failing = node.size, node.rank == node.size - 1
+        send = np.full((p, block), node.rank + 1, np.uint8)
+        calls = {
+            "alltoall": lambda recv: zcoll.alltoall(node, send, recv),
+            "allgather": lambda recv: zcoll.allgather(node, send[0], recv),
+            "bcast": lambda recv: zcoll.bcast(node, recv[0]),
+            "alltoall_init": lambda recv: zcoll.alltoall_init(node, send, recv)(),
+            "allgather_init": lambda recv: zcoll.allgather_init(node, send[0], recv)(),
+            # Rows of p blocks: the destination's block j of each row comes from rank j.
+            "Transfer": lambda recv: transfer.forward(send, recv.reshape(1, p * block)),
+        }
+        transfer = Transfer(node, (p, p * block), np.uint8, (p, block), 0, (1, p * block), 1)
+        for name, call in calls.items():
+            with private_buffers_by(node, "cma"):
+                if failing:
+                    flat, writable = _buffer_with_read_only_page(p * block, 1)
+                    recv = flat.reshape(p, block)
+                else:
+                    recv, writable = np.zeros((p, block), np.uint8), lambda: None
+                if name == "bcast" and node.rank == 0:
+                    recv[0] = 7
+                kind, message = outcome(functools.partial(call, recv))
+                writable()
+                ok = kind == "OSError" and "process_vm_readv from" in message
+                all_ranks_agree(node, ok, f"{name}: {kind}: {message}")
+                recv[...] = 0
+                if name == "bcast" and node.rank == 0:
+                    recv[0] = 7
+                call(recv)  # the next call works
+                if name == "bcast":
+                    ok = bool((recv[0] == 7).all())
+                elif name == "Transfer":
+                    ok = bool((recv.reshape(p, block) == np.arange(1, p + 1)[:, None]).all())
+                else:  # row j from rank j, which sent j + 1 everywhere
+                    ok = bool((recv == np.arange(1, p + 1)[:, None]).all())
+                all_ranks_agree(node, ok, f"{name} after the failure")
+    finally:
+        node.Free()

@@ -285,10 +285,12 @@ void node_context::execute_pulls(const collective_args& args, const call_protoco
   }
   const row_source from{send_bases_.data(), pull_from_.data(),
                         static_cast<const std::byte*>(args.send)};
-  const pull_failure failed =
-      pull_row(cma_, config_, args.op, args.block_bytes, from, static_cast<std::byte*>(args.recv));
+  // A failed read spoils its reader's result, which the others' programs go on from: every
+  // rank raises the first failure.
+  publish_pull_failure(
+      pull_row(cma_, config_, args.op, args.block_bytes, from, static_cast<std::byte*>(args.recv)));
   protocol_.sync();  // every reader is done: the senders may change their buffers
-  if (failed.error) raise_pull_failure(failed, protocol_);
+  raise_failed_pulls();
 }
 
 pull_failure pull_row(const cross_memory& cma, const context_config& config, op_code op,

@@ -75,6 +75,7 @@ void plan_base::ordered_part() {
   check_same_plan(all);
   bind(all);
   if (copy_bytes_ != 0) copy_part();  // nothing to copy: nothing to time either
+  if (pulls_this_run()) ctx_->publish_pull_failure(std::exchange(pull_failed_, {}));
   protocol_->arrive(true);
 }
 
@@ -101,6 +102,11 @@ void plan_base::finish() {
   if (state_ != state::started) return;
   end_run();
   protocol_->complete();
+  after_completion();
+}
+
+void plan_base::after_completion() {
+  if (pulls_this_run()) ctx_->raise_failed_pulls();
   after_barrier();
 }
 
@@ -121,7 +127,7 @@ bool plan_base::test() {
   }
   if (!done) return false;
   end_run();
-  after_barrier();
+  after_completion();
   return true;
 }
 
@@ -264,7 +270,6 @@ void persistent_plan::pull_blocks() noexcept {
 }
 
 void persistent_plan::after_barrier() {
-  if (pull_failed_.error) raise_pull_failure(std::exchange(pull_failed_, {}), *protocol_);
   if (!args_.eager) {
     if (recv_shadow_) copy_out();
     return;

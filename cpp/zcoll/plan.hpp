@@ -101,7 +101,11 @@ class plan_base : public pending_call {
   virtual void bind(const call_protocol::published& /*all*/) {}
   // Ordered path: this rank's copies with `how` (no fence).
   virtual void copy_blocks(const copy_plan& how) noexcept = 0;
-  // After the completion barrier (of parity parity()).
+  // Whether this run pulls private buffers by CMA (the same on every rank): its first failed
+  // read (pull_failed_) is published before the completion barrier and, since it spoils a
+  // result that every rank's program goes on from, raised on every rank after it.
+  virtual bool pulls_this_run() const noexcept { return false; }
+  // After the completion barrier (of parity parity()), unless a pull failed.
   virtual void after_barrier() {}
   // free(): drops what the derived plan holds; the context goes after it.
   virtual void release() noexcept {}
@@ -113,12 +117,14 @@ class plan_base : public pending_call {
   int rank_ = 0;
   int size_ = 1;
   std::vector<int> comm_ranks_;
+  pull_failure pull_failed_;  // pulled runs: this rank's first failed read
 
  private:
   enum class state : std::uint8_t { idle, started, freed };
 
   void finish() override;
   void end_run() noexcept;  // the started run is over (done or failed)
+  void after_completion();  // every rank's failed pull raised, then after_barrier()
   void check_not_freed() const;
   void copy_part();
 
@@ -160,6 +166,7 @@ class persistent_plan final : public plan_base {
  private:
   void run_part(detail::rank_line& line) override;
   void copy_blocks(const copy_plan& how) noexcept override;
+  bool pulls_this_run() const noexcept override { return pulls_; }
   void after_barrier() override;
   void release() noexcept override;
   // Publishes the call, agrees on it, and resolves every rank's buffers (with shadows).
@@ -178,7 +185,6 @@ class persistent_plan final : public plan_base {
   std::byte* recv_shadow_ = nullptr;
   bool pulls_ = false;                 // the CMA path (send_bases_ null where private)
   std::vector<std::uint64_t> remote_;  // CMA path: private send buffers' addresses
-  pull_failure pull_failed_;           // CMA path: the run's first failed read
 };
 
 // What a plan on a communicator spanning several nodes runs on every run besides its node part:

@@ -236,13 +236,6 @@ void transfer_plan::pull_blocks(const copy_plan& how) noexcept {
   }
 }
 
-void transfer_plan::after_barrier() {
-  if (!pull_failed_.error) return;
-  const pull_failure failed = pull_failed_;
-  pull_failed_ = {};
-  raise_pull_failure(failed, *protocol_);
-}
-
 void transfer_plan::release() noexcept {
   blocks_.clear();
   send_bases_.clear();

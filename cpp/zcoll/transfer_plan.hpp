@@ -100,7 +100,7 @@ class transfer_plan final : public plan_base {
   void run_part(detail::rank_line& line) override;
   void bind(const call_protocol::published& all) override;
   void copy_blocks(const copy_plan& how) noexcept override;
-  void after_barrier() override;
+  bool pulls_this_run() const noexcept override { return pull_run_; }
   void release() noexcept override;
   // Pulled run: this rank's destination blocks from every node rank's source.
   void pull_blocks(const copy_plan& how) noexcept;
@@ -121,7 +121,6 @@ class transfer_plan final : public plan_base {
   bool pull_run_ = false;              // the current run pulls: some rank's array is private
   std::vector<block> into_me_;         // pulled runs: the blocks of this rank's destination
   std::vector<std::uint64_t> remote_;  // pulled runs: private sources' addresses (else 0)
-  pull_failure pull_failed_;           // pulled runs: the run's first failed read
 };
 
 }  // namespace zcoll

@@ -11,7 +11,7 @@ from helpers import all_ranks_agree
 def outcome(fn) -> tuple[str, str]:
     try:
         fn()
-    except (TypeError, ValueError, zcoll.PeerError) as exc:
+    except (TypeError, ValueError, OSError, zcoll.PeerError) as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
 
