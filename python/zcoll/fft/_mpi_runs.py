@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
-from .._settings import settings
+from .._settings import current
 from .._transport import machine_oversubscribed, poll_bounded, timeout_message
 
 __all__ = ["ColdCalls", "MpiRuns", "agree_min", "wait_bounded"]
@@ -74,6 +74,16 @@ def _parts(itemsize: int, shape: tuple[int, ...], axis: int, p: int) -> _Parts:
     return _Parts(itemsize, shape, axis, p)
 
 
+@functools.lru_cache(maxsize=64)
+def _exchange_sides(n: int, src: tuple, cut_src: int, dst: tuple, cut_dst: int, p: int):
+    """Ialltoallw's (counts, displacements, types) for sending the blocks of `src` along
+    `cut_src` and receiving those of `dst` along `cut_dst`, and the parts that hold their
+    types: made once for the Transfers of a Pencil per stage or a test suite's loops."""
+    null = [0] * p  # the subarray types hold the offsets
+    sends, recvs = _parts(n, src, cut_src, p), _parts(n, dst, cut_dst, p)
+    return ((sends.counts, null, sends.types), (recvs.counts, null, recvs.types)), (sends, recvs)
+
+
 class MpiRuns:
     """A Transfer's runs through MPI, while the rule keeps it there (see the module notes).
     `shape` is the Transfer's global shape (the same on every rank), `subshapes` (A, B) this
@@ -106,7 +116,7 @@ class MpiRuns:
             np.copyto(dst, src)
             return True
         if self.limit is None:
-            forced = settings().cold_runs
+            forced = current("cold_runs").value  # the one setting: settings() reads them all
             self.limit = (
                 _core.cold_transfer_runs(self._bytes_per_rank) if forced is None else forced
             )
@@ -126,17 +136,17 @@ class MpiRuns:
 
     def _suits(self, src, dst, side: int) -> bool:
         """Whether this rank's arrays suit a run through MPI (None: they do not)."""
-        shapes = (self.subshapes[side], self.subshapes[1 - side])
+        if not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
+            return False
+        into = dst.flags  # one flags object for both of dst's
         return (
-            isinstance(src, np.ndarray)
-            and isinstance(dst, np.ndarray)
-            and src.shape == shapes[0]
-            and dst.shape == shapes[1]
+            src.shape == self.subshapes[side]
+            and dst.shape == self.subshapes[1 - side]
             and src.dtype == self.dtype
             and dst.dtype == self.dtype
             and src.flags.c_contiguous
-            and dst.flags.c_contiguous
-            and dst.flags.writeable
+            and into.c_contiguous
+            and into.writeable
             and not np.may_share_memory(src, dst)
         )
 
@@ -145,15 +155,14 @@ class MpiRuns:
         return bool(agree_min(self.comm, int(suits), self._flags, "zcoll.fft.Transfer"))
 
     def _side(self, side: int) -> tuple[tuple, tuple]:
-        """(what this rank sends, what it receives) in direction `side`, made now."""
+        """(what this rank sends, what it receives) in direction `side`, looked up now."""
         src, dst = self.subshapes[side], self.subshapes[1 - side]
         cut_src, cut_dst = self.axes if side == 0 else self.axes[::-1]
-        n, p = self.dtype.itemsize, self.comm.size
-        null = [0] * p  # the subarray types hold the offsets
-        sends, recvs = _parts(n, src, cut_src, p), _parts(n, dst, cut_dst, p)
-        made = (sends.counts, null, sends.types), (recvs.counts, null, recvs.types)
+        made, held = _exchange_sides(
+            self.dtype.itemsize, src, cut_src, dst, cut_dst, self.comm.size
+        )
         self._sides[side] = made
-        self._held[side] = (sends, recvs)  # their datatypes live while this object does
+        self._held[side] = held  # their datatypes live while this object does
         return made
 
 

@@ -36,7 +36,7 @@ from .._collectives import _option_error
 from .._context import Context, has_context, lookup
 from .._pool import pool_for
 from .._registry import AUTO
-from .._settings import settings
+from .._settings import current, settings
 from ._mpi_runs import ColdCalls, MpiRuns
 from .libfft import FFT, planned_arrays
 from .pencil import Pencil, Subcomm, TransferPlan, arena_arrays, carve, carved_bytes, transfer_init
@@ -437,7 +437,7 @@ class PFFT:
         local = self._local_pool is not None
         if not pairs or (not local and all(has_context(h.transfer.comm) for h, _ in pairs)):
             return None
-        limit = settings().cold_runs
+        limit = current("cold_runs").value
         if limit is None:
             # The same on every rank of the grid (the count decides when every rank makes the
             # contexts): the global arrays' bytes per grid rank, not this rank's share.
