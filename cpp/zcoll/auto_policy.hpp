@@ -93,9 +93,14 @@ inline constexpr std::size_t default_cma_bytes = std::size_t{8} << 10;
 // Reductions pull private inputs from this many times the exchanges' CMA threshold (4 MiB by
 // default). Measured, P = 2 and 4, plain float64 inputs (docs/performance.md, "Reductions on
 // plain arrays"): staged flat beat pulled tiled for allreduce up to 1 MiB (by 16-60 %), tied at
-// 4 MiB and lost by 1.5x at 16 MiB; for reduce it won up to 4 MiB. A pull reads a peer's piece
-// with a system call and a page pin, which staging's in-cache copies undercut until the inputs
-// outgrow the cache.
+// 4 MiB and lost by 1.5x at 16 MiB. A reduce, where only the root needs the result, alike
+// (tools/measure/reduce_private.py reduce, staged flat against pulled tiled, in the OSU loop
+// and with inputs rewritten before each call as a program's are; "reduce of plain arrays: the
+// pull threshold"): on the EPYC VM, P = 2, pulled tiled won with rewritten inputs at 4 MiB in
+// four launches of five (by 7-35 %) and lost the OSU loop in four (by 10-25 %), and won both
+// from 8 MiB by 17-30 % (P = 2 and 4); on the Xeon VM it won both at 4 MiB by 16-30 %. A pull
+// reads a peer's piece with a system call and a page pin, which staging's in-cache copies
+// undercut until the inputs outgrow the cache.
 inline constexpr std::size_t reduction_pull_factor = 512;
 // A bcast pulls a private root buffer from this many times the CMA threshold (1 MiB by
 // default). Measured, plain float64 buffers, staged against pulled (ZCOLL_CMA_BYTES never and
@@ -226,10 +231,8 @@ class auto_policy {
   // Whether a reduction of `bytes` per rank pulls private inputs rather than staging them: from
   // reduction_pull_factor times the exchanges' threshold (so a threshold of 0 still pulls
   // every size, as tests force it, and "never" never does).
-  // A reduce (`to_root`) from 4 times that: staged flat, where only the root folds, beat
-  // pulled tiled at 4 MiB and lost at 16 MiB (P = 2 and 4).
-  bool pulls_reduction(std::size_t bytes, bool to_root = false) const noexcept {
-    return pulls_from(bytes, reduction_pull_factor * (to_root ? 4 : 1));
+  bool pulls_reduction(std::size_t bytes) const noexcept {
+    return pulls_from(bytes, reduction_pull_factor);
   }
   // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it:
   // from bcast_pull_factor times the exchanges' threshold (0 still pulls every size).

@@ -216,9 +216,9 @@ class node_context {
   // Whether a reduction of `bytes` per rank leaves private inputs where they are, for the tiled
   // algorithm to pull (the same answer on every rank: the size is agreed, the CMA verdict is
   // the node's; eager calls copy their inputs into the eager slots instead).
-  bool pulls_reduction_inputs(std::size_t bytes, bool to_root = false) const noexcept {
-    return config_.size > 1 && !policy_.eager_fits(bytes) &&
-           policy_.pulls_reduction(bytes, to_root) && cma_.current() == cross_memory::state::works;
+  bool pulls_reduction_inputs(std::size_t bytes) const noexcept {
+    return config_.size > 1 && !policy_.eager_fits(bytes) && policy_.pulls_reduction(bytes) &&
+           cma_.current() == cross_memory::state::works;
   }
   // What algorithm="auto" runs for a reduction of `bytes` per rank (`private_inputs`: some
   // rank's input is outside shared memory).

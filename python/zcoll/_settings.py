@@ -410,8 +410,8 @@ class Settings:
         array) in which each rank (an irregular call: its busiest rank) receives at least this
         many bytes pulls the blocks from the senders' memory by CMA (``process_vm_readv``, one
         copy); smaller calls take the eager slots or are staged through the arena (three
-        copies). A bcast pulls from 128 times this, the reductions from 512 times (a reduce
-        2048), where staging stops being faster. None: the measured default.
+        copies). A bcast pulls from 128 times this, the reductions from 512 times, where
+        staging stops being faster. None: the measured default.
     cold_runs : int or None
         ``ZCOLL_COLD_RUNS``: how many first runs of a :class:`zcoll.fft.PFFT`'s or
         :class:`zcoll.fft.pencil.Transfer`'s transposes go through MPI (an ``Alltoallw`` of
