@@ -200,8 +200,8 @@ void node_context::execute_bcast(const reduction_args& a) {
   const buffer_ref ref = all.line(a.root_node).send;
   if (!ref.segment && pull) {
     const int err = me == a.root_node ? 0 : cma_.read(a.root_node, a.out, ref.offset, a.bytes);
-    publish_pull_failure({err, err ? a.root_node : 0});  // raised on every rank, as in execute
-    protocol_.sync();                                    // the root's buffer is read until here
+    publish_pull_failure({err, a.root_node});  // raised on every rank, as in execute
+    protocol_.sync();                          // the root's buffer is read until here
     raise_failed_pulls();
     return;
   }
