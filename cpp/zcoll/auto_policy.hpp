@@ -97,10 +97,10 @@ inline constexpr std::size_t default_cma_bytes = std::size_t{8} << 10;
 // (tools/measure/reduce_private.py reduce, staged flat against pulled tiled, in the OSU loop
 // and with inputs rewritten before each call as a program's are; "reduce of plain arrays: the
 // pull threshold"): on the EPYC VM, P = 2, pulled tiled won with rewritten inputs at 4 MiB in
-// four launches of five (by 7-35 %) and lost the OSU loop in four (by 10-25 %), and won both
-// from 8 MiB by 17-30 % (P = 2 and 4); on the Xeon VM it won both at 4 MiB by 16-30 %. A pull
-// reads a peer's piece with a system call and a page pin, which staging's in-cache copies
-// undercut until the inputs outgrow the cache.
+// four launches of six (by 4-34 %) and lost the OSU loop in five (by 10-34 %), and won both
+// from 8 MiB in every launch, by 7-40 % (P = 2 and 4); on the Xeon VM it won both at 4 MiB by
+// 16-31 %. A pull reads a peer's piece with a system call and a page pin, which staging's
+// in-cache copies undercut until the inputs outgrow the cache.
 inline constexpr std::size_t reduction_pull_factor = 512;
 // A bcast pulls a private root buffer from this many times the CMA threshold (1 MiB by
 // default). Measured, plain float64 buffers, staged against pulled (ZCOLL_CMA_BYTES never and
