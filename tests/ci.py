@@ -344,6 +344,10 @@ MPICH_PYTHON = MPICH_VENV / "bin" / "python"
 MPICH_INSTALL_LOG = ROOT / "build" / "mpich-install.log"
 
 
+def mpich_installed() -> bool:
+    return bool(shutil.which("mpicc.mpich") and shutil.which("mpiexec.mpich"))
+
+
 def mpich_env() -> dict[str, str]:
     env = {
         **os.environ,
@@ -373,20 +377,20 @@ def start_mpich_install() -> subprocess.Popen | None:
     runs' ranks wait often: a build on one job at the lowest priority beside them (mpi4py's is
     one compile; zcoll's is held to one job) costs that stage little and saves the MPICH stage
     its build, about 4 minutes on a machine whose caches are cold."""
-    if not (shutil.which("mpicc.mpich") and shutil.which("mpiexec.mpich")):
+    if not mpich_installed():
         return None
     script = " && ".join(
         f"echo {shlex.quote('$ ' + shlex.join(step))} && {shlex.join(step)}"
         for step in mpich_install_steps()
     )
     MPICH_INSTALL_LOG.parent.mkdir(parents=True, exist_ok=True)
-    log = MPICH_INSTALL_LOG.open("w")
     env = {**mpich_env(), "CMAKE_BUILD_PARALLEL_LEVEL": "1"}
     print(f"$ (in the background, output to {MPICH_INSTALL_LOG}) MPICH stage's install", flush=True)
     # At the lowest priority: it takes the cores the tests leave idle, and never slows a test.
-    return subprocess.Popen(
-        ["nice", "-n", "19", "bash", "-c", script], cwd=ROOT, env=env, stdout=log, stderr=log
-    )
+    with MPICH_INSTALL_LOG.open("w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(
+            ["nice", "-n", "19", "bash", "-c", script], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
 
 
 def install_for_mpich(result: StageResult, args: argparse.Namespace) -> bool:
@@ -407,7 +411,7 @@ def install_for_mpich(result: StageResult, args: argparse.Namespace) -> bool:
 
 
 def stage_mpich(result: StageResult, args: argparse.Namespace) -> None:
-    if not (shutil.which("mpicc.mpich") and shutil.which("mpiexec.mpich")):
+    if not mpich_installed():
         result.status, result.note = "failed", "no mpicc.mpich (apt-get install mpich libmpich-dev)"
         return
     python = MPICH_PYTHON

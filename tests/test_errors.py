@@ -230,6 +230,7 @@ def test_failed_pull_raises_on_every_rank(world, monkeypatch):
         block = 16 * mmap.PAGESIZE  # rank 0's block: pages 0-15 of the last rank's buffer
         p, failing = node.size, node.rank == node.size - 1
         send = np.full((p, block), node.rank + 1, np.uint8)
+        transfer = Transfer(node, (p, p * block), np.uint8, (p, block), 0, (1, p * block), 1)
         calls = {
             "alltoall": lambda recv: zcoll.alltoall(node, send, recv),
             "allgather": lambda recv: zcoll.allgather(node, send[0], recv),
@@ -239,7 +240,10 @@ def test_failed_pull_raises_on_every_rank(world, monkeypatch):
             # Rows of p blocks: the destination's block j of each row comes from rank j.
             "Transfer": lambda recv: transfer.forward(send, recv.reshape(1, p * block)),
         }
-        transfer = Transfer(node, (p, p * block), np.uint8, (p, block), 0, (1, p * block), 1)
+
+        def prepare(name: str, recv: np.ndarray) -> None:  # bcast's root holds the data
+            recv[...] = 7 if name == "bcast" and node.rank == 0 else 0
+
         for name, call in calls.items():
             with private_buffers_by(node, "cma"):
                 if failing:
@@ -247,15 +251,13 @@ def test_failed_pull_raises_on_every_rank(world, monkeypatch):
                     recv = flat.reshape(p, block)
                 else:
                     recv, writable = np.zeros((p, block), np.uint8), lambda: None
-                if name == "bcast" and node.rank == 0:
-                    recv[0] = 7
+                if not failing:
+                    prepare(name, recv)
                 kind, message = outcome(functools.partial(call, recv))
                 writable()
                 ok = kind == "OSError" and "process_vm_readv from" in message
                 all_ranks_agree(node, ok, f"{name}: {kind}: {message}")
-                recv[...] = 0
-                if name == "bcast" and node.rank == 0:
-                    recv[0] = 7
+                prepare(name, recv)
                 call(recv)  # the next call works
                 if name == "bcast":
                     ok = bool((recv[0] == 7).all())
