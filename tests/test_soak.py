@@ -41,7 +41,7 @@ MIB = 2**20
 ORDERS = ["auto", *zcoll.ORDERS]
 COPIES = ["auto", *zcoll.COPY_MODES]
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
-CMA_BYTES = [0, zcoll._core.default_cma_bytes, 2**62]  # the churn's CMA thresholds
+CMA_BYTES = [0, None, 2**62]  # the churn's CMA thresholds (None: the automatic rule)
 COUNTS = [0, 1, 2, 3, 7, 16, 33, 100, 1000, 4099, 20011]  # 20011: beyond the rounds across nodes
 INTEGERS = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
 # (dtype, op) pairs whose result is the same in any order of combination.

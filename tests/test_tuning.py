@@ -8,6 +8,7 @@ rules. Results are always compared bit for bit with mpi4py's ``Alltoall`` / ``Al
 from __future__ import annotations
 
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -138,6 +139,10 @@ def test_tuning_path(monkeypatch, tmp_path):
     assert zcoll.tuning_path() == tmp_path / "t.json"
 
 
+def pull(call: str, ranks: int, min_bytes) -> dict:
+    return {"call": call, "ranks_per_node": ranks, "min_bytes": min_bytes}
+
+
 def _other_machine():
     m = machine()
     m["cpu_model"] = "a CPU that is not this one"
@@ -149,7 +154,7 @@ BAD_TABLES = {
     "not_utf8": b"\xff\xfe\x00garbage",
     "not_an_object": [],
     "wrong_format": document(every_node_size(), format="mpich"),
-    "wrong_version": document(every_node_size(), version=4),
+    "wrong_version": document(every_node_size(), version=5),
     "bad_model": document([], version=2, reductions=[{"ranks_per_node": 1, "algorithm": "x"}]),
     "negative_cost": document(
         [],
@@ -177,6 +182,11 @@ BAD_TABLES = {
     "max_below_min": document(every_node_size(low=10, high=5)),
     "bool_ranks": document([rule(ranks=True)]),
     "threshold_not_hybrid": document(every_node_size(t=4096)),
+    "pulls_not_list": document([], version=4, pulls={"bcast": 1}),
+    "unknown_pulled_call": document([], version=4, pulls=[pull("alltoall", 1, 0)]),
+    "negative_pull": document([], version=4, pulls=[pull("bcast", 1, -1)]),
+    "pull_missing_key": document([], version=4, pulls=[{"call": "bcast", "min_bytes": 1}]),
+    "two_pulls": document([], version=4, pulls=[pull("reduce", 1, 1), pull("reduce", 1, 2)]),
 }
 
 
@@ -201,7 +211,7 @@ def test_bad_tables_fall_back(kind, shared_dir, monkeypatch):
     try:
         mine = len(warned) == 1 and "ignoring the tuning table" in str(warned[0].message)
         all_ranks_agree(c, mine if c.rank == 0 else not warned, f"warnings: {warned}")
-        all_ranks_agree(c, ctx.tuning_rules == (), "no rules")
+        all_ranks_agree(c, ctx.tuning.rules == (), "no rules")
         order, from_rule = ctx.core.auto_order("alltoall", SMALL, SMALL * c.size)
         all_ranks_agree(c, not from_rule, "built-in order")
         for block in (SMALL, LARGE):
@@ -293,7 +303,7 @@ def test_rules_for_other_node_sizes_are_ignored(shared_dir, monkeypatch):
     publish(path, document([rule(ranks=WORLD.size + 1, order="column", copy="streaming")]))
     c, ctx, warned = context_with_table(monkeypatch, path)
     try:
-        all_ranks_agree(c, not warned and len(ctx.tuning_rules) == 1, "table loaded")
+        all_ranks_agree(c, not warned and len(ctx.tuning.rules) == 1, "table loaded")
         _, from_rule = ctx.core.auto_order("alltoall", LARGE, LARGE * c.size)
         plan = ctx.core.auto_copy_plan(LARGE, LARGE * c.size)
         all_ranks_agree(c, not from_rule and plan[0] != "streaming", f"{plan}")
@@ -419,11 +429,15 @@ def test_tune_quick_writes_a_table_that_loads(shared_dir, monkeypatch, capsys):
     all_ranks_agree(WORLD, len(table.rules_for("alltoall", node_size + 7)) == 1, "kept")
     models = table.models_for(node_size)
     all_ranks_agree(WORLD, set(models) == set(zcoll.REDUCE_ALGORITHMS), f"models {models}")
+    pulls = {r.call: r.min_bytes for r in table.pulls if r.ranks_per_node == node_size}
+    all_ranks_agree(WORLD, set(pulls) == set(_tuning.PULLED_CALLS), f"pulls {table.pulls}")
     if WORLD.rank == 0:
-        assert "wrote" in out and "ranks/node" in out
+        assert "wrote" in out and "ranks/node" in out and "pulls from" in out
     c, ctx, warned = context_with_table(monkeypatch, path)
     try:
         all_ranks_agree(c, not warned, f"{warned}")
+        followed = {call: ctx.core.pull_threshold(_tuning.PULLED_CALLS[call]) for call in pulls}
+        all_ranks_agree(c, followed == pulls, f"{followed} against {pulls}")
         for block in (8, 4096, 65536):
             check_against_mpi(c, block)
     finally:
@@ -473,7 +487,7 @@ def test_version_one_tables_still_load(shared_dir, monkeypatch):
     c, ctx, warned = context_with_table(monkeypatch, path)
     try:
         builtin = ctx.core.reduction_cost(0, 8)  # flat, from the built-in estimate
-        all_ranks_agree(c, not warned and ctx.reduction_models == () and builtin > 0, "v1")
+        all_ranks_agree(c, not warned and ctx.tuning.reductions == () and builtin > 0, "v1")
     finally:
         c.Free()
     if WORLD.rank == 0:
@@ -516,3 +530,115 @@ def test_tuner_times_numa_where_the_node_spans_numa_nodes():
     assert two[0] == "numa" and set(one) < set(two)
     interleaved = tune.distinct_orders(8, 8, [0, 1] * 4)
     assert interleaved[0] == "numa"
+
+
+# --- pull thresholds (format version 4) --------------------------------------------------------
+
+# Where plain arrays are pulled without a table: auto_policy.hpp's factors (128 for bcast, 512
+# for the reductions) times the exchanges' 8 KiB CMA threshold, or times a forced one.
+BUILTIN_PULLS = {
+    "bcast": 1 << 20,
+    "allreduce": 4 << 20,
+    "reduce": 4 << 20,
+    "reduce_scatter": 4 << 20,
+}
+FORCED_CMA = 16 * 1024
+FORCED_PULLS = {
+    "bcast": 2 << 20,
+    "allreduce": 8 << 20,
+    "reduce": 8 << 20,
+    "reduce_scatter": 8 << 20,
+}
+TUNED_PULL = 64 * 1024  # the table's threshold, below every built-in one
+PULL_BYTES = 256 * 1024  # bytes per rank: pulled by the table's rule only
+
+
+def run_pulled_call(c: MPI.Comm, call: str, seed: int) -> None:
+    """`call` on plain int64 arrays of PULL_BYTES per rank, checked against mpi4py's."""
+    n = PULL_BYTES // 8 // c.size * c.size
+    x = np.random.default_rng(seed + c.rank).integers(-(2**40), 2**40, n)
+    if call == "bcast":
+        got = x.copy() if c.rank == 0 else np.zeros(n, np.int64)
+        want = got.copy()
+        c.Bcast(want, root=0)
+        zcoll.bcast(c, got, root=0)
+    elif call == "reduce_scatter_block":
+        want, got = np.empty(n // c.size, np.int64), np.zeros(n // c.size, np.int64)
+        c.Reduce_scatter_block(x, want)
+        zcoll.reduce_scatter_block(c, x, got)
+    else:
+        want, got = np.zeros_like(x), np.zeros_like(x)
+        getattr(c, call.capitalize())(x, want)
+        getattr(zcoll, call)(c, x, got)
+        if call == "reduce" and c.rank != 0:
+            want[:] = got[:] = 0  # only the root's result is defined
+    all_ranks_agree(c, np.array_equal(got, want), f"{call} of {PULL_BYTES} B per rank")
+
+
+@pytest.mark.parametrize("source", ["table", "forced", "builtin"])
+def test_pull_thresholds_come_from_the_table_unless_forced(source, shared_dir, monkeypatch):
+    """A version-4 table's pull thresholds decide where bcast and the reductions pull plain
+    arrays by CMA on one node (seen in the ranks' CMA counts), unless ZCOLL_CMA_BYTES forces
+    the exchanges' threshold; results are mpi4py's either way."""
+    path = shared_dir / "pulls.json"
+    rules = [pull(call, n, TUNED_PULL) for call in _tuning.PULLED_CALLS for n in range(1, 9)]
+    publish(path, document([], version=4, pulls=[] if source == "builtin" else rules))
+    if source == "forced":
+        monkeypatch.setenv("ZCOLL_CMA_BYTES", str(FORCED_CMA))
+    c, ctx, warned = context_with_table(monkeypatch, path)
+    try:
+        all_ranks_agree(c, not warned, f"warnings: {warned}")
+        want = {
+            "table": dict.fromkeys(BUILTIN_PULLS, TUNED_PULL),
+            "forced": FORCED_PULLS,
+            "builtin": BUILTIN_PULLS,
+        }[source]
+        got = {op: ctx.core.pull_threshold(op) for op in BUILTIN_PULLS}
+        all_ranks_agree(c, got == want, f"thresholds {got}")
+        forced = ctx.core.cma_bytes
+        all_ranks_agree(c, forced == (FORCED_CMA if source == "forced" else None), f"{forced}")
+        works = ctx.node_size == 1 or ctx.core.probe_cma()
+        # Across nodes these calls stage their node parts (their inputs travel through MPI).
+        should_pull = source == "table" and ctx.node_size > 1 and not ctx.multi_node
+        for i, call in enumerate(_tuning.PULLED_CALLS):
+            before = ctx.core.cma_moves
+            run_pulled_call(c, call, seed=100 * i)
+            pulled = c.allreduce(ctx.core.cma_moves - before) > 0
+            all_ranks_agree(c, pulled == (should_pull and works), f"{call} pulled: {pulled}")
+    finally:
+        c.Free()
+
+
+def test_pull_thresholds_round_trip(tmp_path):
+    pulls = (_tuning.PullRule("bcast", 2, 5 << 20), _tuning.PullRule("reduce", 4, 3 << 20))
+    table = _tuning.TuningTable((), machine(), pulls=pulls)
+    tune.write_table(table, tmp_path / "t.json")
+    assert _tuning.load_tuning(tmp_path / "t.json").pulls == pulls
+    got = _tuning.pull_thresholds(pulls, 2)
+    assert got == {"bcast": 5 << 20, "allreduce": None, "reduce": None, "reduce_scatter": None}
+
+
+def test_pull_threshold_from_times():
+    """Least summed relative loss: an isolated slow round moves the threshold only as far as it
+    costs; boundaries lie halfway in log2 between the measured sizes; a built-in threshold
+    within 3% per size of the best stays."""
+    k = 1024
+    far = 1 << 40  # a built-in threshold beyond every size: never kept here
+
+    def times(*pulled_over_staged):
+        return {
+            (256 * k) << i: {"staged": 1.0, "pulled": ratio}
+            for i, ratio in enumerate(pulled_over_staged)
+        }
+
+    # pulled slower to 1 MiB, faster from 2 MiB: pull from sqrt(1 MiB * 2 MiB) + 1
+    from_2m = math.isqrt(2 << 40) + 1
+    assert tune.pull_threshold_from(times(2, 2, 2, 0.5, 0.5), far) == from_2m
+    # one noisy win at 512 KiB and one noisy loss at 4 MiB do not move it
+    assert tune.pull_threshold_from(times(2, 0.99, 2, 0.5, 1.01, 0.5), far) == from_2m
+    assert tune.pull_threshold_from(times(0.5, 0.5), far) == 256 * k  # from the first size
+    assert tune.pull_threshold_from(times(2, 2), 0) == 512 * k + 1  # beyond the largest
+    # the built-in 2 MiB is 2% behind the best at 1 MiB: within 3% per size, it stays
+    assert tune.pull_threshold_from(times(2, 2, 0.98, 1.02, 0.5), 2 << 20) == 2 << 20
+    # at 1 MiB it loses 2x: the table moves it
+    assert tune.pull_threshold_from(times(2, 2, 2, 0.5, 0.5), 1 << 20) == from_2m

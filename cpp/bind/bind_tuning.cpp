@@ -27,6 +27,15 @@ op_code tuned_op(const std::string& name) {
   return *op;
 }
 
+// The call named `name` that pulls private buffers from a threshold of its own.
+op_code pulled_op(const std::string& name) {
+  const auto op = parse_name<op_code>(name);
+  if (!op || pulled_index(*op) == pulled_calls)
+    throw std::invalid_argument(
+        "op must be one of bcast, allreduce, reduce, reduce_scatter, got '" + name + "'");
+  return *op;
+}
+
 // One tuning rule as Python passes it: (min_block, max_block or None, order code, copy code,
 // fixed hybrid threshold or None).
 using rule_tuple =
@@ -118,10 +127,37 @@ void def_copy_policy(context_class& cls) {
 // Whether and from what size private buffers are pulled by CMA.
 void def_cma_policy(context_class& cls) {
   cls.def_property(
-      "cma_bytes", [](const node_context& ctx) { return ctx.policy().cma_bytes(); },
-      [](node_context& ctx, std::size_t bytes) { ctx.policy().set_cma_bytes(bytes); },
+      "cma_bytes",
+      [](const node_context& ctx) -> std::optional<std::size_t> {
+        if (!ctx.policy().cma_forced()) return std::nullopt;
+        return ctx.policy().cma_bytes();
+      },
+      [](node_context& ctx, std::optional<std::size_t> bytes) {
+        if (bytes)
+          ctx.policy().set_cma_bytes(*bytes);
+        else
+          ctx.policy().reset_cma_bytes();
+      },
       "Fewest bytes per rank an exchange receives to pull private buffers by CMA (larger than "
-      "any: never). The same on every rank.");
+      "any: never), or None where it is not forced: the built-in threshold "
+      "(default_cma_bytes), bcast and the reductions pulling from the tuning table's "
+      "thresholds. Forced, bcast and the reductions pull from their factor times it, whatever "
+      "the table says. The same on every rank.");
+  cls.def(
+      "set_pull_bytes",
+      [](node_context& ctx, const std::string& op, std::optional<std::size_t> bytes) {
+        ctx.policy().set_pull_bytes(pulled_op(op), bytes);
+      },
+      py::arg("op"), py::arg("nbytes"),
+      "Local (same on every node rank): the tuning table's threshold of op (bcast, allreduce, "
+      "reduce, reduce_scatter): calls of at least nbytes per rank pull private buffers; None: "
+      "the built-in rule.");
+  cls.def(
+      "pull_threshold",
+      [](const node_context& ctx, const std::string& op) {
+        return ctx.policy().pull_threshold(pulled_op(op));
+      },
+      py::arg("op"), "Fewest bytes per rank from which an op call pulls private buffers.");
   cls.def_property(
       "cma_push_bytes", [](const node_context& ctx) { return ctx.policy().cma_push_bytes(); },
       [](node_context& ctx, std::size_t bytes) { ctx.policy().set_cma_push_bytes(bytes); },
@@ -144,6 +180,9 @@ void def_cma_policy(context_class& cls) {
       },
       "(state, why refused): whether the node's ranks read each other's memory by CMA "
       "(probed before the first pull).");
+  cls.def_property_readonly(
+      "cma_moves", [](const node_context& ctx) { return ctx.cma().moves(); },
+      "How many CMA reads and writes this rank's calls have made (which path a call took).");
   cls.def(
       "probe_cma",
       [](node_context& ctx, bool publish_unmapped) {
@@ -160,6 +199,8 @@ void def_cma_policy(context_class& cls) {
 void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
   m.attr("default_cma_push_bytes") = default_cma_push_bytes;
+  m.attr("bcast_pull_factor") = bcast_pull_factor;
+  m.attr("reduction_pull_factor") = reduction_pull_factor;
   m.attr("cold_array_bytes") = cold_array_bytes;
   m.attr("ONLINE_RUNS") = online_tuner::runs;
   m.def("cma_kernel_status", &cma_kernel_status,

@@ -7,7 +7,9 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -259,4 +261,37 @@ TEST_CASE("the eager slots take private buffers up to their capacity and the CMA
   policy.set_eager_bytes(0, 16 * kib);  // no eager path at all
   CHECK_FALSE(policy.eager_takes(8, true));
   CHECK(policy.eager_capacity() == 0);
+}
+
+TEST_CASE("bcast and the reductions pull from the table's thresholds unless CMA is forced") {
+  using zcoll::op_code;
+  zcoll::auto_policy policy(2);
+  // Built in: 128 (bcast) and 512 (reductions) times the exchanges' 8 KiB.
+  CHECK(policy.pull_threshold(op_code::bcast) == 1 << 20);
+  CHECK(policy.pull_threshold(op_code::reduce_scatter) == 4 << 20);
+  CHECK_FALSE(policy.pulls_bcast((1 << 20) - 1));
+  CHECK(policy.pulls_bcast(1 << 20));
+  policy.set_pull_bytes(op_code::bcast, 5 << 20);
+  policy.set_pull_bytes(op_code::reduce, 64 * kib);
+  CHECK_FALSE(policy.pulls_bcast(4 << 20));
+  CHECK(policy.pulls_bcast(5 << 20));
+  CHECK(policy.pulls_reduction(64 * kib, op_code::reduce));
+  CHECK_FALSE(policy.pulls_reduction(64 * kib, op_code::allreduce));  // its own, built in
+  CHECK(policy.pulls_reduction(4 << 20, op_code::allreduce));
+  policy.set_cma_bytes(16 * kib);  // forced: the factors again, of the forced threshold
+  CHECK(policy.cma_forced());
+  CHECK(policy.pull_threshold(op_code::bcast) == 2 << 20);
+  CHECK(policy.pull_threshold(op_code::reduce) == 8 << 20);
+  policy.set_cma_bytes(0);  // every size pulled
+  CHECK(policy.pulls_reduction(1, op_code::reduce));
+  policy.set_cma_bytes(SIZE_MAX);  // never, without overflow
+  CHECK(policy.pull_threshold(op_code::bcast) == SIZE_MAX);
+  policy.reset_cma_bytes();  // the table's again
+  CHECK_FALSE(policy.cma_forced());
+  CHECK(policy.cma_bytes() == zcoll::default_cma_bytes);
+  CHECK(policy.pull_threshold(op_code::bcast) == 5 << 20);
+  policy.set_pull_bytes(op_code::bcast, std::nullopt);  // the built-in rule again
+  CHECK(policy.pull_threshold(op_code::bcast) == 1 << 20);
+  CHECK_THROWS_AS(policy.set_pull_bytes(op_code::alltoall, 1), std::invalid_argument);
+  CHECK_THROWS_AS(policy.pull_threshold(op_code::alltoallv), std::invalid_argument);
 }

@@ -23,6 +23,48 @@ block_order default_order(int p, std::size_t block_bytes, int numa_domains) noex
   return p <= 2 ? block_order::row : block_order::morton;
 }
 
+std::size_t pulled_index(op_code op) noexcept {
+  switch (op) {
+    case op_code::bcast:
+      return 0;
+    case op_code::allreduce:
+      return 1;
+    case op_code::reduce:
+      return 2;
+    case op_code::reduce_scatter:
+      return 3;
+    default:
+      return pulled_calls;
+  }
+}
+
+namespace {
+
+std::size_t checked_pulled_index(op_code op) {
+  const std::size_t i = pulled_index(op);
+  if (i == pulled_calls)
+    throw std::invalid_argument("zcoll: " + std::string(name_of(op)) +
+                                " has no pull threshold of its own");
+  return i;
+}
+
+}  // namespace
+
+void auto_policy::set_pull_bytes(op_code op, std::optional<std::size_t> bytes) {
+  tuned_pulls_[checked_pulled_index(op)] = bytes;
+}
+
+std::optional<std::size_t> auto_policy::tuned_pull_bytes(op_code op) const {
+  return tuned_pulls_[checked_pulled_index(op)];
+}
+
+std::size_t auto_policy::pull_threshold(op_code op) const {
+  const std::size_t i = checked_pulled_index(op);
+  if (!cma_forced_ && tuned_pulls_[i]) return *tuned_pulls_[i];
+  const std::size_t factor = op == op_code::bcast ? bcast_pull_factor : reduction_pull_factor;
+  return cma_bytes_ <= SIZE_MAX / factor ? cma_bytes_ * factor : SIZE_MAX;
+}
+
 void auto_policy::set_rules(op_code op, std::vector<order_rule> orders,
                             std::vector<copy_rule> copies) {
   const int table = tuned_index(op);

@@ -49,6 +49,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "zcoll/copy_choice.hpp"
@@ -108,6 +109,11 @@ inline constexpr std::size_t reduction_pull_factor = 512;
 // copy out, in cache) was 3-6x faster from 8 to 256 KiB and 1.8x at 1 MiB at P = 2, 2-3x from
 // 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4), where the buffers leave the cache.
 inline constexpr std::size_t bcast_pull_factor = 128;
+// The calls that pull private buffers from a threshold of their own: bcast, allreduce, reduce,
+// reduce_scatter (pulled_index); the tuning table may set each (auto_policy::set_pull_bytes).
+inline constexpr std::size_t pulled_calls = 4;
+// Where `op`'s pull threshold is kept, or pulled_calls for a call without one.
+std::size_t pulled_index(op_code op) noexcept;
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
@@ -218,9 +224,30 @@ class auto_policy {
   bool private_slots() const noexcept { return private_slots_; }
 
   // Exchanges receiving at least `bytes` per rank pull private buffers by CMA (SIZE_MAX:
-  // never).
-  void set_cma_bytes(std::size_t bytes) noexcept { cma_bytes_ = bytes; }
+  // never). A threshold set here is forced (ZCOLL_CMA_BYTES, tests, benchmarks): bcast and the
+  // reductions then pull from their factor times it, whatever the tuning table says.
+  void set_cma_bytes(std::size_t bytes) noexcept {
+    cma_bytes_ = bytes;
+    cma_forced_ = true;
+  }
+  // The built-in threshold again, and the tuning table's pull thresholds in force.
+  void reset_cma_bytes() noexcept {
+    cma_bytes_ = default_cma_bytes;
+    cma_forced_ = false;
+  }
   std::size_t cma_bytes() const noexcept { return cma_bytes_; }
+  bool cma_forced() const noexcept { return cma_forced_; }
+  // The tuning table's pull threshold of `op` (bcast, allreduce, reduce, reduce_scatter):
+  // calls of at least `bytes` per rank pull private buffers, smaller ones stage them
+  // (nullopt: the built-in rule, a factor times the exchanges' threshold). Measured per
+  // machine by python -m zcoll.tune (pulls): where staging in cache stops paying depends on
+  // the cache and the cost of a page pin. Throws std::invalid_argument for another op.
+  void set_pull_bytes(op_code op, std::optional<std::size_t> bytes);
+  std::optional<std::size_t> tuned_pull_bytes(op_code op) const;
+  // Fewest bytes per rank from which an `op` call pulls private buffers: the table's, unless
+  // the exchanges' threshold is forced or the table has none; else its factor times that
+  // threshold (so a forced 0 pulls every size, as tests force it, and "never" never does).
+  std::size_t pull_threshold(op_code op) const;
   // Fewest bytes a pulled irregular exchange's sender pushes to even out the ranks' copies
   // (SIZE_MAX: never; 0: whenever it evens them out).
   void set_cma_push_bytes(std::size_t bytes) noexcept { cma_push_bytes_ = bytes; }
@@ -228,17 +255,12 @@ class auto_policy {
   // Whether an exchange receiving `recv_bytes` per rank, with a private buffer, pulls rather
   // than stages.
   bool pulls(std::size_t recv_bytes) const noexcept { return recv_bytes >= cma_bytes_; }
-  // Whether a reduction of `bytes` per rank pulls private inputs rather than staging them: from
-  // reduction_pull_factor times the exchanges' threshold (so a threshold of 0 still pulls
-  // every size, as tests force it, and "never" never does).
-  bool pulls_reduction(std::size_t bytes) const noexcept {
-    return pulls_from(bytes, reduction_pull_factor);
-  }
-  // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it:
-  // from bcast_pull_factor times the exchanges' threshold (0 still pulls every size).
-  bool pulls_bcast(std::size_t bytes) const noexcept {
-    return pulls_from(bytes, bcast_pull_factor);
-  }
+  // Whether an `op` reduction of `bytes` per rank pulls private inputs rather than staging
+  // them (pull_threshold; built in: from reduction_pull_factor times the exchanges' threshold).
+  bool pulls_reduction(std::size_t bytes, op_code op) const { return bytes >= pull_threshold(op); }
+  // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it
+  // (pull_threshold; built in: from bcast_pull_factor times the exchanges' threshold).
+  bool pulls_bcast(std::size_t bytes) const { return bytes >= pull_threshold(op_code::bcast); }
   // Whether a strided pull whose contiguous runs hold `run_bytes` is worth it (always with a
   // threshold of 0: every private buffer pulled, as tests force it).
   bool pulls_runs(std::size_t run_bytes) const noexcept {
@@ -315,17 +337,14 @@ class auto_policy {
   }
 
  private:
-  // Whether `bytes` reach `factor` times the CMA threshold ("never" stays never).
-  bool pulls_from(std::size_t bytes, std::size_t factor) const noexcept {
-    return cma_bytes_ <= SIZE_MAX / factor && bytes >= cma_bytes_ * factor;
-  }
-
   int node_size_;
   int numa_domains_;
   std::size_t eager_bytes_ = 0;
   std::size_t eager_capacity_ = 0;
   std::size_t cma_bytes_ = default_cma_bytes;
   std::size_t cma_push_bytes_ = default_cma_push_bytes;
+  bool cma_forced_ = false;
+  std::array<std::optional<std::size_t>, pulled_calls> tuned_pulls_;  // by pulled_index
   bool private_slots_ = true;
   std::array<std::vector<order_rule>, rule_tables> order_rules_;  // by tuned_index
   std::array<std::vector<reduction_cost>, count_of<reduce_algorithm>> reduction_models_;

@@ -69,19 +69,26 @@ class cross_memory {
   bool probe(call_protocol& protocol, bool publish_unmapped = false);
   // Reads `bytes` at `remote` of node rank `node_rank` into `local`; 0 or the errno.
   int read(int node_rank, void* local, std::uint64_t remote, std::size_t bytes) const noexcept {
+    ++moves_;
     return cma_read(pids_[static_cast<std::size_t>(node_rank)], local, remote, bytes);
   }
   // Writes `bytes` from `local` at `remote` of node rank `node_rank`; 0 or the errno. The
   // kernel checks a write as it checks a read, so the probe's verdict holds for both.
   int write(int node_rank, std::uint64_t remote, const void* local,
             std::size_t bytes) const noexcept {
+    ++moves_;
     return cma_write(pids_[static_cast<std::size_t>(node_rank)], remote, local, bytes);
   }
   // cma_read_box from node rank `node_rank`.
   int read_box(int node_rank, std::byte* local, std::uint64_t remote,
                const box_shape& box) const noexcept {
+    ++moves_;
     return cma_read_box(pids_[static_cast<std::size_t>(node_rank)], local, remote, box);
   }
+  // How many reads and writes (boxes counted once) this rank has made through this object:
+  // which path a call took, for tests and the bench. A context's calls run on one thread at
+  // a time, so a plain count is enough.
+  std::uint64_t moves() const noexcept { return moves_; }
   state current() const noexcept { return state_; }
   // Local: takes the verdict of a probe among ranks that include these (a node pool's,
   // pool.hpp): what all of them could read, a subset can.
@@ -97,6 +104,7 @@ class cross_memory {
   int rank_;
   state state_ = state::untested;
   std::string refusal_;
+  mutable std::uint64_t moves_ = 0;
 };
 
 }  // namespace zcoll

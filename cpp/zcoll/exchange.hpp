@@ -216,14 +216,15 @@ class node_context {
   // Whether a reduction of `bytes` per rank leaves private inputs where they are, for the tiled
   // algorithm to pull (the same answer on every rank: the size is agreed, the CMA verdict is
   // the node's; eager calls copy their inputs into the eager slots instead).
-  bool pulls_reduction_inputs(std::size_t bytes) const noexcept {
-    return config_.size > 1 && !policy_.eager_fits(bytes) && policy_.pulls_reduction(bytes) &&
+  bool pulls_reduction_inputs(std::size_t bytes, op_code op) const {
+    return config_.size > 1 && !policy_.eager_fits(bytes) && policy_.pulls_reduction(bytes, op) &&
            cma_.current() == cross_memory::state::works;
   }
-  // What algorithm="auto" runs for a reduction of `bytes` per rank (`private_inputs`: some
+  // What algorithm="auto" runs for an allreduce of `bytes` per rank (`private_inputs`: some
   // rank's input is outside shared memory).
-  reduce_algorithm reduction_choice(std::size_t bytes, bool private_inputs) const noexcept {
-    return policy_.choose_reduction(bytes, private_inputs && pulls_reduction_inputs(bytes));
+  reduce_algorithm reduction_choice(std::size_t bytes, bool private_inputs) const {
+    return policy_.choose_reduction(
+        bytes, private_inputs && pulls_reduction_inputs(bytes, op_code::allreduce));
   }
   // A new plan id: plans are created collectively, so every rank numbers them alike.
   std::uint64_t next_plan_id() noexcept { return ++plans_; }

@@ -325,7 +325,7 @@ void node_context::execute_reduction(const reduction_args& a) {
   const bool eager_flat = a.alg == reduce_algorithm::flat && eager;
   // A private input may stay where it is, for the tiled algorithm to pull its peers' parts by
   // CMA: the same answer on every rank (the size is agreed, the probe's verdict is the node's).
-  const bool may_pull = pulls_reduction_inputs(a.bytes);
+  const bool may_pull = pulls_reduction_inputs(a.bytes, a.op);
   std::size_t third = segments_.staging_third();
   publish_reduction_input(a, line, parity, eager, may_pull, third);
   const auto all = protocol_.publish();

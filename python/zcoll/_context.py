@@ -116,8 +116,7 @@ class Context:
         if derived is None:
             node.pool.tuning = _tuning.shared_tuning(comm, s.tuning)
             _pool.register(node.pool)
-        shared = node.pool.tuning
-        self.tuning_rules, self.reduction_models, self.internode_rules = shared
+        self.tuning: _tuning.SharedTuning = node.pool.tuning
         self.engine: dict = {}
         # The irregular collectives' communication patterns (_vcollectives), made on first use.
         self.patterns: dict = {}
@@ -133,7 +132,8 @@ class Context:
         # A new engine context has no rules: only a change of mode must clear them.
         fresh = not self._tuned
         self._tuned = True
-        rules = () if mode == "off" else self.tuning_rules
+        table = _tuning.SharedTuning() if mode == "off" else self.tuning
+        rules = table.rules
         for op in COLLECTIVES:
             mine = [
                 r.engine_rule()
@@ -142,12 +142,14 @@ class Context:
             ]
             if mine or not fresh:
                 self.core.set_tuning_rules(op, mine)
-        models = () if mode == "off" else self.reduction_models
-        for code, pieces in _tuning.reduction_pieces(models, self.node_size).items():
+        for code, pieces in _tuning.reduction_pieces(table.reductions, self.node_size).items():
             if pieces or not fresh:
                 self.core.set_reduction_model(code, pieces)
+        for call, nbytes in _tuning.pull_thresholds(table.pulls, self.node_size).items():
+            if nbytes is not None or not fresh:
+                self.core.set_pull_bytes(call, nbytes)
         if self.multi_node:
-            self._apply_internode_rules(() if mode == "off" else self.internode_rules)
+            self._apply_internode_rules(table.internode)
         # Online selection runs in the engine (online_tuner.hpp), on one node only: a context
         # spanning nodes resolves "auto" by its rules.
         self.core.set_online(mode == "online" and not self.multi_node)

@@ -144,7 +144,7 @@ def context_setup(
         eager_bytes=s.eager_bytes_for(oversubscribed),
         copy_threshold=s.copy_threshold_for(size),
         copy_cache=s.llc_bytes,
-        cma_bytes=s.cma_bytes_for(),
+        cma_bytes=s.cma_bytes,  # None: the built-in rule and the table's thresholds
         node_of=list(node_of) if multi_node else [],  # one node: no rounds between nodes
         cma=cma,
     )

@@ -38,7 +38,7 @@ import weakref
 import numpy as np
 from mpi4py import MPI
 
-from . import _core, _settings
+from . import _core, _settings, _tuning
 
 __all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "pool_for", "register"]
 
@@ -64,7 +64,7 @@ class Pool:
     core: _core.NodePool  # this node's pool segment
     cma: tuple[str, str]  # the node's CMA verdict (state, why refused)
     settings: _settings.Settings  # what the full creation read
-    tuning: tuple = ()  # the tuning table's rules, as shared_tuning gave them
+    tuning: _tuning.SharedTuning = _tuning.SharedTuning()  # as shared_tuning gave it
     # This rank's view of the pool's arena, which every context of the pool allocates from
     # first (held here: the arena's allocator must outlive every context that uses it).
     arena: _core.PoolArena | None = None

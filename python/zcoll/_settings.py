@@ -503,10 +503,6 @@ class Settings:
             return self.eager_bytes
         return OVERSUBSCRIBED_EAGER_BYTES if oversubscribed else DEFAULT_EAGER_BYTES
 
-    def cma_bytes_for(self) -> int:
-        """Fewest bytes per rank an exchange receives to pull private buffers by CMA."""
-        return _core.default_cma_bytes if self.cma_bytes is None else self.cma_bytes
-
     def placement(self, node_rank: int) -> dict:
         """Where node rank `node_rank` runs, as ``_core.locate_this_process()`` describes it:
         on the described machine's PU `node_rank` (wrapping) when ``topology`` is set, else
@@ -548,7 +544,10 @@ class Settings:
 _BUILT_IN = {
     "eager_bytes": f"auto ({DEFAULT_EAGER_BYTES}; {OVERSUBSCRIBED_EAGER_BYTES} oversubscribed)",
     "copy_threshold": "auto (L2 / ranks per node)",
-    "cma_bytes": f"auto ({_core.default_cma_bytes // 1024} KiB)",
+    "cma_bytes": f"auto ({_core.default_cma_bytes // 1024} KiB; bcast from "
+    f"{_core.default_cma_bytes * _core.bcast_pull_factor // 1024} KiB, reductions from "
+    f"{_core.default_cma_bytes * _core.reduction_pull_factor // 1024} KiB, or the tuning "
+    "table's)",
     "cold_runs": "auto (while cheaper than the set-up)",
     "spin": f"auto ({DEFAULT_SPIN}; {OVERSUBSCRIBED_SPIN} oversubscribed)",
     "yields": f"auto ({DEFAULT_YIELDS}; {OVERSUBSCRIBED_YIELDS} oversubscribed)",

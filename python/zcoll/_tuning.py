@@ -14,7 +14,10 @@ nodes (``method`` "round": in the call's round of messages, one per pair of node
 rank to rank; for an allgather also "concurrent" with a ``concurrency`` index:
 :mod:`zcoll._internode`). The round carries the blocks up to the end of the first run of
 "round" rules (the engine's crossing policy, ``cpp/zcoll/crossing_policy.hpp``).
-Version 1 and 2 tables (no reductions, no internode rules) are still read.
+Version 4 adds ``pulls``: for bcast, allreduce, reduce and reduce_scatter_block on a number of
+ranks per node, the fewest bytes per rank (``min_bytes``) from which a call pulls buffers
+outside shared memory by CMA rather than staging them (auto_policy.hpp's pull thresholds; a
+forced ``ZCOLL_CMA_BYTES`` overrides them). Version 1-3 tables are still read.
 
 Where: ``ZCOLL_TUNING_FILE`` if set, else ``tuning.json`` in the user's cache directory
 (platformdirs). The mode (``ZCOLL_TUNING`` or :func:`zcoll.set_tuning`: ``table``, ``online``,
@@ -59,6 +62,8 @@ __all__ = [
     "INTERNODE_METHOD_CODES",
     "VERSION",
     "InternodeRule",
+    "PULLED_CALLS",
+    "PullRule",
     "ReductionModel",
     "TuningError",
     "TuningRule",
@@ -72,9 +77,10 @@ __all__ = [
 ]
 
 FORMAT = "zcoll-tuning"
-VERSION = 3
-#: Format versions this zcoll reads (1: no reduction models; 1, 2: no internode rules).
-READABLE_VERSIONS = (1, 2, 3)
+VERSION = 4
+#: Format versions this zcoll reads (1: no reduction models; 1, 2: no internode rules; 1-3: no
+#: pull thresholds).
+READABLE_VERSIONS = (1, 2, 3, 4)
 #: What must match between the machine a table was made on and this one.
 MACHINE_KEYS = ("cpu_model", "l2_bytes", "l3_bytes")
 _MAX_BYTES = 2**63 - 1  # block sizes and thresholds travel to C++ as 64-bit sizes
@@ -195,6 +201,31 @@ class InternodeRule:
         return asdict(self)
 
 
+#: The calls with a pull threshold of their own, by the name a table gives them, and the
+#: engine's name of each.
+PULLED_CALLS: dict[str, str] = {
+    "bcast": "bcast",
+    "allreduce": "allreduce",
+    "reduce": "reduce",
+    "reduce_scatter_block": "reduce_scatter",
+}
+_PULL_KEYS = {"call", "ranks_per_node", "min_bytes"}
+
+
+@dataclass(frozen=True)
+class PullRule:
+    """On a node of `ranks_per_node` ranks, a `call` (a key of :data:`PULLED_CALLS`) of at
+    least `min_bytes` bytes per rank pulls buffers outside shared memory by CMA; smaller ones
+    stage them."""
+
+    call: str
+    ranks_per_node: int
+    min_bytes: int
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
 @dataclass(frozen=True)
 class TuningTable:
     """A validated tuning table (see :func:`load_tuning`)."""
@@ -205,6 +236,7 @@ class TuningTable:
     zcoll_version: str = ""
     reductions: tuple[ReductionModel, ...] = ()
     internode: tuple[InternodeRule, ...] = ()
+    pulls: tuple[PullRule, ...] = ()
 
     def models_for(self, ranks_per_node: int) -> dict[str, tuple[ReductionModel, ...]]:
         """The reduction cost models for one node size, by algorithm (pieces by size)."""
@@ -245,6 +277,7 @@ class TuningTable:
             "rules": [r.as_json() for r in self.rules],
             "reductions": [m.as_json() for m in self.reductions],
             "internode": [r.as_json() for r in self.internode],
+            "pulls": [r.as_json() for r in self.pulls],
         }
 
     @classmethod
@@ -281,6 +314,11 @@ class TuningTable:
             raise TuningError("'internode' must be a list")
         internode = tuple(parse_internode_rule(i, r) for i, r in enumerate(crossing))
         _check_internode_disjoint(internode)
+        thresholds = doc.get("pulls", []) if version >= 4 else []
+        if not isinstance(thresholds, list):
+            raise TuningError("'pulls' must be a list")
+        pulls = tuple(_parse_pull(i, r) for i, r in enumerate(thresholds))
+        _check_one_pull_each(pulls)
         return cls(
             parsed,
             dict(machine),
@@ -288,6 +326,7 @@ class TuningTable:
             str(doc.get("zcoll_version", "")),
             reductions,
             internode,
+            pulls,
         )
 
 
@@ -358,6 +397,27 @@ def _parse_rule(index: int, rule) -> TuningRule:
     ranks = rule["ranks_per_node"]
     _check_count(where, "ranks_per_node", ranks)
     return TuningRule(rule["collective"], ranks, low, high, rule["order"], rule["copy"], threshold)
+
+
+def _parse_pull(index: int, rule) -> PullRule:
+    where = f"pull threshold {index}"
+    if not isinstance(rule, dict) or rule.keys() != _PULL_KEYS:
+        raise TuningError(f"{where} must be an object with keys {sorted(_PULL_KEYS)}")
+    _check_one_of(where, "call", rule["call"], tuple(PULLED_CALLS))
+    _check_count(where, "ranks_per_node", rule["ranks_per_node"])
+    low = _size(rule["min_bytes"], f"{where}: min_bytes")
+    return PullRule(rule["call"], rule["ranks_per_node"], low)
+
+
+def _check_one_pull_each(pulls: tuple[PullRule, ...]) -> None:
+    seen: set[tuple[str, int]] = set()
+    for r in pulls:
+        key = (r.call, r.ranks_per_node)
+        if key in seen:
+            raise TuningError(
+                f"two pull thresholds for {r.call} with {r.ranks_per_node} ranks per node"
+            )
+        seen.add(key)
 
 
 def parse_internode_rule(index: int, rule) -> InternodeRule:
@@ -483,33 +543,39 @@ def _load_cached(path: str, mtime_ns: int, size: int, inode: int) -> TuningTable
 
 def _rules_or_warn(mode: str) -> tuple[TuningRule, ...]:
     """This process's table rules, or () with a RuntimeWarning when it cannot be used."""
-    return _table_or_warn(mode)[0]
+    return _table_or_warn(mode).rules
 
 
-#: A table's parts a context follows: rules, reduction models, internode rules.
-SharedTuning = tuple[tuple[TuningRule, ...], tuple[ReductionModel, ...], tuple[InternodeRule, ...]]
+@dataclass(frozen=True)
+class SharedTuning:
+    """A table's parts a context follows (all node sizes and layouts; empty: built-in)."""
+
+    rules: tuple[TuningRule, ...] = ()
+    reductions: tuple[ReductionModel, ...] = ()
+    internode: tuple[InternodeRule, ...] = ()
+    pulls: tuple[PullRule, ...] = ()
 
 
 def _table_or_warn(mode: str) -> SharedTuning:
-    """This process's table rules, reduction models and internode rules, or ((), (), ()) with
-    a RuntimeWarning when it cannot be used."""
+    """This process's table rules, reduction models, internode rules and pull thresholds,
+    or none of them with a RuntimeWarning when it cannot be used."""
     if mode == "off":
-        return (), (), ()
+        return SharedTuning()
     path: str | Path = _settings.VARIABLES["tuning_file"].env
     try:
         path = tuning_path()
         named = _settings.read("tuning_file").text
         if not named and not path.exists():
-            return (), (), ()  # no table made yet: the ordinary case, nothing to say
+            return SharedTuning()  # no table made yet: the ordinary case, nothing to say
         table = load_tuning(path)
-        return table.rules, table.reductions, table.internode
+        return SharedTuning(table.rules, table.reductions, table.internode, table.pulls)
     except Exception as exc:  # noqa: BLE001 - a tuning table must never stop a program
         warnings.warn(
             f"zcoll: ignoring the tuning table {path}: {exc}; using the built-in rules",
             RuntimeWarning,
             stacklevel=3,
         )
-        return (), (), ()
+        return SharedTuning()
 
 
 def internode_rules_for(
@@ -528,12 +594,13 @@ def internode_rules_for(
 def shared_rules(comm: MPI.Comm, mode: str) -> tuple[TuningRule, ...]:
     """Collective: rank 0's table rules (all node sizes) under `mode`, the same on every rank
     of `comm` (rank 0 reads the file; a table it cannot use gives () and a warning there)."""
-    return shared_tuning(comm, mode)[0]
+    return shared_tuning(comm, mode).rules
 
 
 def shared_tuning(comm: MPI.Comm, mode: str) -> SharedTuning:
-    """Collective: rank 0's table rules, reduction models and internode rules (all node sizes
-    and layouts) under `mode`, the same on every rank of `comm`, in one broadcast."""
+    """Collective: rank 0's table rules, reduction models, internode rules and pull thresholds
+    (all node sizes and layouts) under `mode`, the same on every rank of `comm`, in one
+    broadcast."""
     return comm.bcast(_table_or_warn(mode) if comm.rank == 0 else None, root=0)
 
 
@@ -546,4 +613,14 @@ def reduction_pieces(
     for m in models:
         if m.ranks_per_node == ranks_per_node:
             out[REDUCE_ALGORITHM_CODES[m.algorithm]].append(m.engine_piece())
+    return out
+
+
+def pull_thresholds(pulls: tuple[PullRule, ...], ranks_per_node: int) -> dict[str, int | None]:
+    """The engine's pull thresholds for one node size: engine call name -> fewest bytes per
+    rank that pull (every pulled call present; None restores the built-in rule)."""
+    out: dict[str, int | None] = dict.fromkeys(PULLED_CALLS.values())
+    for r in pulls:
+        if r.ranks_per_node == ranks_per_node:
+            out[PULLED_CALLS[r.call]] = r.min_bytes
     return out

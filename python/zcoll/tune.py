@@ -35,6 +35,17 @@ they share the machine's conditions: this VM's bursts of load last several sizes
 ``algorithm="auto"`` then takes the least predicted time (HPDC'13 §3.4) -- at a measured size,
 the algorithm that was fastest.
 
+``pulls`` (in ``--collectives`` by default) measures where buffers outside shared memory
+(ordinary NumPy arrays) stop being staged and are pulled by CMA instead, for bcast, allreduce,
+reduce and reduce_scatter_block: each call staged and pulled (the context's CMA threshold
+forced to never and to 0 around each), float64 sum, the inputs (bcast: the root's buffer)
+rewritten before each call, at every size of ``--pull-sizes`` (default powers of two from
+256 KiB to 32 MiB, bytes per rank), in interleaved rounds on several allocations as above. The
+threshold written for each call is the one with the least summed relative loss over the
+measured sizes (:func:`pull_threshold_from`): staging in cache wins until the buffers outgrow
+it, which is this machine's cache and page-pin cost, so the built-in factors (1 MiB for bcast,
+4 MiB for the reductions) miss on some machines by a factor of four.
+
 ``--internode`` (on ranks spanning several nodes: real ones, or virtual ones with
 ``--virtual-node-size K`` / ``ZCOLL_VIRTUAL_NODE_SIZE``) times how a multi-node alltoall's and
 allgather's blocks cross nodes -- in the call's round of messages (MN-CO: one message per pair
@@ -106,6 +117,8 @@ __all__ = [
     "main",
     "models_from_times",
     "parse_args",
+    "pull_threshold_from",
+    "threshold_loss",
     "rules_from_winners",
     "write_table",
 ]
@@ -114,6 +127,12 @@ DEFAULT_SIZES = powers_of_two(8, 4 * MIB)
 REDUCTION = "allreduce"  # --collectives name of the reduction sweep
 REDUCTION_SIZES = powers_of_two(8, 32 * MIB)  # bytes per rank
 QUICK_REDUCTION_SIZES = [8, 4 * KIB, 256 * KIB]
+PULLS = "pulls"  # --collectives name of the pull-threshold sweep
+PULL_SIZES = powers_of_two(256 * KIB, 32 * MIB)  # bytes per rank
+QUICK_PULL_SIZES = [64 * KIB, 1 * MIB]
+STAGED, PULLED = "staged", "pulled"
+# The context's CMA threshold that forces each way of moving a buffer outside shared memory.
+FORCED_CMA = {STAGED: 2**62, PULLED: 0}
 QUICK_SIZES = [8, 4 * KIB, 256 * KIB]
 INTERNODE_SIZES = powers_of_two(8, 256 * KIB)[::3]  # 8 B, 64 B, ..., 256 KiB
 # How blocks cross nodes, per collective --internode times: in the call's round of messages
@@ -174,10 +193,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sizes", type=parse_sizes, help="block sizes, e.g. 8,4K,1M (default 8..4M)")
     p.add_argument(
         "--collectives",
-        default=",".join((*COLLECTIVES, REDUCTION)),
+        default=",".join((*COLLECTIVES, REDUCTION, PULLS)),
         type=_parse_collectives,
         help="comma-separated: alltoall, allgather, allreduce (the reduction algorithms' cost "
-        "models; default all three)",
+        "models), pulls (where plain arrays are pulled by CMA; default all four)",
+    )
+    p.add_argument(
+        "--pull-sizes",
+        type=parse_sizes,
+        help="message sizes (bytes per rank) of the pulls sweep (default powers of two, "
+        "256 KiB..32 MiB)",
     )
     p.add_argument(
         "--reduction-sizes",
@@ -226,15 +251,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.sizes = QUICK_SIZES if args.quick else DEFAULT_SIZES
     if args.reduction_sizes is None:
         args.reduction_sizes = QUICK_REDUCTION_SIZES if args.quick else REDUCTION_SIZES
-    if any(size % 8 for size in args.reduction_sizes):
-        p.error("--reduction-sizes must be multiples of 8 bytes (float64 elements)")
+    if args.pull_sizes is None:
+        args.pull_sizes = QUICK_PULL_SIZES if args.quick else PULL_SIZES
+    for name in ("reduction_sizes", "pull_sizes"):
+        if any(size % 8 for size in getattr(args, name)):
+            p.error(f"--{name.replace('_', '-')} must be multiples of 8 bytes (float64 elements)")
     if args.quick and args.iterations is None:
         args.iterations = QUICK_ITERATIONS
     return args
 
 
 def _parse_collectives(text: str) -> list[str]:
-    return parse_choices(text, (*COLLECTIVES, REDUCTION), "collective(s)")
+    return parse_choices(text, (*COLLECTIVES, REDUCTION, PULLS), "collective(s)")
 
 
 # --- candidates and measurement ----------------------------------------------------------------
@@ -390,8 +418,10 @@ def planned_steps(sizes, collectives, sw: _Sweep) -> int:
         if REDUCTION in collectives
         else 0
     )
-    tuned = [c for c in collectives if c != REDUCTION]
-    return (len(tuned) * sum(per_size) + reductions * sw.reduction_allocations) * sw.repeats
+    pulls = len(sw.args.pull_sizes) * len(_tuning.PULLED_CALLS) * 2 if PULLS in collectives else 0
+    tuned = [c for c in collectives if c not in (REDUCTION, PULLS)]
+    swept = reductions + pulls
+    return (len(tuned) * sum(per_size) + swept * sw.reduction_allocations) * sw.repeats
 
 
 def _allreduce_with(comm: MPI.Comm, send, recv, algorithm: str) -> None:
@@ -428,6 +458,117 @@ def sweep_reductions(sw: _Sweep, sizes, report: Reporter) -> dict[int, dict[str,
                 total[a] += max(0.0, t - rewrite) / sw.reduction_allocations
         del kept
     return results
+
+
+def _pulled_call(call: str, comm: MPI.Comm, nbytes: int):
+    """(buffer rewritten before each call, its source, the call) for `call` of `nbytes` per
+    rank on ordinary NumPy arrays."""
+    p, n = comm.size, nbytes // 8
+    if call == "reduce_scatter_block":
+        n -= n % p
+    send = np.empty(n)
+    send[:] = comm.rank + 1.0  # owner's first touch
+    source = send.copy()
+    if call == "bcast":
+        return send, source, functools.partial(zcoll.bcast, comm, send, root=0)
+    if call == "reduce_scatter_block":
+        recv = np.zeros(n // p)
+        return send, source, functools.partial(zcoll.reduce_scatter_block, comm, send, recv)
+    recv = np.zeros(n)
+    return send, source, functools.partial(getattr(zcoll, call), comm, send, recv)
+
+
+def sweep_pulls(sw: _Sweep, sizes, report: Reporter) -> dict[str, dict[int, dict[str, float]]]:
+    """Seconds per call of every pulled call staged and pulled at every size (bytes per rank),
+    its input (bcast: the root's buffer) rewritten before each call: the best of the
+    interleaved rounds, the slowest node's, averaged over the buffer allocations:
+    ``{call: {size: {"staged" | "pulled": seconds}}}``; collective."""
+    core = sw.ctx.core
+
+    @contextlib.contextmanager
+    def forced(way: str):
+        before = core.cma_bytes
+        core.cma_bytes = FORCED_CMA[way]
+        try:
+            yield
+        finally:
+            core.cma_bytes = before
+
+    results: dict[str, dict[int, dict[str, float]]] = {}
+    for call in _tuning.PULLED_CALLS:
+        for nbytes in sizes:
+            wanted = sw.args.iterations or default_iterations(nbytes, 1, sw.oversubscription)
+            label = f"{call} {format_size(nbytes)} {{}}".format
+            total = results.setdefault(call, {}).setdefault(nbytes, dict.fromkeys(FORCED_CMA, 0.0))
+            kept = []  # every allocation alive until the size is done: each at new addresses
+            for _ in range(sw.reduction_allocations):
+                send, source, run = _pulled_call(call, sw.node, nbytes)
+                kept.append(send)
+                rewritten = after_rewrite(send, source, run)
+                calls = dict.fromkeys(FORCED_CMA, rewritten)
+                timed = sw.best_of_rounds(calls, wanted, report, label, forced)
+                for way, t in timed.items():
+                    total[way] += t / sw.reduction_allocations
+            del kept
+    return results
+
+
+def threshold_loss(times: dict[int, dict[str, float]], threshold: int) -> float:
+    """The summed time, relative to the faster way at each measured size, of pulling from
+    `threshold` bytes per rank and staging below it."""
+    return sum(t[PULLED if m >= threshold else STAGED] / min(t.values()) for m, t in times.items())
+
+
+def pull_threshold_from(times: dict[int, dict[str, float]], builtin: int) -> int:
+    """The fewest bytes per rank from which a call pulls, from its staged and pulled times per
+    measured size and the built-in threshold: of pulling from each measured size (or from none
+    of them), the choice of least :func:`threshold_loss` (a tie: the larger threshold), unless
+    the built-in one loses less than 3% per size more (noise must not move it: this VM's
+    launches differ more than that). One slow round at one size then moves the threshold only
+    as far as it costs. Pulling from size b after staging at a < b pulls from
+    ``isqrt(a * b) + 1`` (the ranges of :func:`winner_ranges`); from the first size, from it;
+    from none, from one byte beyond the largest."""
+    sizes = sorted(times)
+    bounds = [sizes[0], *(math.isqrt(a * b) + 1 for a, b in zip(sizes, sizes[1:])), sizes[-1] + 1]
+    best = min(reversed(bounds), key=lambda t: threshold_loss(times, t))
+    slack = (1 / REQUIRED_GAIN - 1) * len(sizes)
+    if threshold_loss(times, builtin) <= threshold_loss(times, best) + slack:
+        return builtin
+    return best
+
+
+def builtin_pull_bytes(call: str) -> int:
+    """Where `call` pulls without a table: its factor times the built-in CMA threshold."""
+    factor = _core.bcast_pull_factor if call == "bcast" else _core.reduction_pull_factor
+    return _core.default_cma_bytes * factor
+
+
+def pull_rules(
+    ranks_per_node: int, results: dict[str, dict[int, dict[str, float]]]
+) -> list[_tuning.PullRule]:
+    """The table's pull thresholds for one node size from :func:`sweep_pulls`' times (the
+    built-in one where it is as good: the table records it, so that a later built-in rule does
+    not change what was measured here)."""
+    return [
+        _tuning.PullRule(call, ranks_per_node, pull_threshold_from(t, builtin_pull_bytes(call)))
+        for call, t in results.items()
+    ]
+
+
+def print_pulls(report, results: dict[str, dict[int, dict[str, float]]], rules) -> None:
+    report("\npulls: us per call on plain arrays (max over ranks), staged or pulled by CMA")
+    report(f"  {'call':<22}{'bytes':>9}{STAGED:>12}{PULLED:>12}   faster")
+    for call, times in results.items():
+        for m, t in times.items():
+            faster = min(t, key=t.__getitem__)
+            report(
+                f"  {call:<22}{format_size(m):>9}{_us(t[STAGED]):>12}{_us(t[PULLED]):>12}"
+                f"   {faster}"
+            )
+    for r in rules:
+        builtin = builtin_pull_bytes(r.call)
+        how = "the built-in rule's" if r.min_bytes == builtin else f"built in {_mib(builtin)}"
+        report(f"  {r.call}: pulls from {_mib(r.min_bytes)} per rank ({how})")
 
 
 def models_from_times(
@@ -556,14 +697,18 @@ def merged_table(
     new_models: list | None = None,
     ranks_per_node: int = 0,
     new_internode: list | None = None,
+    new_pulls: list | None = None,
 ) -> _tuning.TuningTable:
     """The new rules plus those of `path` for other (collective, ranks per node) pairs; the
     new reduction models (when given) replace those of `path` for `ranks_per_node`; the new
     internode rules (when given) those of `path` for their (collective, nodes, ranks per
+    node); the new pull thresholds (when given) those of `path` for their (call, ranks per
     node)."""
     kept: tuple = ()
     kept_models: tuple = ()
     kept_internode: tuple = ()
+    kept_pulls: tuple = ()
+    pulled = {(r.call, r.ranks_per_node) for r in new_pulls or ()}
     swept = {(r.collective, r.nodes, r.ranks_per_node) for r in new_internode or ()}
     if path.exists():
         try:
@@ -577,6 +722,7 @@ def merged_table(
             kept_internode = tuple(
                 r for r in old.internode if (r.collective, r.nodes, r.ranks_per_node) not in swept
             )
+            kept_pulls = tuple(r for r in old.pulls if (r.call, r.ranks_per_node) not in pulled)
         except (OSError, ValueError) as exc:
             warnings.warn(f"zcoll.tune: replacing {path}: {exc}", RuntimeWarning, stacklevel=2)
     rules = tuple(
@@ -585,8 +731,11 @@ def merged_table(
     models = (*kept_models, *(new_models or ()))
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     internode = (*kept_internode, *(new_internode or ()))
+    pulls = tuple(
+        sorted((*kept_pulls, *(new_pulls or ())), key=lambda r: (r.call, r.ranks_per_node))
+    )
     return _tuning.TuningTable(
-        rules, _tuning.current_machine(), now, zcoll.__version__, tuple(models), internode
+        rules, _tuning.current_machine(), now, zcoll.__version__, tuple(models), internode, pulls
     )
 
 
@@ -662,6 +811,10 @@ def print_internode(
 
 
 # --- output ------------------------------------------------------------------------------------
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MIB:.2f} MiB"
 
 
 def _us(seconds: float | None) -> str:
@@ -746,6 +899,7 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
     new_rules = []
     new_models: list[_tuning.ReductionModel] = []
     new_internode: list[_tuning.InternodeRule] | None = None
+    new_pulls: list[_tuning.PullRule] | None = None
     crossing = args.internode and _context.context(world).multi_node
     if args.internode and not crossing:
         report("zcoll.tune: --internode needs ranks on several nodes (or --virtual-node-size)")
@@ -762,6 +916,11 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
                 timed = sweep_reductions(sw, args.reduction_sizes, report)
                 print_reductions(report, timed)
                 new_models = models_from_times(node.size, timed)
+                continue
+            if collective == PULLS:
+                pulled_times = sweep_pulls(sw, args.pull_sizes, report)
+                new_pulls = pull_rules(node.size, pulled_times)
+                print_pulls(report, pulled_times, new_pulls)
                 continue
             results = sweep(sw, collective, args.sizes, report)
             builtins = {b: builtin_candidate(b, node.size, sw) for b in results}
@@ -781,6 +940,7 @@ def _run(world: MPI.Comm, node: MPI.Comm, args, report: Reporter) -> int:
             new_models if REDUCTION in args.collectives else None,
             node.size,
             new_internode,
+            new_pulls,
         )
         print_rules(report, table.rules)
         for r in table.internode:
