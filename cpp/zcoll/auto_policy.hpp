@@ -108,6 +108,8 @@ inline constexpr std::size_t reduction_pull_factor = 512;
 // 0), two rounds each: staging (the root's one copy into shared memory, then each rank's
 // copy out, in cache) was 3-6x faster from 8 to 256 KiB and 1.8x at 1 MiB at P = 2, 2-3x from
 // 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4), where the buffers leave the cache.
+// Both factors are the defaults: a tuning table measured on the machine (zcoll.tune's pulls
+// sweep) replaces them; the EPYC VM's bcast pulls from 5.66 MiB (docs/performance.md).
 inline constexpr std::size_t bcast_pull_factor = 128;
 // The calls that pull private buffers from a threshold of their own: bcast, allreduce, reduce,
 // reduce_scatter (pulled_index); the tuning table may set each (auto_policy::set_pull_bytes).
