@@ -279,6 +279,21 @@ class Reading(NamedTuple):
     text: str | None = None
 
 
+_CONTEXT_ENV = tuple(var.env for var in VARIABLES.values() if var.when == "context")
+# The variables' raw values, read from the dict behind os.environ (which every change through
+# os.environ or putenv-free code updates) without decoding each: a context's creation reads them
+# all, and os.environ.get costs ~0.5 us a variable.
+_ENV_BYTES: Any = getattr(os.environ, "_data", None)
+_INPUT_KEYS: tuple = tuple(os.fsencode(k) for k in _CONTEXT_ENV + _CACHE_DIR_ENV)
+if not isinstance(_ENV_BYTES, dict) or not all(isinstance(k, bytes) for k in _ENV_BYTES):
+    _ENV_BYTES, _INPUT_KEYS = os.environ, _CONTEXT_ENV + _CACHE_DIR_ENV  # not CPython on POSIX
+# Each variable's key in _ENV_BYTES: an unset one is known without decoding the environment.
+_ENV_KEYS = {
+    name: os.fsencode(var.env) if _ENV_BYTES is not os.environ else var.env
+    for name, var in VARIABLES.items()
+}
+
+
 def read(name: str, environ: Mapping[str, str] | None = None) -> Reading:
     """Read and parse the environment variable behind setting `name` (``os.environ`` by
     default) now; the only place zcoll reads a ``ZCOLL_*`` variable.
@@ -289,7 +304,10 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> Reading:
         If the variable holds a value its setting does not accept.
     """
     var = VARIABLES[name]
-    text = (os.environ if environ is None else environ).get(var.env)
+    if environ is None:
+        text = os.environ.get(var.env) if _ENV_BYTES.get(_ENV_KEYS[name]) is not None else None
+    else:
+        text = environ.get(var.env)
     if text is None:
         default = var.default() if callable(var.default) else var.default
         return Reading(default, DEFAULT)
@@ -623,23 +641,15 @@ def settings() -> Settings:
 # variables read at context creation, those the default tuning file and "~" depend on, the
 # overrides, and a ZCOLL_TOPOLOGY file, which is checked by loading it), and returns it again
 # while they are the same. The rest is fixed: read at import or first use, or machine facts.
-_CONTEXT_ENV = tuple(var.env for var in VARIABLES.values() if var.when == "context")
 _remembered: tuple[tuple, Settings] | None = None
 
 
 def _settings_inputs() -> tuple:
     texts = tuple(map(_ENV_BYTES.get, _INPUT_KEYS))
-    topology = os.environ.get(VARIABLES["topology"].env)
+    topology = None
+    if _ENV_BYTES.get(_ENV_KEYS["topology"]) is not None:
+        topology = os.environ.get(VARIABLES["topology"].env)
     return texts, _override_count, _file_state(topology) if topology else None
-
-
-# The variables' raw values, read from the dict behind os.environ (which every change through
-# os.environ or putenv-free code updates) without decoding each: a context's creation reads them
-# all, and os.environ.get costs ~0.5 us a variable.
-_ENV_BYTES: Any = getattr(os.environ, "_data", None)
-_INPUT_KEYS: tuple = tuple(os.fsencode(k) for k in _CONTEXT_ENV + _CACHE_DIR_ENV)
-if not isinstance(_ENV_BYTES, dict) or not all(isinstance(k, bytes) for k in _ENV_BYTES):
-    _ENV_BYTES, _INPUT_KEYS = os.environ, _CONTEXT_ENV + _CACHE_DIR_ENV  # not CPython on POSIX
 
 
 def _file_state(path: str) -> tuple[int, int, int] | None:

@@ -194,11 +194,16 @@ class Pencil:
         self.comm = comm
         self._transfers: dict[tuple, Transfer] = {}
         self._pencils: dict[int, Pencil] = {}
-        sizes = [c.size for c in subcomm]
-        shares = [_core.block_share(n, p, c.rank) for n, p, c in zip(shape, sizes, subcomm)]
-        self.subshape = tuple(count for count, _ in shares)
-        self.substart = tuple(start for _, start in shares)
-        self._short = next(((k, n, p) for k, (n, p) in enumerate(zip(shape, sizes)) if n < p), None)
+        counts, starts = list(shape), [0] * len(shape)  # whole along the axes of one rank
+        self._short = None
+        for k, c in enumerate(subcomm):
+            p = c.size
+            if p > 1:
+                counts[k], starts[k] = _core.block_share(shape[k], p, c.rank)
+                if self._short is None and shape[k] < p:
+                    self._short = (k, shape[k], p)
+        self.subshape = tuple(counts)
+        self.substart = tuple(starts)
 
     def forget_partners(self) -> None:
         """Local: drop the pencils and transfers kept for later calls, here and in every
