@@ -118,6 +118,26 @@ def test_pencil_pads_a_short_subcomm(world):
     sub.destroy()
 
 
+def test_pencil_shorter_than_its_processes(world):
+    """An axis shorter than the ranks along it: the ranks past its length hold empty blocks,
+    and too_small() names the first such axis (empty where every rank holds data)."""
+    p = world.size
+    sub = Subcomm(world, None)  # axis 0 over all P ranks
+    short = Pencil(sub, (2, 5, 3), 2)
+    ok = short.subshape == expected_layout(short)[0]
+    if p > 2:
+        ok &= short.subshape[0] == (1 if world.rank < 2 else 0)
+    want = f"axis 0 has 2 elements but is distributed over {p} processes" if p > 2 else ""
+    ok &= short.too_small().startswith(want) and bool(short.too_small()) == (p > 2)
+    ok &= Pencil(sub, (p, 5, 3), 2).too_small() == ""
+    other = short.pencil(0)  # axis 2, of 3 elements, now over the P ranks
+    want = f"axis 2 has 3 elements but is distributed over {p} processes" if p > 3 else ""
+    ok &= other.too_small().startswith(want) and bool(other.too_small()) == (p > 3)
+    ok &= other.subshape == expected_layout(other)[0]
+    all_ranks_agree(world, ok, "too_small")
+    sub.destroy()
+
+
 def test_pencil_allocation_comm(world):
     sub = Subcomm(world, (0, 1))
     ok = Pencil(sub, (4, 5)).comm is sub.comm
