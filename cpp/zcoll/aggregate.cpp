@@ -89,17 +89,26 @@ std::vector<aggregate_copy> aggregate_copies(const node_map& nodes, int node, bo
   return copies;
 }
 
-node_messages::node_messages(node_context& ctx, node_map nodes)
-    : ctx_(ctx), nodes_(std::move(nodes)), policy_(nodes_) {
-  const auto& cfg = ctx_.config();
+// The node of this rank's communicator rank in `nodes`, once `nodes` is checked to describe
+// `cfg`'s communicator: before the context's crossing policy is made from it.
+static int checked_node(const context_config& cfg, const node_map& nodes) {
   const int me = cfg.comm_ranks[static_cast<std::size_t>(cfg.rank)];
-  if (nodes_.node_of.size() != static_cast<std::size_t>(cfg.comm_size) || nodes_.nodes() < 2)
+  if (nodes.node_of.size() != static_cast<std::size_t>(cfg.comm_size) || nodes.nodes() < 2)
     throw std::invalid_argument("zcoll: the node map does not describe this communicator");
-  me_node_ = nodes_.node_of[static_cast<std::size_t>(me)];
-  const auto& mine = nodes_.members[static_cast<std::size_t>(me_node_)];
+  const int node = nodes.node_of[static_cast<std::size_t>(me)];
+  const auto& mine = nodes.members[static_cast<std::size_t>(node)];
   if (mine.size() != static_cast<std::size_t>(cfg.size) ||
       !std::equal(mine.begin(), mine.end(), cfg.comm_ranks.begin()))
     throw std::invalid_argument("zcoll: the node map disagrees with this node's ranks");
+  return node;
+}
+
+node_messages::node_messages(node_context& ctx, node_map nodes)
+    : ctx_(ctx),
+      nodes_(std::move(nodes)),
+      me_node_(checked_node(ctx.config(), nodes_)),
+      policy_(ctx.policy().cross_nodes(nodes_)) {
+  const auto& cfg = ctx_.config();
   pack_copies_ = aggregate_copies(nodes_, me_node_, true);
   unpack_copies_ = aggregate_copies(nodes_, me_node_, false);
   const int n = nodes_.nodes();

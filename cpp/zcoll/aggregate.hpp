@@ -172,8 +172,9 @@ class node_messages {
   node_messages(node_context& ctx, node_map nodes);
 
   const node_map& nodes() const noexcept { return nodes_; }
-  // How this communicator's calls cross nodes (crossing_policy.hpp): what they carry in the
-  // round, an allgather's route beyond it, what tests force.
+  // How this communicator's calls cross nodes (crossing_policy.hpp, held by the context's
+  // auto_policy): what they carry in the round, an allgather's route beyond it, what tests
+  // force.
   crossing_policy& policy() noexcept { return policy_; }
   const crossing_policy& policy() const noexcept { return policy_; }
   crossing_overrides& overrides() noexcept { return policy_.overrides(); }
@@ -293,8 +294,8 @@ class node_messages {
 
   node_context& ctx_;
   node_map nodes_;
-  crossing_policy policy_;
   int me_node_ = 0;
+  crossing_policy& policy_;  // ctx_.policy()'s, made after the node map's checks
   std::vector<aggregate_copy> pack_copies_, unpack_copies_;
   std::vector<aggregate_copy> sent_copies_;  // the pack copies of the messages this rank sends
   std::size_t widest_message_blocks_ = 0;    // blocks in this node's largest outgoing message

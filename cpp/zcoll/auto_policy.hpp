@@ -42,6 +42,11 @@
  * Copy: delegated to copy_chooser (copy_choice.hpp), which may differ between ranks (copy modes
  * change no result). timed_copies() runs a call's copies and feeds the chooser's run-time
  * threshold refinement when it asks for timings.
+ *
+ * Across nodes: delegated to crossing_policy (crossing_policy.hpp), made with the node map by
+ * the context's first call across nodes: what a call carries in the round of messages, an
+ * allgather's route beyond it, what tests force. So one object per context holds every choice
+ * a call makes, on one node or several.
  */
 #pragma once
 
@@ -53,6 +58,7 @@
 #include <vector>
 
 #include "zcoll/copy_choice.hpp"
+#include "zcoll/crossing_policy.hpp"
 #include "zcoll/online_tuner.hpp"
 #include "zcoll/registry.hpp"
 
@@ -307,6 +313,13 @@ class auto_policy {
     return chosen_;
   }
 
+  // How the communicator's calls cross nodes, made for `nodes` by the first call across them
+  // (node_messages); later calls get the same policy, with its rules and overrides.
+  crossing_policy& cross_nodes(const node_map& nodes) {
+    if (!crossing_) crossing_.emplace(nodes);
+    return *crossing_;
+  }
+
   // How this rank picks copy modes (threshold, what "auto" learned).
   copy_chooser& copy() noexcept { return copy_; }
   // The online trials of order="auto" (off unless ZCOLL_TUNING=online on one node).
@@ -355,6 +368,7 @@ class auto_policy {
   mutable reduce_algorithm chosen_ = reduce_algorithm::flat;
   copy_chooser copy_;
   online_tuner online_;
+  std::optional<crossing_policy> crossing_;  // several nodes only (cross_nodes)
 };
 
 }  // namespace zcoll

@@ -1,6 +1,8 @@
 /*
  * How the calls of one communicator spanning several nodes cross them: the one place that
- * decides it, for the one crossing of the binding and for the Python path alike.
+ * decides it, for the one crossing of the binding and for the Python path alike. Held by the
+ * context's auto_policy (made with the node map by the first call across nodes), which so
+ * holds every choice a call makes.
  *
  * - Carried or not. A call's blocks (a reduction's inputs, a bcast's buffer) travel in the
  *   round of messages that agrees on every rank's call record when they are at most
