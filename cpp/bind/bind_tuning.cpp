@@ -27,12 +27,10 @@ op_code tuned_op(const std::string& name) {
   return *op;
 }
 
-// The call named `name` that pulls private buffers from a threshold of its own.
-op_code pulled_op(const std::string& name) {
+// The call named `name` (the engine says whether it has a pull threshold of its own).
+op_code named_op(const std::string& name) {
   const auto op = parse_name<op_code>(name);
-  if (!op || pulled_index(*op) == pulled_calls)
-    throw std::invalid_argument(
-        "op must be one of bcast, allreduce, reduce, reduce_scatter, got '" + name + "'");
+  if (!op) throw std::invalid_argument("zcoll: no call named '" + name + "'");
   return *op;
 }
 
@@ -146,7 +144,7 @@ void def_cma_policy(context_class& cls) {
   cls.def(
       "set_pull_bytes",
       [](node_context& ctx, const std::string& op, std::optional<std::size_t> bytes) {
-        ctx.policy().set_pull_bytes(pulled_op(op), bytes);
+        ctx.policy().set_pull_bytes(named_op(op), bytes);
       },
       py::arg("op"), py::arg("nbytes"),
       "Local (same on every node rank): the tuning table's threshold of op (bcast, allreduce, "
@@ -155,7 +153,7 @@ void def_cma_policy(context_class& cls) {
   cls.def(
       "pull_threshold",
       [](const node_context& ctx, const std::string& op) {
-        return ctx.policy().pull_threshold(pulled_op(op));
+        return ctx.policy().pull_threshold(named_op(op));
       },
       py::arg("op"), "Fewest bytes per rank from which an op call pulls private buffers.");
   cls.def_property(
@@ -199,8 +197,11 @@ void def_cma_policy(context_class& cls) {
 void register_policy_defaults(py::module_& m) {
   m.attr("default_cma_bytes") = default_cma_bytes;
   m.attr("default_cma_push_bytes") = default_cma_push_bytes;
-  m.attr("bcast_pull_factor") = bcast_pull_factor;
-  m.attr("reduction_pull_factor") = reduction_pull_factor;
+  m.def(
+      "builtin_pull_bytes", [](const std::string& op) { return builtin_pull_bytes(named_op(op)); },
+      py::arg("op"),
+      "Fewest bytes per rank from which an op call (bcast, allreduce, reduce, reduce_scatter) "
+      "pulls private buffers without a tuning table or a forced CMA threshold.");
   m.attr("cold_array_bytes") = cold_array_bytes;
   m.attr("ONLINE_RUNS") = online_tuner::runs;
   m.def("cma_kernel_status", &cma_kernel_status,

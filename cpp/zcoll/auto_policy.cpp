@@ -50,19 +50,19 @@ std::size_t checked_pulled_index(op_code op) {
 
 }  // namespace
 
+std::size_t builtin_pull_bytes(op_code op, std::size_t cma_bytes) {
+  checked_pulled_index(op);
+  const std::size_t factor = op == op_code::bcast ? bcast_pull_factor : reduction_pull_factor;
+  return cma_bytes <= SIZE_MAX / factor ? cma_bytes * factor : SIZE_MAX;
+}
+
 void auto_policy::set_pull_bytes(op_code op, std::optional<std::size_t> bytes) {
   tuned_pulls_[checked_pulled_index(op)] = bytes;
 }
 
-std::optional<std::size_t> auto_policy::tuned_pull_bytes(op_code op) const {
-  return tuned_pulls_[checked_pulled_index(op)];
-}
-
 std::size_t auto_policy::pull_threshold(op_code op) const {
-  const std::size_t i = checked_pulled_index(op);
-  if (!cma_forced_ && tuned_pulls_[i]) return *tuned_pulls_[i];
-  const std::size_t factor = op == op_code::bcast ? bcast_pull_factor : reduction_pull_factor;
-  return cma_bytes_ <= SIZE_MAX / factor ? cma_bytes_ * factor : SIZE_MAX;
+  const std::optional<std::size_t> tuned = tuned_pulls_[checked_pulled_index(op)];
+  return !cma_forced_ && tuned ? *tuned : builtin_pull_bytes(op, cma_bytes_);
 }
 
 void auto_policy::set_rules(op_code op, std::vector<order_rule> orders,

@@ -122,6 +122,10 @@ inline constexpr std::size_t bcast_pull_factor = 128;
 inline constexpr std::size_t pulled_calls = 4;
 // Where `op`'s pull threshold is kept, or pulled_calls for a call without one.
 std::size_t pulled_index(op_code op) noexcept;
+// The built-in pull threshold of `op` (bcast, allreduce, reduce, reduce_scatter) when the
+// exchanges pull from `cma_bytes`: its factor times that ("never" stays never). Throws
+// std::invalid_argument for another op.
+std::size_t builtin_pull_bytes(op_code op, std::size_t cma_bytes = default_cma_bytes);
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
 // (transfers, P = 2): runs of 512 B pull 1.6x slower than staging, of 1 KiB 1.5x faster.
@@ -251,7 +255,6 @@ class auto_policy {
   // machine by python -m zcoll.tune (pulls): where staging in cache stops paying depends on
   // the cache and the cost of a page pin. Throws std::invalid_argument for another op.
   void set_pull_bytes(op_code op, std::optional<std::size_t> bytes);
-  std::optional<std::size_t> tuned_pull_bytes(op_code op) const;
   // Fewest bytes per rank from which an `op` call pulls private buffers: the table's, unless
   // the exchanges' threshold is forced or the table has none; else its factor times that
   // threshold (so a forced 0 pulls every size, as tests force it, and "never" never does).

@@ -284,14 +284,24 @@ _CONTEXT_ENV = tuple(var.env for var in VARIABLES.values() if var.when == "conte
 # os.environ or putenv-free code updates) without decoding each: a context's creation reads them
 # all, and os.environ.get costs ~0.5 us a variable.
 _ENV_BYTES: Any = getattr(os.environ, "_data", None)
-_INPUT_KEYS: tuple = tuple(os.fsencode(k) for k in _CONTEXT_ENV + _CACHE_DIR_ENV)
 if not isinstance(_ENV_BYTES, dict) or not all(isinstance(k, bytes) for k in _ENV_BYTES):
-    _ENV_BYTES, _INPUT_KEYS = os.environ, _CONTEXT_ENV + _CACHE_DIR_ENV  # not CPython on POSIX
+    _ENV_BYTES = os.environ  # not CPython on POSIX
+
+
+def _raw_key(env: str) -> Any:
+    return env if _ENV_BYTES is os.environ else os.fsencode(env)
+
+
+_INPUT_KEYS: tuple = tuple(map(_raw_key, _CONTEXT_ENV + _CACHE_DIR_ENV))
 # Each variable's key in _ENV_BYTES: an unset one is known without decoding the environment.
-_ENV_KEYS = {
-    name: os.fsencode(var.env) if _ENV_BYTES is not os.environ else var.env
-    for name, var in VARIABLES.items()
-}
+_ENV_KEYS = {name: _raw_key(var.env) for name, var in VARIABLES.items()}
+
+
+def _env_text(name: str) -> str | None:
+    """The text of setting `name`'s variable in this process's environment (None: unset)."""
+    if _ENV_BYTES.get(_ENV_KEYS[name]) is None:
+        return None
+    return os.environ.get(VARIABLES[name].env)
 
 
 def read(name: str, environ: Mapping[str, str] | None = None) -> Reading:
@@ -304,10 +314,7 @@ def read(name: str, environ: Mapping[str, str] | None = None) -> Reading:
         If the variable holds a value its setting does not accept.
     """
     var = VARIABLES[name]
-    if environ is None:
-        text = os.environ.get(var.env) if _ENV_BYTES.get(_ENV_KEYS[name]) is not None else None
-    else:
-        text = environ.get(var.env)
+    text = _env_text(name) if environ is None else environ.get(var.env)
     if text is None:
         default = var.default() if callable(var.default) else var.default
         return Reading(default, DEFAULT)
@@ -563,9 +570,8 @@ _BUILT_IN = {
     "eager_bytes": f"auto ({DEFAULT_EAGER_BYTES}; {OVERSUBSCRIBED_EAGER_BYTES} oversubscribed)",
     "copy_threshold": "auto (L2 / ranks per node)",
     "cma_bytes": f"auto ({_core.default_cma_bytes // 1024} KiB; bcast from "
-    f"{_core.default_cma_bytes * _core.bcast_pull_factor // 1024} KiB, reductions from "
-    f"{_core.default_cma_bytes * _core.reduction_pull_factor // 1024} KiB, or the tuning "
-    "table's)",
+    f"{_core.builtin_pull_bytes('bcast') // 1024} KiB, reductions from "
+    f"{_core.builtin_pull_bytes('allreduce') // 1024} KiB, or the tuning table's)",
     "cold_runs": "auto (while cheaper than the set-up)",
     "spin": f"auto ({DEFAULT_SPIN}; {OVERSUBSCRIBED_SPIN} oversubscribed)",
     "yields": f"auto ({DEFAULT_YIELDS}; {OVERSUBSCRIBED_YIELDS} oversubscribed)",
@@ -646,9 +652,7 @@ _remembered: tuple[tuple, Settings] | None = None
 
 def _settings_inputs() -> tuple:
     texts = tuple(map(_ENV_BYTES.get, _INPUT_KEYS))
-    topology = None
-    if _ENV_BYTES.get(_ENV_KEYS["topology"]) is not None:
-        topology = os.environ.get(VARIABLES["topology"].env)
+    topology = _env_text("topology")
     return texts, _override_count, _file_state(topology) if topology else None
 
 

@@ -538,9 +538,8 @@ def pull_threshold_from(times: dict[int, dict[str, float]], builtin: int) -> int
 
 
 def builtin_pull_bytes(call: str) -> int:
-    """Where `call` pulls without a table: its factor times the built-in CMA threshold."""
-    factor = _core.bcast_pull_factor if call == "bcast" else _core.reduction_pull_factor
-    return _core.default_cma_bytes * factor
+    """Where `call` (a table's name) pulls without a table: the engine's built-in rule."""
+    return _core.builtin_pull_bytes(_tuning.PULLED_CALLS[call])
 
 
 def pull_rules(
