@@ -563,6 +563,67 @@ def test_missing_rank_raises_peer_error(world):
     all_ranks_agree(world, bool((out == np.arange(world.size)[:, None]).all()), "world after")
 
 
+def _first_calls(comm: MPI.Comm) -> dict:
+    """The first zcoll calls on a fresh communicator, each starting with an agreement over MPI
+    (its context's creation, or a PFFT's plan) that blocking MPI calls follow."""
+    send = np.full((comm.size, 2), comm.rank, np.int64)
+    return {
+        "context": lambda: zcoll.alltoall(comm, send),
+        "pfft": lambda: zcoll.fft.PFFT(comm, (4, 4, 4), dtype=complex, backend="numpy"),
+    }
+
+
+@pytest.mark.skipif(WORLD_SIZE < 2, reason="needs a peer to come late")
+@pytest.mark.parametrize("pools", ["1", "0"])
+@pytest.mark.parametrize("call", ["context", "pfft"])
+def test_late_rank_at_a_first_call_raises_everywhere(world, monkeypatch, call, pools):
+    """The last rank makes the first call on a fresh Dup (its context made from the world's
+    node pool, or in full with ZCOLL_NODE_POOLS=0), or a PFFT, only after the others gave up
+    on it: with a 1 s timeout the others raise PeerError after about 1 s, not hanging in MPI's
+    blocking communicator calls; the late rank, which finds their part of the agreement but not
+    them, raises PeerError too rather than hanging; a second call on the communicator raises
+    at once."""
+    import zcoll.fft
+
+    monkeypatch.setenv("ZCOLL_NODE_POOLS", pools)
+    comm = world.Dup()
+    last = comm.size - 1
+    saved = zcoll.get_timeout()
+    zcoll.set_timeout(1.0)
+    try:
+        if comm.rank == last:
+            time.sleep(zcoll.get_timeout() + 0.5)
+        t0 = time.monotonic()
+        try:
+            _first_calls(comm)[call]()
+            outcome = "ok"
+        except zcoll.PeerError as exc:
+            outcome = f"PeerError: {exc}"
+        except Exception as exc:  # reported below, with every rank's outcome
+            outcome = f"{type(exc).__name__}: {exc}"
+        waited = time.monotonic() - t0
+        again, took = "", 0.0
+        if call == "context" and comm.rank != last:
+            t1 = time.monotonic()
+            try:
+                _first_calls(comm)[call]()
+                again = "ok"
+            except zcoll.PeerError as exc:
+                again = str(exc)
+            took = time.monotonic() - t1
+    finally:
+        zcoll.set_timeout(saved)
+    world.Barrier()  # MPI: every rank is back
+    ok = outcome.startswith("PeerError: ") and "did not" in outcome and 0.9 <= waited <= 3.5
+    if call == "context" and comm.rank != last:
+        ok &= "unusable after an earlier failure" in again and took < 0.25
+    all_ranks_agree(world, ok, f"{outcome} after {waited:.2f} s; again: {again} ({took:.3f} s)")
+    # The abandoned agreement stays pending on `comm` (MPI cannot cancel a collective): it is
+    # left unfreed. zcoll on other communicators is unaffected.
+    out = zcoll.alltoall(world, np.full((world.size, 2), world.rank, np.int64))
+    all_ranks_agree(world, bool((out == np.arange(world.size)[:, None]).all()), "world after")
+
+
 # --------------------------------------------------------------------------------------------
 # Whole jobs: a rank killed mid-loop
 # --------------------------------------------------------------------------------------------

@@ -523,15 +523,16 @@ void def_irregular_across_nodes(context_class& cls) {
         if (const node_messages* rounds = ctx.rounds()) rounds->check_unbroken();
       },
       "Raises ValueError once the context is closed, PeerError once it or a round between "
-      "nodes failed (nodes_fail).");
+      "nodes failed (mark_failed).");
   cls.def(
-      "nodes_fail",
+      "mark_failed",
       [](node_context& ctx, std::string why) {
+        if (!ctx.protocol().broken()) ctx.protocol().mark_broken(why);
         if (node_messages* rounds = ctx.rounds()) rounds->mark_failed(std::move(why));
       },
       py::arg("why"),
-      "Marks the rounds between nodes failed (the first reason is kept): every later round "
-      "raises PeerError at once (nodes_check); no-op on one node.");
+      "Marks the context failed after a wait of its gave up (the first reason is kept): every "
+      "later call, and every later round between nodes, raises PeerError at once.");
 }
 
 // The copies an irregular call makes on one node, and a rank's share of a stream.

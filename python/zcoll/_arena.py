@@ -147,7 +147,7 @@ def peer_arrays(comm: MPI.Comm, a: np.ndarray) -> list[np.ndarray | None]:
         segment, offset = ctx.core.where(a)
         if segment:
             mine = (segment, offset, a.nbytes, a.shape, a.dtype.str)
-    everything = comm.allgather((ctx.node_of[ctx.rank], mine))
+    everything = ctx.transport.allgather(comm, (ctx.node_of[ctx.rank], mine), "zcoll.peer_arrays")
     missing = [r for r, (_, m) in enumerate(everything) if m is None]
     if missing:
         raise ValueError(

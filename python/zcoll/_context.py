@@ -20,13 +20,14 @@ from mpi4py import MPI
 from . import _core, _exit, _node, _pool, _settings, _tuning
 from ._registry import ALLGATHER, ALLOCATE, ALLTOALL, BARRIER, COLLECTIVES, OPS, RULE_ORDER_CODES
 from ._settings import TUNING_MODES
-from ._transport import Transport
+from ._transport import Transport, barrier_bounded
 
 # Engine order code -> name, "auto" and "eager" included (online tuning's choices).
 _ORDER_NAMES = {code: name for name, code in RULE_ORDER_CODES.items()}
 
 __all__ = [
     "Context",
+    "Unusable",
     "context",
     "lookup",
     "set_timeout",
@@ -93,6 +94,8 @@ class Context:
         self.rank = comm.rank
         self.handle = comm.handle
         derived = _pool.derive(comm, s)
+        if derived is None or derived.layout.multi_node:  # blocking MPI calls follow
+            barrier_bounded(comm, _pool.CREATION)
         node = _node.join(comm, s) if derived is None else _node.from_pool(derived)
         # The node pool this context's control block is in: held while the context lives.
         self.pool: _pool.Pool | None = node.pool
@@ -241,12 +244,32 @@ class Context:
         self.pool = None
 
 
+class Unusable:
+    """The attribute of a communicator whose context creation gave up waiting for a peer
+    (PeerError `why`): every later zcoll call on it raises at once, as on a context whose
+    wait gave up, rather than start a creation its late peers would pair with the first."""
+
+    handle = None
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def close(self) -> None:
+        pass
+
+    def raise_again(self) -> NoReturn:
+        raise _core.PeerError(
+            f"zcoll: this communicator's zcoll context is unusable after an earlier failure: "
+            f"{self.why}"
+        )
+
+
 _by_handle: dict[int, Context] = {}  # MPI handle -> context; entries leave when the comm is freed
 _keyval = None
 
 
-def _delete_attribute(comm: MPI.Comm, keyval: int, ctx: Context) -> None:  # noqa: ARG001 - MPI callback signature
-    if _by_handle.get(ctx.handle) is ctx:
+def _delete_attribute(comm: MPI.Comm, keyval: int, ctx: Context | Unusable) -> None:  # noqa: ARG001 - MPI callback signature
+    if isinstance(ctx, Context) and _by_handle.get(ctx.handle) is ctx:
         del _by_handle[ctx.handle]
     ctx.close()
 
@@ -277,7 +300,7 @@ def context(comm: MPI.Comm) -> Context:
     """The zcoll context of `comm`, created collectively on first use."""
     try:
         # mpi4py's stub types every attribute value as `int | Any | None`; ours is a Context.
-        ctx: Context | None = comm.Get_attr(_attribute_key())  # type: ignore[assignment]
+        ctx: Context | Unusable | None = comm.Get_attr(_attribute_key())  # type: ignore[assignment]
     except AttributeError:
         raise TypeError(
             f"zcoll: expected an mpi4py communicator, got {type(comm).__name__}"
@@ -288,12 +311,18 @@ def context(comm: MPI.Comm) -> Context:
                 "zcoll: the communicator is MPI.COMM_NULL (freed, or this rank is not in it)"
             ) from None
         raise ValueError(f"zcoll: unusable communicator ({exc.Get_error_string()})") from None
+    if isinstance(ctx, Unusable):
+        ctx.raise_again()
     if ctx is not None:
         return ctx
     if comm.Is_inter():
         raise TypeError("zcoll: intercommunicators are not supported; use an intracommunicator")
     _exit.install(_close_all)  # before the first engine context exists
-    ctx = Context(comm)
+    try:
+        ctx = Context(comm)
+    except _core.PeerError as exc:
+        comm.Set_attr(_attribute_key(), Unusable(str(exc)))
+        raise
     comm.Set_attr(_attribute_key(), ctx)
     _by_handle[ctx.handle] = ctx
     return ctx

@@ -39,10 +39,21 @@ import numpy as np
 from mpi4py import MPI
 
 from . import _core, _settings, _tuning
+from ._transport import wait_bounded
 
-__all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "pool_for", "register"]
+__all__ = [
+    "Derived",
+    "Layout",
+    "Pool",
+    "derive",
+    "eager_capacity",
+    "pool_for",
+    "register",
+]
 
 _NO_POOL = -1
+#: What a PeerError of a context creation's wait names.
+CREATION = "the first zcoll call on this communicator (making its context)"
 _pools: list[weakref.ref[Pool]] = []  # live pools of this process, in creation order
 #: How many of the latest pools stay alive with no context (see the module's notes).
 KEPT_POOLS = 4
@@ -210,10 +221,14 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
         token = pool.token
         if layout.members[0] == comm.rank:
             block = _claim(pool.core, len(layout.members))
-    # The one agreement: every rank's pool and, from each node's lowest rank, its block.
+    # The one agreement: every rank's pool and, from each node's lowest rank, its block. It is
+    # the first message of every context creation, so its bounded wait is what keeps a rank
+    # that never makes the call from hanging the others in the blocking MPI calls of a full
+    # creation. A wait that gives up keeps the block: a late peer may still be told to use it.
     mine = np.array([token, block], dtype=np.int64)
     gathered = np.empty((comm.size, 2), dtype=np.int64)
-    comm.Allgather(mine, gathered)
+    request = comm.Iallgather(mine, gathered)
+    wait_bounded(request, comm.rank, CREATION, (mine, gathered))
     every = gathered.tolist()  # Python ints: a few are read, and NumPy's scalars cost more
     if (
         found is None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import pickle
 import time
 from typing import Any, Callable, NoReturn
 
@@ -29,13 +30,20 @@ __all__ = [
     "Route",
     "Transport",
     "VCallArgs",
+    "allgather_bounded",
+    "barrier_bounded",
     "machine_oversubscribed",
     "poll_bounded",
     "timeout_message",
+    "wait_bounded",
 ]
 
 _EAGER_POLLS = 100  # MPI_Testall polls before a wait on mpi4py requests starts yielding
 NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
+# The mpi4py requests of waits that gave up, each with the buffers it reads and writes. MPI
+# forbids freeing an unfinished collective's request, and a late peer may still complete it,
+# writing into its buffers: both stay alive for good (one small entry per failure).
+_abandoned: list[tuple[MPI.Request, tuple]] = []
 # Where the extension sends a context's messages between nodes: (private dup's C handle, rank,
 # the rounds' tag, sends of a round in flight at most).
 Route = tuple[int, int, int, int]
@@ -147,10 +155,18 @@ class Transport:
         return route
 
     def fail(self, why: str) -> NoReturn:
-        """A wait between nodes failed: every later call on this context raises at once (the
-        failure is kept in the engine, which the one-crossing path also asks)."""
-        self.core.nodes_fail(why)
+        """A wait of this context failed: every later call on it raises at once (the failure
+        is kept in the engine, which the one-crossing path also asks)."""
+        self.core.mark_failed(why)
         raise _core.PeerError(why)
+
+    def allgather(self, comm: MPI.Comm, obj: Any, what: str) -> list:
+        """:func:`allgather_bounded` over this context's communicator `comm`; a wait that
+        gives up breaks the context."""
+        try:
+            return allgather_bounded(comm, obj, what)
+        except _core.PeerError as exc:
+            self.fail(str(exc))
 
     def close(self) -> None:
         if self.dup is not None and not MPI.Is_finalized():
@@ -197,6 +213,41 @@ def poll_bounded(step: Callable[[], bool], oversubscribed: bool) -> bool:
         else:
             os.sched_yield()
     return True
+
+
+def wait_bounded(request: MPI.Request, rank: int, what: str, keep: tuple = ()) -> None:
+    """Wait for one mpi4py request (a nonblocking collective, typically) at most the zcoll
+    timeout; then raise PeerError ("rank `rank`: `what`: a peer did not take part ..."),
+    keeping the request and `keep` (the buffers it uses) alive for good."""
+    if request.Test() or poll_bounded(request.Test, machine_oversubscribed()):
+        return
+    _abandoned.append((request, keep))
+    raise _core.PeerError(timeout_message(rank, what, "a peer"))
+
+
+def barrier_bounded(comm: MPI.Comm, what: str) -> None:
+    """Collective: one ``Ibarrier``, its wait bounded (:func:`wait_bounded`). After an
+    agreement that blocking MPI calls follow (communicator constructors): a rank that came
+    after its peers gave up on the agreement has the agreement's answer but no peers, and
+    raises PeerError here where a blocking call would hang."""
+    wait_bounded(comm.Ibarrier(), comm.rank, what)
+
+
+def allgather_bounded(comm: MPI.Comm, obj: Any, what: str) -> list:
+    """Collective: ``comm.allgather(obj)`` with bounded waits (:func:`wait_bounded`): the
+    pickled sizes in one ``Iallgather``, then the pickles in one ``Iallgatherv``. For the
+    rare agreements that carry Python objects (topologies, error messages)."""
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    mine = np.array([data.size], np.int64)
+    sizes = np.empty(comm.size, np.int64)
+    wait_bounded(comm.Iallgather(mine, sizes), comm.rank, what, (mine, sizes))
+    starts = np.zeros(comm.size, np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    gathered = bytearray(int(sizes.sum()))
+    spec = [gathered, sizes.tolist(), starts.tolist(), MPI.BYTE]
+    wait_bounded(comm.Iallgatherv(data, spec), comm.rank, what, (data, gathered))
+    view = memoryview(gathered)
+    return [pickle.loads(view[a : a + n]) for a, n in zip(starts.tolist(), sizes.tolist())]
 
 
 @functools.cache

@@ -125,7 +125,7 @@ def _pattern(ctx: Context, comm: MPI.Comm, opname: str, neighbours: bool) -> Pat
                 f"zcoll.{opname}: the communicator has no process topology "
                 "(make one with comm.Create_cart, Create_dist_graph_adjacent or Create_dist_graph)"
             )
-        gathered = comm.allgather(lists)
+        gathered = ctx.transport.allgather(comm, lists, f"zcoll.{opname} (its topology)")
         all_sends = tuple(s for s, _ in gathered)
         all_recvs = tuple(r for _, r in gathered)
     else:
@@ -428,10 +428,11 @@ def _new_result(ctx: Context, comm: MPI.Comm, opname: str, label: str, pattern: 
     except (TypeError, ValueError) as exc:
         error = (isinstance(exc, TypeError), f"zcoll.{label}: {exc}")
         count = 0
+    what = f"zcoll.{label} (making its result)"
     if opname == _registry.ALLGATHERV:  # the counts travel with the verdicts
-        gathered = comm.allgather((count, error))
+        gathered = ctx.transport.allgather(comm, (count, error), what)
     else:
-        gathered = [(0, e) for e in comm.allgather(error)]
+        gathered = [(0, e) for e in ctx.transport.allgather(comm, error, what)]
     for _, failed in gathered:
         if failed is not None:
             raise (TypeError if failed[0] else ValueError)(failed[1])

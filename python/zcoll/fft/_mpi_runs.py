@@ -27,9 +27,9 @@ from mpi4py import MPI
 
 from .. import _core
 from .._settings import current
-from .._transport import machine_oversubscribed, poll_bounded, timeout_message
+from .._transport import allgather_bounded, wait_bounded
 
-__all__ = ["ColdCalls", "MpiRuns", "agree_min", "wait_bounded"]
+__all__ = ["ColdCalls", "MpiRuns", "agree_min"]
 
 
 @functools.cache
@@ -132,7 +132,7 @@ class MpiRuns:
         transposes)."""
         sends, recvs = self._sides[side] or self._side(side)
         request = self.comm.Ialltoallw((src, *sends), (dst, *recvs))
-        wait_bounded(request, self.comm, what, "through MPI")
+        wait_bounded(request, self.comm.rank, f"{what} (through MPI)", (src, dst, sends, recvs))
 
     def _suits(self, src, dst, side: int) -> bool:
         """Whether this rank's arrays suit a run through MPI (None: they do not)."""
@@ -166,19 +166,13 @@ class MpiRuns:
         return made
 
 
-def wait_bounded(request: MPI.Request, comm: MPI.Comm, what: str, doing: str) -> None:
-    """Wait for `request`, bounded by the zcoll timeout (then PeerError: "`what` (`doing`)")."""
-    if not request.Test() and not poll_bounded(request.Test, machine_oversubscribed()):
-        raise _core.PeerError(timeout_message(comm.rank, f"{what} ({doing})", "a peer"))
-
-
 def agree_min(comm: MPI.Comm, code: int, flags: tuple[np.ndarray, np.ndarray], what: str) -> int:
     """Collective: the smallest of the ranks' `code` (one Iallreduce, bounded wait); `flags`:
     the caller's two int32 scalars, kept so that an agreement allocates nothing."""
     mine, every = flags
     mine[()] = code
     request = comm.Iallreduce(mine, every, op=MPI.MIN)
-    wait_bounded(request, comm, what, "agreeing on a run through MPI")
+    wait_bounded(request, comm.rank, f"{what} (agreeing on a run through MPI)", flags)
     return int(every)
 
 
@@ -205,6 +199,7 @@ class ColdCalls:
     def raise_first(self, name: str, error: Exception | None) -> NoReturn:
         """Collective, after an agreement that found an error: every rank raises the first
         failing rank's error (its type and message, with its rank)."""
-        everyone = self.comm.allgather(None if error is None else (type(error), str(error)))
+        mine = None if error is None else (type(error), str(error))
+        everyone = allgather_bounded(self.comm, mine, name)
         rank, (kind, message) = next((r, e) for r, e in enumerate(everyone) if e is not None)
         raise kind(f"[rank {rank}] {name}: {message}")

@@ -37,6 +37,7 @@ from .._context import Context, has_context, lookup
 from .._pool import pool_for
 from .._registry import AUTO
 from .._settings import current, settings
+from .._transport import allgather_bounded, barrier_bounded, wait_bounded
 from ._mpi_runs import ColdCalls, MpiRuns
 from .libfft import FFT, planned_arrays
 from .pencil import Pencil, Subcomm, TransferPlan, arena_arrays, carve, carved_bytes, transfer_init
@@ -265,6 +266,8 @@ class PFFT:
         self.components = components
         self._lead_outputs: dict[tuple, np.ndarray] = {}
         self._fuse_choice: dict[tuple[int, ...], bool] = {}
+        if isinstance(comm, MPI.Comm) and darray is None:  # Create_cart and Sub follow
+            barrier_bounded(comm, "zcoll.fft.PFFT (making its Subcomm)")
         self.subcomm = _make_subcomm(comm, spec, darray)
         self._alloc_comm = _allocation_comm(comm, self.subcomm)
         # The pool from whose arena this rank makes the plan's arrays alone (_arrays), until
@@ -1121,10 +1124,10 @@ def _agree_everywhere(comm, spec, problem, options, local: bool) -> bool:
     """Raise the first rank's argument error on every rank, or an error if ranks disagree;
     else return whether every rank's `local` is True (_small_and_pooled).
 
-    One Allreduce(MAX) of [error flag, digest, -digest, -local] settles the common case (no
-    rank has an error and every rank's arguments hash alike: the maximum digest equals the
-    minimum); only then does every rank see every rank's arguments, to name the first
-    culprit."""
+    One Iallreduce(MAX) of [error flag, digest, -digest, -local], its wait bounded, settles the
+    common case (no rank has an error and every rank's arguments hash alike: the maximum digest
+    equals the minimum); only then does every rank see every rank's arguments, to name the
+    first culprit."""
     world = comm if isinstance(comm, MPI.Comm) else getattr(comm, "comm", comm[0])
     transforms, backend, collapse, exchange, keywords = options
     keys = None if transforms is None else sorted(map(repr, transforms))
@@ -1134,10 +1137,11 @@ def _agree_everywhere(comm, spec, problem, options, local: bool) -> bool:
     err = None if problem is None else (type(problem).__name__, str(problem))
     digest = int.from_bytes(hashlib.blake2b(repr(mine).encode(), digest_size=7).digest(), "little")
     summary = np.array([err is not None, digest, -digest, -int(local)], dtype=np.int64)
-    world.Allreduce(MPI.IN_PLACE, summary, op=MPI.MAX)
+    what = "zcoll.fft.PFFT (agreeing on the plan)"
+    wait_bounded(world.Iallreduce(MPI.IN_PLACE, summary, op=MPI.MAX), world.rank, what, (summary,))
     if summary[0] == 0 and summary[1] == -summary[2]:
         return bool(summary[3] == -1)
-    everyone = world.allgather((mine, err))
+    everyone = allgather_bounded(world, (mine, err), what)
     for rank, (_, e) in enumerate(everyone):
         if e:
             cls = TypeError if e[0] == "TypeError" else ValueError
