@@ -668,13 +668,15 @@ from mpi4py import MPI
 import zcoll
 
 comm = MPI.COMM_WORLD
-mode, out = sys.argv[1], sys.argv[2]
+mode, out, where = sys.argv[1], sys.argv[2], sys.argv[3]
 with open(os.path.join(out, f"pid.{comm.rank}"), "w") as f:
     f.write(str(os.getpid()))
 send = zcoll.empty(comm, (comm.size, 4), np.float64)
 recv = zcoll.empty(comm, (comm.size, 4), np.float64)
 for _ in range(100):
     zcoll.alltoall(comm, send, recv)
+if where == "first":  # the others' call is the first on a fresh communicator: its creation
+    comm, send, recv = comm.Dup(), np.zeros((comm.size, 4)), np.zeros((comm.size, 4))
 comm.Barrier()
 if comm.rank == 1:
     if mode == "exception":
@@ -715,7 +717,19 @@ def test_departing_rank_ends_the_job_at_once(tmp_path, mode):
     process lives on in MPI_Finalize or dies of the signal. The others raise PeerError naming
     rank 1 and how it left within 1 s (2 s allowed on a loaded machine) although
     ZCOLL_TIMEOUT is 60 s, the job ends, and no zcoll segment of it is left in /dev/shm."""
-    proc, took = run_clean_job(tmp_path, DEPARTING_JOB, 4, [mode, str(tmp_path)], "60")
+    _check_departure(tmp_path, mode, "call")
+
+
+@alone
+@pytest.mark.parametrize("mode", ["exception", "end", "sigterm"])
+def test_departing_rank_ends_a_first_call_at_once(tmp_path, mode):
+    """The same, where the others' call is the first on a fresh Dup: its context's agreement
+    over MPI learns of the departure from the barriers of the communicator it derives from."""
+    _check_departure(tmp_path, mode, "first")
+
+
+def _check_departure(tmp_path, mode: str, where: str) -> None:
+    proc, took = run_clean_job(tmp_path, DEPARTING_JOB, 4, [mode, str(tmp_path), where], "60")
     reports = re.findall(r"<<PEERERROR rank=(\d+) after=([\d.]+) (.*?)>>", proc.stdout, re.S)
     assert sorted(r for r, _, _ in reports) == ["0", "2", "3"], f"{proc.stdout}\n{proc.stderr}"
     for rank, after, message in reports:

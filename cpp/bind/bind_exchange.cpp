@@ -636,6 +636,14 @@ void def_context_state(context_class& cls) {
     ctx.barrier();
   });
   cls.def(
+      "gone_peers",
+      [](node_context& ctx) {
+        using gone = std::vector<std::pair<std::int32_t, std::string>>;
+        return ctx.closed() ? gone{} : ctx.protocol().barrier().gone_peers();
+      },
+      "Local: (pid, why) of each node peer that announced its departure (why: \"left ...\") or "
+      "whose process is gone (\"died\"); none once the context is closed.");
+  cls.def(
       "setup_eager",
       [](node_context& ctx, std::size_t nbytes) {
         py::gil_scoped_release release;

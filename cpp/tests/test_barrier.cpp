@@ -442,6 +442,24 @@ TEST_CASE("barrier: a departed participant is reported at once, with how it left
   }
 }
 
+TEST_CASE("barrier: gone_peers names the departed and the dead, never this rank") {
+  shared_area s;
+  constexpr int n = 3;
+  const std::int32_t dead = 1 << 30;  // above any pid_max: no such process
+  const std::vector<std::int32_t> pids{::getpid(), ::getpid(), dead};
+  auto me = make_barrier(s.area, 0, n, barrier_kind::central, quick(30.0), pids);
+  auto other = make_barrier(s.area, 1, n, barrier_kind::central, quick(30.0), pids);
+  auto gone = me.gone_peers();
+  REQUIRE(gone.size() == 1);  // only rank 2's process is gone so far
+  CHECK(gone[0] == std::pair<std::int32_t, std::string>{dead, "died"});
+  other.depart(zcoll::departure_reason::signal, "SIGTERM");
+  gone = me.gone_peers();
+  REQUIRE(gone.size() == 2);
+  CHECK(gone[0] == std::pair<std::int32_t, std::string>{::getpid(), "left on SIGTERM"});
+  CHECK(gone[1].second == "died");
+  CHECK(other.gone_peers().size() == 1);  // its own departure is not a peer's
+}
+
 TEST_CASE("barrier: the interrupt check abandons a wait, and the peers do not pass it") {
   shared_area s;
   const std::vector<std::int32_t> pids(2, ::getpid());

@@ -279,6 +279,19 @@ std::uint64_t node_barrier::arrivals(int r) const noexcept {
                   entered(r, 1).load(std::memory_order_acquire));
 }
 
+std::vector<std::pair<std::int32_t, std::string>> node_barrier::gone_peers() const {
+  std::vector<std::pair<std::int32_t, std::string>> gone;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const auto pid = pids_[static_cast<std::size_t>(r)];
+    if (words_[r].departed.load(std::memory_order_acquire) != 0)
+      gone.emplace_back(pid, departure_text(words_[r]));
+    else if (detail::process_is_dead(pid))
+      gone.emplace_back(pid, "died");
+  }
+  return gone;
+}
+
 bool node_barrier::any_laggard_gone(std::uint64_t target) const {
   for (int r = 0; r < size_; ++r) {
     if (arrivals(r) >= target) continue;

@@ -22,6 +22,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zcoll/options.hpp"
@@ -124,6 +125,10 @@ class node_barrier {
   void depart(departure_reason reason, const char* text) noexcept;
   // The process of this rank, as given at construction.
   std::int32_t own_pid() const noexcept { return pids_[static_cast<std::size_t>(rank_)]; }
+  // (pid, "left ..." or "died") of each peer that announced its departure or whose process is
+  // gone, whether or not a barrier waits for it: what a wait outside the barrier (a new
+  // communicator's agreement over MPI) asks to learn of a peer that will never come.
+  std::vector<std::pair<std::int32_t, std::string>> gone_peers() const;
 
   std::uint64_t completed() const noexcept { return count_; }
   const wait_options& options() const noexcept { return options_; }

@@ -99,6 +99,7 @@ class Context:
         node = _node.join(comm, s) if derived is None else _node.from_pool(derived)
         # The node pool this context's control block is in: held while the context lives.
         self.pool: _pool.Pool | None = node.pool
+        node.pool.contexts.add(self)
         self.node_size = node.size
         self.node_rank = node.rank
         self.local_ranks = node.local_ranks

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import weakref
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -82,6 +84,8 @@ class Pool:
     # The layouts of communicators derived from the pool, by their pool ranks (Layout), the
     # most recently made last; at most MAX_LAYOUTS.
     layouts: dict[tuple[int, ...], Layout] = dataclasses.field(default_factory=dict)
+    # Its live contexts (zcoll._context.Context), whose barriers know which peers left or died.
+    contexts: weakref.WeakSet[Any] = dataclasses.field(default_factory=weakref.WeakSet)
 
 
 def eager_capacity(s: _settings.Settings) -> int:
@@ -228,7 +232,8 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
     mine = np.array([token, block], dtype=np.int64)
     gathered = np.empty((comm.size, 2), dtype=np.int64)
     request = comm.Iallgather(mine, gathered)
-    wait_bounded(request, comm.rank, CREATION, (mine, gathered))
+    gone = None if found is None else functools.partial(_gone_peers, *found)
+    wait_bounded(request, comm.rank, CREATION, (mine, gathered), gone)
     every = gathered.tolist()  # Python ints: a few are read, and NumPy's scalars cost more
     if (
         found is None
@@ -238,6 +243,19 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
         _fall_back(found, block)
         return None
     return Derived(pool, layout, every[layout.members[0]][1])
+
+
+def _gone_peers(pool: Pool, layout: Layout) -> str:
+    """Why ranks of the derived communicator on this node will never take part in its
+    agreement ("peer rank 2 (pid 7) left on an uncaught ValueError", each such rank), or "":
+    what the barriers of the pool's live contexts know of their processes."""
+    pids = {pool.places[layout.ranks[m]][0]: m for m in layout.members}
+    found = {pid: why for ctx in list(pool.contexts) for pid, why in ctx.core.gone_peers()}
+    return "; ".join(
+        f"peer rank {pids[pid]} (pid {pid}) {why}"
+        for pid, why in sorted(found.items(), key=lambda item: pids.get(item[0], -1))
+        if pid in pids
+    )
 
 
 def _fall_back(found: tuple[Pool, Layout] | None, block: int) -> None:

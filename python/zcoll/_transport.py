@@ -190,14 +190,17 @@ class Transport:
             self.fail(str(e))
 
 
-def poll_bounded(step: Callable[[], bool], oversubscribed: bool) -> bool:
+def poll_bounded(
+    step: Callable[[], bool], oversubscribed: bool, gone: Callable[[], str] | None = None
+) -> bool:
     """Runs `step` until it returns True (then True), at most the zcoll timeout (then False).
     Polls a little, then lets the core go between polls (a peer may need it), then sleeps once
     the wait is clearly long. Letting it go: a zero sleep where ranks outnumber cores (a nap of
     the kernel's timer slack, about 50 us, which leaves the core to the peer that needs it), else
     sched_yield (the core comes back at once: a zero sleep's nap cost a cold transfer on two
     ranks of two cores 4x its time; sched_yield cost a reduction on four ranks of two cores 1.6x
-    its time)."""
+    its time). `gone` (see wait_bounded) is asked before each sleep: a reason ends the wait
+    (False)."""
     start, polls = time.monotonic(), 0
     while not step():
         polls += 1
@@ -207,6 +210,8 @@ def poll_bounded(step: Callable[[], bool], oversubscribed: bool) -> bool:
         if waited >= get_timeout():
             return False
         if waited >= 0.01:
+            if gone is not None and gone():
+                return False
             time.sleep(1e-3)
         elif oversubscribed:
             time.sleep(0)
@@ -215,14 +220,25 @@ def poll_bounded(step: Callable[[], bool], oversubscribed: bool) -> bool:
     return True
 
 
-def wait_bounded(request: MPI.Request, rank: int, what: str, keep: tuple = ()) -> None:
+def wait_bounded(
+    request: MPI.Request,
+    rank: int,
+    what: str,
+    keep: tuple = (),
+    gone: Callable[[], str] | None = None,
+) -> None:
     """Wait for one mpi4py request (a nonblocking collective, typically) at most the zcoll
     timeout; then raise PeerError ("rank `rank`: `what`: a peer did not take part ..."),
-    keeping the request and `keep` (the buffers it uses) alive for good."""
-    if request.Test() or poll_bounded(request.Test, machine_oversubscribed()):
+    keeping the request and `keep` (the buffers it uses) alive for good. `gone`, asked once
+    the wait is long, says why a peer will never come ("peer rank 2 (pid 7) died"; "" while
+    none is known to): the wait then gives up at once, with that reason."""
+    if request.Test() or poll_bounded(request.Test, machine_oversubscribed(), gone):
         return
     _abandoned.append((request, keep))
-    raise _core.PeerError(timeout_message(rank, what, "a peer"))
+    why = gone() if gone is not None else ""
+    raise _core.PeerError(
+        f"zcoll: rank {rank}: {what}: {why}" if why else timeout_message(rank, what, "a peer")
+    )
 
 
 def barrier_bounded(comm: MPI.Comm, what: str) -> None:
