@@ -250,8 +250,6 @@ class Unusable:
     (PeerError `why`): every later zcoll call on it raises at once, as on a context whose
     wait gave up, rather than start a creation its late peers would pair with the first."""
 
-    handle = None
-
     def __init__(self, why: str) -> None:
         self.why = why
 
@@ -260,8 +258,8 @@ class Unusable:
 
     def raise_again(self) -> NoReturn:
         raise _core.PeerError(
-            f"zcoll: this communicator's zcoll context is unusable after an earlier failure: "
-            f"{self.why}"
+            "zcoll: this communicator's zcoll context is unusable after an earlier failure: "
+            + self.why
         )
 
 
