@@ -104,14 +104,17 @@ def test_bad_array_on_one_rank_raises_everywhere(world, wrong):
 
 
 def test_a_wait_gives_up_with_peer_error(monkeypatch):
-    """A run through MPI waits at most the zcoll timeout, then raises PeerError."""
+    """A run through MPI waits at most the zcoll timeout, then raises PeerError, keeping the
+    unfinished request and the buffers it may still write alive."""
     buffer = np.zeros(1)
     request = MPI.COMM_SELF.Irecv(buffer, source=0, tag=77)  # never sent
     previous = zcoll.get_timeout()
     zcoll.set_timeout(0.2)
     try:
         with pytest.raises(_core.PeerError, match="did not take part within 0.2 s"):
-            _transport.wait_bounded(request, 0, "a test")
+            _transport.wait_bounded(request, 0, "a test", (buffer,))
+        kept_request, kept = _transport._abandoned[-1]
+        assert kept_request is request and kept[0] is buffer
     finally:
         zcoll.set_timeout(previous)
         request.Cancel()
