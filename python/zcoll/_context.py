@@ -93,13 +93,12 @@ class Context:
         self.size = comm.size
         self.rank = comm.rank
         self.handle = comm.handle
-        derived = _pool.derive(comm, s)
+        derived = _pool.derive(comm, s, _live_contexts)
         if derived is None or derived.layout.multi_node:  # blocking MPI calls follow
             barrier_bounded(comm, _pool.CREATION)
         node = _node.join(comm, s) if derived is None else _node.from_pool(derived)
         # The node pool this context's control block is in: held while the context lives.
         self.pool: _pool.Pool | None = node.pool
-        node.pool.contexts.add(self)
         self.node_size = node.size
         self.node_rank = node.rank
         self.local_ranks = node.local_ranks

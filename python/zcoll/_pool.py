@@ -35,6 +35,7 @@ import collections
 import dataclasses
 import functools
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -43,15 +44,7 @@ from mpi4py import MPI
 from . import _core, _settings, _tuning
 from ._transport import wait_bounded
 
-__all__ = [
-    "Derived",
-    "Layout",
-    "Pool",
-    "derive",
-    "eager_capacity",
-    "pool_for",
-    "register",
-]
+__all__ = ["Derived", "Layout", "Pool", "derive", "eager_capacity", "pool_for", "register"]
 
 _NO_POOL = -1
 #: What a PeerError of a context creation's wait names.
@@ -84,8 +77,6 @@ class Pool:
     # The layouts of communicators derived from the pool, by their pool ranks (Layout), the
     # most recently made last; at most MAX_LAYOUTS.
     layouts: dict[tuple[int, ...], Layout] = dataclasses.field(default_factory=dict)
-    # Its live contexts (zcoll._context.Context), whose barriers know which peers left or died.
-    contexts: weakref.WeakSet[Any] = dataclasses.field(default_factory=weakref.WeakSet)
 
 
 def eager_capacity(s: _settings.Settings) -> int:
@@ -214,10 +205,11 @@ def pool_for(comm: MPI.Comm, s: _settings.Settings) -> Pool | None:
     return None if found is None else found[0]
 
 
-def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
+def derive(comm: MPI.Comm, s: _settings.Settings, live: Iterable[Any] = ()) -> Derived | None:
     """Collective over `comm`: its node from a pool and this node's block of the pool segment;
     None on every rank when the context must be created in full (no pool every rank shares, a
-    full pool segment, pools off)."""
+    full pool segment, pools off). `live`: the process's live contexts, whose barriers tell the
+    agreement's wait of a node peer that left or died."""
     found = _containing(comm, s) if s.node_pools == "1" else None
     token, block = _NO_POOL, -1
     if found is not None:
@@ -232,7 +224,7 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
     mine = np.array([token, block], dtype=np.int64)
     gathered = np.empty((comm.size, 2), dtype=np.int64)
     request = comm.Iallgather(mine, gathered)
-    gone = None if found is None else functools.partial(_gone_peers, *found)
+    gone = None if found is None else functools.partial(_gone_peers, *found, live)
     wait_bounded(request, comm.rank, CREATION, (mine, gathered), gone)
     every = gathered.tolist()  # Python ints: a few are read, and NumPy's scalars cost more
     if (
@@ -245,17 +237,19 @@ def derive(comm: MPI.Comm, s: _settings.Settings) -> Derived | None:
     return Derived(pool, layout, every[layout.members[0]][1])
 
 
-def _gone_peers(pool: Pool, layout: Layout) -> str:
+def _gone_peers(pool: Pool, layout: Layout, live: Iterable[Any]) -> str:
     """Why ranks of the derived communicator on this node will never take part in its
     agreement ("peer rank 2 (pid 7) left on an uncaught ValueError", each such rank), or "":
     what the barriers of the pool's live contexts know of their processes."""
-    pids = {pool.places[layout.ranks[m]][0]: m for m in layout.members}
-    found = {pid: why for ctx in list(pool.contexts) for pid, why in ctx.core.gone_peers()}
-    return "; ".join(
-        f"peer rank {pids[pid]} (pid {pid}) {why}"
-        for pid, why in sorted(found.items(), key=lambda item: pids.get(item[0], -1))
-        if pid in pids
-    )
+    rank_of = {pool.places[layout.ranks[m]][0]: m for m in layout.members}  # pid -> comm rank
+    gone = {
+        rank_of[pid]: f"peer rank {rank_of[pid]} (pid {pid}) {why}"
+        for ctx in list(live)
+        if ctx.pool is pool
+        for pid, why in ctx.core.gone_peers()
+        if pid in rank_of
+    }
+    return "; ".join(gone[rank] for rank in sorted(gone))
 
 
 def _fall_back(found: tuple[Pool, Layout] | None, block: int) -> None:

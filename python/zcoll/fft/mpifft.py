@@ -266,8 +266,6 @@ class PFFT:
         self.components = components
         self._lead_outputs: dict[tuple, np.ndarray] = {}
         self._fuse_choice: dict[tuple[int, ...], bool] = {}
-        if isinstance(comm, MPI.Comm) and darray is None:  # Create_cart and Sub follow
-            barrier_bounded(comm, "zcoll.fft.PFFT (making its Subcomm)")
         self.subcomm = _make_subcomm(comm, spec, darray)
         self._alloc_comm = _allocation_comm(comm, self.subcomm)
         # The pool from whose arena this rank makes the plan's arrays alone (_arrays), until
@@ -1091,6 +1089,8 @@ def _make_subcomm(comm, spec: _Spec, darray):
     if isinstance(comm, Subcomm):
         return comm
     assert spec.dims is not None
+    # Collective: after the bounded agreement, before Create_cart and Sub, which block.
+    barrier_bounded(comm, "zcoll.fft.PFFT (making its Subcomm)")
     return Subcomm(comm, spec.dims)
 
 
