@@ -43,7 +43,7 @@ NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
 # The mpi4py requests of waits that gave up, each with the buffers it reads and writes. MPI
 # forbids freeing an unfinished collective's request, and a late peer may still complete it,
 # writing into its buffers: both stay alive for good (one small entry per failure).
-_abandoned: list[tuple[MPI.Request, tuple]] = []
+_abandoned: list[tuple[MPI.Request | list[MPI.Request], tuple]] = []
 # Where the extension sends a context's messages between nodes: (private dup's C handle, rank,
 # the rounds' tag, sends of a round in flight at most).
 Route = tuple[int, int, int, int]
@@ -138,10 +138,11 @@ class Transport:
         """Wait for mpi4py requests at most the zcoll timeout; then raise PeerError naming the
         peers (``peers[i]`` is the rank behind ``requests[i]``) and break the context."""
 
-        def late() -> list[int]:
-            return sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
-
-        self._poll(lambda: MPI.Request.Testall(requests), what, late)
+        if poll_bounded(lambda: MPI.Request.Testall(requests), self.oversubscribed):
+            return
+        ranks = sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
+        _abandoned.append((requests, ()))
+        self.fail(timeout_message(self.rank, what, f"rank(s) {ranks}" if ranks else None))
 
     def check(self) -> Route:
         """Before a call across nodes: its route (see `route`); the engine's ValueError once
@@ -173,13 +174,6 @@ class Transport:
             self.dup.Free()
         self.dup = None
         self.handle = None
-
-    def _poll(self, step: Callable[[], bool], what: str, late: Callable[[], list[int]]) -> None:
-        """Runs `step` until it returns True, at most the zcoll timeout; then breaks the
-        context, naming the ranks `late` says are still waited for."""
-        if not poll_bounded(step, self.oversubscribed):
-            ranks = late()
-            self.fail(timeout_message(self.rank, what, f"rank(s) {ranks}" if ranks else None))
 
     def _in_cpp(self, call: Callable, *args):
         """Runs `call`, an exchange between nodes in the extension (the GIL released, bounded
