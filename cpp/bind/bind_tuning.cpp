@@ -139,8 +139,8 @@ void def_cma_policy(context_class& cls) {
       "Fewest bytes per rank an exchange receives to pull private buffers by CMA (larger than "
       "any: never), or None where it is not forced: the built-in threshold "
       "(default_cma_bytes), bcast and the reductions pulling from the tuning table's "
-      "thresholds. Forced, bcast and the reductions pull from their factor times it, whatever "
-      "the table says. The same on every rank.");
+      "thresholds. Forced, bcast and the reductions pull from their defaults scaled by its ratio "
+      "to default_cma_bytes, whatever the table says. The same on every rank.");
   cls.def(
       "set_pull_bytes",
       [](node_context& ctx, const std::string& op, std::optional<std::size_t> bytes) {

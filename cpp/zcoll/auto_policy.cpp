@@ -52,8 +52,11 @@ std::size_t checked_pulled_index(op_code op) {
 
 std::size_t builtin_pull_bytes(op_code op, std::size_t cma_bytes) {
   checked_pulled_index(op);
-  const std::size_t factor = op == op_code::bcast ? bcast_pull_factor : reduction_pull_factor;
-  return cma_bytes <= SIZE_MAX / factor ? cma_bytes * factor : SIZE_MAX;
+  const std::size_t base =
+      op == op_code::bcast ? default_bcast_pull_bytes : default_reduction_pull_bytes;
+  const unsigned __int128 scaled =
+      static_cast<unsigned __int128>(base) * cma_bytes / default_cma_bytes;
+  return scaled < SIZE_MAX ? static_cast<std::size_t>(scaled) : SIZE_MAX;
 }
 
 void auto_policy::set_pull_bytes(op_code op, std::optional<std::size_t> bytes) {

@@ -19,18 +19,19 @@
  * traffic where no table covers this node size. The model and m are the same on every rank, so
  * the choice is too.
  *
- * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives more than
- * cma_bytes() pulls its blocks from the senders' private memory by CMA (one copy, a system
- * call per block); at most that, where every rank's buffers are private, goes through the
- * eager slots (two copies, one barrier; eager_takes); anything else smaller is staged (three
- * copies and one more barrier, no system call). Staging costs grow with the bytes received,
- * CMA's with the blocks, so the threshold is on the bytes received. Measured at P = 2 (python
- * -m zcoll.bench alltoall|allgather|alltoallv --buffers numpy, and alltoall --persistent, the
- * default against ZCOLL_CMA_BYTES=0 and ZCOLL_EAGER_BYTES=16384; docs/performance.md, "Heap
- * look-ups memoised; ..."): between 8 and 16 KiB received, CMA beat staging by 15-40 % in every
- * call and plan, and the slots beat CMA up to 8 KiB; at P = 4 CMA beat staging from 4 KiB
- * received (the earlier "Plain NumPy buffers" table).
- *
+ * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives at least
+ * cma_bytes() pulls its blocks from the senders' private memory by CMA (one copy, two barriers,
+ * a system call per block); less than that, where every rank's buffers are private, goes through
+ * the eager slots as long as they hold it (two copies, one barrier; eager_takes); anything else
+ * smaller is staged (three copies and one more barrier, no system call). Measured at P = 2 and 4
+ * on every exchange (EPYC VM, 2 vCPUs, 32 MiB L3; tools/measure/irregular_paths.py, the bench's
+ * counts, each path forced in turn within one launch; docs/performance.md, "Plain arrays: the
+ * slots up to their capacity"): the slots beat CMA by 1.6-3x up to their 16 KiB at P = 2, where a
+ * pull's floor is 4-6 us against the slots' 1-3; beyond them staging beat CMA at 17-20 KiB
+ * received (by 7-25 %, P = 2 and 4) and lost from 29 KiB at P = 2 (by 5-15 %). With send buffers
+ * rewritten before each call, as a program's are, staging stayed ahead further (to 128 KiB at P =
+ * 2): a send buffer that does not change stays in the receiver's cache between the loop's calls,
+ * which only a pull gets to read. Hence 24 KiB, between the two.
  * Irregular calls (vexchange.hpp) decide the eager path after the ranks publish, each rank by
  * eager_takes(): within the eager size, and -- a rank whose buffers are outside shared memory --
  * up to the CMA size where the slots hold it; beyond it, Morton order.
@@ -94,37 +95,37 @@ double thread_cpu_seconds() noexcept;
 // `numa_domains` NUMA nodes.
 block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) noexcept;
 
-// Bytes per rank an exchange receives beyond which it pulls by CMA under the built-in rule
-// (above); it pulls at exactly this size too where the slots do not take it.
-inline constexpr std::size_t default_cma_bytes = std::size_t{8} << 10;
-// Reductions pull private inputs from this many times the exchanges' CMA threshold (4 MiB by
-// default). Measured, P = 2 and 4, plain float64 inputs (docs/performance.md, "Reductions on
-// plain arrays"): staged flat beat pulled tiled for allreduce up to 1 MiB (by 16-60 %), tied at
-// 4 MiB and lost by 1.5x at 16 MiB. A reduce, where only the root needs the result, alike
-// (tools/measure/reduce_private.py reduce, staged flat against pulled tiled, in the OSU loop
-// and with inputs rewritten before each call as a program's are; "reduce of plain arrays: the
-// pull threshold"): on the EPYC VM, P = 2, pulled tiled won with rewritten inputs at 4 MiB in
-// four launches of six (by 4-34 %) and lost the OSU loop in five (by 10-34 %), and won both
-// from 8 MiB in every launch, by 7-40 % (P = 2 and 4); on the Xeon VM it won both at 4 MiB by
-// 16-31 %. A pull reads a peer's piece with a system call and a page pin, which staging's
-// in-cache copies undercut until the inputs outgrow the cache.
-inline constexpr std::size_t reduction_pull_factor = 512;
-// A bcast pulls a private root buffer from this many times the CMA threshold (1 MiB by
-// default). Measured, plain float64 buffers, staged against pulled (ZCOLL_CMA_BYTES never and
-// 0), two rounds each: staging (the root's one copy into shared memory, then each rank's
-// copy out, in cache) was 3-6x faster from 8 to 256 KiB and 1.8x at 1 MiB at P = 2, 2-3x from
-// 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4), where the buffers leave the cache.
-// Both factors are the defaults: a tuning table measured on the machine (zcoll.tune's pulls
-// sweep) replaces them; the EPYC VM's bcast pulls from 5.66 MiB (docs/performance.md).
-inline constexpr std::size_t bcast_pull_factor = 128;
+// Bytes per rank an exchange receives from which it pulls private buffers by CMA under the
+// built-in rule (above).
+inline constexpr std::size_t default_cma_bytes = std::size_t{24} << 10;
+// Reductions pull private inputs from 4 MiB per rank. Measured, P = 2 and 4, plain float64
+// inputs (docs/performance.md, "Reductions on plain arrays"): staged flat beat pulled tiled for
+// allreduce up to 1 MiB (by 16-60 %), tied at 4 MiB and lost by 1.5x at 16 MiB. A reduce, where
+// only the root needs the result, alike (tools/measure/reduce_private.py reduce, staged flat
+// against pulled tiled, in the OSU loop and with inputs rewritten before each call as a
+// program's are; "reduce of plain arrays: the pull threshold"): on the EPYC VM, P = 2, pulled
+// tiled won with rewritten inputs at 4 MiB in four launches of six (by 4-34 %) and lost the OSU
+// loop in five (by 10-34 %), and won both from 8 MiB in every launch, by 7-40 % (P = 2 and 4); on
+// the Xeon VM it won both at 4 MiB by 16-31 %. A pull reads a peer's piece with a system call and
+// a page pin, which staging's in-cache copies undercut until the inputs outgrow the cache.
+inline constexpr std::size_t default_reduction_pull_bytes = std::size_t{4} << 20;
+// A bcast pulls a private root buffer from 1 MiB. Measured, plain float64 buffers, staged
+// against pulled (ZCOLL_CMA_BYTES never and 0), two rounds each: staging (the root's one copy
+// into shared memory, then each rank's copy out, in cache) was 3-6x faster from 8 to 256 KiB and
+// 1.8x at 1 MiB at P = 2, 2-3x from 32 KiB to 2 MiB at P = 4; pulling won from 4 MiB (P = 4),
+// where the buffers leave the cache. Both are the defaults: a tuning table measured on the
+// machine (zcoll.tune's pulls sweep) replaces them; the EPYC VM's bcast pulls from 5.66 MiB
+// (docs/performance.md). A forced exchange threshold (ZCOLL_CMA_BYTES, tests) scales both by
+// its ratio to default_cma_bytes: 0 pulls every size, "never" never pulls.
+inline constexpr std::size_t default_bcast_pull_bytes = std::size_t{1} << 20;
 // The calls that pull private buffers from a threshold of their own: bcast, allreduce, reduce,
 // reduce_scatter (pulled_index); the tuning table may set each (auto_policy::set_pull_bytes).
 inline constexpr std::size_t pulled_calls = 4;
 // Where `op`'s pull threshold is kept, or pulled_calls for a call without one.
 std::size_t pulled_index(op_code op) noexcept;
 // The built-in pull threshold of `op` (bcast, allreduce, reduce, reduce_scatter) when the
-// exchanges pull from `cma_bytes`: its factor times that ("never" stays never). Throws
-// std::invalid_argument for another op.
+// exchanges pull from `cma_bytes`: its default scaled by cma_bytes / default_cma_bytes ("never"
+// stays never). Throws std::invalid_argument for another op.
 std::size_t builtin_pull_bytes(op_code op, std::size_t cma_bytes = default_cma_bytes);
 // Fewest bytes per contiguous run for a strided pull (a transfer's boxes): the kernel pins
 // the pages of every run, so short runs cost more than staging's two local copies. Measured
@@ -216,16 +217,13 @@ class auto_policy {
   static constexpr block_order irregular_order() noexcept { return block_order::morton; }
   // Whether a call that puts and takes at most `bytes` on this rank goes through the eager
   // slots when this rank's buffers are `private_buffers` (outside shared memory): within the
-  // eager size always; beyond it, private buffers up to the CMA size, as long as the slots
-  // hold them. The eager path makes two copies and one barrier where staging makes
-  // three and three; against a CMA pull (one copy, two barriers, a system call per block)
-  // its cross-core copy grows faster with the bytes. Measured at P = 2 (alltoallv and a
-  // neighbour alltoall on plain arrays, EPYC VM, docs/performance.md): eager 2.1-2.8 us
-  // against CMA's 4.6 up to 8 KiB, even at 10 KiB, behind from 15 KiB (6.1 against 4.9).
-  // alltoall and allgather take that rule too, deciding after the ranks publish (exchange.hpp's
-  // slots_if_private). Measured at P = 2 (plain float64 arrays, Xeon VM with a 480 MiB L3,
-  // python -m zcoll.bench alltoall --buffers numpy): 8 KiB received 1.46-1.57 us through the
-  // slots against 2.04-2.20 staged and 1.78-1.84 pulled.
+  // eager size always; beyond it, private buffers as long as the slots hold them (and the CMA
+  // size, when one is forced lower). The eager path makes two copies and one barrier where
+  // staging makes three and three, and a CMA pull one copy, two barriers and a system call per
+  // block. Measured at P = 2 on plain arrays (EPYC VM, tools/measure/irregular_paths.py; the
+  // header comment): through the slots 1.5-2.8 us from 8 to 16 KiB received, against CMA's 4.0-
+  // 6.0 and staging's 2.0-3.4, in every exchange. alltoall and allgather decide so after the
+  // ranks publish (exchange.hpp's slots_if_private), the irregular calls too (vexchange.hpp).
   bool eager_takes(std::size_t bytes, bool private_buffers) const noexcept {
     if (eager_fits(bytes)) return true;
     return private_buffers && private_slots_ && bytes <= eager_capacity_ && bytes <= cma_bytes_;
@@ -237,7 +235,7 @@ class auto_policy {
 
   // Exchanges receiving at least `bytes` per rank pull private buffers by CMA (SIZE_MAX:
   // never). A threshold set here is forced (ZCOLL_CMA_BYTES, tests, benchmarks): bcast and the
-  // reductions then pull from their factor times it, whatever the tuning table says.
+  // reductions then pull from their defaults scaled alike, whatever the tuning table says.
   void set_cma_bytes(std::size_t bytes) noexcept {
     cma_bytes_ = bytes;
     cma_forced_ = true;
@@ -251,12 +249,12 @@ class auto_policy {
   bool cma_forced() const noexcept { return cma_forced_; }
   // The tuning table's pull threshold of `op` (bcast, allreduce, reduce, reduce_scatter):
   // calls of at least `bytes` per rank pull private buffers, smaller ones stage them
-  // (nullopt: the built-in rule, a factor times the exchanges' threshold). Measured per
+  // (nullopt: the built-in rule, builtin_pull_bytes). Measured per
   // machine by python -m zcoll.tune (pulls): where staging in cache stops paying depends on
   // the cache and the cost of a page pin. Throws std::invalid_argument for another op.
   void set_pull_bytes(op_code op, std::optional<std::size_t> bytes);
   // Fewest bytes per rank from which an `op` call pulls private buffers: the table's, unless
-  // the exchanges' threshold is forced or the table has none; else its factor times that
+  // the exchanges' threshold is forced or the table has none; else builtin_pull_bytes of that
   // threshold (so a forced 0 pulls every size, as tests force it, and "never" never does).
   std::size_t pull_threshold(op_code op) const;
   // Fewest bytes a pulled irregular exchange's sender pushes to even out the ranks' copies
@@ -267,10 +265,10 @@ class auto_policy {
   // than stages.
   bool pulls(std::size_t recv_bytes) const noexcept { return recv_bytes >= cma_bytes_; }
   // Whether an `op` reduction of `bytes` per rank pulls private inputs rather than staging
-  // them (pull_threshold; built in: from reduction_pull_factor times the exchanges' threshold).
+  // them (pull_threshold; built in: from default_reduction_pull_bytes).
   bool pulls_reduction(std::size_t bytes, op_code op) const { return bytes >= pull_threshold(op); }
   // Whether a bcast of `bytes` from a private root buffer pulls it rather than staging it
-  // (pull_threshold; built in: from bcast_pull_factor times the exchanges' threshold).
+  // (pull_threshold; built in: from default_bcast_pull_bytes).
   bool pulls_bcast(std::size_t bytes) const { return bytes >= pull_threshold(op_code::bcast); }
   // Whether a strided pull whose contiguous runs hold `run_bytes` is worth it (always with a
   // threshold of 0: every private buffer pulled, as tests force it).

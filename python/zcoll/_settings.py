@@ -200,7 +200,7 @@ VARIABLES: Mapping[str, _Variable] = MappingProxyType(
             _Number(),
             None,
             "context",
-            "bytes received per rank beyond which plain NumPy buffers are pulled by CMA",
+            "bytes received per rank from which plain NumPy buffers are pulled by CMA",
         ),
         "cold_runs": _Variable(
             "ZCOLL_COLD_RUNS",
@@ -434,9 +434,10 @@ class Settings:
         ``ZCOLL_CMA_BYTES``: an exchange with a buffer outside shared memory (a plain NumPy
         array) in which each rank (an irregular call: its busiest rank) receives at least this
         many bytes pulls the blocks from the senders' memory by CMA (``process_vm_readv``, one
-        copy); smaller calls take the eager slots or are staged through the arena (three
-        copies). A bcast pulls from 128 times this, the reductions from 512 times, where
-        staging stops being faster. None: the measured default.
+        copy); smaller calls take the eager slots where they hold them (two copies), else
+        are staged through the arena (three copies). A bcast and the reductions pull from
+        their own defaults (1 and 4 MiB, where staging stops being faster), scaled by this
+        value's ratio to the default (24 KiB). None: the measured defaults.
     cold_runs : int or None
         ``ZCOLL_COLD_RUNS``: how many first runs of a :class:`zcoll.fft.PFFT`'s or
         :class:`zcoll.fft.pencil.Transfer`'s transposes go through MPI (an ``Alltoallw`` of

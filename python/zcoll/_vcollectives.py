@@ -548,7 +548,7 @@ def alltoallv(
         "auto": calls where every rank's data (sent and received) is within the eager size
         (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its slot,
         one barrier), and so are calls whose ranks all have a buffer outside shared memory,
-        up to ``ZCOLL_CMA_BYTES`` (8 KiB) where the slots hold it (16 KiB);
+        below ``ZCOLL_CMA_BYTES`` (24 KiB) where the slots hold it (16 KiB);
         others Morton order (its pieces balanced by bytes). "row" is the
         naive baseline: each receiver copies its own blocks, in its list's order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
@@ -566,8 +566,8 @@ def alltoallv(
     the bytes along the order's curve (a large block may be split between ranks), then a
     second barrier. Arena buffers (:func:`zcoll.empty`) move with one copy; plain NumPy
     buffers are read by CMA (one copy) when some rank of the node receives at least
-    ``ZCOLL_CMA_BYTES``, else staged through the arena (one more copy each way and
-    one more barrier). Blocks between
+    ``ZCOLL_CMA_BYTES``, else take the eager slots where they hold the call, else are staged
+    through the arena (one more copy each way and one more barrier). Blocks between
     nodes travel by MPI point-to-point. The common buffer forms are parsed in C++ (one
     crossing into the engine per call).
 
