@@ -307,7 +307,7 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (!parse(op, *ctx, vx.pattern(pid), args[2], args[3], s, r, in_place)) Py_RETURN_NONE;
     const auto recv_array = py::reinterpret_borrow<py::array>(r.array);
     const array_view recv_view = view_of(recv_array);
-    py::array send_array;
+    py::object send_array;  // not py::array: its default constructor makes an empty array
     array_view send_view;
     v_call call;
     call.op = op;
@@ -323,7 +323,7 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     if (in_place == v_in_place::none) {
       send_array = as_c_array(py::reinterpret_borrow<py::object>(s.array));
       if (!send_array) Py_RETURN_NONE;
-      send_view = view_of(send_array);
+      send_view = view_of(py::reinterpret_borrow<py::array>(send_array));
       call.send = &send_view;
     }
     if (across_nodes) {
