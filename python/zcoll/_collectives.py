@@ -84,7 +84,7 @@ def _exchange(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> np.
         # Whole in the extension, as the one crossing runs it (docs/design.md, "Across nodes").
         ctx.transport.collective(_registry.OPS[opname], sendbuf, recvbuf, code, copy_code)
     else:
-        ctx.engine[opname](sendbuf, recvbuf, code, copy_code)
+        getattr(ctx.core, opname)(sendbuf, recvbuf, code, copy_code)
     return recvbuf
 
 

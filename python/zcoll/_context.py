@@ -120,7 +120,6 @@ class Context:
             node.pool.tuning = _tuning.shared_tuning(comm, s.tuning)
             _pool.register(node.pool)
         self.tuning: _tuning.SharedTuning = node.pool.tuning
-        self.engine: dict = {}
         # The irregular collectives' communication patterns (_vcollectives), made on first use.
         self.patterns: dict = {}
         self._tuned = False
@@ -136,28 +135,15 @@ class Context:
         fresh = not self._tuned
         self._tuned = True
         table = _tuning.SharedTuning() if mode == "off" else self.tuning
-        rules = table.rules
-        for op in COLLECTIVES:
-            mine = [
-                r.engine_rule()
-                for r in rules
-                if r.collective == op and r.ranks_per_node == self.node_size
-            ]
-            if mine or not fresh:
-                self.core.set_tuning_rules(op, mine)
-        for code, pieces in _tuning.reduction_pieces(table.reductions, self.node_size).items():
-            if pieces or not fresh:
-                self.core.set_reduction_model(code, pieces)
-        for call, nbytes in _tuning.pull_thresholds(table.pulls, self.node_size).items():
-            if nbytes is not None or not fresh:
-                self.core.set_pull_bytes(call, nbytes)
+        if not fresh or table.rules or table.reductions or table.pulls:
+            self._apply_table(table, fresh)
         if self.multi_node:
             self._apply_internode_rules(table.internode)
         # Online selection runs in the engine (online_tuner.hpp), on one node only: a context
         # spanning nodes resolves "auto" by its rules.
-        self.core.set_online(mode == "online" and not self.multi_node)
-        # The engine's entry point for each collective, bound once (looked up per call).
-        self.engine = {op: getattr(self.core, op) for op in COLLECTIVES}
+        online = mode == "online" and not self.multi_node
+        if online or not fresh:  # a new engine context's is off
+            self.core.set_online(online)
         # The one-crossing path (_core.fast_collective) serves this communicator's calls. On
         # several nodes only the irregular collectives take it, with the route of their
         # messages between nodes (none where the extension cannot send: the Python path then
@@ -169,6 +155,24 @@ class Context:
             _core.register_fast(self.handle, self.core, route)
         else:
             _core.register_fast(self.handle, self.core)
+
+    def _apply_table(self, table: _tuning.SharedTuning, fresh: bool) -> None:
+        """Local: the engine's rules, cost models and pull thresholds for this node size from
+        `table`; a fresh engine context is only given what the table has for it."""
+        for op in COLLECTIVES:
+            mine = [
+                r.engine_rule()
+                for r in table.rules
+                if r.collective == op and r.ranks_per_node == self.node_size
+            ]
+            if mine or not fresh:
+                self.core.set_tuning_rules(op, mine)
+        for code, pieces in _tuning.reduction_pieces(table.reductions, self.node_size).items():
+            if pieces or not fresh:
+                self.core.set_reduction_model(code, pieces)
+        for call, nbytes in _tuning.pull_thresholds(table.pulls, self.node_size).items():
+            if nbytes is not None or not fresh:
+                self.core.set_pull_bytes(call, nbytes)
 
     def online_choice(self, opname: str, block_bytes: int) -> str | None:
         """The order online tuning chose for `opname`'s blocks of `block_bytes` ("eager", an
