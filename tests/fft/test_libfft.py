@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import scipy.fft
 import scipy.fftpack
+from mpi4py import MPI
 
-from zcoll.fft import fftw
+from helpers import launcher_free_env
+from zcoll.fft import _backends, fftw
 from zcoll.fft.libfft import FFT, FFTBase
 
 BACKENDS = ["fftw", "pyfftw", "numpy", "scipy", "mkl_fft"]
@@ -413,12 +418,39 @@ def test_bad_dtype(backend):
 
 
 def test_long_double_unsupported(monkeypatch):
+    """Builds without long double: pyFFTW's for 'pyfftw' (and for 'fftw' without mpi4py-fft),
+    mpi4py-fft's compiled FFTW module for 'fftw' where it is installed."""
     import pyfftw
 
     monkeypatch.setattr(pyfftw, "_supported_types", ["32", "64"])
+    lib = _backends.mpi4py_fftw()
+    if lib is not None:
+        monkeypatch.setattr(lib, "fftlib", {k: v for k, v in lib.fftlib.items() if k != "G"})
     for backend in ("fftw", "pyfftw"):
         with pytest.raises(TypeError, match="longdouble|float128|float96"):
             FFT((8,), dtype="g", backend=backend)
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="one process: the P = 1 run only")
+def test_fftw_backend_on_mpi4py_fft_leaves_pyfftw_unimported():
+    """Where 'fftw' runs on mpi4py-fft's compiled module, making and running a transform
+    imports no pyFFTW, whose import costs a process about 0.5 s (it imports scipy.fftpack)."""
+    if _backends.mpi4py_fftw() is None:
+        pytest.skip("mpi4py-fft is not installed")
+    code = """
+        import sys
+        import numpy as np
+        from zcoll.fft.libfft import FFT
+        fft = FFT((8, 6), dtype="d", backend="fftw")
+        u = np.random.default_rng(1).random((8, 6))
+        assert np.allclose(fft.backward(fft.forward(u).copy()), u)
+        print("pyfftw" in sys.modules)
+    """
+    env = launcher_free_env(MPI4PY_RC_INITIALIZE="0")
+    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == "False", run.stdout
 
 
 def test_mkl_fft_missing_or_long_double():
@@ -461,8 +493,6 @@ def test_fftw_backend_library(library, dtype, monkeypatch):
     """'fftw' runs on mpi4py-fft's compiled FFTW where it is installed, on pyFFTW's where not
     (as if absent: the module lookup says None); same values either way, also through
     execute() with leading component axes."""
-    from zcoll.fft import _backends
-
     real = _backends.mpi4py_fftw()
     if library == "mpi4py-fft" and real is None:
         pytest.skip("mpi4py-fft is not installed")
