@@ -32,6 +32,7 @@
  * rewritten before each call, as a program's are, staging stayed ahead further (to 128 KiB at P =
  * 2): a send buffer that does not change stays in the receiver's cache between the loop's calls,
  * which only a pull gets to read. Hence 24 KiB, between the two.
+ *
  * Irregular calls (vexchange.hpp) decide the eager path after the ranks publish, each rank by
  * eager_takes(): within the eager size, and -- a rank whose buffers are outside shared memory --
  * up to the CMA size where the slots hold it; beyond it, Morton order.
