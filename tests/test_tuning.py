@@ -535,14 +535,14 @@ def test_tuner_times_numa_where_the_node_spans_numa_nodes():
 # --- pull thresholds (format version 4) --------------------------------------------------------
 
 # Where plain arrays are pulled without a table: auto_policy.hpp's defaults (1 MiB for bcast, 4
-# MiB for the reductions), scaled by a forced CMA threshold's ratio to the default 24 KiB.
+# MiB for the reductions), scaled by a forced CMA threshold's ratio to the default 16 KiB.
 BUILTIN_PULLS = {
     "bcast": 1 << 20,
     "allreduce": 4 << 20,
     "reduce": 4 << 20,
     "reduce_scatter": 4 << 20,
 }
-FORCED_CMA = 48 * 1024  # twice the default: twice the thresholds
+FORCED_CMA = 32 * 1024  # twice the default: twice the thresholds
 FORCED_PULLS = {
     "bcast": 2 << 20,
     "allreduce": 8 << 20,

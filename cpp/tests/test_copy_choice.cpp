@@ -266,8 +266,8 @@ TEST_CASE("the eager slots take private buffers up to their capacity and the CMA
 TEST_CASE("bcast and the reductions pull from the table's thresholds unless CMA is forced") {
   using zcoll::op_code;
   zcoll::auto_policy policy(2);
-  // Built in: 1 MiB (bcast) and 4 MiB (reductions), where the exchanges pull from 24 KiB.
-  CHECK(zcoll::default_cma_bytes == 24 * kib);
+  // Built in: 1 MiB (bcast) and 4 MiB (reductions), where the exchanges pull from 16 KiB.
+  CHECK(zcoll::default_cma_bytes == 16 * kib);
   CHECK(policy.pull_threshold(op_code::bcast) == 1 << 20);
   CHECK(policy.pull_threshold(op_code::reduce_scatter) == 4 << 20);
   CHECK_FALSE(policy.pulls_bcast((1 << 20) - 1));
@@ -279,11 +279,11 @@ TEST_CASE("bcast and the reductions pull from the table's thresholds unless CMA 
   CHECK(policy.pulls_reduction(64 * kib, op_code::reduce));
   CHECK_FALSE(policy.pulls_reduction(64 * kib, op_code::allreduce));  // its own, built in
   CHECK(policy.pulls_reduction(4 << 20, op_code::allreduce));
-  policy.set_cma_bytes(48 * kib);  // forced: the defaults scaled by its ratio to the default
+  policy.set_cma_bytes(32 * kib);  // forced: the defaults scaled by its ratio to the default
   CHECK(policy.cma_forced());
   CHECK(policy.pull_threshold(op_code::bcast) == 2 << 20);
   CHECK(policy.pull_threshold(op_code::reduce) == 8 << 20);
-  policy.set_cma_bytes(12 * kib);
+  policy.set_cma_bytes(8 * kib);
   CHECK(policy.pull_threshold(op_code::bcast) == 512 * kib);
   policy.set_cma_bytes(0);  // every size pulled
   CHECK(policy.pulls_reduction(1, op_code::reduce));

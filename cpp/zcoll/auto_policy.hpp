@@ -22,16 +22,16 @@
  * Buffers outside shared memory (cma.hpp): an exchange in which each rank receives at least
  * cma_bytes() pulls its blocks from the senders' private memory by CMA (one copy, two barriers,
  * a system call per block); less than that, where every rank's buffers are private, goes through
- * the eager slots as long as they hold it (two copies, one barrier; eager_takes); anything else
- * smaller is staged (three copies and one more barrier, no system call). Measured at P = 2 and 4
- * on every exchange (EPYC VM, 2 vCPUs, 32 MiB L3; tools/measure/irregular_paths.py, the bench's
- * counts, each path forced in turn within one launch; docs/performance.md, "Plain arrays: the
- * slots up to their capacity"): the slots beat CMA by 1.6-3x up to their 16 KiB at P = 2, where a
- * pull's floor is 4-6 us against the slots' 1-3; beyond them staging beat CMA at 17-20 KiB
- * received (by 7-25 %, P = 2 and 4) and lost from 29 KiB at P = 2 (by 5-15 %). With send buffers
- * rewritten before each call, as a program's are, staging stayed ahead further (to 128 KiB at P =
- * 2): a send buffer that does not change stays in the receiver's cache between the loop's calls,
- * which only a pull gets to read. Hence 24 KiB, between the two.
+ * the eager slots (two copies, one barrier; eager_takes); anything else smaller is staged (three
+ * copies and one more barrier, no system call). The threshold is the slots' capacity (16 KiB).
+ * Measured at P = 2 and 4 on every exchange (EPYC VM, 2 vCPUs, 32 MiB L3;
+ * tools/measure/irregular_paths.py, the bench's counts, each path forced in turn within one
+ * launch; docs/performance.md, "Plain arrays: the slots up to their capacity"): the slots beat CMA
+ * by 1.6-3x up to 16 KiB at P = 2, where a pull's floor is 4-6 us against the slots' 1-3, in each
+ * of the VM's two states. Beyond them staging beat CMA by 7-25 % up to 20-37 KiB (and further with
+ * send buffers rewritten before each call) in the VM's fast state, but lost by 1.8-1.9x in its slow
+ * one (cross-vCPU copies of freshly written lines twice as slow), down to 0.72x MPI, where CMA
+ * stayed ahead of MPI in both: so beyond the slots, CMA.
  *
  * Irregular calls (vexchange.hpp) decide the eager path after the ranks publish, each rank by
  * eager_takes(): within the eager size, and -- a rank whose buffers are outside shared memory --
@@ -98,7 +98,7 @@ block_order default_order(int p, std::size_t block_bytes, int numa_domains = 1) 
 
 // Bytes per rank an exchange receives from which it pulls private buffers by CMA under the
 // built-in rule (above).
-inline constexpr std::size_t default_cma_bytes = std::size_t{24} << 10;
+inline constexpr std::size_t default_cma_bytes = std::size_t{16} << 10;
 // Reductions pull private inputs from 4 MiB per rank. Measured, P = 2 and 4, plain float64
 // inputs (docs/performance.md, "Reductions on plain arrays"): staged flat beat pulled tiled for
 // allreduce up to 1 MiB (by 16-60 %), tied at 4 MiB and lost by 1.5x at 16 MiB. A reduce, where

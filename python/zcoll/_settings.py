@@ -437,7 +437,7 @@ class Settings:
         copy); smaller calls take the eager slots where they hold them (two copies), else
         are staged through the arena (three copies). A bcast and the reductions pull from
         their own defaults (1 and 4 MiB, where staging stops being faster), scaled by this
-        value's ratio to the default (24 KiB). None: the measured defaults.
+        value's ratio to the default (16 KiB). None: the measured defaults.
     cold_runs : int or None
         ``ZCOLL_COLD_RUNS``: how many first runs of a :class:`zcoll.fft.PFFT`'s or
         :class:`zcoll.fft.pencil.Transfer`'s transposes go through MPI (an ``Alltoallw`` of

@@ -548,7 +548,7 @@ def alltoallv(
         "auto": calls where every rank's data (sent and received) is within the eager size
         (``ZCOLL_EAGER_BYTES``) through the eager path (each rank's data through its slot,
         one barrier), and so are calls whose ranks all have a buffer outside shared memory,
-        below ``ZCOLL_CMA_BYTES`` (24 KiB) where the slots hold it (16 KiB);
+        up to ``ZCOLL_CMA_BYTES`` (16 KiB) where the slots hold it (16 KiB);
         others Morton order (its pieces balanced by bytes). "row" is the
         naive baseline: each receiver copies its own blocks, in its list's order.
     copy : {"auto", "temporal", "streaming", "hybrid"}
