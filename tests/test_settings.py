@@ -12,16 +12,13 @@ import dataclasses
 import json
 import os
 import re
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import all_ranks_agree, launcher_free_env
+from helpers import all_ranks_agree, fresh_python
 from zcoll import _context, _core, _settings, _tuning
 
 WORLD = MPI.COMM_WORLD
@@ -284,13 +281,6 @@ def test_settings_object():
 # --- read at import: a fresh process ------------------------------------------------------------
 
 
-def python(code: str, **env: str) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in launcher_free_env().items() if not k.startswith("ZCOLL_")}
-    environ.update(MPI4PY_RC_INITIALIZE="0", **env)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-
-
 only_once = pytest.mark.skipif(WORLD.size > 1, reason="one process: runs in the P = 1 run only")
 
 
@@ -307,7 +297,7 @@ def test_import_time_variables():
         print(json.dumps([s.timeout, s.sources["timeout"], s.copy_isa, _core.active_copy_isa(),
                           s.tuning, zcoll.get_tuning(), zcoll.get_timeout()]))
     """
-    proc = python(code, ZCOLL_TIMEOUT="7.5", ZCOLL_COPY_ISA=" Portable ")
+    proc = fresh_python(code, ZCOLL_TIMEOUT="7.5", ZCOLL_COPY_ISA=" Portable ")
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got == [7.5, "environment", "portable", "portable", "online", "online", 7.5]
@@ -322,7 +312,7 @@ def test_import_time_variables():
     ],
 )
 def test_bad_import_time_values_fail_the_import(name, value, message):
-    proc = python("import zcoll", **{name: value})
+    proc = fresh_python("import zcoll", **{name: value})
     assert proc.returncode != 0
     assert message in proc.stderr.splitlines()[-1], proc.stderr
 
@@ -336,7 +326,7 @@ def test_bad_tuning_mode_fails_on_first_use():
         except ValueError as exc:
             print(exc)
     """
-    proc = python(code, ZCOLL_TUNING="fast")
+    proc = fresh_python(code, ZCOLL_TUNING="fast")
     assert proc.returncode == 0, proc.stderr
     want = "zcoll: ZCOLL_TUNING must be one of ('table', 'online', 'off'), got 'fast'"
     assert proc.stdout.strip() == want

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -21,7 +18,7 @@ import scipy.fft
 import scipy.fftpack
 from mpi4py import MPI
 
-from helpers import launcher_free_env
+from helpers import fresh_python
 from zcoll.fft import _backends, fftw
 from zcoll.fft.libfft import FFT, FFTBase
 
@@ -446,9 +443,7 @@ def test_fftw_backend_on_mpi4py_fft_leaves_pyfftw_unimported():
         assert np.allclose(fft.backward(fft.forward(u).copy()), u)
         print("pyfftw" in sys.modules)
     """
-    env = launcher_free_env(MPI4PY_RC_INITIALIZE="0")
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env,
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    run = fresh_python(code)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[-1] == "False", run.stdout
 

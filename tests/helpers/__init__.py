@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 from mpi4py import MPI
@@ -25,6 +28,15 @@ def launcher_free_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
     env.update(extra)
     return env
+
+
+def fresh_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `code` (dedented) in a fresh Python process that is not a rank of this job, MPI not
+    initialised at import (MPI4PY_RC_INITIALIZE=0), no ZCOLL_ variable but `env`'s."""
+    environ = {k: v for k, v in launcher_free_env().items() if not k.startswith("ZCOLL_")}
+    environ.update(MPI4PY_RC_INITIALIZE="0", **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=environ,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
 
 
 def all_ranks_agree(comm: MPI.Comm, ok: bool, what: str = "") -> None:

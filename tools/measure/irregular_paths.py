@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import zcoll
 from zcoll import _context
-from zcoll.bench.vcollectives import _neighbours, _specs, displacements, draw_counts
+from zcoll.bench.vcollectives import MPI_NAMES, _specs, buffer_shapes, call_counts, displacements
 
 NEVER = 2**62
 FRESH = "--fresh" in sys.argv
@@ -31,54 +31,30 @@ world = MPI.COMM_WORLD
 cart = world.Create_cart(list(MPI.Compute_dims(world.size, 2)), periods=True)
 
 
-def counts(call: str, comm, block: int) -> tuple[list[int], list[int]]:
-    """Send and receive counts (bytes) of `call` as the bench draws them."""
-    size, rank = comm.size, comm.rank
-    nb = len(_neighbours(comm)) if call.startswith("neighbor") else 0
-    if call in ("alltoall", "allgather"):
-        return [block] * (size if call == "alltoall" else 1), [block] * size
-    if call == "alltoallv":
-        m = draw_counts(block, (size, size))
-        s, r = m[rank], m[:, rank]
-    elif call == "allgatherv":
-        per = draw_counts(block, size)
-        s, r = per[rank : rank + 1], per
-    elif call == "neighbor_alltoall":
-        s = r = np.full(nb, block)
-    elif call == "neighbor_allgather":
-        s, r = np.array([block]), np.full(nb, block)
-    elif call == "neighbor_alltoallv":
-        s = r = np.repeat(draw_counts(block, nb // 2), 2)
-    else:
-        per = draw_counts(block, size)
-        s, r = per[rank : rank + 1], np.array([per[x] for x in _neighbours(comm)])
-    return [int(c) for c in s], [int(c) for c in r]
+REGULAR = {"alltoall": "Alltoall", "allgather": "Allgather"}
 
 
 def calls(call: str, block: int):
     comm = cart if call.startswith("neighbor") else world
-    s, r = counts(call, comm, block)
-    rng = np.random.default_rng(comm.rank)
-    if call in ("alltoall", "allgather"):
+    if call in REGULAR:  # `block` per pair, plain 1-D arrays
+        s, r = [block] * (comm.size if call == "alltoall" else 1), [block] * comm.size
         send_shape, recv_shape = (sum(s),), (sum(r),)
-    elif call in ("neighbor_alltoall", "neighbor_allgather"):
-        nb = len(r)
-        send_shape = (nb, block) if call == "neighbor_alltoall" else (block,)
-        recv_shape = (nb, block)
     else:
-        send_shape, recv_shape = (sum(s),), (sum(r),)
+        s, r = call_counts(comm, call, block)
+        send_shape, recv_shape = buffer_shapes(call, block, s, r)
+    rng = np.random.default_rng(comm.rank)
     zs = rng.integers(0, 256, send_shape, dtype=np.uint8)
     zr = np.zeros(recv_shape, np.uint8)
     ms, mr = zs.copy(), zr.copy()
-    regular = call in ("alltoall", "allgather")
     spec = (
-        (a, b) if regular else _specs(call, (s, displacements(s)), (r, displacements(r)), a, b)
+        (a, b)
+        if call in REGULAR
+        else _specs(call, (s, displacements(s)), (r, displacements(r)), a, b)
         for a, b in ((zs, zr), (ms, mr))
     )
     zspec, mspec = spec
     fn = getattr(zcoll, call)
-    mpi_name = "_".join(w.capitalize() if i == 0 else w for i, w in enumerate(call.split("_")))
-    mpi = getattr(comm, mpi_name)
+    mpi = getattr(comm, REGULAR.get(call) or MPI_NAMES[call])
     fn(comm, *zspec)
     mpi(*mspec)
     assert np.array_equal(zr, mr), call

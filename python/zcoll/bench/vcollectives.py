@@ -205,37 +205,11 @@ class VCase(BlockCase):
         self.plans = {}  # no persistent plans here
         self.requests = []
         self.mpi_persistent_missing = None
-        size, rank = comm.size, comm.rank
-        draw = functools.partial(
-            draw_counts, block, spread=args.spread, zeros=args.zeros, seed=args.seed
+        send_counts, recv_counts = call_counts(
+            comm, collective, block, args.spread, args.zeros, args.seed
         )
-        neighbours = _neighbours(comm) if collective in NEIGHBOR_COMMANDS else []
-        regular = collective in (NEIGHBOR_ALLTOALL, NEIGHBOR_ALLGATHER)
-        if collective == ALLTOALLV:
-            matrix = draw((size, size))
-            send_counts, recv_counts = matrix[rank], matrix[:, rank]
-        elif collective == ALLGATHERV:
-            per_rank = draw(size)
-            send_counts, recv_counts = per_rank[rank : rank + 1], per_rank
-        elif collective == NEIGHBOR_ALLTOALL:
-            send_counts = recv_counts = np.full(len(neighbours), block)
-        elif collective == NEIGHBOR_ALLGATHER:
-            send_counts, recv_counts = np.array([block]), np.full(len(neighbours), block)
-        elif collective == NEIGHBOR_ALLTOALLV:
-            per_dim = draw(len(neighbours) // 2)
-            send_counts = recv_counts = np.repeat(per_dim, 2)
-        else:  # NEIGHBOR_ALLGATHERV
-            per_rank = draw(size)
-            send_counts = per_rank[rank : rank + 1]
-            recv_counts = np.array([per_rank[r] for r in neighbours], np.int64)
-        send_counts = [int(c) for c in send_counts]
-        recv_counts = [int(c) for c in recv_counts]
-        nsend, nrecv = sum(send_counts), sum(recv_counts)
-        if regular:  # neighbor_alltoall / neighbor_allgather: arrays of blocks
-            send_shape = (len(neighbours), block) if collective == NEIGHBOR_ALLTOALL else (block,)
-            recv_shape: tuple[int, ...] = (len(neighbours), block)
-        else:
-            send_shape, recv_shape = (nsend,), (nrecv,)
+        nrecv = sum(recv_counts)
+        send_shape, recv_shape = buffer_shapes(collective, block, send_counts, recv_counts)
         data = rng.integers(0, 256, size=send_shape, dtype=np.uint8)
         self.msend = np.array(data)
         self.mrecv = np.zeros(recv_shape, np.uint8)
@@ -261,6 +235,47 @@ class VCase(BlockCase):
             if m.aggregate is not None:  # --between-nodes: forced one way
                 call = aggregated_call(call, m.aggregate, comm, None)
             self.calls[m.name] = Call(call, (zsend, zrecv), zrecv)
+
+
+def call_counts(
+    comm, collective: str, block: int, spread=DEFAULT_SPREAD, zeros=DEFAULT_ZEROS, seed=DEFAULT_SEED
+) -> tuple[list[int], list[int]]:
+    """This rank's send and receive counts (bytes, one per block) of `collective` on `comm`
+    (Cartesian for the neighbourhood calls) for the nominal `block`: uneven (draw_counts) for
+    the v-variants, `block` each for the others."""
+    size, rank = comm.size, comm.rank
+    draw = functools.partial(draw_counts, block, spread=spread, zeros=zeros, seed=seed)
+    neighbours = _neighbours(comm) if collective in NEIGHBOR_COMMANDS else []
+    if collective == ALLTOALLV:
+        matrix = draw((size, size))
+        send_counts, recv_counts = matrix[rank], matrix[:, rank]
+    elif collective == ALLGATHERV:
+        per_rank = draw(size)
+        send_counts, recv_counts = per_rank[rank : rank + 1], per_rank
+    elif collective == NEIGHBOR_ALLTOALL:
+        send_counts = recv_counts = np.full(len(neighbours), block)
+    elif collective == NEIGHBOR_ALLGATHER:
+        send_counts, recv_counts = np.array([block]), np.full(len(neighbours), block)
+    elif collective == NEIGHBOR_ALLTOALLV:
+        per_dim = draw(len(neighbours) // 2)
+        send_counts = recv_counts = np.repeat(per_dim, 2)
+    else:  # NEIGHBOR_ALLGATHERV
+        per_rank = draw(size)
+        send_counts = per_rank[rank : rank + 1]
+        recv_counts = np.array([per_rank[r] for r in neighbours], np.int64)
+    return [int(c) for c in send_counts], [int(c) for c in recv_counts]
+
+
+def buffer_shapes(
+    collective: str, block: int, send_counts: list[int], recv_counts: list[int]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The send and receive arrays' shapes: arrays of blocks for neighbor_alltoall and
+    neighbor_allgather, packed 1-D arrays of the counts for the v-variants."""
+    if collective == NEIGHBOR_ALLTOALL:
+        return (len(send_counts), block), (len(recv_counts), block)
+    if collective == NEIGHBOR_ALLGATHER:
+        return (block,), (len(recv_counts), block)
+    return (sum(send_counts),), (sum(recv_counts),)
 
 
 def _specs(collective: str, send_spec, recv_spec, send, recv) -> tuple[object, object]:

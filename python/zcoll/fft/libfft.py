@@ -111,10 +111,10 @@ def _check_support(backend: str, dtype: np.dtype) -> None:
             ) from exc
         if dtype.char in "gG":
             raise TypeError(f"backend 'mkl_fft' does not support dtype {dtype} (long double)")
-    elif backend == "fftw" and mpi4py_fftw() is not None:
+    elif backend == "fftw" and (lib := mpi4py_fftw()) is not None:
         # The engine then runs on mpi4py-fft's compiled module (_make_engine): importing pyFFTW
         # only to ask it would cost a process 0.5 s (pyFFTW imports scipy.fftpack).
-        if dtype.char.upper() not in mpi4py_fftw().fftlib:
+        if dtype.char.upper() not in lib.fftlib:
             raise TypeError(f"backend 'fftw': mpi4py-fft's FFTW build does not support {dtype}")
     elif backend in ("fftw", "pyfftw"):
         try:
