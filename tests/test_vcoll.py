@@ -881,6 +881,62 @@ def neighbor_case(comm, rng_g, rng_l, op, *args, **kwargs) -> str | None:
     return runner(comm, rng_g, rng_l, op, *args, **kwargs)
 
 
+REPEATING = ["cart_two_periodic", "cart_unit_dims", "graph_repeated_ring", "graph_classic"]
+
+
+def repeated_source_case(comm, rng_l, op: str, n: int) -> str | None:
+    """neighbor_allgather(v) or neighbor_alltoall of plain float64 arrays, blocks of about `n`
+    elements (allgatherv: n + 7 * the sender's rank), against MPI or point-to-point."""
+    indeg, outdeg = ref.degrees(comm)
+    if op == "neighbor_alltoall":
+        send, recv = np.empty((outdeg, n)), np.empty((indeg, n))
+    elif op == "neighbor_allgather":
+        send, recv = np.empty(n), np.empty((indeg, n))
+    else:
+        sources = ref.neighbour_lists(comm)[0]
+        rcounts = np.array([n + 7 * (comm.rank if s == MPI.PROC_NULL else s) for s in sources])
+        rdispls, rsize = ref.layout(rng_l, rcounts)
+        send, recv = np.empty(n + 7 * comm.rank), np.empty(rsize)
+    ref.random_fill(send, rng_l)
+    ref.random_fill(recv, rng_l)
+    expected = recv.copy()
+    if op == "neighbor_alltoall":
+        ref.neighbor_reference("alltoall")(comm, send, expected, n)
+        _, error = guarded(zcoll.neighbor_alltoall, comm, send, recv)
+    elif op == "neighbor_allgather":
+        ref.neighbor_reference("allgather")(comm, send, expected)
+        _, error = guarded(zcoll.neighbor_allgather, comm, send, recv)
+    else:
+        ref.neighbor_reference("allgatherv")(comm, send, send.size, expected, rcounts, rdispls)
+        _, error = guarded(zcoll.neighbor_allgatherv, comm, send, [recv, (rcounts, rdispls)])
+    if error or not ref.same_bits(recv, expected):
+        return f"{op} n={n}: {error or ref.first_difference(recv, expected)}"
+    return None
+
+
+@pytest.mark.parametrize("op", ["neighbor_allgather", "neighbor_allgatherv", "neighbor_alltoall"])
+@pytest.mark.parametrize("topo", REPEATING)
+def test_repeated_sources_pulled_by_cma(world, topologies, topo, op):
+    """Neighbours listed more than once (a periodic dimension of 2 or 1, a graph's repeated
+    edges) on plain arrays pulled by CMA (cma_bytes 0): the gathers read a repeated source's
+    block across processes once and copy it into its other slots (vexchange.cpp), the
+    alltoall reads each block; blocks of 5000 elements and of 7."""
+    comm = topology_or_skip(topologies, topo)
+    failures = []
+    if member(comm):
+        core = _context.context(comm).core
+        before = core.cma_bytes
+        core.cma_bytes = 0
+        try:
+            rng_l = np.random.default_rng([31, REPEATING.index(topo), comm.rank])
+            for n in (5000, 7, 5000):
+                failures.append(repeated_source_case(comm, rng_l, op, n))
+        finally:
+            core.cma_bytes = before
+    failures = [f for f in failures if f]
+    all_ranks_agree(world, not failures, f"{topo} {op}: {failures}")
+
+
 @pytest.mark.parametrize("op", NEIGHBOR_OPS)
 @pytest.mark.parametrize("topo", TOPOLOGIES)
 def test_neighbor_matches_mpi(world, topologies, topo, op):

@@ -1,8 +1,8 @@
 // Irregular exchanges (vexchange.hpp): the 4-tuple patterns, their order and the byte-balanced
 // pieces as properties written out here, the CMA path's split between pulls and pushes, then
 // alltoallv-shaped calls on forked ranks of a node (private and arena buffers, the eager and the
-// two-barrier path, in place, a call that moves nothing followed by calls that do) against values
-// computed here from the counts' formula.
+// two-barrier path, in place, a call that moves nothing followed by calls that do) and a graph
+// whose sources repeat, pulled by CMA, against values computed here from the counts' formulas.
 #include <doctest/doctest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -434,6 +434,84 @@ int failed_push_body(int r, node_context& ctx) {
   return code;
 }
 
+// A graph in which every rank lists every other rank twice, as a send and as a receive, pulled
+// by CMA (pushes on) from private buffers: rank s's send buffer holds repeated_value(s, i) at
+// element i, and its block to d in repetition k starts at repeated_offset and holds
+// repeated_count elements -- per `mode` the same bytes twice (neighbor_allgather's repeated
+// source), a prefix of the other block's bytes (each pair in the other order), or the two
+// halves apart. Each receiver checks its blocks, holes included, against those formulas.
+double repeated_value(int s, std::int64_t i) {
+  return s * 1e6 + static_cast<double>(i);
+}
+std::int64_t repeated_length(int s, int scale) {
+  return (4 + s) * scale;
+}
+std::int64_t repeated_count(int s, int d, int k, int mode, int scale) {
+  const std::int64_t all = repeated_length(s, scale);
+  if (mode == 0) return all;
+  if (mode == 1) return k == (s + d) % 2 ? all : all / 3;
+  return all / 2;
+}
+std::int64_t repeated_offset(int s, int k, int mode, int scale) {
+  return mode == 2 ? k * (repeated_length(s, scale) / 2) : 0;
+}
+
+int repeated_sources_body(int r, node_context& ctx, int mode, int scale) {
+  const int p = ctx.config().size;
+  std::vector<int> others;
+  for (int j = 0; j < p; ++j)
+    if (j != r) others.push_back(j);
+  std::vector<std::vector<v_edge>> lists(static_cast<std::size_t>(p));
+  for (int j = 0; j < p; ++j)
+    for (int k = 0; k < 2; ++k)
+      for (int c = 0; c < p; ++c)
+        if (c != j) lists[static_cast<std::size_t>(j)].push_back({c, 0});
+  const int pid = ctx.irregular().add_pattern(match_edges(lists, lists, ctx.config().comm_ranks),
+                                              v_exchange::no_role);
+  ctx.policy().set_cma_bytes(0);
+  ctx.policy().set_cma_push_bytes(0);
+  const auto blocks = 2 * others.size();
+  std::vector<std::int64_t> sc(blocks), sd(blocks), rc(blocks), rd(blocks);
+  std::int64_t r_total = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const int k = static_cast<int>(b / others.size()), peer = others[b % others.size()];
+    sc[b] = repeated_count(r, peer, k, mode, scale);
+    sd[b] = repeated_offset(r, k, mode, scale);
+    rc[b] = repeated_count(peer, r, k, mode, scale);
+    rd[b] = r_total;
+    r_total += rc[b] + 1;
+  }
+  std::vector<double> send(static_cast<std::size_t>(repeated_length(r, scale)));
+  for (std::size_t i = 0; i < send.size(); ++i)
+    send[i] = repeated_value(r, static_cast<std::int64_t>(i));
+  std::vector<double> recv(static_cast<std::size_t>(r_total), -1.0);
+  std::int64_t s1[1], s2[1];
+  const array_view sv = view_of(send.data(), send.size(), s1),
+                   rv = view_of(recv.data(), recv.size(), s2);
+  v_call c;
+  c.op = op_code::neighbor_alltoallv;
+  c.pattern = pid;
+  c.send = &sv;
+  c.recv = &rv;
+  c.send_counts = sc;
+  c.send_displs = sd;
+  c.recv_counts = rc;
+  c.recv_displs = rd;
+  ctx.irregular().run(c);
+  int failures = 0;
+  std::vector<bool> covered(recv.size());
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const int k = static_cast<int>(b / others.size()), peer = others[b % others.size()];
+    const std::int64_t from = repeated_offset(peer, k, mode, scale);
+    for (std::int64_t i = 0; i < rc[b]; ++i) {
+      failures += recv[static_cast<std::size_t>(rd[b] + i)] != repeated_value(peer, from + i);
+      covered[static_cast<std::size_t>(rd[b] + i)] = true;
+    }
+  }
+  for (std::size_t i = 0; i < recv.size(); ++i) failures += !covered[i] && recv[i] != -1.0;
+  return failures ? 1 : 0;
+}
+
 template <class Body>
 std::vector<int> run_node(int n, Body body) {
   auto* state = static_cast<shared_state*>(::mmap(
@@ -491,4 +569,15 @@ TEST_CASE("vexchange: counts that disagree raise on every rank") {
     const auto codes = run_node(n, mismatch_body);
     for (int c : codes) CHECK(c == 0);
   }
+}
+
+TEST_CASE("vexchange: a repeated source's blocks pulled by CMA, the same bytes or not") {
+  for (int n : {2, 3})
+    for (int mode : {0, 1, 2})
+      for (int scale : {1, 700}) {  // blocks of a few elements, then of pages
+        const auto codes = run_node(n, [&](int r, node_context& ctx) {
+          return repeated_sources_body(r, ctx, mode, scale);
+        });
+        for (int c : codes) CHECK_MESSAGE(c == 0, "P=", n, " mode=", mode, " scale=", scale);
+      }
 }

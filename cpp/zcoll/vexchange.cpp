@@ -456,6 +456,7 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
   split_pulls(tuples, starts_, ctx_.policy().cma_push_bytes(), pushed_, loads_, busy_);
   auto* recv = static_cast<std::byte*>(const_cast<void*>(c.recv->data));
   const auto* send = static_cast<const std::byte*>(c.send->data);
+  landed_.assign(static_cast<std::size_t>(ctx_.config().size), pull_landing{});
   pull_failure failed;
   auto note = [&failed](int err, int peer, bool pushed) {
     if (err && !failed.error) failed = {err, peer, pushed};
@@ -470,10 +471,20 @@ void v_exchange::execute_pulls(const v_call& c, const call_protocol::published& 
       copy_bytes(recv + to.offset, send + at, to.bytes);
     } else if (t.dst == me) {
       const buffer_ref& from = all.line(t.src).send;
-      if (from.segment)
+      if (from.segment) {
         copy_bytes(recv + to.offset, ctx_.segments().resolve(from) + at, pulled);
-      else if (pulled)
-        note(ctx_.cma().read(t.src, recv + to.offset, from.offset + at, pulled), t.src, false);
+      } else if (pulled) {
+        // A source repeated in the lists (a periodic dimension of 2, a graph's repeated edge)
+        // sends the same bytes again: they are copied from where they landed (receive blocks
+        // are disjoint, and pushes fill only the tails), not read across processes twice.
+        pull_landing& was = landed_[static_cast<std::size_t>(t.src)];
+        if (was.bytes >= pulled && was.from == at) {
+          copy_bytes(recv + to.offset, recv + was.offset, pulled);
+        } else {
+          note(ctx_.cma().read(t.src, recv + to.offset, from.offset + at, pulled), t.src, false);
+          was = {at, pulled, to.offset};
+        }
+      }
     } else if (pushed_[i]) {
       const buffer_ref& into = all.line(t.dst).recv;
       const std::uint64_t offset = to.offset + pulled;

@@ -37,7 +37,8 @@
  *   4. buffers outside the arena are pulled by CMA when some rank receives at least the CMA
  *      threshold (cma.hpp, auto_policy.hpp; not in place): each rank copies the blocks into its
  *      own receive buffer straight from the senders' buffers (senders below the mean push
- *      the tails of the busiest receivers' blocks); barrier. Otherwise they are
+ *      the tails of the busiest receivers' blocks; a source listed twice is read once, its
+ *      bytes copied from where they landed); barrier. Otherwise they are
  *      staged (one copy each way, one barrier), then every rank copies its piece of the stream;
  *      barrier.
  * Metadata written for a barrier is read only before the next barrier, which every rank
@@ -275,6 +276,12 @@ class v_exchange {
   std::vector<std::uint64_t> loads_;   // per call: each node rank's received bytes (execute)
   std::vector<std::uint64_t> pushed_;  // per call: split_pulls' answer (execute_pulls)
   std::vector<bool> busy_;
+  // Per node rank: the last bytes pulled from it by CMA in this call (execute_pulls), which a
+  // repeated source's next block of the same bytes copies from.
+  struct pull_landing {
+    std::uint64_t from = 0, bytes = 0, offset = 0;  // its send buffer's offset, my receive's
+  };
+  std::vector<pull_landing> landed_;
   checked_call mine_;  // run()'s checked call, kept so that its lists allocate only once
 };
 
