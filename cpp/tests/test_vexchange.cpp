@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <system_error>
 #include <tuple>
@@ -270,6 +271,23 @@ array_view view_of(const void* data, std::size_t n, std::int64_t* shape) {
   return v;
 }
 
+// A call of `op` on pattern `pid` from `send`'s blocks into `recv`'s by these lists (all of
+// which must outlive it).
+v_call lists_call(op_code op, int pid, const array_view& send, const array_view& recv,
+                  std::span<const std::int64_t> sc, std::span<const std::int64_t> sd,
+                  std::span<const std::int64_t> rc, std::span<const std::int64_t> rd) {
+  v_call c;
+  c.op = op;
+  c.pattern = pid;
+  c.send = &send;
+  c.recv = &recv;
+  c.send_counts = sc;
+  c.send_displs = sd;
+  c.recv_counts = rc;
+  c.recv_displs = rd;
+  return c;
+}
+
 // Calls 0..5 of an alltoallv on every rank, private or arena buffers, `scale` elements per
 // count unit, receive blocks in reverse rank order with one-element holes; then one in place.
 int alltoallv_body(int r, node_context& ctx, bool arena, int scale) {
@@ -302,15 +320,7 @@ int alltoallv_body(int r, node_context& ctx, bool arena, int scale) {
     std::fill(recv, recv + r_len, -1.0);
     std::int64_t s1[1], s2[1];
     const array_view sv = view_of(send, s_len, s1), rv = view_of(recv, r_len, s2);
-    v_call c;
-    c.op = op_code::alltoallv;
-    c.pattern = pid;
-    c.send = &sv;
-    c.recv = &rv;
-    c.send_counts = sc;
-    c.send_displs = sd;
-    c.recv_counts = rc;
-    c.recv_displs = rd;
+    v_call c = lists_call(op_code::alltoallv, pid, sv, rv, sc, sd, rc, rd);
     c.order = k % 3 == 0   ? static_cast<int>(block_order::morton)
               : k % 3 == 1 ? auto_order
                            : static_cast<int>(block_order::row);
@@ -362,15 +372,7 @@ int mismatch_body(int r, node_context& ctx) {
   std::int64_t s1[1], s2[1];
   const array_view sv = view_of(send.data(), send.size(), s1),
                    rv = view_of(recv.data(), recv.size(), s2);
-  v_call c;
-  c.op = op_code::alltoallv;
-  c.pattern = pid;
-  c.send = &sv;
-  c.recv = &rv;
-  c.send_counts = bad;
-  c.send_displs = displs;
-  c.recv_counts = counts;
-  c.recv_displs = displs;
+  v_call c = lists_call(op_code::alltoallv, pid, sv, rv, bad, displs, counts, displs);
   int failures = 0;
   try {
     ctx.irregular().run(c);
@@ -407,15 +409,9 @@ int failed_push_body(int r, node_context& ctx) {
   std::vector<std::int64_t> from_zero{static_cast<std::int64_t>(n), 0}, zeros(2, 0);
   std::int64_t s1[1], s2[1];
   const array_view sv = view_of(send.data(), send.size(), s1), rv = view_of(recv, n, s2);
-  v_call c;
-  c.op = op_code::alltoallv;
-  c.pattern = pid;
-  c.send = &sv;
-  c.recv = &rv;
-  c.send_counts = r == 0 ? to_one : none;
-  c.send_displs = zeros;
-  c.recv_counts = r == 1 ? from_zero : none;
-  c.recv_displs = zeros;
+  v_call c = lists_call(op_code::alltoallv, pid, sv, rv,
+                        std::span<const std::int64_t>(r == 0 ? to_one : none), zeros,
+                        std::span<const std::int64_t>(r == 1 ? from_zero : none), zeros);
   int code = 1;  // no error: rank 1 would keep a result with a missing tail
   try {
     ctx.irregular().run(c);
@@ -488,15 +484,7 @@ int repeated_sources_body(int r, node_context& ctx, int mode, int scale) {
   std::int64_t s1[1], s2[1];
   const array_view sv = view_of(send.data(), send.size(), s1),
                    rv = view_of(recv.data(), recv.size(), s2);
-  v_call c;
-  c.op = op_code::neighbor_alltoallv;
-  c.pattern = pid;
-  c.send = &sv;
-  c.recv = &rv;
-  c.send_counts = sc;
-  c.send_displs = sd;
-  c.recv_counts = rc;
-  c.recv_displs = rd;
+  v_call c = lists_call(op_code::neighbor_alltoallv, pid, sv, rv, sc, sd, rc, rd);
   ctx.irregular().run(c);
   int failures = 0;
   std::vector<bool> covered(recv.size());
