@@ -592,6 +592,25 @@ KILL_JOB = textwrap.dedent(
         os.write(1, text.encode())
 
 
+    # A rank still here long after the timeout hangs: where it is (Python's stacks without the
+    # GIL, then gdb's native ones where gdb is installed) goes to hang.RANK, then it leaves.
+    import faulthandler, shutil, subprocess
+    hang = open(os.path.join(out, f"hang.{rank}"), "w")
+    faulthandler.dump_traceback_later(HANG_AFTER, file=hang)
+
+
+    def native_stacks():
+        time.sleep(HANG_AFTER + 1)
+        if shutil.which("gdb"):
+            gdb = ["gdb", "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt"]
+            subprocess.run(gdb, stdout=hang, stderr=subprocess.STDOUT, timeout=30)
+        hang.flush()
+        os._exit(4)
+
+
+    threading.Thread(target=native_stacks, daemon=True).start()
+
+
     if path == "direct":  # blocks rank to rank after the round of records
         _aggregated.force(comm, False)
     # Every call is one crossing of the extension from its second call on: die just before
@@ -711,6 +730,10 @@ def test_rank_killed_between_emulated_nodes(tmp_path, path):
     _kill_rank_2_and_check(tmp_path, path, cluster=cluster)
 
 
+#: Seconds after which a kill job's rank that is still running shows its stacks and leaves
+#: (every rank ends within a few seconds of the kill: KILL_TIMEOUT).
+HANG_AFTER = 25
+
 #: ZCOLL_TIMEOUT of the kill jobs: how long rank 0 waits for the dead rank's message before it
 #: raises (every call before the kill takes a few ms, so 2 s is far from a false alarm).
 KILL_TIMEOUT = 2
@@ -722,7 +745,7 @@ def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
     if not is_open_mpi():
         pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
     job = tmp_path / "job.py"
-    job.write_text(KILL_JOB)
+    job.write_text(KILL_JOB.replace("HANG_AFTER", str(HANG_AFTER)))
     env = job_env(ZCOLL_TIMEOUT=str(KILL_TIMEOUT), **env_extra)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
@@ -737,6 +760,8 @@ def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
     # The ranks' reports from their files: on emulated nodes the job is ended once its ranks
     # have, which can be before mpiexec forwarded the last rank's output (run_job).
     written = "".join(f.read_text() for f in sorted(tmp_path.glob("report.*")))
+    hangs = {f.name: f.read_text() for f in sorted(tmp_path.glob("hang.*")) if f.stat().st_size}
+    assert not hangs, f"ranks hung: {hangs}\n{written}"
     assert "<<DONE" not in proc.stdout + written
     found = re.findall(r"<<PEERERROR rank=(\d) call=(\d+) again=(\S+) (.*?)>>", written, re.S)
     reports = {rank: text for rank, _, _, text in found}
