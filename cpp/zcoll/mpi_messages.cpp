@@ -39,11 +39,7 @@ class bounded_wait {
   void pause(Late late) {
     if (++polls_ < options_.eager_polls) return;
     const double waited = std::chrono::duration<double>(clock_type::now() - start_).count();
-    if (waited >= options_.timeout_s) {
-      std::vector<int> who = late();
-      who.insert(who.end(), failed_.begin(), failed_.end());
-      give_up(std::move(who));
-    }
+    if (waited >= options_.timeout_s) give_up_naming(late);
     if (waited < 0.01) {
       ::sched_yield();
       return;
@@ -69,15 +65,19 @@ class bounded_wait {
   // a flow's messages each reset the bound, and this keeps their sum bounded too.
   template <class Late>
   void cap(double seconds, Late late) {
-    if (std::chrono::duration<double>(clock_type::now() - began_).count() >= seconds) {
-      std::vector<int> who = late();
-      who.insert(who.end(), failed_.begin(), failed_.end());
-      give_up(std::move(who));
-    }
+    if (std::chrono::duration<double>(clock_type::now() - began_).count() >= seconds)
+      give_up_naming(late);
   }
   bool broken() const noexcept { return !failed_.empty(); }
 
  private:
+  // Gives up, naming the ranks `late()` returns and those whose messages failed.
+  template <class Late>
+  [[noreturn]] void give_up_naming(Late late) const {
+    std::vector<int> who = late();
+    who.insert(who.end(), failed_.begin(), failed_.end());
+    give_up(std::move(who));
+  }
   [[noreturn]] void give_up(std::vector<int> late) const {
     std::erase_if(late, [](int r) { return r < 0; });  // -1: a failure MPI named no peer of
     std::sort(late.begin(), late.end());
@@ -179,11 +179,9 @@ bool all_done_within(std::vector<MPI_Request>& requests, std::vector<MPI_Status>
   return !wait.broken() && finished != 0;
 }
 
-// Waits for `requests` within `options`' bounds; `peer(i)` is the rank behind request i.
+// Waits for `requests` within `wait`; `peer(i)` is the rank behind request i.
 template <class PeerOf>
-void wait_requests(std::vector<MPI_Request>& requests, PeerOf peer, int rank,
-                   const message_round_options& options) {
-  bounded_wait wait(options, rank);
+void wait_within(std::vector<MPI_Request>& requests, PeerOf peer, bounded_wait& wait) {
   std::vector<MPI_Status> statuses;
   while (!all_done_within(requests, statuses, peer, wait))
     wait.pause([&] {
@@ -194,6 +192,14 @@ void wait_requests(std::vector<MPI_Request>& requests, PeerOf peer, int rank,
     });
 }
 
+// Waits for `requests` within `options`' bounds; `peer(i)` is the rank behind request i.
+template <class PeerOf>
+void wait_requests(std::vector<MPI_Request>& requests, PeerOf peer, int rank,
+                   const message_round_options& options) {
+  bounded_wait wait(options, rank);
+  wait_within(requests, peer, wait);
+}
+
 // Frees `requests` (MPI finishes those still in flight); call only before MPI_Finalize.
 void free_requests(std::vector<MPI_Request>& requests) noexcept {
   for (MPI_Request& r : requests)
@@ -202,10 +208,7 @@ void free_requests(std::vector<MPI_Request>& requests) noexcept {
 }
 
 void wait_for_all(request_list& all, bounded_wait& wait) {
-  std::vector<MPI_Status> statuses;
-  const auto peer = [&](std::size_t i) { return all.peers[i]; };
-  while (!all_done_within(all.requests, statuses, peer, wait))
-    wait.pause([&] { return all.unfinished(); });
+  wait_within(all.requests, [&](std::size_t i) { return all.peers[i]; }, wait);
 }
 
 }  // namespace
