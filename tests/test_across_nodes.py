@@ -739,28 +739,51 @@ HANG_AFTER = 25
 KILL_TIMEOUT = 2
 
 
-def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
-    """KILL_JOB at P = 4 on two nodes of 2 (virtual ones by `env_extra`, or emulated by the
-    mpiexec options `cluster`): rank 2 dies; the survivors' reports are checked."""
-    if not is_open_mpi():
-        pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
-    job = tmp_path / "job.py"
+#: What a kill job's hung rank shows when Open MPI 4.1 itself never returns: under
+#: --enable-recovery, after its TCP BTL reports the dead peer's connection reset, a nonblocking
+#: MPI_Testsome spins inside opal_progress's libevent loop (about 3 % of runs beside a build,
+#: on emulated nodes only). No bound of zcoll's can end a call that does not return; the test
+#: reruns such a job once, and fails on any other hang (README, "Errors").
+OPEN_MPI_TCP_LIVELOCK = ("PMPI_Testsome", "opal_progress", "libevent")
+
+
+def _is_open_mpi_tcp_livelock(stacks: str) -> bool:
+    return all(frame in stacks for frame in OPEN_MPI_TCP_LIVELOCK)
+
+
+def _run_kill_job(out, path, cluster, env_extra):
+    """One KILL_JOB under mpiexec, writing to `out`: (the mpiexec result, the ranks' reports,
+    {hang file: stacks}), with the checks on pids and /dev/shm."""
+    job = out / "job.py"
     job.write_text(KILL_JOB.replace("HANG_AFTER", str(HANG_AFTER)))
     env = job_env(ZCOLL_TIMEOUT=str(KILL_TIMEOUT), **env_extra)
     env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     before = zcoll_shm_entries()
     cmd = mpiexec(4, "--enable-recovery", *cluster)
-    cmd += [sys.executable, str(job), "2", str(tmp_path), path]
-    proc = run_job(
-        cmd, env, timeout=60, ranks_ended=job_ranks_ended(tmp_path, 4) if cluster else None
-    )
-    pids = read_job_pids(tmp_path)
+    cmd += [sys.executable, str(job), "2", str(out), path]
+    proc = run_job(cmd, env, timeout=60, ranks_ended=job_ranks_ended(out, 4) if cluster else None)
+    pids = read_job_pids(out)
     assert len(pids) == 4, proc.stdout + proc.stderr
     assert not leaked_entries(before, pids), f"left in /dev/shm: {leaked_entries(before, pids)}"
     # The ranks' reports from their files: on emulated nodes the job is ended once its ranks
     # have, which can be before mpiexec forwarded the last rank's output (run_job).
-    written = "".join(f.read_text() for f in sorted(tmp_path.glob("report.*")))
-    hangs = {f.name: f.read_text() for f in sorted(tmp_path.glob("hang.*")) if f.stat().st_size}
+    written = "".join(f.read_text() for f in sorted(out.glob("report.*")))
+    hangs = {f.name: f.read_text() for f in sorted(out.glob("hang.*")) if f.stat().st_size}
+    return proc, written, hangs
+
+
+def _kill_rank_2_and_check(tmp_path, path, cluster=(), **env_extra):
+    """KILL_JOB at P = 4 on two nodes of 2 (virtual ones by `env_extra`, or emulated by the
+    mpiexec options `cluster`): rank 2 dies; the survivors' reports are checked. On emulated
+    nodes a job whose only hang is Open MPI's own (OPEN_MPI_TCP_LIVELOCK) runs once more."""
+    if not is_open_mpi():
+        pytest.skip("needs Open MPI's --enable-recovery to keep the survivors alive")
+    for attempt in range(2 if cluster else 1):
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        proc, written, hangs = _run_kill_job(out, path, cluster, env_extra)
+        if not (hangs and all(map(_is_open_mpi_tcp_livelock, hangs.values()))):
+            break
     assert not hangs, f"ranks hung: {hangs}\n{written}"
     assert "<<DONE" not in proc.stdout + written
     found = re.findall(r"<<PEERERROR rank=(\d) call=(\d+) again=(\S+) (.*?)>>", written, re.S)
