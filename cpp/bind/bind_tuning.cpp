@@ -122,7 +122,7 @@ void def_copy_policy(context_class& cls) {
                             "Largest per-rank receive size of the eager path (0: none).");
 }
 
-// Whether and from what size private buffers are pulled by CMA.
+// From what size private buffers are pulled by CMA (or take the slots).
 void def_cma_policy(context_class& cls) {
   cls.def_property(
       "cma_bytes",
@@ -166,6 +166,10 @@ void def_cma_policy(context_class& cls) {
       [](node_context& ctx, bool yes) { ctx.policy().set_private_slots(yes); },
       "Whether private buffers beyond the eager size may take the eager slots (up to the CMA "
       "size). The same on every rank.");
+}
+
+// Whether the kernel lets the node's ranks read each other's memory, and what they read.
+void def_cma_state(context_class& cls) {
   cls.def_property_readonly(
       "cma",
       [](const node_context& ctx) {
@@ -229,6 +233,7 @@ void register_tuning(py::module_& m) {
   def_online_tuning(cls);
   def_copy_policy(cls);
   def_cma_policy(cls);
+  def_cma_state(cls);
   register_policy_defaults(m);
 }
 

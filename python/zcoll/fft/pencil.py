@@ -52,7 +52,7 @@ def _grid_request(dims) -> list[int]:
     """mpi4py-fft's forms of `dims` (None, an int, a sequence) as a list for Compute_dims."""
     if dims is None:
         return [0]
-    if np.ndim(dims) == 0:
+    if isinstance(dims, int) or (not isinstance(dims, (list, tuple)) and np.ndim(dims) == 0):
         n = operator.index(dims)
         if n <= 0:
             raise ValueError(f"zcoll.fft.Subcomm: dims={n} must be a positive number of axes")
