@@ -12,9 +12,11 @@ from mpi4py import MPI
 
 import zcoll
 from helpers import all_ranks_agree
+from helpers import vcoll_reference as ref
 from zcoll import _core
 
 SIZES = [0, 1, 100, 3000, 70_001]  # elements per block: eager, staged-size and large calls
+HEAP_SMALLEST = 1024  # bytes: smaller requests stay with NumPy's allocator (heap.hpp)
 
 
 def heap_array(shape, dtype, seed: int) -> np.ndarray:
@@ -27,9 +29,12 @@ def heap_array(shape, dtype, seed: int) -> np.ndarray:
 
 
 def make(kind: str, comm, shape, dtype, seed: int) -> np.ndarray:
-    """A heap, plain or arena array of random bytes."""
+    """A heap, plain or arena array of random bytes (a heap one really in the heap where the
+    heap takes its size)."""
     if kind == "heap":
-        return heap_array(shape, dtype, seed)
+        a = heap_array(shape, dtype, seed)
+        assert zcoll.in_heap(a) or a.nbytes < HEAP_SMALLEST, (a.shape, a.dtype)
+        return a
     a = np.empty(shape, dtype) if kind == "plain" else zcoll.empty(comm, shape, dtype)
     a.reshape(-1).view(np.uint8)[:] = np.random.default_rng(seed).integers(
         0, 256, a.nbytes, dtype=np.uint8
@@ -92,13 +97,25 @@ def test_irregular_calls_match_mpi(comm, kinds):
 def test_reductions_and_bcast_match_mpi(comm, kinds):
     p, failures = comm.size, []
     for n in (1, 1000, 300_000):
-        x = make(kinds[0], comm, (n * p,), np.int64, comm.rank + n) % 1000
+        x = make(kinds[0], comm, (n * p,), np.int64, comm.rank + n)
+        np.remainder(x, 1000, out=x)  # in place: x stays the array of its kind
         out = make(kinds[1], comm, (n * p,), np.int64, 5)
         expected = np.empty_like(out)
         comm.Allreduce(x, expected)
         zcoll.allreduce(comm, x, out)
         if not np.array_equal(out, expected):
             failures.append(("allreduce", n))
+        out[...] = x
+        zcoll.allreduce(comm, zcoll.IN_PLACE, out)
+        if not np.array_equal(out, expected):
+            failures.append(("allreduce in place", n))
+        root = (n + 1) % p
+        at_root = make(kinds[1], comm, (n * p,), np.int64, 9)
+        untouched = at_root.copy()
+        zcoll.reduce(comm, x, at_root, root=root)
+        want = expected if comm.rank == root else untouched
+        if not np.array_equal(at_root, want):
+            failures.append(("reduce", n))
         part = make(kinds[1], comm, (n,), np.int64, 6)
         expected = np.empty_like(part)
         comm.Reduce_scatter_block(x, expected)
@@ -127,6 +144,117 @@ def test_plans_on_heap_arrays(comm):
             plan()
             ok &= recv.tobytes() == expected.tobytes()
     all_ranks_agree(comm, ok, "plan on heap arrays")
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda k: f"{k[0]}-{k[1]}")
+def test_irregular_plans_on_heap_arrays(comm, kinds):
+    """allgather_init, alltoallv_init and allgatherv_init on heap arrays (one side or both),
+    three runs each with new send data written in between, against mpi4py's calls."""
+    p, me, failures = comm.size, comm.rank, []
+    send = make(kinds[0], comm, (p, 3000), np.float64, me)
+    gathered = make(kinds[1], comm, (p, 3000), np.float64, 1)
+    counts = [(me + j) % 3 * 2000 for j in range(p)]
+    rcounts = [(j + me) % 3 * 2000 for j in range(p)]
+    vsend = make(kinds[0], comm, (sum(counts),), np.int32, me + 7)
+    vrecv = make(kinds[1], comm, (sum(rcounts),), np.int32, 2)
+    sizes = [(j % 2 + 1) * 1500 for j in range(p)]
+    mine = make(kinds[0], comm, (sizes[me],), np.int32, me + 9)
+    vgathered = make(kinds[1], comm, (sum(sizes),), np.int32, 3)
+    with (
+        zcoll.allgather_init(comm, send[0], gathered) as allgather,
+        zcoll.alltoallv_init(comm, [vsend, counts], [vrecv, rcounts]) as alltoallv,
+        zcoll.allgatherv_init(comm, mine, [vgathered, sizes]) as allgatherv,
+    ):
+        for run in range(3):
+            for a in (send, vsend, mine):
+                a[...] = np.random.default_rng([run, me, a.size]).integers(0, 1000, a.shape)
+            expected = np.empty_like(gathered)
+            comm.Allgather(send[0], expected)
+            allgather()
+            if gathered.tobytes() != expected.tobytes():
+                failures.append(("allgather_init", run))
+            expected = np.empty_like(vrecv)
+            comm.Alltoallv([vsend, counts], [expected, rcounts])
+            alltoallv()
+            if vrecv.tobytes() != expected.tobytes():
+                failures.append(("alltoallv_init", run))
+            expected = np.empty_like(vgathered)
+            comm.Allgatherv(mine, [expected, sizes])
+            allgatherv()
+            if vgathered.tobytes() != expected.tobytes():
+                failures.append(("allgatherv_init", run))
+    all_ranks_agree(comm, not failures, f"{kinds}: {failures}")
+
+
+# Topologies of the neighbourhood calls (tests/helpers/vcoll_reference.py): a periodic grid,
+# whose dimensions of 1 or 2 repeat a neighbour, and a seeded multigraph with self-loops.
+NEIGHBOURHOODS = ["cart2d_periodic", "graph_adjacent"]
+
+
+def neighbourhood_failures(comm, kinds, n: int) -> list:
+    """The four neighbourhood calls on arrays of `kinds`, blocks of about `n` float64, against
+    MPI's own or, where this MPI breaks the standard there, point-to-point."""
+    indeg, outdeg = ref.degrees(comm)
+    me, failures = comm.rank, []
+
+    def check(name, call, send, recv, reference, *args):
+        expected = recv.copy()
+        reference(comm, send, *args[:1], expected, *args[1:])
+        call()
+        if not ref.same_bits(recv, expected):
+            failures.append((name, n, ref.first_difference(recv, expected)))
+
+    send = make(kinds[0], comm, (outdeg, n), np.float64, me + n)
+    recv = make(kinds[1], comm, (indeg, n), np.float64, 1)
+    check("neighbor_alltoall", lambda: zcoll.neighbor_alltoall(comm, send, recv), send, recv,
+          lambda c, s, e: ref.neighbor_reference("alltoall")(c, s, e, n))  # fmt: skip
+    mine = make(kinds[0], comm, (n,), np.float64, me + 2 * n)
+    recv = make(kinds[1], comm, (indeg, n), np.float64, 2)
+    check("neighbor_allgather", lambda: zcoll.neighbor_allgather(comm, mine, recv), mine, recv,
+          ref.neighbor_reference("allgather"))  # fmt: skip
+    rng = np.random.default_rng([n, me])
+    scounts, rcounts = ref.edge_counts(comm, np.random.default_rng(n), rng, high=n)
+    sdispls, ssize = ref.layout(rng, scounts)
+    rdispls, rsize = ref.layout(rng, rcounts)
+    vsend = make(kinds[0], comm, (ssize,), np.float64, me + 3 * n)
+    vrecv = make(kinds[1], comm, (rsize,), np.float64, 3)
+    check("neighbor_alltoallv",
+          lambda: zcoll.neighbor_alltoallv(comm, [vsend, (scounts, sdispls)],
+                                           [vrecv, (rcounts, rdispls)]),
+          vsend, vrecv,
+          lambda c, s, e: ref.neighbor_reference("alltoallv")(c, s, scounts, sdispls, e,
+                                                               rcounts, rdispls))  # fmt: skip
+    sources = ref.neighbour_lists(comm)[0]
+    gcounts = np.array([n + 7 * (me if s == MPI.PROC_NULL else s) for s in sources], np.int64)
+    gdispls, gsize = ref.layout(rng, gcounts)
+    mine = make(kinds[0], comm, (n + 7 * me,), np.float64, me + 4 * n)
+    vrecv = make(kinds[1], comm, (gsize,), np.float64, 4)
+    check("neighbor_allgatherv",
+          lambda: zcoll.neighbor_allgatherv(comm, mine, [vrecv, (gcounts, gdispls)]),
+          mine, vrecv,
+          lambda c, s, e: ref.neighbor_reference("allgatherv")(c, s, s.size, e, gcounts,
+                                                                gdispls))  # fmt: skip
+    return failures
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda k: f"{k[0]}-{k[1]}")
+@pytest.mark.parametrize("topo", NEIGHBOURHOODS)
+def test_neighbourhood_calls_match_mpi(world, topo, kinds):
+    """neighbor_alltoall, neighbor_allgather and their v-variants on heap arrays (one side or
+    both), blocks of 3 elements (the eager path) and of 5000 (mapped peers' heap buffers, or
+    pulled plain ones), bit for bit against MPI or point-to-point."""
+    comm = ref.make_topology(world, topo)
+    if comm is None:
+        pytest.skip(f"{topo} does not fit {world.size} ranks")
+    failures = []
+    try:
+        if comm != MPI.COMM_NULL:
+            for n in (3, 5000):
+                failures += neighbourhood_failures(comm, kinds, n)
+    finally:
+        if comm != MPI.COMM_NULL:
+            comm.Free()
+    all_ranks_agree(world, not failures, f"{topo} {kinds}: {failures}")
 
 
 def test_freed_segments_are_never_read_through_a_stale_mapping(comm):
