@@ -75,6 +75,21 @@ def test_machine_facts():
     )
 
 
+def test_cma_shows_what_the_kernel_allows():
+    """settings().cma says whether ranks may read each other's memory, as the kernel's Yama
+    setting has it (a scope other than 0 refuses reads between sibling processes, which is what
+    ranks under one mpiexec are), and its table names it."""
+    yama = Path("/proc/sys/kernel/yama/ptrace_scope")
+    scope = yama.read_text().strip() if yama.exists() else "0"
+    s = zcoll.settings()
+    if scope == "0":
+        assert s.cma == "available", s.cma
+    else:
+        assert s.cma == f"refused between sibling ranks (kernel.yama.ptrace_scope = {scope})"
+    assert s.sources["cma"] == "process_vm_readv"
+    assert re.search(r"\bcma\b.*" + re.escape(s.cma), str(s)), str(s)
+
+
 def test_context_uses_the_defaults(clean_env):
     c = WORLD.Dup()
     try:
