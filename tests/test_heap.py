@@ -6,6 +6,8 @@ test_heap_process.py.
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -184,6 +186,28 @@ def test_irregular_plans_on_heap_arrays(comm, kinds):
             if vgathered.tobytes() != expected.tobytes():
                 failures.append(("allgatherv_init", run))
     all_ranks_agree(comm, not failures, f"{kinds}: {failures}")
+
+
+def test_plans_hold_their_heap_buffers(comm):
+    """A plan over heap arrays keeps them: even ranks drop their references (one while a run is
+    in flight) and allocate heap arrays of the same sizes, which would reuse the memory had the
+    plan let it go; every run still moves the data it was made for."""
+    p, me = comm.size, comm.rank
+    send = heap_array((p, 20_000), np.int64, me)
+    send[...] = np.arange(p)[:, None] + 100 * me
+    recv = heap_array((p, 20_000), np.int64, 1)
+    plan = zcoll.alltoall_init(comm, send, recv)
+    want = np.repeat(100 * np.arange(p)[:, None] + me, 20_000, axis=1)
+    plan.start()
+    if me % 2 == 0:
+        del send, recv
+        gc.collect()
+    plan.wait()
+    junk = [heap_array((p, 20_000), np.int64, 9) for _ in range(4)] if me % 2 == 0 else []
+    ok = all(np.array_equal(plan(), want) for _ in range(3))
+    plan.free()
+    del junk
+    all_ranks_agree(comm, ok, "a plan after its caller dropped its heap arrays")
 
 
 # Topologies of the neighbourhood calls (tests/helpers/vcoll_reference.py): a periodic grid,

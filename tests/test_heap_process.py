@@ -9,6 +9,7 @@ P = 1 and 2 only.
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -162,6 +163,38 @@ def test_fork_child_writes_stay_its_own():
     os.close(write)
     assert os.waitstatus_to_exitcode(status) == 0
     assert a[0] == 2 and b[0] == 2
+
+
+def _child_sees_its_snapshot(a, b, started, resume, result) -> None:
+    """multiprocessing child (fork): its heap arrays hold what the parent had at the fork,
+    its writes are its own, and the parent's later writes never reach it."""
+    ok = bool((a == 3).all() and (b == 3).all())
+    a[:] = 4
+    b[:] = 4
+    started.set()
+    resume.wait(60)
+    result.put(ok and bool((a == 4).all() and (b == 4).all()))
+
+
+def test_multiprocessing_fork_children_keep_their_own_arrays():
+    with zcoll.use_shared_heap():
+        a = np.full(1 << 18, 3.0)  # a segment of its own
+        b = np.full(1000, 3.0)  # a slab block
+    fork = multiprocessing.get_context("fork")
+    started, resume, result = fork.Event(), fork.Event(), fork.Queue()
+    child = fork.Process(target=_child_sees_its_snapshot, args=(a, b, started, resume, result))
+    child.start()
+    try:
+        assert started.wait(60)
+        assert (a == 3).all() and (b == 3).all()  # the child's writes did not come here
+        a[:] = 5
+        b[:] = 5
+        resume.set()
+        assert result.get(timeout=60) is True
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    assert (a == 5).all() and (b == 5).all() and zcoll.in_heap(a)
 
 
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
