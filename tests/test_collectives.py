@@ -25,6 +25,7 @@ from helpers import (
     private_buffers_by,
     random_bytes,
 )
+from helpers import vcoll_reference as ref
 from helpers.collectives import (
     fill,
     make_buffer,
@@ -33,7 +34,7 @@ from helpers.collectives import (
     same_bits,
     seeded,
 )
-from zcoll import _context
+from zcoll import _collectives, _context, _vcollectives
 
 # "numa" without a NUMA topology is Morton's schedule (test_schedule.py): it runs here under a
 # described 4-NUMA-node machine (test_numa_matches_mpi) instead of in every test below.
@@ -537,3 +538,58 @@ def test_auto_copy_stays_temporal_only_while_the_call_fits_half_the_llc(world):
             seen.append(core.copy_threshold(block))
     want = ["temporal", 16 * 1024, "temporal", block]
     all_ranks_agree(world, seen == want, f"{seen} != {want}")
+
+
+def _python_path_reached(*args, **kwargs):
+    raise AssertionError("the Python path ran")
+
+
+def test_without_recvbuf_the_same_one_crossing(world, monkeypatch):
+    """alltoall, allgather, allgatherv and the neighbourhood gathers called without recvbuf on
+    communicators zcoll has used take the one crossing into the engine that calls with recvbuf
+    take (the Python paths raise here), on one node and across virtual and emulated nodes; the
+    results against MPI (neighbourhood calls: or point-to-point, vcoll_reference)."""
+    p, me = world.size, world.rank
+    comm = world.Dup()
+    cart = world.Create_cart([p], periods=[True])
+    try:
+        send = np.arange(p * 300, dtype=np.float64).reshape(p, 300) + 1e4 * me
+        mine = np.full(200 + 7 * me, me, np.int32)
+        sizes = [200 + 7 * j for j in range(p)]
+        indeg = ref.degrees(cart)[0]
+        block = np.arange(50, dtype=np.int64) + 100 * me
+        # Each communicator's first calls (they make its context), with recvbuf.
+        zcoll.alltoall(comm, send, np.empty_like(send))
+        zcoll.allgather(comm, send[0], np.empty_like(send))
+        zcoll.allgatherv(comm, mine, [np.empty(sum(sizes), np.int32), sizes])
+        zcoll.neighbor_alltoall(
+            cart, np.zeros((indeg, 50), np.int64), np.empty((indeg, 50), np.int64)
+        )
+        zcoll.neighbor_allgather(cart, block, np.empty((indeg, 50), np.int64))
+        monkeypatch.setattr(_collectives, "_exchange", _python_path_reached)
+        monkeypatch.setattr(_vcollectives, "_python_path", _python_path_reached)
+        failures = []
+        want = np.empty_like(send)
+        comm.Alltoall(send, want)
+        if not np.array_equal(zcoll.alltoall(comm, send), want):
+            failures.append("alltoall")
+        comm.Allgather(send[0], want)
+        if not np.array_equal(zcoll.allgather(comm, send[0]).reshape(want.shape), want):
+            failures.append("allgather")
+        gathered = np.empty(sum(sizes), np.int32)
+        comm.Allgatherv(mine, [gathered, sizes])
+        if not np.array_equal(zcoll.allgatherv(comm, mine), gathered):
+            failures.append("allgatherv")
+        blocks = np.repeat(block[None], indeg, axis=0) + np.arange(indeg)[:, None]
+        expected = np.empty((indeg, 50), np.int64)
+        ref.neighbor_reference("alltoall")(cart, blocks, expected, 50)
+        if not np.array_equal(zcoll.neighbor_alltoall(cart, blocks), expected):
+            failures.append("neighbor_alltoall")
+        ref.neighbor_reference("allgather")(cart, block, expected)
+        if not np.array_equal(zcoll.neighbor_allgather(cart, block), expected):
+            failures.append("neighbor_allgather")
+    finally:
+        monkeypatch.undo()
+        cart.Free()
+        comm.Free()
+    all_ranks_agree(world, not failures, f"without recvbuf: {failures}")

@@ -27,6 +27,25 @@ def test_wrong_first_axis(world):
                       fragment="shape[0]")  # fmt: skip
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_neighbourhood_calls_without_recvbuf_bad_on_one_rank(world, first):
+    """neighbor_alltoall and neighbor_allgather without recvbuf, the last rank's sendbuf wrong
+    (a first axis other than its out-degree; Python objects): every rank raises its error,
+    named, and the grid works on; `first`: as the grid's first call (its context made then)."""
+    cart = world.Create_cart([world.size], periods=[True])
+    try:
+        if not first:
+            zcoll.neighbor_allgather(cart, np.zeros(3))
+        rows = 5 if last(world) else 2
+        expect_everywhere(cart, lambda: zcoll.neighbor_alltoall(cart, np.zeros((rows, 3))),
+                          ValueError, fragment="out-degree 2")  # fmt: skip
+        mine = np.array([object()] * 3) if last(world) else np.zeros(3)
+        expect_everywhere(cart, lambda: zcoll.neighbor_allgather(cart, mine), TypeError,
+                          fragment=f"[rank {world.size - 1}]")  # fmt: skip
+    finally:
+        cart.Free()
+
+
 def test_one_d_not_divisible(world):
     n = 2 * world.size + (1 if last(world) else 0)
     if world.size == 1:

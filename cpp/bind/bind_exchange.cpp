@@ -118,8 +118,9 @@ std::optional<std::string> option_error(const py::object& order, const py::objec
 // the context of `comm` by its MPI handle in a table Python keeps (register_fast), turns the
 // option names into codes and runs the call, all in one crossing with no pybind11 dispatch. It
 // returns None, having done nothing, whenever the Python path must run instead: no registered
-// context (first call, several nodes, online tuning), or an option that names nothing (the
-// Python path raises the error on every rank).
+// context (its first call, online tuning), or an option that names nothing (the Python path
+// raises the error on every rank). A communicator spanning several nodes is registered with
+// its route.
 namespace fast_path {
 
 // A registered communicator: its context, and its route when it spans several nodes.

@@ -126,8 +126,9 @@ void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const c
 // --- the one-crossing path -------------------------------------------------------------------
 // fast_irregular parses mpi4py's buffer specifications itself, in the forms programs use on
 // every call ([array, counts], [array, counts, displs], [array, (counts, displs)], plain
-// arrays); anything else (a datatype, recvbuf=None, several nodes, a first call) goes back to
-// the Python path, which makes the pattern and raises the errors a parse can find.
+// arrays), on one node or (by its route) several; anything else (a datatype, the first call on
+// a communicator) goes back to the Python path, which makes the pattern and raises the errors
+// a parse can find. A call without recvbuf gets its result from Python first, then comes here.
 namespace fast {
 
 // One side of a call: the array and its blocks' counts and displacements in elements.

@@ -23,8 +23,9 @@ _ALLTOALL = _registry.ALLTOALL
 _ALLGATHER = _registry.ALLGATHER
 _ALLTOALL_CODE = _registry.OPS[_ALLTOALL]
 _ALLGATHER_CODE = _registry.OPS[_ALLGATHER]
-# One crossing into the engine for a call on a known single-node communicator with a recvbuf:
-# returns recvbuf, or None when the Python path (_exchange) must run the call.
+# One crossing into the engine for a call on a known communicator (on one node, or across
+# nodes by its route) with a recvbuf: returns recvbuf, or None when the Python path
+# (_exchange) must run the call.
 _fast = _core.fast_collective
 
 

@@ -42,9 +42,10 @@ _NONE, _GATHER, _SWAP = 0, 1, 2  # v_in_place codes
 _PLAN_TAG = 0x40000  # plans: a range of 64 tags per plan (plan id modulo 4096)
 _NO_COUNTS = np.zeros(0, np.int64)
 _DENSE_ROLE, _TOPOLOGY_ROLE = 0, 1  # which calls the engine's one-crossing path runs a pattern for
-# One crossing into the engine for a call on a known single-node communicator whose buffer
-# specifications it can parse: returns the receive array, or None when the Python path must
-# run the call (first call, several nodes, a datatype in a specification, an error to raise).
+# One crossing into the engine for a call on a known communicator (on one node, or across
+# nodes by its route) whose buffer specifications it can parse: returns the receive array, or
+# None when the Python path must run the call (first call, a datatype in a specification, an
+# error to raise).
 _fast = _core.fast_irregular
 _ALLTOALLV_CODE = _registry.OPS[_registry.ALLTOALLV]
 _ALLGATHERV_CODE = _registry.OPS[_registry.ALLGATHERV]
@@ -400,9 +401,11 @@ _DENSE_OPS = (_registry.ALLTOALLV, _registry.ALLGATHERV)
 
 
 def _new_result(ctx: Context, comm: MPI.Comm, opname: str, label: str, pattern: Pattern, sendbuf):
-    """The receive array of a call without one, in the arena (collective). allgatherv gathers
-    the counts first (as a ``[array, counts]`` specification); an invalid `sendbuf` on any
-    rank raises that rank's error on every rank."""
+    """The receive array of a call without one, in the arena; an invalid `sendbuf` on any rank
+    raises that rank's error on every rank. allgatherv gathers the counts first, with the
+    verdicts (as a ``[array, counts]`` specification); the neighbourhood calls know their
+    shape locally, and a rank's error is published in the call itself, as any argument error
+    (no round of their own)."""
     shape: tuple = ()
     error = None
     try:
@@ -426,20 +429,27 @@ def _new_result(ctx: Context, comm: MPI.Comm, opname: str, label: str, pattern: 
         elif opname != _registry.ALLGATHERV:
             raise ValueError("recvbuf is required")
     except (TypeError, ValueError) as exc:
+        if opname != _registry.ALLGATHERV:
+            ctx.fail(label, exc)
         error = (isinstance(exc, TypeError), f"zcoll.{label}: {exc}")
         count = 0
+    if opname != _registry.ALLGATHERV:
+        return _arena_array(ctx, shape, send.dtype)
     what = f"zcoll.{label} (making its result)"
-    if opname == _registry.ALLGATHERV:  # the counts travel with the verdicts
-        gathered = ctx.transport.allgather(comm, (count, error), what)
-    else:
-        gathered = [(0, e) for e in ctx.transport.allgather(comm, error, what)]
+    gathered = ctx.transport.allgather(comm, (count, error), what)  # counts and verdicts
     for _, failed in gathered:
         if failed is not None:
             raise (TypeError if failed[0] else ValueError)(failed[1])
-    if opname == _registry.ALLGATHERV:
-        counts = np.array([c for c, _ in gathered], np.int64)
-        return [_arena_array(ctx, (int(counts.sum()),), send.dtype), counts]
-    return _arena_array(ctx, shape, send.dtype)
+    counts = np.array([c for c, _ in gathered], np.int64)
+    return [_arena_array(ctx, (int(counts.sum()),), send.dtype), counts]
+
+
+def _new_recvbuf(opname: str, comm: MPI.Comm, sendbuf):
+    """The result of a call made without `recvbuf` (collective: see _new_result), so that the
+    call then takes the same path as one made with it."""
+    ctx = lookup(comm)
+    pattern = _pattern(ctx, comm, opname, neighbours=opname not in _DENSE_OPS)
+    return _new_result(ctx, comm, opname, opname, pattern, sendbuf)
 
 
 def _prepared(comm: MPI.Comm, opname: str, label: str, sendbuf, recvbuf):
@@ -580,6 +590,8 @@ def alltoallv(
     zcoll.PeerError
         If a peer dies or does not arrive within the timeout.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.ALLTOALLV, comm, sendbuf)
     recv = _fast(_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -615,6 +627,8 @@ def allgatherv(
     -----
     Costs and errors as for :func:`alltoallv`.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.ALLGATHERV, comm, sendbuf)
     recv = _fast(_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -664,6 +678,8 @@ def neighbor_alltoall(
     ValueError
         On every rank, for a communicator without topology, and as for :func:`alltoallv`.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.NEIGHBOR_ALLTOALL, comm, sendbuf)
     recv = _fast(_NEIGHBOR_ALLTOALL_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -695,6 +711,8 @@ def neighbor_allgather(
     numpy.ndarray
         The receive array; block ``j`` is the ``j``-th source's `sendbuf`.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.NEIGHBOR_ALLGATHER, comm, sendbuf)
     recv = _fast(_NEIGHBOR_ALLGATHER_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -724,6 +742,8 @@ def neighbor_alltoallv(
     numpy.ndarray
         The receive array.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.NEIGHBOR_ALLTOALLV, comm, sendbuf)
     recv = _fast(_NEIGHBOR_ALLTOALLV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
@@ -753,6 +773,8 @@ def neighbor_allgatherv(
     numpy.ndarray
         The receive array.
     """
+    if recvbuf is None:  # then the same path as with it
+        recvbuf = _new_recvbuf(_registry.NEIGHBOR_ALLGATHERV, comm, sendbuf)
     recv = _fast(_NEIGHBOR_ALLGATHERV_CODE, comm, sendbuf, recvbuf, order, copy)
     if recv is not None:
         return recv
