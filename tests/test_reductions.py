@@ -20,6 +20,7 @@ import zcoll
 from helpers import PRIVATE_PATHS, all_ranks_agree, private_buffers_by
 from helpers.errors import expect_everywhere, last
 from helpers.jobs import check_job_with_killed_rank, killing_job
+from zcoll import _reductions
 
 ALGORITHMS = ["auto", *zcoll.REDUCE_ALGORITHMS]
 OPS = list(zcoll.REDUCE_OPS)
@@ -690,3 +691,40 @@ def test_auto_runs_tiled_when_private_inputs_are_pulled(world):
     ok = pulled == ("tiled" if works else shared)
     ok &= core.reduction_choice(8, private_inputs=True) == core.reduction_choice(8)
     all_ranks_agree(world, ok, f"shared {shared}, pulled {pulled}, cma {core.cma}")
+
+
+def _python_path_reached(*args, **kwargs):
+    raise AssertionError("the Python path ran")
+
+
+def test_mpi_ops_take_the_one_crossing(world, monkeypatch):
+    """op= given as mpi4py's MPI.SUM ... MPI.BXOR: allreduce, reduce and reduce_scatter_block
+    on a communicator zcoll has used take the one crossing that op names take (the Python
+    path raises here), on one node and across virtual and emulated nodes, with mpi4py's
+    results (integers: every op is exact)."""
+    p, me = world.size, world.rank
+    comm = world.Dup()
+    try:
+        zcoll.allreduce(comm, np.ones(1))  # the first call makes the context
+        monkeypatch.setattr(_reductions, "_reduction", _python_path_reached)
+        failures = []
+        for name, mpi_op in MPI_OPS.items():
+            x = (np.arange(6 * p, dtype=np.int64) * (me + 3) + OPS.index(name)) % 7
+            want, got = np.empty_like(x), np.empty_like(x)
+            comm.Allreduce(x, want, op=mpi_op)
+            zcoll.allreduce(comm, x, got, op=mpi_op)
+            at_root = np.zeros_like(x)
+            zcoll.reduce(comm, x, at_root, op=mpi_op, root=p - 1)
+            part, want_part = np.empty(6, np.int64), np.empty(6, np.int64)
+            comm.Reduce_scatter_block(x, want_part, op=mpi_op)
+            zcoll.reduce_scatter_block(comm, x, part, op=mpi_op)
+            if not np.array_equal(got, want):
+                failures.append(("allreduce", name))
+            if me == p - 1 and not np.array_equal(at_root, want):
+                failures.append(("reduce", name))
+            if not np.array_equal(part, want_part):
+                failures.append(("reduce_scatter_block", name))
+    finally:
+        monkeypatch.undo()
+        comm.Free()
+    all_ranks_agree(world, not failures, f"MPI.Op: {failures}")

@@ -135,10 +135,34 @@ int code_of(PyObject* name, int auto_code, int none) {
   return value ? static_cast<int>(*value) : none;
 }
 
+// mpi4py's predefined operations (MPI.SUM ...), by reduce_op code (set_mpi_ops, called once by
+// Python): op=MPI.SUM is matched by identity, as an interned name is, so a call given one
+// takes this path too. An equal Op object of another identity goes to the Python path.
+std::array<PyObject*, count_of<reduce_op>> mpi_ops{};
+
+int reduce_op_code(PyObject* op, int none) {
+  const int code = code_of<reduce_op>(op, none, none);
+  if (code != none) return code;
+  for (int i = 0; i < count_of<reduce_op>; ++i)
+    if (op == mpi_ops[static_cast<std::size_t>(i)]) return i;
+  return none;
+}
+
+void set_mpi_ops(const py::dict& ops) {
+  for (const auto& [name, op] : ops) {
+    const auto code = parse_name<reduce_op>(py::cast<std::string>(name));
+    if (!code)
+      throw py::value_error("set_mpi_ops: no reduce op " + py::str(name).cast<std::string>());
+    PyObject*& slot = mpi_ops[static_cast<std::size_t>(*code)];
+    Py_XDECREF(slot);
+    slot = py::reinterpret_borrow<py::object>(op).release().ptr();  // kept for good
+  }
+}
+
 // fast_reduction(op code, comm, sendbuf, recvbuf, op, algorithm, root): the reduction on the
 // communicator's registered context in one crossing, returning True; None, having done
 // nothing, when the Python path must run it (no registered context, an op or algorithm given
-// other than by a valid name).
+// other than by a valid name or, for the op, mpi4py's predefined MPI.Op).
 PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   constexpr int none = -100;
   if (nargs != 7) {
@@ -154,7 +178,7 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     nodes_route route;
     std::shared_ptr<node_context> ctx = registered_context(args[1]);
     const bool across_nodes = !ctx && (ctx = registered_route(args[1], route));
-    const int reduce = op == op_code::bcast ? 0 : code_of<reduce_op>(args[4], none, none);
+    const int reduce = op == op_code::bcast ? 0 : reduce_op_code(args[4], none);
     const int algorithm = op == op_code::bcast
                               ? auto_algorithm
                               : code_of<reduce_algorithm>(args[5], auto_algorithm, none);
@@ -324,6 +348,9 @@ void register_fast_reductions(py::module_& m) {
                                    &fast_barrier_def, nullptr, m.attr("__name__").ptr())));
   m.add_object("fast_reduction", py::reinterpret_steal<py::object>(PyCFunction_NewEx(
                                      &fast_reduction_def, nullptr, m.attr("__name__").ptr())));
+  m.def("set_mpi_ops", &set_mpi_ops, py::arg("ops"),
+        "Once, from Python: mpi4py's predefined MPI.Op objects by the op names they mean, which "
+        "fast_reduction then takes as those names (by identity).");
 }
 
 }  // namespace

@@ -48,8 +48,9 @@ _PUBLIC_NAMES = {
 # mpi4py's predefined operations, by the name they mean.
 _MPI_OPS = tuple(zip((MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, MPI.LAND, MPI.LOR, MPI.LXOR,
                       MPI.BAND, MPI.BOR, MPI.BXOR), REDUCE_OPS))  # fmt: skip
-# One crossing into the engine for a call on a known single-node communicator: returns True,
-# or None when the Python path (_reduction) must run the call.
+_core.set_mpi_ops({name: mpi_op for mpi_op, name in _MPI_OPS})  # op=MPI.SUM: one crossing too
+# One crossing into the engine for a call on a known communicator (on one node, or across
+# nodes by its route): returns True, or None when the Python path (_reduction) must run it.
 _fast = _core.fast_reduction
 _fast_barrier = _core.fast_barrier
 
