@@ -11,6 +11,7 @@ float32 must equal NumPy's left fold in rank order bit for bit.
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 import pytest
@@ -397,6 +398,25 @@ def test_barrier_orders_writes(world):
         ok &= all(int(v[0]) == i for v in views if v is not None)
         zcoll.barrier(world)
     all_ranks_agree(world, ok, "a write before the barrier was not seen after it")
+
+
+def test_first_barrier_waits_for_the_last_rank(world):
+    """The first zcoll call on a fresh communicator a barrier (its context made in it), on one
+    node or across nodes (the round between nodes): no rank leaves before the last rank, which
+    comes late, has entered it (one machine: one monotonic clock for every rank)."""
+    comm = world.Dup()
+    try:
+        late = comm.size - 1
+        if comm.rank == late:
+            time.sleep(0.2)
+        entered = time.monotonic()
+        zcoll.barrier(comm)
+        left = time.monotonic()
+        times = comm.allgather((entered, left))
+    finally:
+        comm.Free()
+    last_in = times[late][0]
+    all_ranks_agree(world, all(out >= last_in for _, out in times), f"{times}")
 
 
 def test_several_communicators_at_once(world):

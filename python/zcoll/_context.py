@@ -109,11 +109,6 @@ class Context:
         self.numa_nodes = node.numa_nodes
         self.core = node.core
         self.transport = Transport(comm, self.core, self.multi_node, self.oversubscribed)
-        # One rank per node (its lowest), in node order: the reductions' inter-node part.
-        self.leaders: MPI.Comm | None = None
-        if self.multi_node:
-            leaders_comm = comm.Split(0 if self.node_rank == 0 else MPI.UNDEFINED, key=self.rank)
-            self.leaders = None if leaders_comm == MPI.COMM_NULL else leaders_comm
         # The tuning table's rules for every node size, the same on every rank (rank 0 read it
         # for the full creation of the pool).
         if derived is None:
@@ -242,9 +237,6 @@ class Context:
             _core.register_fast(self.handle, None)
         self.core.close()
         self.transport.close()
-        if self.leaders is not None and not MPI.Is_finalized():
-            self.leaders.Free()
-        self.leaders = None
         self.pool = None
 
 

@@ -291,9 +291,8 @@ def barrier(comm: MPI.Comm) -> None:
 
     The engine's node barrier (shared-memory flags: spin, yield, then futex; bounded, dead
     peers detected); on a communicator spanning several nodes, one round of messages between
-    nodes from the extension (a node's messages leave once all its ranks arrived), or with
-    mpi4py's sender the node barrier, an MPI barrier between the nodes' leaders, and the node
-    barrier again.
+    nodes from the extension (a node's messages leave once all its ranks arrived), the first
+    call included.
 
     Raises
     ------
@@ -301,11 +300,6 @@ def barrier(comm: MPI.Comm) -> None:
         If a peer dies or does not arrive within the timeout.
     """
     if _fast_barrier(comm):
-        return  # one node: the node barrier, in one crossing
-    ctx = lookup(comm)
-    ctx.core.barrier()
-    if not ctx.multi_node:
-        return
-    if ctx.leaders is not None:
-        ctx.transport.wait([ctx.leaders.Ibarrier()], "zcoll.barrier (between nodes)")
-    ctx.core.barrier()
+        return  # in one crossing: the node barrier, or the round between nodes
+    # The first call (the context is made now): the same barrier, with no error to raise.
+    lookup(comm).raise_together("barrier", None)
