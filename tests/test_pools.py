@@ -25,7 +25,8 @@ from mpi4py import MPI
 import zcoll
 from helpers import SANITIZED, all_ranks_agree, rss_bytes
 from helpers.jobs import alone, is_open_mpi, run_clean_job, zcoll_shm_entries
-from zcoll import _context, _pool
+from zcoll import _context, _node, _pool
+from zcoll.fft import Subcomm
 
 
 def _derive(world: MPI.Intracomm, kind: str) -> MPI.Intracomm:
@@ -41,10 +42,21 @@ def _derive(world: MPI.Intracomm, kind: str) -> MPI.Intracomm:
         second = first.Dup()
         first.Free()
         return second
+    if kind == "cart_sub":
+        cart = world.Create_cart([world.size, 1], periods=[True, False])
+        sub = cart.Sub([True, False])
+        cart.Free()
+        return sub
+    if kind == "fft_subcomm":
+        grid = Subcomm(world, [0, 1])
+        first, second = grid
+        second.Free()
+        grid.comm.Free()
+        return first
     raise ValueError(kind)
 
 
-KINDS = ("dup", "split_reversed", "cart", "dup_of_dup")
+KINDS = ("dup", "split_reversed", "cart", "dup_of_dup", "cart_sub", "fft_subcomm")
 
 
 def _alltoall_right(comm: MPI.Intracomm, tag: int) -> bool:
@@ -69,12 +81,17 @@ def _live_pools() -> list[_pool.Pool]:
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "split_halves", "self"])
-def test_derived_contexts_share_an_existing_pool(world, kind):
-    """Every derived kind takes a block of a pool made before it (the world's, or an earlier
-    one that holds its ranks: COMM_SELF's, where a test made it first) and gives MPI's results;
-    a reversed split numbers its node ranks by its own ranks."""
+def test_derived_contexts_share_an_existing_pool(world, kind, monkeypatch):
+    """Every derived kind (a Cartesian communicator's Sub and zcoll.fft's Subcomm among them)
+    takes a block of a pool made before it (the world's, or an earlier one that holds its
+    ranks: COMM_SELF's, where a test made it first) without a node split of its own (no
+    Split_type, no new segment), and gives MPI's results; a reversed split numbers its node
+    ranks by its own ranks."""
     _context.context(world)
     before = _live_pools()
+    joins = []
+    real_join = _node.join
+    monkeypatch.setattr(_node, "join", lambda *a: joins.append(a) or real_join(*a))
     if kind == "split_halves":
         comm = world.Split(world.rank % 2, key=world.rank)
     elif kind == "self":
@@ -85,6 +102,7 @@ def test_derived_contexts_share_an_existing_pool(world, kind):
         ctx = _context.context(comm)
         shared = any(ctx.pool is pool for pool in before)
         all_ranks_agree(world, shared, "the derived context has a pool of its own")
+        all_ranks_agree(world, not joins, "the derived context split the node (Split_type)")
         all_ranks_agree(world, _alltoall_right(comm, 7), f"alltoall on a {kind}")
         all_ranks_agree(world, ctx.local_ranks[ctx.node_rank] == comm.rank, "node rank mapping")
     finally:
