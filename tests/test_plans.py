@@ -375,3 +375,36 @@ def test_explain_says_what_the_plan_decided(world):
         if (told["between_nodes"] is not None) != multi:
             failures.append((name, "between nodes", told))
     all_ranks_agree(world, not failures, f"{failures}")
+
+
+def test_vplan_explain_says_what_the_plan_decided(world):
+    """VPlan.explain(): shared, shadowed and in-place buffers named as they are; the ordered
+    path; on one node, the ranks' copied bytes add up to every byte the node receives."""
+    ctx = _context.context(world)
+    p = world.size
+    counts = np.arange(1, p + 1, dtype=np.int64) * 3  # rank j receives 3(j+1) bytes from each
+    recv_counts = np.full(p, counts[world.rank], np.int64)
+    cases = []
+    arena_send = zcoll.zeros(world, int(counts.sum()), np.uint8)
+    arena_recv = zcoll.zeros(world, int(recv_counts.sum()), np.uint8)
+    with zcoll.alltoallv_init(world, [arena_send, counts], [arena_recv, recv_counts]) as plan:
+        cases.append(("arena", plan.explain(), "shared", "shared"))
+    plain_send, plain_recv = np.ones(int(counts.sum()), np.uint8), np.empty_like(arena_recv)
+    with zcoll.alltoallv_init(world, [plain_send, counts], [plain_recv, recv_counts]) as plan:
+        cases.append(("plain", plan.explain(), "shadowed", "shadowed"))
+    square = zcoll.zeros(world, 4 * p, np.int32)
+    with zcoll.alltoallv_init(world, zcoll.IN_PLACE, square) as plan:
+        cases.append(("in place", plan.explain(), "in place", "shared"))
+    failures = [
+        (name, told)
+        for name, told, send, recv in cases
+        if (told["op"], told["path"], told["sendbuf"], told["recvbuf"])
+        != ("alltoallv", "ordered", send, recv)
+        or not told["why"]
+        or (told["between_nodes"] is not None) != ctx.multi_node
+    ]
+    if not ctx.multi_node:
+        copied = world.allreduce(cases[0][1]["copied_bytes"])
+        if copied != int(counts.sum()) * p:
+            failures.append(("copied bytes", copied, int(counts.sum()) * p))
+    all_ranks_agree(world, not failures, f"{failures}")

@@ -591,7 +591,13 @@ void register_vplan(py::module_& m) {
       .def_property_readonly("op", [](const bound_vplan& b) { return name_of(b.plan->op()); })
       .def_property_readonly("order", [](const bound_vplan& b) { return name_of(b.plan->order()); })
       .def_property_readonly("copied_bytes",
-                             [](const bound_vplan& b) { return b.plan->copied_bytes(); });
+                             [](const bound_vplan& b) { return b.plan->copied_bytes(); })
+      .def_property_readonly(
+          "shadowed",
+          [](const bound_vplan& b) {
+            return std::make_pair(b.plan->send_shadowed(), b.plan->recv_shadowed());
+          },
+          "(send, receive): whether each private buffer has an arena copy (one more per run).");
 }
 
 // The one-crossing call path of irregular calls.

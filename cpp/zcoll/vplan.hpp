@@ -36,6 +36,9 @@ class v_plan final : public plan_base {
   block_order order() const noexcept { return order_; }
   // Bytes this rank copies per run.
   std::uint64_t copied_bytes() const noexcept { return copied_; }
+  // Whether this rank's send / receive buffer is private and runs through an arena shadow.
+  bool send_shadowed() const noexcept { return send_shadow_ != nullptr; }
+  bool recv_shadowed() const noexcept { return recv_shadow_ != nullptr; }
 
  private:
   // One copy of this rank's piece: `bytes` from node rank `src`'s buffer at `src_offset` to

@@ -24,10 +24,23 @@ _PLAN_TAG_SPAN = 0x10000
 _P = TypeVar("_P", bound="PlanMixin")
 
 
+def buffer_role(buf, shadowed: bool, *, pulled: bool) -> str:
+    """How a plan's buffer takes part in a run, as ``explain()`` names it: "in place", "shared"
+    (the arena or the shared heap), "shadowed" (a plain array with an arena copy), "pulled" (a
+    plain array its peers read by CMA) or "private" (a plain array this rank fills itself)."""
+    if buf is IN_PLACE:
+        return "in place"
+    if _core.array_in_arena(buf) or _core.in_heap(buf):
+        return "shared"
+    if shadowed:
+        return "shadowed"
+    return "pulled" if pulled else "private"
+
+
 class PlanMixin:
     """What every plan class adds to its engine class: ``copy``, the context manager (which
-    frees the plan) and ``repr``. `_kind` names the class in ``repr``; `_summary` says what
-    the plan moves."""
+    frees the plan), ``repr`` and the dict ``explain()`` returns. `_kind` names the class in
+    ``repr``; `_summary` says what the plan moves."""
 
     _kind = "zcoll.Plan"
     #: Set once the engine's plan exists. An instance whose construction raised is still
@@ -37,6 +50,7 @@ class PlanMixin:
 
     if TYPE_CHECKING:  # provided by the engine class the plan derives from
         copy_mode: str
+        op: str
         order: str
         id: int
         freed: bool
@@ -46,6 +60,25 @@ class PlanMixin:
 
     def _summary(self) -> str:
         raise NotImplementedError
+
+    def _between_nodes(self) -> str | None:
+        """None on one node, else how a run's blocks cross nodes."""
+        return None
+
+    def _explained(self, path: str, why: str, **buffers: object) -> dict[str, object]:
+        """``explain()``'s dict: the keys every plan has, with this plan's buffers' roles."""
+        return {
+            "op": self._op_name(),
+            "path": path,
+            "order": self.order,
+            "copy": self.copy,
+            **buffers,
+            "between_nodes": self._between_nodes(),
+            "why": why,
+        }
+
+    def _op_name(self) -> str:
+        return self.op
 
     @property
     def copy(self) -> str:
@@ -153,34 +186,18 @@ class Plan(PlanMixin, _core.Plan):
         """
         path = self.path
         send_shadow, recv_shadow = self.shadowed
-        in_place = self.sendbuf is IN_PLACE
-
-        def kind(buf: np.ndarray, shadowed: bool, role: str) -> str:
-            if _core.array_in_arena(buf) or _core.in_heap(buf):
-                return "shared"
-            if shadowed:
-                return "shadowed"
-            return "pulled" if path == "pulled" and role == "send" else "private"
-
         why = {
             "empty": "blocks of 0 bytes: a run only agrees",
             "eager": "blocks within the eager size: one barrier beats the ordered copies",
             "ordered": "blocks beyond the eager size: each block copied once, in order",
             "pulled": "plain buffers and enough bytes received: one copy by CMA beats staging",
         }[path]
-        return {
-            "op": self.op,
-            "path": path,
-            "order": self.order,
-            "copy": self.copy,
-            "sendbuf": "in place" if in_place else kind(self.sendbuf, send_shadow, "send"),
-            "recvbuf": kind(self.recvbuf, recv_shadow, "recv"),
-            "between_nodes": self._between_nodes(),
-            "why": why,
-        }
-
-    def _between_nodes(self) -> str | None:
-        return None
+        return self._explained(
+            path,
+            why,
+            sendbuf=buffer_role(self.sendbuf, send_shadow, pulled=path == "pulled"),
+            recvbuf=buffer_role(self.recvbuf, recv_shadow, pulled=False),
+        )
 
 
 class _MultiNodePlan(Plan):

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
-from ._plans import PlanMixin
+from ._plans import PlanMixin, buffer_role
 from ._registry import AUTO
 from ._transport import VCallArgs
 
@@ -482,7 +482,8 @@ class VPlan(PlanMixin, _core.VPlan):
     ``plan.start()`` / ``plan.wait()`` / ``plan.test()``; ``plan.free()`` or a ``with``
     block. Counts, displacements and buffers are those given at creation (write new data into
     the send array between runs). Attributes ``sendbuf``, ``recvbuf``, ``op``, ``order`` (what
-    "auto" resolved to), ``copy``, ``active``, ``copied_bytes`` (what this rank copies per run).
+    "auto" resolved to), ``copy``, ``active``, ``copied_bytes`` (what this rank copies per run);
+    ``explain()`` says what creation decided.
 
     Notes
     -----
@@ -501,6 +502,25 @@ class VPlan(PlanMixin, _core.VPlan):
     def _summary(self) -> str:
         return self.op
 
+    def explain(self) -> dict[str, object]:
+        """What the plan decided when it was made, and why: every run does the same.
+
+        Returns
+        -------
+        dict
+            As :meth:`zcoll.Plan.explain`, with ``path`` always "ordered" (this rank's piece of
+            the node's copies between two barriers: a plan has no eager or pulled path), and
+            ``copied_bytes``, the bytes this rank copies per run.
+        """
+        send_shadow, recv_shadow = self.shadowed
+        return self._explained(
+            "ordered",
+            "persistent: the node's bytes cut into equal pieces, one per rank, copied in order",
+            sendbuf=buffer_role(self.sendbuf, send_shadow, pulled=False),
+            recvbuf=buffer_role(self.recvbuf, recv_shadow, pulled=False),
+            copied_bytes=self.copied_bytes,
+        )
+
 
 class _MultiNodeVPlan(VPlan):
     """A plan spanning several nodes: the node part in the engine, blocks between nodes by
@@ -513,6 +533,9 @@ class _MultiNodeVPlan(VPlan):
         ctx.transport.v_round(f"{opname}_init", args, False)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         self._attach_remote(ctx.transport.check(), _PLAN_TAG + (self.id % 0x1000) * 64)
+
+    def _between_nodes(self) -> str | None:
+        return "rank to rank, by persistent MPI requests made once"
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:

@@ -14,8 +14,9 @@ import pytest
 from mpi4py import MPI
 
 import zcoll
-from helpers import all_ranks_agree, random_bytes
+from helpers import all_ranks_agree, private_buffers_by, random_bytes
 from helpers.fft import abs_err, block, collapsed, global_array, rel_err, tiles
+from zcoll import _context
 from zcoll.fft import PFFT, DistArray, Transfer, TransferPlan, newDistArray, transfer, transfer_init
 
 REAL = {np.dtype(np.float32): np.dtype(np.complex64), np.dtype(np.float64): np.dtype(np.complex128)}
@@ -708,6 +709,39 @@ def test_transfer_plan_object(world):
     other.free()
     ok &= plan.freed and "freed" in repr(plan)
     all_ranks_agree(world, ok, repr(plan))
+
+
+@pytest.mark.parametrize("path", ["cma", "staged"])
+def test_transfer_plan_explain_matches_its_runs(world, path):
+    """explain() of a transfer plan: its own arrays shared, the ordered path, and `rebinding`
+    true to what a run does with a plain destination on every rank (the right result when
+    every rank says plain arrays are taken, ValueError on every rank when one says they are
+    not; with CMA ruled out, none takes them)."""
+    shape = (24, 20, 16)
+    src, dst, want = transfer_arrays(world, shape, 2, 0, np.float64, 74)
+    with private_buffers_by(world, path), transfer_init(world, src, dst, shape, 2, 0) as plan:
+        told = plan.explain()
+        plain = np.full(dst.shape, -1.0)
+        kind, _ = outcome(lambda: plan(None, plain))
+    ok = (told["op"], told["path"], told["src"], told["dst"]) == (
+        "transfer",
+        "ordered",
+        "shared",
+        "shared",
+    )
+    ok &= told["order"] in zcoll.ORDERS and bool(told["why"])
+    ok &= told["copied_bytes"] == plan.copied_bytes
+    ok &= (told["between_nodes"] is not None) == _context.context(world).multi_node
+    ok &= told["rebinding"] in ("shared", "shared or plain")
+    # Each rank says what it takes (a rank alone on its node has no peer to pull from); the
+    # run refuses on every rank when one of them does not take a plain array.
+    if world.allreduce(told["rebinding"] == "shared or plain", op=MPI.LAND):
+        ok &= kind == "ok" and plain.tobytes() == want.tobytes()
+    else:
+        ok &= kind == "ValueError"
+    if path == "staged":
+        ok &= told["rebinding"] == "shared"
+    all_ranks_agree(world, ok, f"{told}, a run on a plain destination: {kind}")
 
 
 def test_transfer_plan_misuse(world):

@@ -24,7 +24,7 @@ from .. import _core
 from .._arena import empty
 from .._collectives import _option_error, option_codes
 from .._context import Context, has_context, lookup
-from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin
+from .._plans import _PLAN_TAG_BASE, _PLAN_TAG_SPAN, PlanMixin, buffer_role
 from .._registry import AUTO, TRANSFER
 from ._mpi_runs import MpiRuns
 
@@ -734,6 +734,7 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
     frees itself. On a communicator spanning several nodes every run also agrees across nodes
     (one small allgather, so errors and mismatched plans raise on every rank), and blocks
     between nodes go by MPI point-to-point with subarray datatypes made at creation.
+    ``explain()`` says what creation decided.
     """
 
     _kind = "zcoll.fft.TransferPlan"
@@ -766,6 +767,37 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
     def _summary(self) -> str:
         return f"{tuple(self.shape)} axis {self.axis_a}->{self.axis_b}"
 
+    def _op_name(self) -> str:
+        return "transfer"
+
+    def explain(self) -> dict[str, object]:
+        """What the plan decided when it was made, and why: every run does the same.
+
+        Returns
+        -------
+        dict
+            As :meth:`zcoll.Plan.explain`, with ``src`` and ``dst`` for the buffers (the
+            plan's own arrays: "shared"); ``path`` "ordered" (this rank's boxes of the
+            schedule copied between two barriers); ``rebinding``, which arrays this rank may
+            name instead for a run: "shared" (arena or shared-heap arrays only) or "shared or
+            plain" (a run in which any rank names a plain array is then pulled by CMA, each
+            rank filling its own destination); ``copied_bytes``, the bytes this rank copies
+            per run.
+        """
+        why = "the schedule's boxes copied once each, in order"
+        if self.pulls:
+            why += "; plain arrays may be named for a run: the blocks are big enough to pull"
+        else:
+            why += "; a run takes shared arrays only: blocks below the CMA threshold, or no CMA"
+        return self._explained(
+            "ordered",
+            why,
+            src=buffer_role(self.src, False, pulled=False),
+            dst=buffer_role(self.dst, False, pulled=False),
+            rebinding="shared or plain" if self.pulls else "shared",
+            copied_bytes=self.copied_bytes,
+        )
+
 
 class _MultiNodeTransferPlan(TransferPlan):
     """A transfer plan on a communicator spanning several nodes: the node part in the engine;
@@ -780,6 +812,9 @@ class _MultiNodeTransferPlan(TransferPlan):
         super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
         self._attach_remote(ctx.transport.check(), tag)
+
+    def _between_nodes(self) -> str | None:
+        return "rank to rank, as MPI subarray messages (datatypes made once); every run agrees"
 
 
 def transfer_init(
