@@ -1,6 +1,7 @@
 """Collectives on the shared heap (zcoll.use_shared_heap): heap arrays on both sides, or one
 side heap and the other plain or arena, bit for bit against mpi4py's on the same data: alltoall,
-allgather, the v-variants, the reductions, bcast and plans. The heap's process semantics are in
+allgather, the v-variants, the reductions, bcast and plans; a job whose rank is SIGKILLed
+mid-loop on heap arrays (it starts its own mpiexec job). The heap's process semantics are in
 test_heap_process.py.
 """
 
@@ -15,6 +16,7 @@ from mpi4py import MPI
 import zcoll
 from helpers import all_ranks_agree
 from helpers import vcoll_reference as ref
+from helpers.jobs import alone, check_job_with_killed_rank, killing_job
 from zcoll import _core
 
 SIZES = [0, 1, 100, 3000, 70_001]  # elements per block: eager, staged-size and large calls
@@ -312,3 +314,31 @@ def test_freed_segments_are_never_read_through_a_stale_mapping(comm):
     finally:
         _core.set_heap_limits(limits["small_bytes"], limits["large_bytes"])
     all_ranks_agree(comm, ok, "calls on heap arrays made after others were freed")
+
+
+KILL_JOB = killing_job(
+    setup="""
+    zcoll.use_shared_heap()
+    n = 8192  # float64 per block: 64 KiB, well inside the heap
+    """,
+    step="""
+    send = np.full((p, n), float(rank * 1000 + i))  # a new heap array each time
+    recv = np.empty_like(send)
+    assert zcoll.in_heap(send) and zcoll.in_heap(recv)
+    zcoll.alltoall(comm, send, recv)
+    assert (recv == (np.arange(p) * 1000 + i)[:, None]).all()
+    total = zcoll.allreduce(comm, send[0])
+    assert (total == sum(r * 1000 + i for r in range(p))).all()
+    """,
+    iterations=2000,
+    kill_at=300,
+)
+
+
+@alone
+def test_job_with_a_killed_rank_holding_heap_arrays(tmp_path):
+    """One of 3 ranks SIGKILLs itself in a loop of collectives on fresh shared-heap arrays,
+    whose memory its peers map: the survivors raise PeerError saying it died (no SIGBUS on
+    the mapped memory of the dead rank, no timeout), and nothing of the job is left in
+    /dev/shm."""
+    check_job_with_killed_rank(tmp_path, KILL_JOB, 1)

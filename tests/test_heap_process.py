@@ -253,6 +253,39 @@ def test_refused_memory_is_a_memory_error():
     assert done.stdout.split() == ["MemoryError", "True", "1048576.0"]
 
 
+def test_heap_sized_requests_past_the_limit_are_a_memory_error():
+    """Requests the heap takes (16 MiB each, below its huge size) until the address space is
+    spent: the heap's segments fail first, then NumPy's own allocator, and the request raises
+    MemoryError -- no crash, every array made before intact and in the heap -- and once they are
+    freed the heap serves again."""
+    code = """
+        import resource
+        import numpy as np
+        import zcoll
+        zcoll.use_shared_heap()
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * resource.getpagesize()
+        limit = mapped + (512 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        held = []
+        try:
+            for k in range(1000):
+                a = np.empty(16 << 20, np.uint8)
+                a[::4096] = k % 251
+                held.append(a)
+        except MemoryError:
+            print("MemoryError")
+        print(len(held) > 4, all(zcoll.in_heap(a) for a in held[:4]))
+        print(all((a[::4096] == k % 251).all() for k, a in enumerate(held)))
+        held.clear()
+        b = np.ones(16 << 20, np.uint8)
+        print(zcoll.in_heap(b), int(b.sum()))
+    """
+    done = run_python(code)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["MemoryError", "True", "True", "True", "True", str(16 << 20)]
+
+
 def test_memory_stays_flat_over_many_cycles():
     """10^5 allocate/free cycles of mixed sizes (1 KiB-3 MiB, every page touched): the heap's
     segments and blocks, this process's resident memory and its resident shared memory stay
