@@ -23,6 +23,9 @@ _PLAN_TAG_SPAN = 0x10000
 
 _P = TypeVar("_P", bound="PlanMixin")
 
+#: How the blocks of a plan's runs cross nodes, as ``explain()`` says it.
+BY_PERSISTENT_REQUESTS = "rank to rank, by persistent MPI requests made once"
+
 
 def buffer_role(buf, shadowed: bool, *, pulled: bool) -> str:
     """How a plan's buffer takes part in a run, as ``explain()`` names it: "in place", "shared"
@@ -43,6 +46,8 @@ class PlanMixin:
     ``repr``; `_summary` says what the plan moves."""
 
     _kind = "zcoll.Plan"
+    #: None on one node, else how a run's blocks cross nodes (``explain()``'s between_nodes).
+    _between_nodes: str | None = None
     #: Set once the engine's plan exists. An instance whose construction raised is still
     #: reachable (a traceback's repr of `self`), and the engine's accessors must not be used
     #: on it: they would read a plan that was never made.
@@ -50,7 +55,6 @@ class PlanMixin:
 
     if TYPE_CHECKING:  # provided by the engine class the plan derives from
         copy_mode: str
-        op: str
         order: str
         id: int
         freed: bool
@@ -61,24 +65,17 @@ class PlanMixin:
     def _summary(self) -> str:
         raise NotImplementedError
 
-    def _between_nodes(self) -> str | None:
-        """None on one node, else how a run's blocks cross nodes."""
-        return None
-
-    def _explained(self, path: str, why: str, **buffers: object) -> dict[str, object]:
+    def _explained(self, op: str, path: str, why: str, **buffers: object) -> dict[str, object]:
         """``explain()``'s dict: the keys every plan has, with this plan's buffers' roles."""
         return {
-            "op": self._op_name(),
+            "op": op,
             "path": path,
             "order": self.order,
             "copy": self.copy,
             **buffers,
-            "between_nodes": self._between_nodes(),
+            "between_nodes": self._between_nodes,
             "why": why,
         }
-
-    def _op_name(self) -> str:
-        return self.op
 
     @property
     def copy(self) -> str:
@@ -193,6 +190,7 @@ class Plan(PlanMixin, _core.Plan):
             "pulled": "plain buffers and enough bytes received: one copy by CMA beats staging",
         }[path]
         return self._explained(
+            self.op,
             path,
             why,
             sendbuf=buffer_role(self.sendbuf, send_shadow, pulled=path == "pulled"),
@@ -205,6 +203,8 @@ class _MultiNodePlan(Plan):
     between nodes by persistent MPI point-to-point requests on the context's private dup, made
     and run by the engine in the same crossing as the node part (``_attach_remote``)."""
 
+    _between_nodes = BY_PERSISTENT_REQUESTS
+
     def __init__(
         self, ctx: Context, opname: str, sendbuf, recvbuf: np.ndarray, order: int, copy: int
     ) -> None:
@@ -212,9 +212,6 @@ class _MultiNodePlan(Plan):
         ctx.agree(f"{opname}_init", record)
         super().__init__(ctx, opname, sendbuf, recvbuf, order, copy)
         self._attach_remote(ctx.transport.check(), _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN)
-
-    def _between_nodes(self) -> str | None:
-        return "rank to rank, by persistent MPI requests made once"
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> Plan:

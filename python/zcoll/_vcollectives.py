@@ -18,7 +18,7 @@ from mpi4py import MPI
 from . import _core, _registry
 from ._collectives import IN_PLACE, _arena_array, option_codes
 from ._context import Context, lookup
-from ._plans import PlanMixin, buffer_role
+from ._plans import BY_PERSISTENT_REQUESTS, PlanMixin, buffer_role
 from ._registry import AUTO
 from ._transport import VCallArgs
 
@@ -514,6 +514,7 @@ class VPlan(PlanMixin, _core.VPlan):
         """
         send_shadow, recv_shadow = self.shadowed
         return self._explained(
+            self.op,
             "ordered",
             "persistent: the node's bytes cut into equal pieces, one per rank, copied in order",
             sendbuf=buffer_role(self.sendbuf, send_shadow, pulled=False),
@@ -527,15 +528,14 @@ class _MultiNodeVPlan(VPlan):
     persistent MPI point-to-point requests on the private dup, one tag range per plan, from
     C++."""
 
+    _between_nodes = BY_PERSISTENT_REQUESTS
+
     def __init__(self, ctx: Context, opname: str, pattern: Pattern, call: _Call, code, copy_code):
         # Every rank's call and every pair's counts checked once, in one round between nodes.
         args = _engine_args(opname, pattern, call, code, copy_code)
         ctx.transport.v_round(f"{opname}_init", args, False)
         super().__init__(ctx, opname, pattern, call, code, copy_code)
         self._attach_remote(ctx.transport.check(), _PLAN_TAG + (self.id % 0x1000) * 64)
-
-    def _between_nodes(self) -> str | None:
-        return "rank to rank, by persistent MPI requests made once"
 
 
 def _plan(opname: str, comm: MPI.Comm, sendbuf, recvbuf, order, copy) -> VPlan:

@@ -767,9 +767,6 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
     def _summary(self) -> str:
         return f"{tuple(self.shape)} axis {self.axis_a}->{self.axis_b}"
 
-    def _op_name(self) -> str:
-        return "transfer"
-
     def explain(self) -> dict[str, object]:
         """What the plan decided when it was made, and why: every run does the same.
 
@@ -790,6 +787,7 @@ class TransferPlan(PlanMixin, _core.TransferPlan):
         else:
             why += "; a run takes shared arrays only: blocks below the CMA threshold, or no CMA"
         return self._explained(
+            "transfer",
             "ordered",
             why,
             src=buffer_role(self.src, False, pulled=False),
@@ -805,6 +803,7 @@ class _MultiNodeTransferPlan(TransferPlan):
     subarray messages (datatypes made once), from C++ in the run's crossing."""
 
     across_nodes = True
+    _between_nodes = "rank to rank, MPI subarray messages (datatypes made once); each run agrees"
 
     def __init__(self, ctx: Context, src, dst, shape, axis_a: int, axis_b: int, order, copy):
         record = ctx.core.transfer_record(src, dst, shape, axis_a, axis_b, order, copy, True)
@@ -812,9 +811,6 @@ class _MultiNodeTransferPlan(TransferPlan):
         super().__init__(ctx, src, dst, shape, axis_a, axis_b, order, copy)
         tag = _PLAN_TAG_BASE + self.id % _PLAN_TAG_SPAN
         self._attach_remote(ctx.transport.check(), tag)
-
-    def _between_nodes(self) -> str | None:
-        return "rank to rank, as MPI subarray messages (datatypes made once); every run agrees"
 
 
 def transfer_init(
