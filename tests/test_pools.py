@@ -26,6 +26,7 @@ import zcoll
 from helpers import SANITIZED, all_ranks_agree, rss_bytes
 from helpers.jobs import alone, is_open_mpi, run_clean_job, zcoll_shm_entries
 from zcoll import _context, _node, _pool
+from zcoll._transport import bounded_waits
 from zcoll.fft import Subcomm
 
 
@@ -86,7 +87,8 @@ def test_derived_contexts_share_an_existing_pool(world, kind, monkeypatch):
     takes a block of a pool made before it (the world's, or an earlier one that holds its
     ranks: COMM_SELF's, where a test made it first) without a node split of its own (no
     Split_type, no new segment), and gives MPI's results; a reversed split numbers its node
-    ranks by its own ranks."""
+    ranks by its own ranks. Creation is one small agreement over MPI (two across nodes) and
+    no node barrier."""
     _context.context(world)
     before = _live_pools()
     joins = []
@@ -99,10 +101,17 @@ def test_derived_contexts_share_an_existing_pool(world, kind, monkeypatch):
     else:
         comm = _derive(world, kind)
     try:
+        waits = bounded_waits()
         ctx = _context.context(comm)
+        waits = bounded_waits() - waits
         shared = any(ctx.pool is pool for pool in before)
         all_ranks_agree(world, shared, "the derived context has a pool of its own")
         all_ranks_agree(world, not joins, "the derived context split the node (Split_type)")
+        # One small agreement over MPI (across nodes a second: the round of records between
+        # the nodes), and no node barrier before the first call's own.
+        agreements = 2 if ctx.multi_node else 1
+        made = (waits, ctx.core.barriers)
+        all_ranks_agree(world, made == (agreements, 0), f"creation made (waits, barriers) {made}")
         all_ranks_agree(world, _alltoall_right(comm, 7), f"alltoall on a {kind}")
         all_ranks_agree(world, ctx.local_ranks[ctx.node_rank] == comm.rank, "node rank mapping")
     finally:

@@ -673,6 +673,9 @@ void def_context_state(context_class& cls) {
   cls.def_property_readonly("closed", &node_context::closed);
   cls.def_property_readonly("broken", &node_context::broken);
   cls.def_property_readonly("calls", &node_context::calls);
+  cls.def_property_readonly(
+      "barriers", [](node_context& c) { return c.protocol().barriers(); },
+      "Node barriers this rank has completed on the context; 0 once it is closed.");
   cls.def_property_readonly("arena_bytes_in_use", &node_context::arena_bytes_in_use);
   cls.def_property_readonly("segment_count", &node_context::segment_count);
   cls.def_property_readonly("rank", [](const node_context& c) { return c.config().rank; });

@@ -243,6 +243,8 @@ class call_protocol {
   detail::rank_slot& slot(int node_rank) noexcept { return slots_[node_rank]; }
   node_barrier& barrier() noexcept { return *barrier_; }
   std::uint64_t calls() const noexcept { return calls_; }
+  // Node barriers this rank has completed on the context; 0 once it is closed.
+  std::uint64_t barriers() const noexcept { return barrier_ ? barrier_->completed() : 0; }
   int comm_rank(int node_rank) const noexcept {
     return comm_ranks_[static_cast<std::size_t>(node_rank)];
   }

@@ -32,6 +32,7 @@ __all__ = [
     "VCallArgs",
     "allgather_bounded",
     "barrier_bounded",
+    "bounded_waits",
     "machine_oversubscribed",
     "poll_bounded",
     "timeout_message",
@@ -44,6 +45,10 @@ NODE_TAG = 0x7A0F  # rounds of messages between nodes, on the private dup
 # forbids freeing an unfinished collective's request, and a late peer may still complete it,
 # writing into its buffers: both stay alive for good (one small entry per failure).
 _abandoned: list[tuple[MPI.Request | list[MPI.Request], tuple]] = []
+# Every bounded wait on mpi4py requests so far (wait_bounded, Transport.wait): the process's
+# synchronisations over MPI made from Python, which tests count (how many agreements a plan or
+# a communicator's first call makes). One int increment per wait.
+_waits = 0
 # Where the extension sends a context's messages between nodes: (private dup's C handle, rank,
 # the rounds' tag, sends of a round in flight at most).
 Route = tuple[int, int, int, int]
@@ -137,7 +142,8 @@ class Transport:
     def wait(self, requests: list, what: str, peers: list | None = None) -> None:
         """Wait for mpi4py requests at most the zcoll timeout; then raise PeerError naming the
         peers (``peers[i]`` is the rank behind ``requests[i]``) and break the context."""
-
+        global _waits
+        _waits += 1
         if poll_bounded(lambda: MPI.Request.Testall(requests), self.oversubscribed):
             return
         ranks = sorted({p for p, r in zip(peers or [], requests) if not r.Test()})
@@ -226,6 +232,8 @@ def wait_bounded(
     keeping the request and `keep` (the buffers it uses) alive for good. `gone`, asked once
     the wait is long, says why a peer will never come ("peer rank 2 (pid 7) died"; "" while
     none is known to): the wait then gives up at once, with that reason."""
+    global _waits
+    _waits += 1
     if request.Test() or poll_bounded(request.Test, machine_oversubscribed(), gone):
         return
     _abandoned.append((request, keep))
@@ -233,6 +241,12 @@ def wait_bounded(
     raise _core.PeerError(
         f"zcoll: rank {rank}: {what}: {why}" if why else timeout_message(rank, what, "a peer")
     )
+
+
+def bounded_waits() -> int:
+    """How many bounded waits on mpi4py requests this process has made (each one an agreement,
+    a barrier or an exchange over MPI that zcoll made from Python)."""
+    return _waits
 
 
 def barrier_bounded(comm: MPI.Comm, what: str) -> None:

@@ -14,6 +14,7 @@ import pytest
 from helpers import all_ranks_agree, rss_bytes
 from helpers.fft import global_array
 from zcoll import _context
+from zcoll._transport import bounded_waits
 from zcoll.fft import PFFT, newDistArray
 from zcoll.fft import _backends as backends
 from zcoll.fft import pencil as pencil_module
@@ -227,6 +228,131 @@ def test_pfft_plans_its_transposes_at_the_first_call(world, monkeypatch):
     ok &= made == {"work_arrays": 0, "plans": expected_plans}
     plan.destroy()
     all_ranks_agree(world, ok, f"PFFT made {made}, expected {expected_plans} plans")
+
+
+# -- agreements: zcoll's synchronisations, counted ------------------------------------------
+# Bounded waits over MPI (every agreement, barrier and exchange zcoll makes over MPI from Python)
+# and node barriers (each context's). The expected counts are the protocol the docstrings of
+# PFFT, Pencil.transfer and Transfer state.
+
+
+class _Synchronisations:
+    """What this rank's zcoll synchronised since it was made: bounded waits over MPI, node
+    barriers on the contexts alive then and since, and contexts made since."""
+
+    def __init__(self) -> None:
+        self.waits0 = bounded_waits()
+        self.barriers0 = {id(c): c.core.barriers for c in list(_context._live_contexts)}
+
+    def counts(self) -> tuple[int, int, int]:
+        live = list(_context._live_contexts)
+        barriers = sum(max(0, c.core.barriers - self.barriers0.get(id(c), 0)) for c in live)
+        made = sum(id(c) not in self.barriers0 for c in live)
+        return bounded_waits() - self.waits0, barriers, made
+
+
+@pytest.mark.parametrize("grid", ["slab", "pencil", "subcomm"])
+def test_pfft_construction_is_one_agreement(world, grid):
+    """PFFT() agrees on its arguments in one bounded wait over MPI; where it makes its Subcomm,
+    one barrier follows (a rank that came after its peers gave up must not enter Create_cart's
+    blocking calls); nothing else: no context, no node barrier. destroy() synchronises
+    nothing."""
+    subcomm = Subcomm(world, (0, 0, 1)) if grid == "subcomm" else None
+    seen = _Synchronisations()
+    plan = PFFT(subcomm or world, (8, 9, 10), dtype=np.complex128, backend="numpy",
+                grid={"slab": (-1,), "pencil": None, "subcomm": None}[grid])  # fmt: skip
+    made = seen.counts()
+    seen = _Synchronisations()
+    plan.destroy()
+    destroyed = seen.counts()
+    if subcomm is not None:
+        subcomm.destroy()
+    want = (1 if grid == "subcomm" else 2, 0, 0)
+    all_ranks_agree(world, made == want and destroyed == (0, 0, 0),
+                    f"PFFT made (waits, barriers, contexts) {made}, destroy() {destroyed}; "
+                    f"expected {want} and nothing")  # fmt: skip
+
+
+def test_pencils_and_transfers_agree_on_nothing(world):
+    """Pencil, pencil() and Pencil.transfer() are local: no wait over MPI, no context, no node
+    barrier (the Subcomm's Create_cart and Sub are MPI's own calls)."""
+    sub = Subcomm(world, 2)
+    seen = _Synchronisations()
+    pa = Pencil(sub, (8, 9, 10))
+    pb = pa.pencil(0)
+    t = pa.transfer(pb, np.float64)
+    pa.transfer(pb, np.float64)  # the kept one
+    counts = seen.counts()
+    t.destroy()
+    sub.destroy()
+    all_ranks_agree(world, counts == (0, 0, 0), f"(waits, barriers, contexts) {counts}")
+
+
+def test_a_cold_transpose_is_one_agreement_and_one_exchange(world):
+    """While a Transfer runs through MPI, each run over more than one rank is two bounded waits
+    (the agreement that every rank's arrays suit it, then the Ialltoallw); over one rank a copy,
+    no wait. A PFFT's cold call agrees once for all its transposes: one wait, then one per
+    transpose over more than one rank."""
+    sub = Subcomm(world, 2)
+    pa = Pencil(sub, (8, 9, 10))
+    pb = pa.pencil(0)
+    t = pa.transfer(pb, np.float64)
+    a, b = np.ones(pa.subshape), np.zeros(pb.subshape)
+    runs = []
+    for _ in range(3):
+        seen = _Synchronisations()
+        t.forward(a, b)
+        t.backward(b, a)
+        runs.append(seen.counts())
+    per_run = 2 if t.comm.size > 1 else 0
+    ok = runs == [(2 * per_run, 0, 0)] * 3 and bool((a == 1).all() and (b == 1).all())
+    t.destroy()
+    sub.destroy()
+    plan = PFFT(world, (8, 9, 10), dtype=np.complex128, backend="numpy")
+    plan.forward.input_array[...] = 1
+    moving = sum(tr.comm.Get_size() > 1 for tr in plan.transfer)
+    calls = []
+    for _ in range(3):
+        seen = _Synchronisations()
+        plan.forward()
+        calls.append(seen.counts())
+    plan.destroy()
+    want = [(1 + moving if world.size > 1 else 0, 0, 0)] * 3
+    all_ranks_agree(world, ok and calls == want,
+                    f"Transfer runs {runs} (2 x {per_run} waits each expected), PFFT calls "
+                    f"{calls} (expected {want})")  # fmt: skip
+
+
+def test_warm_transposes_agree_once(world, monkeypatch):
+    """zcoll's own transposes from the first run (ZCOLL_COLD_RUNS=0): a Transfer's first forward
+    makes its communicator's context (one wait over MPI, a second across nodes) and the forward
+    plan; the first backward's plan comes from the forward's agreement on one node, so it
+    synchronises exactly as every later backward does (no wait over MPI, the run's barriers)."""
+    monkeypatch.setenv("ZCOLL_COLD_RUNS", "0")
+    sub = Subcomm(world, 2)
+    pa = Pencil(sub, (8, 9, 10))
+    pb = pa.pencil(0)
+    t = pa.transfer(pb, np.float64)
+    glob = np.arange(8 * 9 * 10, dtype=np.float64).reshape(8, 9, 10)
+    a, b = np.ascontiguousarray(glob[pa.local_slice()]), np.zeros(pb.subshape)
+    seen = _Synchronisations()
+    t.forward(a, b)
+    first = seen.counts()
+    ok = bool((b == glob[pb.local_slice()]).all())
+    backward = []
+    for _ in range(3):
+        a[...] = 0
+        seen = _Synchronisations()
+        t.backward(b, a)
+        backward.append(seen.counts())
+        ok &= bool((a == glob[pa.local_slice()]).all())
+    one_node = t.comm.size > 1 and not _context.context(t.comm).multi_node
+    t.destroy()
+    sub.destroy()
+    if one_node:
+        ok &= first[0] == 1 and first[2] == 1  # the context: one agreement
+        ok &= backward[0] == backward[1] == backward[2] and backward[0][0] == 0
+    all_ranks_agree(world, ok, f"first forward {first}, backwards {backward}")
 
 
 @pytest.mark.parametrize(
