@@ -355,6 +355,46 @@ def test_warm_transposes_agree_once(world, monkeypatch):
     all_ranks_agree(world, ok, f"first forward {first}, backwards {backward}")
 
 
+@pytest.mark.parametrize("grid", [(-1,), None])
+def test_pfft_explain_says_how_its_next_call_runs(world, grid, monkeypatch):
+    """explain() before each call, checked against what the call then synchronises: while it
+    says "through MPI", a call is one agreement plus one Ialltoallw per transpose over more
+    than one rank, no node barrier, and ``cold_calls_left`` counts down (ZCOLL_COLD_RUNS=2);
+    then "zcoll": the first such call plans the transposes, and every later one (on one node)
+    makes no wait over MPI and the barriers the answer names -- two per transpose's run, plus
+    one per call where errors go by "one node barrier per call"."""
+    monkeypatch.setenv("ZCOLL_COLD_RUNS", "2")
+    plan = PFFT(world, (8, 9, 10), dtype=np.float64, grid=grid, backend="numpy")
+    plan.forward.input_array[...] = 1
+    moving = sum(t.comm.Get_size() > 1 for t in plan.transfer)
+    said, seen = [], []
+    for _ in range(5):
+        said.append(plan.explain())
+        sync = _Synchronisations()
+        plan.forward()
+        seen.append(sync.counts())
+    one_node = moving == 0 or not plan._context.multi_node
+    plan.destroy()
+    nexts = [e["next_call"] for e in said]
+    ok = True
+    if moving == 0:
+        ok &= nexts == ["local"] * 5 and seen == [(0, 0, 0)] * 5
+    else:
+        ok &= nexts == ["through MPI"] * 2 + ["zcoll"] * 3
+        ok &= [e.get("cold_calls_left") for e in said[:2]] == [2, 1]
+        ok &= seen[:2] == [(1 + moving, 0, 0)] * 2
+        throughs = [{t["through"] for t in e["transposes"] if t["ranks"] > 1} for e in said]
+        ok &= throughs == [{"MPI"}] * 2 + [{"not yet planned"}] + [{"zcoll"}] * 2
+        ok &= said[2]["errors"] == "at the first call"
+        if one_node:
+            barriers = 2 * moving + (said[3]["errors"] == "one node barrier per call")
+            ok &= seen[3:] == [(0, barriers, 0)] * 2
+    stages = said[0]["stages"]
+    ok &= stages[0]["input"] == (tuple(plan.forward.input_array.shape), "float64")
+    ok &= stages[-1]["output"] == (tuple(plan.forward.output_array.shape), "complex128")
+    all_ranks_agree(world, ok, f"explain() said {said}, the calls made {seen}")
+
+
 @pytest.mark.parametrize(
     "shape, dtype, padding",
     [((12, 13), np.complex128, False), ((9, 8, 7), np.float64, [1.5] * 3),

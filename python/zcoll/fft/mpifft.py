@@ -513,6 +513,81 @@ class PFFT:
         """The number of dimensions of the transformed arrays."""
         return len(self._input_shape)
 
+    def explain(self) -> dict[str, object]:
+        """Local: how the plan is laid out, and how its next call will run.
+
+        Returns
+        -------
+        dict
+            ``grid``, the processes along each axis; ``backend``; ``stages``, per group of
+            axes in forward order, ``axes`` and this rank's ``input``/``output`` (shape,
+            dtype); ``transposes``, per redistribution between stages in forward order,
+            ``from_axis``, ``to_axis``, ``ranks`` and ``through``: "none" (over one rank: the
+            layout stays), "MPI" (Ialltoallw of subarray datatypes: a cold call), "not yet
+            planned" (zcoll's plans are made by the next call) or "zcoll" with ``plan``, the
+            forward TransferPlan's :meth:`~zcoll.fft.TransferPlan.explain`; ``next_call``,
+            "through MPI" (``cold_calls_left`` more calls, fewer where a call needs zcoll's
+            set-up first; None: for good, some rank's arrays cannot take zcoll's plans),
+            "zcoll" (unless that is found at the call) or "local" (no transpose); ``errors``,
+            how a rank's bad arguments reach its peers in that call: "local" (nothing
+            communicates), "the call's agreement over MPI" (cold), "the transposes' node
+            context" (no synchronisation of its own), "one node barrier per call" or "one
+            agreement across nodes per call" ("at the first call": decided by it).
+        """
+        cold = self._cold
+        moving = [s for s in self._stages if s.moves]
+        if not moving:
+            next_call, errors = "local", "local"
+        elif cold is not None and not (cold.calls >= cold.limit and not cold.forever):
+            next_call, errors = "through MPI", "the call's agreement over MPI"
+        else:
+            next_call = "zcoll"
+            errors = self._errors_route() if self._planned else "at the first call"
+        groups = zip(reversed(self.axes), self._stages)
+        explained: dict[str, object] = {
+            "grid": tuple(c.Get_size() for c in self.pencil[0].subcomm),
+            "backend": self.backend,
+            "stages": [self._stage_explained(axes, s) for axes, s in groups],
+            "transposes": [self._transpose_explained(s, next_call) for s in self._stages[:-1]],
+            "next_call": next_call,
+            "errors": errors,
+        }
+        if next_call == "through MPI":
+            assert cold is not None
+            explained["cold_calls_left"] = None if cold.forever else cold.limit - cold.calls
+        return explained
+
+    @staticmethod
+    def _stage_explained(axes, stage: _Stage) -> dict[str, object]:
+        forward = stage.fft.forward
+        return {"axes": tuple(axes), "input": _spec(forward.input_array),
+                "output": _spec(forward.output_array)}  # fmt: skip
+
+    def _transpose_explained(self, stage: _Stage, next_call: str) -> dict[str, object]:
+        t = stage.transfer
+        entry: dict[str, object] = {"from_axis": t.axisA, "to_axis": t.axisB,
+                                    "ranks": t.comm.Get_size()}  # fmt: skip
+        if not stage.moves:
+            entry["through"] = "none"
+        elif next_call == "through MPI":
+            entry["through"] = "MPI"
+        elif stage.plans is None:
+            entry["through"] = "not yet planned"
+        else:
+            entry["through"] = "zcoll"
+            entry["plan"] = stage.plans[0].explain()
+        return entry
+
+    def _errors_route(self) -> str:
+        """``explain()``'s errors once the transposes are planned (see :meth:`_agreement`)."""
+        if self._error_context is None:
+            return "local"
+        if not self._agree_each_call:
+            return "the transposes' node context"
+        if self._context.multi_node:
+            return "one agreement across nodes per call"
+        return "one node barrier per call"
+
     # -- transforms --------------------------------------------------------------------------
 
     def _run_own(self, inverse: bool) -> np.ndarray:
@@ -852,6 +927,11 @@ class PFFT:
             stage.cold = None
             for pencil in (stage.pencil_in, stage.pencil_out):
                 pencil.forget_partners()
+
+
+def _spec(a: np.ndarray) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype name) of `a`, as ``explain()`` gives an array."""
+    return tuple(a.shape), a.dtype.name
 
 
 def _call_name(inverse: bool) -> str:
