@@ -321,6 +321,7 @@ MPICH_MODULES = (
     "test_reductions.py",
     "test_vcoll.py",
     "fft/test_fft.py",
+    "fft/test_mpi_runs.py",
     "test_examples.py",
     "test_mpi_library.py",
 )

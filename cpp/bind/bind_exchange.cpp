@@ -384,37 +384,6 @@ void register_context_setup(py::module_& m) {
         "`setup` (a ContextSetup), its arrays from `arena` (a PoolArena or None) first.");
 }
 
-// Whether the C++ sender can run, what it was built against, and its messages by themselves.
-void register_mpi_sender(py::module_& m) {
-  m.def(
-      "mpi_library_matches",
-      [](const std::string& version) {
-#ifdef ZCOLL_HAVE_MPI
-        return mpi_library_matches(version);
-#else
-        static_cast<void>(version);
-        return false;
-#endif
-      },
-      py::arg("version"),
-      "Whether NodeContext.nodes_round can run: zcoll was built with an MPI, and it is the "
-      "initialized library whose MPI_Get_library_version is `version` (mpi4py's).");
-  m.def(
-      "mpi_build",
-      [] {
-        py::dict out;
-#ifdef ZCOLL_HAVE_MPI
-        out["libraries"] = ZCOLL_MPI_LIBRARIES;
-        out["chosen_by"] = ZCOLL_MPI_CHOSEN_BY;
-        out["version"] = linked_library_version();
-#endif
-        return out;
-      },
-      "Local: the MPI the C++ sender was built against -- libraries (its link line's), chosen_by "
-      "(MPI_C_COMPILER, MPICC or mpi4py) and version (that library's MPI_Get_library_version) "
-      "-- or an empty dict when zcoll was built without one.");
-}
-
 // The context's construction, its arena and the node's alltoall and allgather.
 void def_node_calls(context_class& cls) {
   cls.def(py::init(&make_context), py::arg("control"), py::arg("setup"),
@@ -749,7 +718,6 @@ void register_fast_collective(py::module_& m) {
 }  // namespace
 
 void register_exchange(py::module_& m) {
-  register_mpi_sender(m);
   context_class cls(m, "NodeContext",
                     "The node-local engine of one communicator (see exchange.hpp).");
   def_node_calls(cls);

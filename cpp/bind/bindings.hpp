@@ -12,6 +12,7 @@ void register_copy(pybind11::module_& m);
 void register_departure(pybind11::module_& m);
 void register_exchange(pybind11::module_& m);
 void register_heap(pybind11::module_& m);
+void register_mpi(pybind11::module_& m);  // bind_mpi.cpp, or bind_no_mpi.cpp without MPI
 void register_reduction(pybind11::module_& m);
 void register_transfer(pybind11::module_& m);
 void register_plan(pybind11::module_& m);

@@ -10,6 +10,7 @@ PYBIND11_MODULE(_core, m) {
   zcoll::bind::register_schedule(m);
   zcoll::bind::register_exchange(m);
   zcoll::bind::register_heap(m);
+  zcoll::bind::register_mpi(m);
   zcoll::bind::register_reduction(m);
   zcoll::bind::register_vexchange(m);
   zcoll::bind::register_transfer(m);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string_view>
 #include <thread>
 #include <type_traits>
@@ -15,6 +16,7 @@
 
 #include "zcoll/barrier.hpp"
 #include "zcoll/error.hpp"
+#include "zcoll/transfer.hpp"
 
 namespace zcoll {
 
@@ -504,6 +506,98 @@ bool slab_messages::test() {
 
 void slab_messages::wait(int rank, const message_round_options& options) {
   wait_requests(requests_, [&](std::size_t i) { return blocks_[i].peer; }, rank, options);
+}
+
+namespace {
+
+// Throws peer_error when an MPI call that starts a collective failed (a dead peer, under MPIs
+// that report it).
+void check_started(int rc, const char* call, int rank, const message_round_options& options) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  throw peer_error("zcoll: rank " + std::to_string(rank) + ": " + options.what + ": " + call +
+                   " failed: " + std::string(text, static_cast<std::size_t>(length)));
+}
+
+// Waits for one collective's request within `options`' bounds. One that gives up leaves the
+// request unfreed: MPI forbids freeing a collective's, and it may still write its buffers.
+void wait_collective(MPI_Request request, int rank, const message_round_options& options) {
+  std::vector<MPI_Request> requests{request};
+  wait_requests(requests, [](std::size_t) { return -1; }, rank, options);
+}
+
+}  // namespace
+
+int agree_min(MPI_Comm comm, int code, int rank, const message_round_options& options) {
+  // On the heap: where the wait gives up, MPI may still write them, so they are let go.
+  auto codes = std::make_unique<std::array<int, 2>>(std::array<int, 2>{code, 0});
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_started(MPI_Iallreduce(&(*codes)[0], &(*codes)[1], 1, MPI_INT, MPI_MIN, comm, &request),
+                "MPI_Iallreduce", rank, options);
+  try {
+    wait_collective(request, rank, options);
+  } catch (...) {
+    static_cast<void>(codes.release());
+    throw;
+  }
+  return (*codes)[1];
+}
+
+collective_transpose::collective_transpose(int size, std::size_t itemsize,
+                                           std::span<const std::uint64_t> shape_a, int axis_a,
+                                           std::span<const std::uint64_t> shape_b, int axis_b)
+    : size_(size), itemsize_(itemsize) {
+  try {
+    arrays_[0] = blocks_of(shape_a, axis_a);
+    arrays_[1] = blocks_of(shape_b, axis_b);
+  } catch (...) {  // an extent past MPI's limit: the types made so far go
+    free_types();
+    throw;
+  }
+}
+
+collective_transpose::~collective_transpose() {
+  free_types();
+}
+
+void collective_transpose::free_types() noexcept {
+  if (mpi_finalized()) return;
+  for (MPI_Datatype& t : made_) MPI_Type_free(&t);  // a run left to MPI keeps its own
+  made_.clear();
+}
+
+collective_transpose::blocks collective_transpose::blocks_of(std::span<const std::uint64_t> shape,
+                                                             int axis) {
+  blocks out;
+  const bool empty = std::find(shape.begin(), shape.end(), 0) != shape.end();
+  for (int r = 0; r < size_; ++r) {
+    const axis_share share = block_share(shape[static_cast<std::size_t>(axis)], size_, r);
+    out.displacements.push_back(0);  // the subarray types hold the offsets
+    if (share.count == 0 || empty) {
+      out.counts.push_back(0);
+      out.types.push_back(MPI_BYTE);
+      continue;
+    }
+    peer_slab slab{r, 0, {shape.begin(), shape.end()}, axis, share.start, share.count, itemsize_};
+    made_.push_back(subarray_type(slab));
+    out.counts.push_back(1);
+    out.types.push_back(made_.back());
+  }
+  return out;
+}
+
+void collective_transpose::run(MPI_Comm comm, int side, const void* send, void* recv, int rank,
+                               const message_round_options& options) {
+  const blocks& out = arrays_[static_cast<std::size_t>(side)];
+  const blocks& in = arrays_[static_cast<std::size_t>(1 - side)];
+  MPI_Request request = MPI_REQUEST_NULL;
+  check_started(
+      MPI_Ialltoallw(send, out.counts.data(), out.displacements.data(), out.types.data(), recv,
+                     in.counts.data(), in.displacements.data(), in.types.data(), comm, &request),
+      "MPI_Ialltoallw", rank, options);
+  wait_collective(request, rank, options);
 }
 
 }  // namespace zcoll

@@ -3,24 +3,29 @@
  * point-to-point from C++.
  *
  * The only part of zcoll that calls MPI, kept out of the MPI-free engine (zcoll_core) in a
- * library of its own, built when CMake finds an MPI (ZCOLL_HAVE_MPI); the Python side keeps
- * an mpi4py loop of the same protocol for builds without one. The communicator comes from
- * mpi4py as its C handle (MPI._handleof), so both must use the same MPI library:
- * mpi_library_matches() tells.
+ * library of its own, built when CMake finds an MPI (ZCOLL_HAVE_MPI); a build without one
+ * raises on communicators spanning several nodes. The communicator comes from mpi4py as its C
+ * handle (MPI._handleof), so both must use the same MPI library: mpi_library_matches() tells.
  *
  * Protocol, per rank: at most `window` sends in flight (TPDS'18 §2.5: sqrt(P)), posted in
  * order; every expected message is matched with MPI_Improbe first, so one of an unexpected size
  * (calls that differ between nodes) is received whole and only its head -- the call records,
  * whose size is known -- kept. Waits poll, then yield, then sleep 1 ms slices, bounded by the
  * wait options' timeout: the ranks still waited for are named in the peer_error. Trade-off
- * against the mpi4py loop (measured, README "Across nodes"): no request objects or Python
- * frames per message and the GIL released for the whole round, at the price of building against
- * MPI's headers.
+ * against an mpi4py loop (measured, CHANGELOG.md): no request objects or Python frames per
+ * message and the GIL released for the whole round, at the price of building against MPI's
+ * headers.
+ *
+ * Beside the rounds, the collectives a global transpose on a communicator without a context
+ * runs (collective_transpose: zcoll.fft's first runs, fft/_mpi_runs.py), with the same bounded
+ * waits: there one crossing replaces mpi4py's request objects, argument lists and a Python
+ * polling loop, which cost a cold transpose more than the MPI calls themselves.
  */
 #pragma once
 
 #include <mpi.h>
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -133,6 +138,47 @@ class slab_messages {
 
   std::vector<typed_block> blocks_;
   std::vector<MPI_Request> requests_;  // the current run's, in blocks_' order
+};
+
+// Collective over `comm`: the smallest of the ranks' `code` (one MPI_Iallreduce), the wait
+// bounded like exchange_messages'. One that gives up leaves the request to MPI, with its
+// buffers (never freed).
+int agree_min(MPI_Comm comm, int code, int rank, const message_round_options& options);
+
+// A global transpose between the `size` ranks of a communicator as one MPI collective: array
+// A (this rank's `shape_a`, cut along `axis_a` into the ranks' blocks, block_share's
+// distribution) to array B (`shape_b`, cut along `axis_b`) and back, each direction one
+// MPI_Ialltoallw of subarray datatypes made once (what mpi4py-fft's Transfer sends, so MPI
+// packs as it goes and nothing is staged). The types depend on the shapes and `size` only, so
+// one object serves every communicator of that size (a Pencil per stage, a test suite's
+// loops). Waits as agree_min's: a run that gives up leaves its request to MPI, and the caller
+// keeps the arrays it writes. Freed with the object (not after MPI_Finalize).
+class collective_transpose {
+ public:
+  collective_transpose(int size, std::size_t itemsize, std::span<const std::uint64_t> shape_a,
+                       int axis_a, std::span<const std::uint64_t> shape_b, int axis_b);
+  ~collective_transpose();
+  collective_transpose(const collective_transpose&) = delete;
+  collective_transpose& operator=(const collective_transpose&) = delete;
+
+  // Collective over `comm` (of the object's size): direction `side` (0: A to B), from `send`
+  // into `recv`.
+  void run(MPI_Comm comm, int side, const void* send, void* recv, int rank,
+           const message_round_options& options);
+
+ private:
+  // An array's blocks, one per rank: MPI_Ialltoallw's counts, displacements and types.
+  struct blocks {
+    std::vector<int> counts, displacements;
+    std::vector<MPI_Datatype> types;
+  };
+  blocks blocks_of(std::span<const std::uint64_t> shape, int axis);
+  void free_types() noexcept;
+
+  int size_;
+  std::size_t itemsize_;
+  std::array<blocks, 2> arrays_;  // A's, B's
+  std::vector<MPI_Datatype> made_;
 };
 
 }  // namespace zcoll

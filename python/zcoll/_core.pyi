@@ -1,5 +1,6 @@
 """Type stubs for zcoll's private C++ extension (see cpp/bind/); checked by mypy.stubtest."""
 
+from collections.abc import Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -235,6 +236,34 @@ def register_fast(
 ) -> None: ...
 def mpi_library_matches(version: str) -> bool: ...
 def mpi_build() -> dict[str, str]: ...
+def mpi_waits() -> int: ...
+def mpi_agree_min(handle: int, code: int, rank: int, timeout: float, what: str) -> int: ...
+
+class MpiTranspose:
+    def __init__(
+        self,
+        size: int,
+        itemsize: int,
+        shape_a: Sequence[int],
+        axis_a: int,
+        shape_b: Sequence[int],
+        axis_b: int,
+    ) -> None: ...
+    def run(
+        self,
+        handle: int,
+        side: int,
+        src: Any,
+        dst: Any,
+        suits: bool,
+        rank: int,
+        timeout: float,
+        what: str,
+    ) -> bool: ...
+    def exchange(
+        self, handle: int, side: int, src: Any, dst: Any, rank: int, timeout: float, what: str
+    ) -> None: ...
+
 def fast_collective(
     op: int, comm: Any, sendbuf: Any, recvbuf: Any, order: Any, copy: Any, /
 ) -> Any: ...

@@ -244,9 +244,16 @@ def wait_bounded(
 
 
 def bounded_waits() -> int:
-    """How many bounded waits on mpi4py requests this process has made (each one an agreement,
-    a barrier or an exchange over MPI that zcoll made from Python)."""
-    return _waits
+    """How many bounded waits on MPI requests this process has made outside the engine's
+    rounds (each one an agreement, a barrier or an exchange over MPI: through mpi4py, or the
+    extension's collectives of a transpose, zcoll.fft._mpi_runs)."""
+    return _waits + _core.mpi_waits()
+
+
+def abandon(keep: tuple) -> None:
+    """Keep `keep` (the arrays a collective of the extension's that gave up may still write)
+    alive for good, as wait_bounded keeps its requests' buffers."""
+    _abandoned.append(([], keep))
 
 
 def barrier_bounded(comm: MPI.Comm, what: str) -> None:

@@ -1,6 +1,7 @@
 """A Transfer's runs through MPI on a communicator without a context (zcoll.fft._mpi_runs):
 bit for bit the global array's slices, nothing made meanwhile, the switch to zcoll after the
-rule's count, errors on every rank with nothing written, the bounded wait."""
+rule's count, errors on every rank with nothing written, the bounded wait -- over both
+transports (the extension's own MPI, and mpi4py for a build without one)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,24 @@ import zcoll
 from helpers import all_ranks_agree
 from helpers.pencil import global_array, outcome
 from zcoll import _context, _core, _transport
+from zcoll.fft import _mpi_runs
 from zcoll.fft import pencil as pencil_module
 from zcoll.fft.pencil import Pencil, Subcomm
 
 SHAPES = [((9, 7), 1, 0), ((6, 5, 4), 2, 0), ((5, 8, 3), 0, 1)]
+
+
+@pytest.fixture(params=["extension", "mpi4py"])
+def transport(request, monkeypatch):
+    """The runs' transport: the extension's MPI (where it is mpi4py's, as the build makes it)
+    or mpi4py's, as a build without MPI in the extension takes."""
+    extension = request.param == "extension"
+    if extension and not _core.mpi_library_matches(MPI.Get_library_version()):
+        pytest.skip("the extension has no MPI of its own, or not mpi4py's")
+    monkeypatch.setattr(_mpi_runs, "_extension_mpi", lambda: extension)
+    _mpi_runs._transpose.cache_clear()  # its objects are of one transport
+    yield request.param
+    _mpi_runs._transpose.cache_clear()
 
 
 def pencils(world, shape, axis_a: int, axis_b: int):
@@ -30,7 +45,7 @@ def pencils(world, shape, axis_a: int, axis_b: int):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64, np.int16])
 @pytest.mark.parametrize("case", range(len(SHAPES)))
-def test_runs_through_mpi_then_zcoll(world, case, dtype):
+def test_runs_through_mpi_then_zcoll(world, case, dtype, transport):
     """The rule's runs through MPI move the global array's slices and make nothing (no
     context, no work arrays, no plan); the runs after them are zcoll's, with the same results."""
     shape, axis_a, axis_b = SHAPES[case]
@@ -73,7 +88,7 @@ def test_one_rank_copies_and_makes_nothing(world):
 
 
 @pytest.mark.parametrize("wrong", ["shape", "dtype", "read-only", "leading axes"])
-def test_bad_array_on_one_rank_raises_everywhere(world, wrong):
+def test_bad_array_on_one_rank_raises_everywhere(world, wrong, transport):
     """One rank's array does not suit a run through MPI: every rank takes zcoll's path, whose
     checks raise on every rank (ValueError or TypeError), and no rank's result is written."""
     if world.size == 1:
@@ -119,3 +134,36 @@ def test_a_wait_gives_up_with_peer_error(monkeypatch):
         zcoll.set_timeout(previous)
         request.Cancel()
         request.Wait()
+
+
+def test_a_run_of_the_extension_gives_up_with_peer_error(world):
+    """A run through the extension's MPI that a peer does not join waits at most the zcoll
+    timeout, then raises PeerError on the rank that waited, keeping the arrays MPI may still
+    write; the peer's late agreement then completes it in the background."""
+    if world.size == 1:
+        pytest.skip("one rank: no peer to wait for")
+    if not _core.mpi_library_matches(MPI.Get_library_version()):
+        pytest.skip("the extension has no MPI of its own, or not mpi4py's")
+    comm = world.Dup()
+    n = 2 * comm.size
+    runs = _mpi_runs.MpiRuns(comm, np.dtype(float), (n, n), ((2, n), (n, 2)), (1, 0))
+    a, b = np.ones((2, n)), np.zeros((n, 2))
+    kind, message, kept = "none", "", False
+    if comm.rank == 0:
+        previous = zcoll.get_timeout()
+        zcoll.set_timeout(0.2)
+        try:
+            kind, error = outcome(lambda: runs.run(a, b, 0))
+            message = str(error)
+            kept = any(keep and keep[0] is a and keep[1] is b for _, keep in _transport._abandoned)
+        finally:
+            zcoll.set_timeout(previous)
+    world.Barrier()
+    if comm.rank != 0:
+        _mpi_runs.agree_min(comm, 0, "a late peer")  # the agreement rank 0 gave up on
+    world.Barrier()
+    comm.Free()
+    ok = world.rank != 0 or (
+        kind == "PeerError" and "did not take part within 0.2 s" in message and kept
+    )
+    all_ranks_agree(world, ok, f"{kind}: {message}")

@@ -14,6 +14,13 @@ through MPI first agrees that every rank's arrays suit it (one small ``Iallreduc
 any rank's do not (a shape, dtype or leading axes of its own, a read-only result, arrays that
 overlap), every rank takes zcoll's path instead, whose checks raise the same error on every
 rank. Both waits are bounded by the zcoll timeout (then ``PeerError``).
+
+Two transports of one interface (``run``: agree, then exchange; ``exchange``; and the
+agreement by itself): the extension's own MPI (``_core.MpiTranspose``, one crossing per run
+with the GIL released), wherever it is mpi4py's library, as the build makes it; else
+:class:`_Mpi4pyTranspose`, the same collectives through mpi4py (a build without MPI). The
+extension's run costs what the MPI calls cost; through mpi4py, its request objects, argument
+lists and polling loop added about half again to a cold transpose (CHANGELOG.md).
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
-from .._settings import current
-from .._transport import allgather_bounded, wait_bounded
+from .._settings import current, get_timeout
+from .._transport import abandon, allgather_bounded, wait_bounded
 
 __all__ = ["ColdCalls", "MpiRuns", "agree_min"]
 
@@ -74,14 +81,49 @@ def _parts(itemsize: int, shape: tuple[int, ...], axis: int, p: int) -> _Parts:
     return _Parts(itemsize, shape, axis, p)
 
 
+@functools.cache
+def _extension_mpi() -> bool:
+    """Whether the extension's own MPI is mpi4py's library (then the collectives run from C++)."""
+    return _core.mpi_library_matches(MPI.Get_library_version())
+
+
+def _target(comm: MPI.Comm):
+    """What a transport's calls name the communicator by: its C handle for the extension's."""
+    return MPI._handleof(comm) if _extension_mpi() else comm
+
+
+class _Mpi4pyTranspose:
+    """``_core.MpiTranspose`` through mpi4py: the same collectives, for a build whose extension
+    has no MPI of its own. Its calls take the mpi4py communicator where the extension's take
+    its C handle."""
+
+    def __init__(self, size, itemsize, shape_a, axis_a, shape_b, axis_b) -> None:
+        null = [0] * size  # the subarray types hold the offsets
+        self._parts = (
+            _parts(itemsize, shape_a, axis_a, size),
+            _parts(itemsize, shape_b, axis_b, size),
+        )
+        self._blocks = [(p.counts, null, p.types) for p in self._parts]
+
+    def run(self, comm, side, src, dst, suits, rank, timeout, what) -> bool:  # noqa: ARG002
+        if not agree_min(comm, int(suits), what):
+            return False
+        self.exchange(comm, side, src, dst, rank, timeout, what)
+        return True
+
+    def exchange(self, comm, side, src, dst, rank, timeout, what) -> None:  # noqa: ARG002
+        sends, recvs = self._blocks[side], self._blocks[1 - side]
+        request = comm.Ialltoallw((src, *sends), (dst, *recvs))
+        wait_bounded(request, rank, f"{what} (through MPI)", (src, dst, self._parts))
+
+
 @functools.lru_cache(maxsize=64)
-def _exchange_sides(n: int, src: tuple, cut_src: int, dst: tuple, cut_dst: int, p: int):
-    """Ialltoallw's (counts, displacements, types) for sending the blocks of `src` along
-    `cut_src` and receiving those of `dst` along `cut_dst`, and the parts that hold their
-    types: made once for the Transfers of a Pencil per stage or a test suite's loops."""
-    null = [0] * p  # the subarray types hold the offsets
-    sends, recvs = _parts(n, src, cut_src, p), _parts(n, dst, cut_dst, p)
-    return ((sends.counts, null, sends.types), (recvs.counts, null, recvs.types)), (sends, recvs)
+def _transpose(itemsize: int, shape_a: tuple, axis_a: int, shape_b: tuple, axis_b: int, p: int):
+    """A transpose's datatypes, made once: Transfers of the same shapes (a Pencil per stage, a
+    test suite's loops) share them, whatever their communicators."""
+    if _extension_mpi():
+        return _core.MpiTranspose(p, itemsize, shape_a, axis_a, shape_b, axis_b)
+    return _Mpi4pyTranspose(p, itemsize, shape_a, axis_a, shape_b, axis_b)
 
 
 class MpiRuns:
@@ -99,18 +141,16 @@ class MpiRuns:
         self._bytes_per_rank = prod(shape) * dtype.itemsize // comm.size
         self.limit: int | None = None  # the rule's runs (ZCOLL_COLD_RUNS), read at the first
         self.runs = 0  # through MPI so far
-        # Per direction, what this rank sends and receives: Ialltoallw's (counts,
-        # displacements, types) after the buffer, made at the direction's first run.
-        self._sides: list[tuple[tuple, tuple] | None] = [None, None]
-        self._held: list[tuple[_Parts, _Parts] | None] = [None, None]
-        self._flags = (np.zeros((), np.int32), np.zeros((), np.int32))  # the agreement's
+        self._target = _target(comm)
+        self._transpose = None  # its datatypes, looked up at the first run
 
     def run(self, src, dst, side: int) -> bool:
         """Collective: this direction's transpose (`side` 0 forward) through MPI, if the rule
         still keeps the Transfer here (the same on every rank) and every rank's arrays suit it;
         False, having moved nothing, where zcoll's path must run it (from then on: the
-        Transfer drops this object, and with it the datatypes)."""
-        if self.comm.size == 1:  # a copy, whichever way: nothing to agree on or to set up
+        Transfer drops this object)."""
+        comm = self.comm
+        if comm.size == 1:  # a copy, whichever way: nothing to agree on or to set up
             if not self._suits(src, dst, side):
                 return False
             np.copyto(dst, src)
@@ -120,22 +160,33 @@ class MpiRuns:
             self.limit = (
                 _core.cold_transfer_runs(self._bytes_per_rank) if forced is None else forced
             )
-        if self.runs >= self.limit or not self._agree(self._suits(src, dst, side)):
+        if self.runs >= self.limit:
             return False
-        self.runs += 1
-        self.exchange(src, dst, side)
-        return True
+        suits = self._suits(src, dst, side)
+        transpose = self._transpose or self._looked_up()
+        try:
+            ran = transpose.run(
+                self._target, side, src, dst, suits, comm.rank, get_timeout(), "zcoll.fft.Transfer"
+            )
+        except BaseException:
+            abandon((src, dst))  # a wait that gave up: MPI may still write `dst`
+            raise
+        self.runs += ran
+        return ran
 
     def exchange(self, src, dst, side: int, what: str = "zcoll.fft.Transfer") -> None:
         """Collective, with no agreement: this direction's transpose of arrays known to suit
         it on every rank (a PFFT's own arrays, whose calls agree once for all their
         transposes)."""
-        sends, recvs = self._sides[side] or self._side(side)
-        request = self.comm.Ialltoallw((src, *sends), (dst, *recvs))
-        wait_bounded(request, self.comm.rank, f"{what} (through MPI)", (src, dst, sends, recvs))
+        transpose = self._transpose or self._looked_up()
+        try:
+            transpose.exchange(self._target, side, src, dst, self.comm.rank, get_timeout(), what)
+        except BaseException:
+            abandon((src, dst))
+            raise
 
     def _suits(self, src, dst, side: int) -> bool:
-        """Whether this rank's arrays suit a run through MPI (None: they do not)."""
+        """Whether this rank's arrays suit a run through MPI."""
         if not (isinstance(src, np.ndarray) and isinstance(dst, np.ndarray)):
             return False
         into = dst.flags  # one flags object for both of dst's
@@ -150,30 +201,20 @@ class MpiRuns:
             and not np.may_share_memory(src, dst)
         )
 
-    def _agree(self, suits: bool) -> bool:
-        """Collective: whether every rank's arrays suit a run through MPI."""
-        return bool(agree_min(self.comm, int(suits), self._flags, "zcoll.fft.Transfer"))
-
-    def _side(self, side: int) -> tuple[tuple, tuple]:
-        """(what this rank sends, what it receives) in direction `side`, looked up now."""
-        src, dst = self.subshapes[side], self.subshapes[1 - side]
-        cut_src, cut_dst = self.axes if side == 0 else self.axes[::-1]
-        made, held = _exchange_sides(
-            self.dtype.itemsize, src, cut_src, dst, cut_dst, self.comm.size
-        )
-        self._sides[side] = made
-        self._held[side] = held  # their datatypes live while this object does
-        return made
+    def _looked_up(self):
+        (a, b), (axis_a, axis_b) = self.subshapes, self.axes
+        self._transpose = _transpose(self.dtype.itemsize, a, axis_a, b, axis_b, self.comm.size)
+        return self._transpose
 
 
-def agree_min(comm: MPI.Comm, code: int, flags: tuple[np.ndarray, np.ndarray], what: str) -> int:
-    """Collective: the smallest of the ranks' `code` (one Iallreduce, bounded wait); `flags`:
-    the caller's two int32 scalars, kept so that an agreement allocates nothing."""
-    mine, every = flags
-    mine[()] = code
-    request = comm.Iallreduce(mine, every, op=MPI.MIN)
+def agree_min(comm: MPI.Comm, code: int, what: str) -> int:
+    """Collective: the smallest of the ranks' `code` (one Iallreduce, bounded wait)."""
+    if _extension_mpi():
+        return _core.mpi_agree_min(MPI._handleof(comm), code, comm.rank, get_timeout(), what)
+    flags = (np.full((), code, np.int32), np.zeros((), np.int32))
+    request = comm.Iallreduce(flags[0], flags[1], op=MPI.MIN)
     wait_bounded(request, comm.rank, f"{what} (agreeing on a run through MPI)", flags)
-    return int(every)
+    return int(flags[1])
 
 
 class ColdCalls:
@@ -190,11 +231,10 @@ class ColdCalls:
         self.limit = limit
         self.calls = 0  # run through MPI so far
         self.forever = False  # the arrays cannot take zcoll's plans: every call stays here
-        self._flags = (np.zeros((), np.int32), np.zeros((), np.int32))
 
     def agree(self, code: int, name: str) -> int:
         """Collective: the smallest of the ranks' codes."""
-        return agree_min(self.comm, code, self._flags, name)
+        return agree_min(self.comm, code, name)
 
     def raise_first(self, name: str, error: Exception | None) -> NoReturn:
         """Collective, after an agreement that found an error: every rank raises the first
