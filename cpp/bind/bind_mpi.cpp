@@ -22,17 +22,10 @@ namespace {
 
 std::atomic<std::uint64_t> waits{0};  // bounded waits made here (mpi_waits)
 
-message_round_options options_of(double timeout, std::string what) {
-  message_round_options options;
-  options.timeout_s = timeout;
-  options.what = std::move(what);
-  return options;
-}
-
 // The smallest of the ranks' `code` over `comm`, the GIL released.
 int agree(MPI_Comm comm, int code, int rank, double timeout, const std::string& what) {
   const message_round_options options =
-      options_of(timeout, what + " (agreeing on a run through MPI)");
+      round_options(timeout, what + " (agreeing on a run through MPI)");
   waits.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_release release;
   return agree_min(comm, code, rank, options);
@@ -47,7 +40,7 @@ void exchange(collective_transpose& t, std::uintptr_t handle, int side, const py
               const py::object& dst, int rank, double timeout, const std::string& what) {
   const void* send = data_of(src);
   void* recv = data_of(dst);
-  const message_round_options options = options_of(timeout, what + " (through MPI)");
+  const message_round_options options = round_options(timeout, what + " (through MPI)");
   waits.fetch_add(1, std::memory_order_relaxed);
   py::gil_scoped_release release;
   t.run(comm_from_handle(handle), side, send, recv, rank, options);

@@ -17,13 +17,6 @@ constexpr int remote_tag = 0x7A0C;    // alltoall and allgather blocks rank to r
 constexpr int direct_tag = 0x7AFF;    // an irregular call's blocks rank to rank (one tag)
 constexpr int transfer_tag = 0x7A0E;  // a transfer's blocks (plans: their own)
 
-message_round_options options_for(double timeout, const std::string& what) {
-  message_round_options options;
-  options.timeout_s = timeout;
-  options.what = what;
-  return options;
-}
-
 // The blocks of an alltoall or allgather between this rank and the ranks on other nodes, one
 // per pair with `tag` (an allgather sends its one block to each): (receives, sends).
 std::pair<std::vector<peer_buffer>, std::vector<peer_buffer>> remote_blocks(
@@ -73,7 +66,7 @@ bool plan_messages_failed(node_context& ctx) {
 // failed.
 template <class Messages>
 void wait_plan_messages(node_context& ctx, Messages& messages, int rank, const std::string& what) {
-  const message_round_options options = options_for(wait_timeout(ctx), what);
+  const message_round_options options = round_options(wait_timeout(ctx), what);
   node_messages* rounds = ctx.rounds();
   if (!rounds) return messages.wait(rank, options);
   marking_failure(*rounds, [&] { messages.wait(rank, options); });
@@ -138,7 +131,7 @@ void exchange_spread(const spread_reduction& spread, const nodes_route& route, i
 
 void finish_round(node_context& ctx, node_messages& round, const nodes_route& route,
                   const std::string& what) {
-  message_round_options options = options_for(wait_timeout(ctx), what);
+  message_round_options options = round_options(wait_timeout(ctx), what);
   options.tag = route.tag;
   options.window = route.window;
   exchange_messages(comm_from_handle(route.comm), round.outgoing(), round.incoming(), route.rank,
@@ -163,7 +156,7 @@ void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer
   if (copy_sends)
     for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
   exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank,
-                   options_for(timeout, what + " (blocks between nodes)"));
+                   round_options(timeout, what + " (blocks between nodes)"));
 }
 
 std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
@@ -225,7 +218,7 @@ void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call*
     spread_reduction& spread = round.spread();
     spread.begin(*call, true);  // as a flow where the spread allows
     if (spread.flowing()) {
-      message_round_options options = options_for(timeout, what + " (blocks between nodes)");
+      message_round_options options = round_options(timeout, what + " (blocks between nodes)");
       exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
     } else {
       exchange_spread(spread, route, spread_partial_tag, timeout, what);
@@ -266,7 +259,7 @@ void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const v
   node_messages& round = ctx.between_nodes(node_map{});
   marking_failure(round, [&] {
     slabs.post(comm_from_handle(route.comm), recv, send);
-    slabs.wait(route.rank, options_for(wait_timeout(ctx), what));
+    slabs.wait(route.rank, round_options(wait_timeout(ctx), what));
   });
 }
 

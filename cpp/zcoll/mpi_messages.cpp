@@ -12,6 +12,7 @@
 #include <string_view>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "zcoll/barrier.hpp"
@@ -217,6 +218,13 @@ void wait_for_all(request_list& all, bounded_wait& wait) {
 
 MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept {
   return handle_as<MPI_Comm>(handle);
+}
+
+message_round_options round_options(double timeout, std::string what) {
+  message_round_options options;
+  options.timeout_s = timeout;
+  options.what = std::move(what);
+  return options;
 }
 
 std::string linked_library_version() {

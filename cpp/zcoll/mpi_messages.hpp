@@ -44,6 +44,9 @@ struct message_round_options {
   std::string what = "messages between nodes";  // named in the timeout's message
 };
 
+// The options of a wait bounded by `timeout` s whose PeerError names `what`; the rest default.
+message_round_options round_options(double timeout, std::string what);
+
 // The communicator behind mpi4py's MPI._handleof(comm).
 MPI_Comm comm_from_handle(std::uintptr_t handle) noexcept;
 
