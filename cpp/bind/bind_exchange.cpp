@@ -25,10 +25,7 @@
 #include "zcoll/exchange.hpp"
 #include "zcoll/leaders_exchange.hpp"
 #include "zcoll/pool.hpp"
-#ifdef ZCOLL_HAVE_MPI
-#include "zcoll/mpi_messages.hpp"
 #include "zcoll/spread_reduction.hpp"
-#endif
 
 namespace py = pybind11;
 
@@ -216,7 +213,6 @@ void register_context(mpi_handle handle, std::shared_ptr<node_context> ctx,
   contexts()[handle.bits] = entry{std::move(ctx), route};
 }
 
-#ifdef ZCOLL_HAVE_MPI
 // An alltoall or allgather on several nodes, whole (across_nodes.hpp): the arguments converted
 // here, the call's record (or the conversion's error, which the round raises on every rank).
 void collective_across_nodes(node_context& ctx, op_code op, const py::object& send,
@@ -236,7 +232,6 @@ void collective_across_nodes(node_context& ctx, op_code op, const py::object& se
                            "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
       });
 }
-#endif
 
 PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   static PyObject* auto_str = PyUnicode_InternFromString(std::string(auto_name).c_str());
@@ -257,14 +252,10 @@ PyObject* fast_collective(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
     if (found.route) {  // several nodes
-#ifdef ZCOLL_HAVE_MPI
       if (found.ctx->closed()) Py_RETURN_NONE;
       const std::shared_ptr<node_context> ctx = found.ctx;  // alive through the call
       collective_across_nodes(*ctx, static_cast<op_code>(op), send, recv, order, copy,
                               *found.route);
-#else
-      Py_RETURN_NONE;
-#endif
     } else {
       run(*found.ctx, static_cast<op_code>(op), send, recv, order, copy);
     }
@@ -525,8 +516,7 @@ void def_round_rules(context_class& cls) {
 
 // Calls across nodes, each whole in one call with the messages from C++: a round that only
 // agrees on the ranks' records, and an alltoall or allgather (as the one crossing runs them).
-void def_calls_across_nodes([[maybe_unused]] context_class& cls) {
-#ifdef ZCOLL_HAVE_MPI
+void def_calls_across_nodes(context_class& cls) {
   cls.def(
       "nodes_round",
       [](node_context& ctx, const py::bytes& record, const nodes_route& route,
@@ -569,7 +559,6 @@ void def_calls_across_nodes([[maybe_unused]] context_class& cls) {
       "Collective (communicator, benchmarks): only the blocks of an alltoall or allgather "
       "between this rank's node and the others, after the node's part: rank to rank, or by the "
       "leaders' concurrent exchange where the crossing policy routes the allgather so.");
-#endif
 }
 
 // This rank's call records, and the argument errors every rank raises.

@@ -78,7 +78,6 @@ void register_plan(py::module_& m) {
            })
       .def("start", [](bound_collective& b) { start_run(b); });
   def_plan_runs(cls);
-#ifdef ZCOLL_HAVE_MPI
   cls.def(
       "_attach_remote",
       [](bound_collective& b, const nodes_route& route, int tag) {
@@ -93,7 +92,6 @@ void register_plan(py::module_& m) {
       "Local, once after creation on several nodes: the plan's runs also exchange its blocks "
       "between nodes (persistent requests on the route's private dup, with `tag`), in the same "
       "crossing.");
-#endif
   cls.def_property_readonly("sendbuf", [](const bound_collective& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_collective& b) { return b.recv; })
       .def_property_readonly("op",

@@ -86,7 +86,6 @@ call_record describe(const node_context& ctx, op_code op, const py::object& send
       });
 }
 
-#ifdef ZCOLL_HAVE_MPI
 // A reduction or bcast on several nodes, whole (across_nodes.hpp): the arguments converted
 // here, the call's record (or the conversion's error, which the round raises on every rank).
 void reduction_across_nodes(node_context& ctx, op_code op, const py::object& send,
@@ -105,7 +104,6 @@ void reduction_across_nodes(node_context& ctx, op_code op, const py::object& sen
         zcoll::reduction_across_nodes(ctx, op, nullptr, record, route);
       });
 }
-#endif
 
 // The code of a name of `Enum`, "auto" as `auto_code`, or `none` for anything else. The names
 // are interned once, so the usual call (a literal such as op="sum") is one identity match.
@@ -187,14 +185,10 @@ PyObject* fast_reduction(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     const auto send = py::reinterpret_borrow<py::object>(args[2]);
     const auto recv = py::reinterpret_borrow<py::object>(args[3]);
     if (across_nodes) {
-#ifdef ZCOLL_HAVE_MPI
       if (ctx->closed()) Py_RETURN_NONE;
       reduction_across_nodes(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root),
                              route);
       Py_RETURN_TRUE;
-#else
-      Py_RETURN_NONE;
-#endif
     }
     run(*ctx, op, send, recv, reduce, algorithm, static_cast<int>(root));
     Py_RETURN_TRUE;
@@ -211,7 +205,6 @@ PyObject* fast_barrier(PyObject*, PyObject* comm) {
     nodes_route route;
     std::shared_ptr<node_context> ctx = registered_context(comm);
     if (!ctx) {
-#ifdef ZCOLL_HAVE_MPI
       // Several nodes: one round of records is a barrier of the whole communicator (a node's
       // messages leave after all its ranks arrived; a rank leaves after its node received them
       // all).
@@ -224,9 +217,6 @@ PyObject* fast_barrier(PyObject*, PyObject* comm) {
         agree_across_nodes(*ctx, record, route, "zcoll.barrier (messages between nodes)");
       }
       Py_RETURN_TRUE;
-#else
-      Py_RETURN_NONE;
-#endif
     }
     gil_released_on_block gil(*ctx, 0);
     ctx->barrier();
@@ -277,8 +267,7 @@ void def_node_reductions(context_class& cls) {
 }
 
 // A reduction or bcast on several nodes, whole, as the one crossing runs it.
-void def_reductions_across_nodes([[maybe_unused]] context_class& cls) {
-#ifdef ZCOLL_HAVE_MPI
+void def_reductions_across_nodes(context_class& cls) {
   cls.def(
       "nodes_reduction_call",
       [](node_context& ctx, int code, const py::object& send, const py::object& recv, int reduce,
@@ -290,7 +279,6 @@ void def_reductions_across_nodes([[maybe_unused]] context_class& cls) {
       "Collective (communicator): a reduction or bcast on several nodes, whole, with the "
       "messages from C++: small calls in the round that agrees on the records, larger ones "
       "spread over the ranks after it.");
-#endif
 }
 
 // What algorithm="auto" runs: the cost models and their answer.

@@ -160,7 +160,6 @@ py::bytes run_record(bound_transfer& b, const py::object& send, const py::object
       [](const std::string& why) { return error_record(arg_error::type, why); }));
 }
 
-#ifdef ZCOLL_HAVE_MPI
 // A round between nodes that only agrees on the ranks' records, the GIL released.
 void agree(node_context& ctx, const call_record& record, const nodes_route& route,
            const std::string& what) {
@@ -187,7 +186,7 @@ void transfer_across_nodes(node_context& ctx, const py::object& send, const py::
 // TransferPlan.start on several nodes: the plan's or the engine's error first (freed, active,
 // closed: before any message), then the round that agrees on every rank's run, the messages
 // between nodes posted on this run's arrays, then the node part.
-void start_across_nodes(bound_transfer& b, transfer_plan_blocks& remote, const py::object& send,
+void start_across_nodes(bound_transfer& b, transfer_between_nodes& remote, const py::object& send,
                         const py::object& recv) {
   transfer_plan& plan = b.usable();
   if (plan.active() || plan.context()->closed() || plan.context()->broken()) {
@@ -214,13 +213,10 @@ void start_across_nodes(bound_transfer& b, transfer_plan_blocks& remote, const p
   b.run_send = send;
   b.run_recv = recv;
 }
-#endif
 
 void start_transfer(bound_transfer& b, const py::object& send, const py::object& recv) {
-#ifdef ZCOLL_HAVE_MPI
-  if (auto* remote = dynamic_cast<transfer_plan_blocks*>(b.remote.get()))
+  if (auto* remote = dynamic_cast<transfer_between_nodes*>(b.remote.get()))
     return start_across_nodes(b, *remote, send, recv);
-#endif
   if (send.is_none() && recv.is_none()) {
     blocking(b, [](transfer_plan& p) { p.start(); });
     return;
@@ -268,7 +264,6 @@ void def_node_transfers(context_class& cls) {
           py::arg("planned") = false,
           "Local: this rank's call record of a transfer (of a transfer plan's creation when "
           "planned), for agree() across nodes.");
-#ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_transfer",
       [](node_context& ctx, const py::object& src, const py::object& dst,
@@ -281,7 +276,6 @@ void def_node_transfers(context_class& cls) {
       "Collective (communicator): a transfer on several nodes, whole: the round that agrees on "
       "every rank's call, the node's blocks, the blocks between nodes by MPI subarray "
       "messages.");
-#endif
 }
 
 // TransferPlan's construction and runs.
@@ -297,18 +291,16 @@ void def_transfer_runs(py::class_<bound_transfer>& plan) {
   plan.def("start", &start_transfer, py::arg("src") = py::none(), py::arg("dst") = py::none());
   plan.def("record", &run_record, py::arg("src") = py::none(), py::arg("dst") = py::none(),
            "Local: this rank's call record of a run on these arrays, for agree() across nodes.");
-#ifdef ZCOLL_HAVE_MPI
   plan.def(
       "_attach_remote",
       [](bound_transfer& b, const nodes_route& route, int tag) {
         const auto& ctx = b.usable().context();
-        b.remote = std::make_unique<transfer_plan_blocks>(ctx, b.plan->geometry(), route, tag);
+        b.remote = transfer_plan_blocks(ctx, b.plan->geometry(), route, tag);
       },
       py::arg("route"), py::arg("tag"),
       "Local, once after creation on several nodes: every run then agrees across nodes on its "
       "record (rounds on `route`) and exchanges the plan's blocks between nodes as MPI "
       "subarray messages with `tag`, in the same crossing.");
-#endif
   def_plan_runs(plan);
 }
 

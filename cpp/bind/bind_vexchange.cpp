@@ -19,9 +19,6 @@
 #include "zcoll/exchange.hpp"
 #include "zcoll/vexchange.hpp"
 #include "zcoll/vplan.hpp"
-#ifdef ZCOLL_HAVE_MPI
-#include "zcoll/mpi_messages.hpp"
-#endif
 
 namespace py = pybind11;
 
@@ -112,7 +109,6 @@ auto with_call(int code, int pattern, const py::object& send, const py::object& 
   return f(call);
 }
 
-#ifdef ZCOLL_HAVE_MPI
 // An irregular call on several nodes, whole (across_nodes.hpp), the GIL released. `call`
 // nullptr: this rank's arguments could not be converted (`record` says why; the round raises
 // it on every rank).
@@ -121,7 +117,6 @@ void run_across_nodes(node_context& ctx, op_code op, const v_call* call, const c
   py::gil_scoped_release release;
   irregular_across_nodes(ctx, op, call, record, route);
 }
-#endif
 
 // --- the one-crossing path -------------------------------------------------------------------
 // fast_irregular parses mpi4py's buffer specifications itself, in the forms programs use on
@@ -328,9 +323,7 @@ PyObject* fast_irregular(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       call.send = &send_view;
     }
     if (across_nodes) {
-#ifdef ZCOLL_HAVE_MPI
       run_across_nodes(*ctx, op, &call, vx.describe(call), route);
-#endif
     } else {
       gil_released_on_block gil(*ctx, recv_view.nbytes);
       vx.run(call);
@@ -461,8 +454,7 @@ void def_irregular_calls(context_class& cls) {
 }
 
 // An irregular call's round between nodes, whole with the messages from C++.
-void def_irregular_rounds([[maybe_unused]] context_class& cls) {
-#ifdef ZCOLL_HAVE_MPI
+void def_irregular_rounds(context_class& cls) {
   cls.def(
       "nodes_v_round",
       [](node_context& ctx, int code, int pattern, const py::object& send, const py::object& recv,
@@ -486,12 +478,10 @@ void def_irregular_rounds([[maybe_unused]] context_class& cls) {
       "Collective (node): a whole irregular round between nodes in one call (phase 1, the "
       "messages by MPI from C++, the node barrier, the verdict). Returns how many of this "
       "rank's blocks between nodes the round did not carry (to go rank to rank).");
-#endif
 }
 
 // An irregular call on several nodes, whole, from C++; and the rounds' failure.
 void def_irregular_across_nodes(context_class& cls) {
-#ifdef ZCOLL_HAVE_MPI
   cls.def(
       "nodes_v_call",
       [](const std::shared_ptr<node_context>& ctx, int code, int pattern, const py::object& send,
@@ -516,7 +506,6 @@ void def_irregular_across_nodes(context_class& cls) {
       "from C++ -- the round (every rank's record and counts checked, the blocks up to the pack "
       "limit carried), the node's part, the larger blocks rank to rank -- the GIL released "
       "while it waits.");
-#endif
   cls.def(
       "nodes_check",
       [](node_context& ctx) {
@@ -573,7 +562,6 @@ void register_vplan(py::module_& m) {
            })
       .def("start", [](bound_vplan& b) { start_run(b); });
   def_plan_runs(plan);
-#ifdef ZCOLL_HAVE_MPI
   plan.def(
       "_attach_remote",
       [](bound_vplan& b, const nodes_route& route, int tag_base) {
@@ -585,7 +573,6 @@ void register_vplan(py::module_& m) {
       "Local, right after creation on several nodes (the round that agreed on it the last one "
       "of the context): the plan's runs also exchange its blocks between nodes rank to rank "
       "(persistent requests, tags from `tag_base`), in the same crossing.");
-#endif
   plan.def_property_readonly("sendbuf", [](const bound_vplan& b) { return b.send; })
       .def_property_readonly("recvbuf", [](const bound_vplan& b) { return b.recv; })
       .def_property_readonly("op", [](const bound_vplan& b) { return name_of(b.plan->op()); })

@@ -8,13 +8,10 @@
 
 #include "arrays.hpp"
 #include "fast_path.hpp"
+#include "zcoll/across_nodes.hpp"
 #include "zcoll/aggregate.hpp"
 #include "zcoll/error.hpp"
 #include "zcoll/exchange.hpp"
-#ifdef ZCOLL_HAVE_MPI
-#include "zcoll/across_nodes.hpp"
-#include "zcoll/mpi_messages.hpp"
-#endif
 
 namespace zcoll::bind {
 

@@ -7,6 +7,7 @@
 #include "zcoll/crossing_policy.hpp"
 #include "zcoll/error.hpp"
 #include "zcoll/leaders_exchange.hpp"
+#include "zcoll/mpi_messages.hpp"
 #include "zcoll/spread_reduction.hpp"
 
 namespace zcoll {
@@ -16,6 +17,26 @@ namespace {
 constexpr int remote_tag = 0x7A0C;    // alltoall and allgather blocks rank to rank
 constexpr int direct_tag = 0x7AFF;    // an irregular call's blocks rank to rank (one tag)
 constexpr int transfer_tag = 0x7A0E;  // a transfer's blocks (plans: their own)
+
+// Blocks rank to rank between nodes, all posted at once on `route`'s communicator and bounded
+// by `timeout`; with `copy_sends` (in place: receives overwrite the blocks sent) the sends go
+// from copies.
+void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
+                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
+                           const std::string& what) {
+  std::vector<std::vector<std::byte>> copies;
+  if (copy_sends)
+    for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
+  exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank,
+                   round_options(timeout, what + " (blocks between nodes)"));
+}
+
+std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
+  std::vector<peer_buffer> out;
+  out.reserve(blocks.size());
+  for (const peer_block& b : blocks) out.push_back({b.peer, tag, b.data, b.bytes});
+  return out;
+}
 
 // The blocks of an alltoall or allgather between this rank and the ranks on other nodes, one
 // per pair with `tag` (an allgather sends its one block to each): (receives, sends).
@@ -149,23 +170,6 @@ void agree_across_nodes(node_context& ctx, const call_record& record, const node
   });
 }
 
-void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
-                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
-                           const std::string& what) {
-  std::vector<std::vector<std::byte>> copies;
-  if (copy_sends)
-    for (peer_buffer& b : sends) b.data = copies.emplace_back(b.data, b.data + b.bytes).data();
-  exchange_buffers(comm_from_handle(route.comm), recvs, sends, route.rank,
-                   round_options(timeout, what + " (blocks between nodes)"));
-}
-
-std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag) {
-  std::vector<peer_buffer> out;
-  out.reserve(blocks.size());
-  for (const peer_block& b : blocks) out.push_back({b.peer, tag, b.data, b.bytes});
-  return out;
-}
-
 void collective_across_nodes(node_context& ctx, op_code op, const array_view* send,
                              const array_view& recv, int order, int copy, const call_record& record,
                              const nodes_route& route) {
@@ -229,6 +233,9 @@ void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call*
   });
 }
 
+namespace {
+
+// The subarray messages of a transpose's blocks between this rank and the other nodes' ranks.
 slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
                              const transfer_geometry& g, int tag) {
   const int me = ctx.config().comm_ranks[static_cast<std::size_t>(ctx.config().rank)];
@@ -254,6 +261,7 @@ slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
   return slab_messages(recvs, sends);
 }
 
+// Posts `slabs` on the arrays (receives into `recv`, sends from `send`) and waits for them.
 void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const void* send,
                     const nodes_route& route, const std::string& what) {
   node_messages& round = ctx.between_nodes(node_map{});
@@ -263,6 +271,8 @@ void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const v
   });
 }
 
+}  // namespace
+
 void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
                            const array_view& recv, int order, int copy, const nodes_route& route) {
   ctx.run_transfer(g, send, recv, order, copy);
@@ -270,6 +280,32 @@ void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const 
   exchange_slabs(ctx, slabs, const_cast<void*>(recv.data), send.data, route,
                  "zcoll.transfer (blocks between nodes)");
 }
+
+namespace {
+
+// The blocks between nodes of a persistent plan, run after run: persistent requests on the
+// route's communicator, started before the node part and waited for after it within the
+// context's bound (a peer_error marks the rounds failed; a failed context's plan raises at
+// start). With `copy_sends` (in place: receives overwrite the blocks sent) the sends go from
+// copies refreshed from their live places at each start.
+class plan_blocks final : public plan_between_nodes {
+ public:
+  plan_blocks(std::shared_ptr<node_context> ctx, const nodes_route& route,
+              std::span<const peer_buffer> recvs, std::vector<peer_buffer> sends, bool copy_sends,
+              std::string what);
+  void start() override;
+  void wait() override;
+  bool test() override { return messages_->test(); }
+  bool failed() const override;
+
+ private:
+  std::shared_ptr<node_context> ctx_;
+  std::vector<peer_buffer> live_;                  // copy_sends: the blocks the copies refresh from
+  std::vector<std::vector<std::byte>> copies_;     // and the copies sent
+  std::unique_ptr<persistent_messages> messages_;  // made after the copies it sends from
+  int rank_;
+  std::string what_;
+};
 
 plan_blocks::plan_blocks(std::shared_ptr<node_context> ctx, const nodes_route& route,
                          std::span<const peer_buffer> recvs, std::vector<peer_buffer> sends,
@@ -298,6 +334,50 @@ bool plan_blocks::failed() const {
   return plan_messages_failed(*ctx_);
 }
 
+class transfer_plan_slabs final : public transfer_between_nodes {
+ public:
+  transfer_plan_slabs(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
+                      const nodes_route& route, int tag);
+  void agree(const call_record& record) override {
+    agree_across_nodes(*ctx_, record, route_, what_);
+  }
+  void set_arrays(void* recv, const void* send) override { recv_ = recv, send_ = send; }
+  void start() override;
+  void wait() override;
+  bool test() override { return slabs_.test(); }
+  bool failed() const override;
+
+ private:
+  std::shared_ptr<node_context> ctx_;
+  slab_messages slabs_;
+  nodes_route route_;
+  std::string what_;  // what its agreement names
+  void* recv_ = nullptr;
+  const void* send_ = nullptr;
+};
+
+transfer_plan_slabs::transfer_plan_slabs(std::shared_ptr<node_context> ctx,
+                                         const transfer_geometry& g, const nodes_route& route,
+                                         int tag)
+    : ctx_(std::move(ctx)),
+      slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
+      route_(route),
+      what_("zcoll." + std::string(name_of(op_code::transfer)) + " plan") {}
+
+void transfer_plan_slabs::start() {
+  slabs_.post(comm_from_handle(route_.comm), recv_, send_);
+}
+
+void transfer_plan_slabs::wait() {
+  wait_plan_messages(*ctx_, slabs_, route_.rank, plan_what(op_code::transfer));
+}
+
+bool transfer_plan_slabs::failed() const {
+  return plan_messages_failed(*ctx_);
+}
+
+}  // namespace
+
 std::unique_ptr<plan_between_nodes> collective_plan_blocks(std::shared_ptr<node_context> ctx,
                                                            op_code op, const array_view* send,
                                                            const array_view& recv,
@@ -325,24 +405,10 @@ std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_c
                                        tagged(round.direct_sends()), swap, plan_what(op));
 }
 
-transfer_plan_blocks::transfer_plan_blocks(std::shared_ptr<node_context> ctx,
-                                           const transfer_geometry& g, const nodes_route& route,
-                                           int tag)
-    : ctx_(std::move(ctx)),
-      slabs_(transfer_slabs(*ctx_, ctx_->between_nodes(node_map{}).nodes(), g, tag)),
-      route_(route),
-      what_("zcoll." + std::string(name_of(op_code::transfer)) + " plan") {}
-
-void transfer_plan_blocks::start() {
-  slabs_.post(comm_from_handle(route_.comm), recv_, send_);
-}
-
-void transfer_plan_blocks::wait() {
-  wait_plan_messages(*ctx_, slabs_, route_.rank, plan_what(op_code::transfer));
-}
-
-bool transfer_plan_blocks::failed() const {
-  return plan_messages_failed(*ctx_);
+std::unique_ptr<transfer_between_nodes> transfer_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                             const transfer_geometry& g,
+                                                             const nodes_route& route, int tag) {
+  return std::make_unique<transfer_plan_slabs>(std::move(ctx), g, route, tag);
 }
 
 }  // namespace zcoll

@@ -15,26 +15,27 @@
  *
  * A persistent plan on several nodes runs the same blocks between nodes on every run: persistent
  * requests made once at its creation, from the same lists of blocks as the one-shot calls
- * (plan_blocks), or a transfer plan's subarray messages (transfer_plan_blocks).
+ * (collective_plan_blocks, irregular_plan_blocks), or a transfer plan's subarray messages
+ * (transfer_plan_blocks).
  *
  * Part of zcoll_mpi, the only library that calls MPI; the binding converts the arguments and
  * calls one of these with the GIL released. A call that fails on a peer (peer_error) marks the
  * communicator's rounds failed, so every later call raises at once. Trade-off: one call holds
  * the whole protocol, so a Python program cannot overlap it with other work (the persistent
  * plans' start/wait can).
+ *
+ * No MPI type appears here: a build without MPI links across_nodes_without_mpi.cpp in its place,
+ * whose every entry throws, so the binding is one text in both builds (and such a build never
+ * registers a communicator spanning nodes).
  */
 #pragma once
 
-#include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
-#include <vector>
 
 #include "zcoll/aggregate.hpp"
 #include "zcoll/exchange.hpp"
 #include "zcoll/message_flow.hpp"
-#include "zcoll/mpi_messages.hpp"
 #include "zcoll/plan.hpp"
 #include "zcoll/transfer.hpp"
 
@@ -49,14 +50,6 @@ void finish_round(node_context& ctx, node_messages& round, const nodes_route& ro
 // record calls for, or goes on.
 void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
                         const std::string& what);
-
-// Blocks rank to rank between nodes, all posted at once on `route`'s communicator and bounded
-// by `timeout`; with `copy_sends` (in place: receives overwrite the blocks sent) the sends go
-// from copies.
-void exchange_rank_to_rank(const nodes_route& route, std::span<const peer_buffer> recvs,
-                           std::vector<peer_buffer> sends, bool copy_sends, double timeout,
-                           const std::string& what);
-std::vector<peer_buffer> with_tag(std::span<const peer_block> blocks, int tag);
 
 // An alltoall or allgather on several nodes (`send` nullptr: in place), `record` its call
 // record (describe()).
@@ -77,39 +70,10 @@ void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,
 void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call* call,
                             const call_record& record, const nodes_route& route);
 
-// A global transpose on several nodes, after its record agreed (agree_across_nodes); and the
-// subarray messages of its blocks between nodes (`tag`: a plan's own).
+// A global transpose on several nodes, after its record agreed (agree_across_nodes): the node's
+// part, then each remote rank's block as an MPI subarray message.
 void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
                            const array_view& recv, int order, int copy, const nodes_route& route);
-slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
-                             const transfer_geometry& g, int tag);
-// Posts `slabs` on the arrays (receives into `recv`, sends from `send`) and waits for them.
-void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const void* send,
-                    const nodes_route& route, const std::string& what);
-
-// The blocks between nodes of a persistent plan, run after run: persistent requests on the
-// route's communicator, started before the node part and waited for after it within the
-// context's bound (a peer_error marks the rounds failed; a failed context's plan raises at
-// start). With `copy_sends` (in place: receives overwrite the blocks sent) the sends go from
-// copies refreshed from their live places at each start.
-class plan_blocks final : public plan_between_nodes {
- public:
-  plan_blocks(std::shared_ptr<node_context> ctx, const nodes_route& route,
-              std::span<const peer_buffer> recvs, std::vector<peer_buffer> sends, bool copy_sends,
-              std::string what);
-  void start() override;
-  void wait() override;
-  bool test() override { return messages_->test(); }
-  bool failed() const override;
-
- private:
-  std::shared_ptr<node_context> ctx_;
-  std::vector<peer_buffer> live_;                  // copy_sends: the blocks the copies refresh from
-  std::vector<std::vector<std::byte>> copies_;     // and the copies sent
-  std::unique_ptr<persistent_messages> messages_;  // made after the copies it sends from
-  int rank_;
-  std::string what_;
-};
 
 // The blocks between nodes of an alltoall or allgather plan on its arrays (`send` nullptr: in
 // place), one message per pair of ranks with the plan's own `tag`.
@@ -128,24 +92,13 @@ std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_c
 // A transfer plan's blocks between nodes: every run agrees across nodes on its record, then
 // posts the plan's subarray messages on the run's arrays before the node part and waits for
 // them after it.
-class transfer_plan_blocks final : public plan_between_nodes {
+class transfer_between_nodes : public plan_between_nodes {
  public:
-  transfer_plan_blocks(std::shared_ptr<node_context> ctx, const transfer_geometry& g,
-                       const nodes_route& route, int tag);
-  void agree(const call_record& record) { agree_across_nodes(*ctx_, record, route_, what_); }
-  void set_arrays(void* recv, const void* send) { recv_ = recv, send_ = send; }
-  void start() override;
-  void wait() override;
-  bool test() override { return slabs_.test(); }
-  bool failed() const override;
-
- private:
-  std::shared_ptr<node_context> ctx_;
-  slab_messages slabs_;
-  nodes_route route_;
-  std::string what_;  // what its agreement names
-  void* recv_ = nullptr;
-  const void* send_ = nullptr;
+  virtual void agree(const call_record& record) = 0;
+  virtual void set_arrays(void* recv, const void* send) = 0;
 };
+std::unique_ptr<transfer_between_nodes> transfer_plan_blocks(std::shared_ptr<node_context> ctx,
+                                                             const transfer_geometry& g,
+                                                             const nodes_route& route, int tag);
 
 }  // namespace zcoll

@@ -458,43 +458,38 @@ int subarray_int(std::uint64_t n) {
   return static_cast<int>(n);
 }
 
-MPI_Datatype subarray_type(const peer_slab& slab) {
+}  // namespace
+
+owned_types::~owned_types() {
+  if (mpi_finalized()) return;
+  for (MPI_Datatype& t : types_) MPI_Type_free(&t);
+}
+
+MPI_Datatype owned_types::subarray(const peer_slab& slab) {
   const std::size_t ndim = slab.shape.size();
   std::vector<int> sizes(ndim), subsizes(ndim), starts(ndim, 0);
   for (std::size_t k = 0; k < ndim; ++k) sizes[k] = subsizes[k] = subarray_int(slab.shape[k]);
   const auto axis = static_cast<std::size_t>(slab.axis);
   subsizes[axis] = subarray_int(slab.count);
   starts[axis] = subarray_int(slab.start);
+  types_.reserve(types_.size() + 1);  // before the type exists: nothing to leak if this throws
   MPI_Datatype element, type;
   MPI_Type_contiguous(subarray_int(slab.itemsize), MPI_BYTE, &element);
   MPI_Type_create_subarray(static_cast<int>(ndim), sizes.data(), subsizes.data(), starts.data(),
                            MPI_ORDER_C, element, &type);
   MPI_Type_commit(&type);
   MPI_Type_free(&element);
+  types_.push_back(type);
   return type;
 }
 
-}  // namespace
-
 slab_messages::slab_messages(std::span<const peer_slab> recvs, std::span<const peer_slab> sends) {
-  try {
-    for (const peer_slab& s : recvs) blocks_.push_back({s.peer, s.tag, true, subarray_type(s)});
-    for (const peer_slab& s : sends) blocks_.push_back({s.peer, s.tag, false, subarray_type(s)});
-  } catch (...) {  // an extent past MPI's limit: the types made so far go
-    free_types();
-    throw;
-  }
+  for (const peer_slab& s : recvs) blocks_.push_back({s.peer, s.tag, true, types_.subarray(s)});
+  for (const peer_slab& s : sends) blocks_.push_back({s.peer, s.tag, false, types_.subarray(s)});
 }
 
 slab_messages::~slab_messages() {
-  free_types();
-}
-
-void slab_messages::free_types() noexcept {
-  if (mpi_finalized()) return;
-  free_requests(requests_);
-  for (typed_block& b : blocks_) MPI_Type_free(&b.type);
-  blocks_.clear();
+  if (!mpi_finalized()) free_requests(requests_);
 }
 
 void slab_messages::post(MPI_Comm comm, void* recv, const void* send) {
@@ -557,23 +552,8 @@ collective_transpose::collective_transpose(int size, std::size_t itemsize,
                                            std::span<const std::uint64_t> shape_a, int axis_a,
                                            std::span<const std::uint64_t> shape_b, int axis_b)
     : size_(size), itemsize_(itemsize) {
-  try {
-    arrays_[0] = blocks_of(shape_a, axis_a);
-    arrays_[1] = blocks_of(shape_b, axis_b);
-  } catch (...) {  // an extent past MPI's limit: the types made so far go
-    free_types();
-    throw;
-  }
-}
-
-collective_transpose::~collective_transpose() {
-  free_types();
-}
-
-void collective_transpose::free_types() noexcept {
-  if (mpi_finalized()) return;
-  for (MPI_Datatype& t : made_) MPI_Type_free(&t);  // a run left to MPI keeps its own
-  made_.clear();
+  arrays_[0] = blocks_of(shape_a, axis_a);
+  arrays_[1] = blocks_of(shape_b, axis_b);
 }
 
 collective_transpose::blocks collective_transpose::blocks_of(std::span<const std::uint64_t> shape,
@@ -589,9 +569,8 @@ collective_transpose::blocks collective_transpose::blocks_of(std::span<const std
       continue;
     }
     peer_slab slab{r, 0, {shape.begin(), shape.end()}, axis, share.start, share.count, itemsize_};
-    made_.push_back(subarray_type(slab));
     out.counts.push_back(1);
-    out.types.push_back(made_.back());
+    out.types.push_back(types_.subarray(slab));
   }
   return out;
 }

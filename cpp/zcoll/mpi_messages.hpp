@@ -3,8 +3,9 @@
  * point-to-point from C++.
  *
  * The only part of zcoll that calls MPI, kept out of the MPI-free engine (zcoll_core) in a
- * library of its own, built when CMake finds an MPI (ZCOLL_HAVE_MPI); a build without one
- * raises on communicators spanning several nodes. The communicator comes from mpi4py as its C
+ * library of its own (zcoll_mpi, with across_nodes.cpp), built when CMake finds an MPI; a build
+ * without one has across_nodes_without_mpi.cpp and bind_no_mpi.cpp in its place and raises on
+ * communicators spanning several nodes. The communicator comes from mpi4py as its C
  * handle (MPI._handleof), so both must use the same MPI library: mpi_library_matches() tells.
  *
  * Protocol, per rank: at most `window` sends in flight (TPDS'18 §2.5: sqrt(P)), posted in
@@ -115,6 +116,23 @@ struct peer_slab {
   std::size_t itemsize = 0;
 };
 
+// MPI datatypes that one object made and frees with itself (unless MPI is finalized by then:
+// freeing is erroneous after MPI_Finalize). A type still used by a request that was left to
+// MPI is only marked for freeing, so an object may go before its last run completes.
+class owned_types {
+ public:
+  owned_types() = default;
+  ~owned_types();
+  owned_types(const owned_types&) = delete;
+  owned_types& operator=(const owned_types&) = delete;
+
+  // The committed subarray type of `slab` (its peer and tag aside), freed with this object.
+  MPI_Datatype subarray(const peer_slab& slab);
+
+ private:
+  std::vector<MPI_Datatype> types_;
+};
+
 // The blocks between nodes of a global transpose: one MPI subarray datatype per block, made
 // once; every run posts them on the arrays it is given (receives into `recv`, sends from
 // `send`) and waits with the bounds and errors of exchange_messages. MPI packs a subarray as it
@@ -137,8 +155,8 @@ class slab_messages {
     bool receive;
     MPI_Datatype type;
   };
-  void free_types() noexcept;
 
+  owned_types types_;  // first: a constructor that throws frees the types made so far
   std::vector<typed_block> blocks_;
   std::vector<MPI_Request> requests_;  // the current run's, in blocks_' order
 };
@@ -160,9 +178,6 @@ class collective_transpose {
  public:
   collective_transpose(int size, std::size_t itemsize, std::span<const std::uint64_t> shape_a,
                        int axis_a, std::span<const std::uint64_t> shape_b, int axis_b);
-  ~collective_transpose();
-  collective_transpose(const collective_transpose&) = delete;
-  collective_transpose& operator=(const collective_transpose&) = delete;
 
   // Collective over `comm` (of the object's size): direction `side` (0: A to B), from `send`
   // into `recv`.
@@ -176,12 +191,11 @@ class collective_transpose {
     std::vector<MPI_Datatype> types;
   };
   blocks blocks_of(std::span<const std::uint64_t> shape, int axis);
-  void free_types() noexcept;
 
+  owned_types types_;  // first: a constructor that throws frees the types made so far
   int size_;
   std::size_t itemsize_;
   std::array<blocks, 2> arrays_;  // A's, B's
-  std::vector<MPI_Datatype> made_;
 };
 
 }  // namespace zcoll

@@ -117,6 +117,16 @@ class _Mpi4pyTranspose:
         wait_bounded(request, rank, f"{what} (through MPI)", (src, dst, self._parts))
 
 
+def _keeping(arrays: tuple, call, *args):
+    """``call(*args)``; where it raises (a wait that gave up), `arrays` are kept alive for good,
+    since MPI may still write into them."""
+    try:
+        return call(*args)
+    except BaseException:
+        abandon(arrays)
+        raise
+
+
 @functools.lru_cache(maxsize=64)
 def _transpose(itemsize: int, shape_a: tuple, axis_a: int, shape_b: tuple, axis_b: int, p: int):
     """A transpose's datatypes, made once: Transfers of the same shapes (a Pencil per stage, a
@@ -164,13 +174,11 @@ class MpiRuns:
             return False
         suits = self._suits(src, dst, side)
         transpose = self._transpose or self._looked_up()
-        try:
-            ran = transpose.run(
-                self._target, side, src, dst, suits, comm.rank, get_timeout(), "zcoll.fft.Transfer"
-            )
-        except BaseException:
-            abandon((src, dst))  # a wait that gave up: MPI may still write `dst`
-            raise
+        ran = _keeping(
+            (src, dst),
+            transpose.run,
+            self._target, side, src, dst, suits, comm.rank, get_timeout(), "zcoll.fft.Transfer",
+        )  # fmt: skip
         self.runs += ran
         return ran
 
@@ -179,11 +187,11 @@ class MpiRuns:
         it on every rank (a PFFT's own arrays, whose calls agree once for all their
         transposes)."""
         transpose = self._transpose or self._looked_up()
-        try:
-            transpose.exchange(self._target, side, src, dst, self.comm.rank, get_timeout(), what)
-        except BaseException:
-            abandon((src, dst))
-            raise
+        _keeping(
+            (src, dst),
+            transpose.exchange,
+            self._target, side, src, dst, self.comm.rank, get_timeout(), what,
+        )  # fmt: skip
 
     def _suits(self, src, dst, side: int) -> bool:
         """Whether this rank's arrays suit a run through MPI."""
