@@ -148,93 +148,6 @@ void exchange_spread(const spread_reduction& spread, const nodes_route& route, i
                         timeout, what);
 }
 
-}  // namespace
-
-void finish_round(node_context& ctx, node_messages& round, const nodes_route& route,
-                  const std::string& what) {
-  message_round_options options = round_options(wait_timeout(ctx), what);
-  options.tag = route.tag;
-  options.window = route.window;
-  exchange_messages(comm_from_handle(route.comm), round.outgoing(), round.incoming(), route.rank,
-                    options);
-  ctx.barrier();  // every message of the node received
-  round.finish();
-}
-
-void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
-                        const std::string& what) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  marking_failure(round, [&] {
-    round.begin(record, nullptr);
-    finish_round(ctx, round, route, what);
-  });
-}
-
-void collective_across_nodes(node_context& ctx, op_code op, const array_view* send,
-                             const array_view& recv, int order, int copy, const call_record& record,
-                             const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  marking_failure(round, [&] {
-    const collective_data data{send, &recv, order, copy};
-    round.begin(record, &data);  // the blocks carried when the policy's limit allows
-    finish_round(ctx, round, route,
-                 "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
-    if (round.packed()) return;
-    if (!round.node_blocks_delivered()) ctx.run(op, send, recv, order, copy);  // the node's part
-    send_between_nodes(ctx, op, round, send, recv, route);
-  });
-}
-
-void blocks_between_nodes(node_context& ctx, op_code op, const array_view* send,
-                          const array_view& recv, const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  marking_failure(round, [&] { send_between_nodes(ctx, op, round, send, recv, route); });
-}
-
-void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,
-                            const call_record& record, const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  const std::string what = "zcoll." + std::string(name_of(op));
-  marking_failure(round, [&] {
-    round.begin_irregular(record, call, true);
-    finish_round(ctx, round, route, what + " (messages between nodes)");
-    if (!call) return;  // unreachable: the round raised this rank's error
-    ctx.irregular().run(*call);
-    if (round.direct_blocks())
-      exchange_rank_to_rank(route, with_tag(round.direct_recvs(), direct_tag),
-                            with_tag(round.direct_sends(), direct_tag),
-                            call->in_place == v_in_place::swap, wait_timeout(ctx), what);
-  });
-}
-
-void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call* call,
-                            const call_record& record, const nodes_route& route) {
-  node_messages& round = ctx.between_nodes(node_map{});
-  std::string what = public_call_prefix(op);  // "zcoll.allreduce: "
-  what.replace(what.size() - 2, 2, " (messages between nodes)");
-  marking_failure(round, [&] {
-    round.begin_reduction(record, call);
-    finish_round(ctx, round, route, what);
-  });
-  if (round.packed() || record.call.block_bytes == 0 || !call) return;
-  const double timeout = wait_timeout(ctx);
-  marking_failure(round, [&] {
-    spread_reduction& spread = round.spread();
-    spread.begin(*call, true);  // as a flow where the spread allows
-    if (spread.flowing()) {
-      message_round_options options = round_options(timeout, what + " (blocks between nodes)");
-      exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
-    } else {
-      exchange_spread(spread, route, spread_partial_tag, timeout, what);
-      spread.combine();
-      exchange_spread(spread, route, spread_result_tag, timeout, what);
-    }
-    spread.finish();
-  });
-}
-
-namespace {
-
 // The subarray messages of a transpose's blocks between this rank and the other nodes' ranks.
 slab_messages transfer_slabs(const node_context& ctx, const node_map& nodes,
                              const transfer_geometry& g, int tag) {
@@ -270,18 +183,6 @@ void exchange_slabs(node_context& ctx, slab_messages& slabs, void* recv, const v
     slabs.wait(route.rank, round_options(wait_timeout(ctx), what));
   });
 }
-
-}  // namespace
-
-void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
-                           const array_view& recv, int order, int copy, const nodes_route& route) {
-  ctx.run_transfer(g, send, recv, order, copy);
-  slab_messages slabs = transfer_slabs(ctx, ctx.between_nodes(node_map{}).nodes(), g, transfer_tag);
-  exchange_slabs(ctx, slabs, const_cast<void*>(recv.data), send.data, route,
-                 "zcoll.transfer (blocks between nodes)");
-}
-
-namespace {
 
 // The blocks between nodes of a persistent plan, run after run: persistent requests on the
 // route's communicator, started before the node part and waited for after it within the
@@ -377,6 +278,97 @@ bool transfer_plan_slabs::failed() const {
 }
 
 }  // namespace
+
+void finish_round(node_context& ctx, node_messages& round, const nodes_route& route,
+                  const std::string& what) {
+  message_round_options options = round_options(wait_timeout(ctx), what);
+  options.tag = route.tag;
+  options.window = route.window;
+  exchange_messages(comm_from_handle(route.comm), round.outgoing(), round.incoming(), route.rank,
+                    options);
+  ctx.barrier();  // every message of the node received
+  round.finish();
+}
+
+void agree_across_nodes(node_context& ctx, const call_record& record, const nodes_route& route,
+                        const std::string& what) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] {
+    round.begin(record, nullptr);
+    finish_round(ctx, round, route, what);
+  });
+}
+
+void collective_across_nodes(node_context& ctx, op_code op, const array_view* send,
+                             const array_view& recv, int order, int copy, const call_record& record,
+                             const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] {
+    const collective_data data{send, &recv, order, copy};
+    round.begin(record, &data);  // the blocks carried when the policy's limit allows
+    finish_round(ctx, round, route,
+                 "zcoll." + std::string(name_of(op)) + " (messages between nodes)");
+    if (round.packed()) return;
+    if (!round.node_blocks_delivered()) ctx.run(op, send, recv, order, copy);  // the node's part
+    send_between_nodes(ctx, op, round, send, recv, route);
+  });
+}
+
+void blocks_between_nodes(node_context& ctx, op_code op, const array_view* send,
+                          const array_view& recv, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  marking_failure(round, [&] { send_between_nodes(ctx, op, round, send, recv, route); });
+}
+
+void irregular_across_nodes(node_context& ctx, op_code op, const v_call* call,
+                            const call_record& record, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  const std::string what = "zcoll." + std::string(name_of(op));
+  marking_failure(round, [&] {
+    round.begin_irregular(record, call, true);
+    finish_round(ctx, round, route, what + " (messages between nodes)");
+    if (!call) return;  // unreachable: the round raised this rank's error
+    ctx.irregular().run(*call);
+    if (round.direct_blocks())
+      exchange_rank_to_rank(route, with_tag(round.direct_recvs(), direct_tag),
+                            with_tag(round.direct_sends(), direct_tag),
+                            call->in_place == v_in_place::swap, wait_timeout(ctx), what);
+  });
+}
+
+void reduction_across_nodes(node_context& ctx, op_code op, const reduction_call* call,
+                            const call_record& record, const nodes_route& route) {
+  node_messages& round = ctx.between_nodes(node_map{});
+  std::string what = public_call_prefix(op);  // "zcoll.allreduce: "
+  what.replace(what.size() - 2, 2, " (messages between nodes)");
+  marking_failure(round, [&] {
+    round.begin_reduction(record, call);
+    finish_round(ctx, round, route, what);
+  });
+  if (round.packed() || record.call.block_bytes == 0 || !call) return;
+  const double timeout = wait_timeout(ctx);
+  marking_failure(round, [&] {
+    spread_reduction& spread = round.spread();
+    spread.begin(*call, true);  // as a flow where the spread allows
+    if (spread.flowing()) {
+      message_round_options options = round_options(timeout, what + " (blocks between nodes)");
+      exchange_flow(comm_from_handle(route.comm), spread, route.rank, options);
+    } else {
+      exchange_spread(spread, route, spread_partial_tag, timeout, what);
+      spread.combine();
+      exchange_spread(spread, route, spread_result_tag, timeout, what);
+    }
+    spread.finish();
+  });
+}
+
+void transfer_across_nodes(node_context& ctx, const transfer_geometry& g, const array_view& send,
+                           const array_view& recv, int order, int copy, const nodes_route& route) {
+  ctx.run_transfer(g, send, recv, order, copy);
+  slab_messages slabs = transfer_slabs(ctx, ctx.between_nodes(node_map{}).nodes(), g, transfer_tag);
+  exchange_slabs(ctx, slabs, const_cast<void*>(recv.data), send.data, route,
+                 "zcoll.transfer (blocks between nodes)");
+}
 
 std::unique_ptr<plan_between_nodes> collective_plan_blocks(std::shared_ptr<node_context> ctx,
                                                            op_code op, const array_view* send,

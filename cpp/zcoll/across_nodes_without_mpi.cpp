@@ -19,6 +19,11 @@ namespace {
                            "on one node only");
 }
 
+// "zcoll.<op> across nodes", or "zcoll.<op> plan across nodes".
+[[noreturn]] void no_mpi(op_code op, const char* kind = "") {
+  no_mpi("zcoll." + std::string(name_of(op)) + kind + " across nodes");
+}
+
 }  // namespace
 
 void finish_round(node_context&, node_messages&, const nodes_route&, const std::string& what) {
@@ -32,45 +37,45 @@ void agree_across_nodes(node_context&, const call_record&, const nodes_route&,
 
 void collective_across_nodes(node_context&, op_code op, const array_view*, const array_view&, int,
                              int, const call_record&, const nodes_route&) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " across nodes");
+  no_mpi(op);
 }
 
 void blocks_between_nodes(node_context&, op_code op, const array_view*, const array_view&,
                           const nodes_route&) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " across nodes");
+  no_mpi(op);
 }
 
 void irregular_across_nodes(node_context&, op_code op, const v_call*, const call_record&,
                             const nodes_route&) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " across nodes");
+  no_mpi(op);
 }
 
 void reduction_across_nodes(node_context&, op_code op, const reduction_call*, const call_record&,
                             const nodes_route&) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " across nodes");
+  no_mpi(op);
 }
 
 void transfer_across_nodes(node_context&, const transfer_geometry&, const array_view&,
                            const array_view&, int, int, const nodes_route&) {
-  no_mpi("zcoll.transfer across nodes");
+  no_mpi(op_code::transfer);
 }
 
 std::unique_ptr<plan_between_nodes> collective_plan_blocks(std::shared_ptr<node_context>,
                                                            op_code op, const array_view*,
                                                            const array_view&, const nodes_route&,
                                                            int) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " plan across nodes");
+  no_mpi(op, " plan");
 }
 
 std::unique_ptr<plan_between_nodes> irregular_plan_blocks(std::shared_ptr<node_context>, op_code op,
                                                           bool, const nodes_route&, int) {
-  no_mpi("zcoll." + std::string(name_of(op)) + " plan across nodes");
+  no_mpi(op, " plan");
 }
 
 std::unique_ptr<transfer_between_nodes> transfer_plan_blocks(std::shared_ptr<node_context>,
                                                              const transfer_geometry&,
                                                              const nodes_route&, int) {
-  no_mpi("zcoll.transfer plan across nodes");
+  no_mpi(op_code::transfer, " plan");
 }
 
 }  // namespace zcoll

@@ -445,8 +445,8 @@ def test_many_pfft_keep_memory_flat(world, monkeypatch):
     through zcoll's own transposes from the first call (ZCOLL_COLD_RUNS=0: a context, work
     arrays and transfer plans), so plans that ran are freed too: RSS within 1 MiB, nothing new
     in /dev/shm. One backend only: 'fftw' (its plans are the ones kept in the process-wide
-    cache) where pyFFTW is installed; two would double a
-    test that takes minutes on emulated nodes."""
+    cache) where pyFFTW is installed; two would double a test that takes minutes on emulated
+    nodes."""
     try:
         import pyfftw  # noqa: F401
 
